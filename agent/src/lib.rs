@@ -1,0 +1,1 @@
+//! The shade agent: LLM client, tools, query loop (see DESIGN.md "The agent").

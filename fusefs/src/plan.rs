@@ -1,0 +1,55 @@
+//! An accept plan: the concrete file system steps that turn lower into the branch's view.
+//!
+//! The overlay builds a plan from its overrides; the accept engine (`accept`) checks it
+//! against lower, journals it and applies it. Keeping the two apart lets the accept engine
+//! be tested (and crash-tested) without a mount.
+
+use crate::fingerprint::Base;
+use std::fs::File;
+use std::path::PathBuf;
+
+/// Paths in a plan are relative to the project root, with no `..`, no leading `/`, and never
+/// empty (the root itself is never replaced).
+pub type RelPath = PathBuf;
+
+/// Ownership and permission bits to give a created object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Perms {
+    /// Permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
+    /// Owner to set when running as root; `None` keeps the creating process's.
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+/// One step of an accept.
+#[derive(Debug)]
+pub enum PlanOp {
+    /// Create or replace a regular file with `content` (read from offset 0 to its end).
+    WriteFile { path: RelPath, content: File, perms: Perms, base: Base },
+    /// Create or replace a symlink.
+    Symlink { path: RelPath, target: PathBuf, base: Base },
+    /// Create a directory (its parent exists by then, or is created by an earlier op).
+    Mkdir { path: RelPath, perms: Perms, base: Base },
+    /// Change the permissions of an existing directory.
+    SetPerms { path: RelPath, perms: Perms, base: Base },
+    /// Move a whole lower directory (the branch renamed it); done before any other op so
+    /// that ops inside `to` find it there.
+    RenameDir { from: RelPath, to: RelPath, base_from: Base, base_to: Base },
+    /// Remove a file, symlink or whole directory tree; done after writes, deepest first.
+    Delete { path: RelPath, base: Base },
+}
+
+impl PlanOp {
+    /// The path this op leaves changed (for reports and conflict lists).
+    pub fn path(&self) -> &RelPath {
+        match self {
+            PlanOp::WriteFile { path, .. }
+            | PlanOp::Symlink { path, .. }
+            | PlanOp::Mkdir { path, .. }
+            | PlanOp::SetPerms { path, .. }
+            | PlanOp::Delete { path, .. } => path,
+            PlanOp::RenameDir { to, .. } => to,
+        }
+    }
+}

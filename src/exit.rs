@@ -1,0 +1,17 @@
+//! Exit statuses shade itself uses. A command's own exit status is passed through, so
+//! shade's own failures use codes that ordinary programs rarely return.
+
+/// shade could not do its job (bad project dir, no /dev/fuse, mount failed, …).
+pub const SHADE_ERROR: i32 = 125;
+/// Accept found conflicts with changes made to the real tree meanwhile; nothing was written.
+pub const CONFLICT: i32 = 124;
+/// The command could not be started (not found, not executable).
+pub const CANNOT_EXEC: i32 = 127;
+/// The command was killed by `--timeout`.
+pub const TIMED_OUT: i32 = 123;
+
+/// Print shade's own error as one clear line and return the exit status for it.
+pub fn fail(err: &anyhow::Error) -> i32 {
+    eprintln!("shade: {err:#}");
+    SHADE_ERROR
+}

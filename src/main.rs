@@ -1,0 +1,50 @@
+//! shade: run anything in a shadow of your project, then accept or abort.
+//!
+//! A thin CLI over the `shade-fusefs` (overlay) and `shade-agent` (LLM agent) libraries.
+
+mod cmd_exec;
+mod cmd_recover;
+mod cmd_run;
+mod exit;
+mod runner;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "shade", version, about = "Shadow workspaces for AI coding agents")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a command in a fresh branch of the project, show what it changed, accept or drop it.
+    Run(cmd_run::RunArgs),
+    /// One-shot agent run in the current project (non-interactive).
+    Exec(cmd_exec::ExecArgs),
+    /// Finish interrupted accepts from their journals and clean up stale branches and mounts.
+    Recover(cmd_recover::RecoverArgs),
+}
+
+fn main() {
+    init_tracing();
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Run(args) => cmd_run::main(args),
+        Command::Exec(args) => cmd_exec::main(args),
+        Command::Recover(args) => cmd_recover::main(args),
+    };
+    std::process::exit(code);
+}
+
+/// Logs go to stderr, filtered by `SHADE_LOG` (default: warnings only), so stdout stays
+/// clean for `--json` output.
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SHADE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

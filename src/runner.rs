@@ -1,0 +1,1 @@
+//! Running a command inside a branch mount (being implemented).
