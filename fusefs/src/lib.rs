@@ -6,10 +6,23 @@
 //! dropping the branch aborts it.
 
 pub mod accept;
+mod branch;
+mod changeset;
+mod content;
 pub mod fingerprint;
+mod fs;
+mod ignore_rules;
+mod lower;
+mod node;
+mod overlay;
 pub mod plan;
 pub mod state;
+mod tree;
 
+#[cfg(any())]
+pub use accept::{AcceptError, AcceptOptions, AcceptReport, Conflict};
+pub use branch::{cleanup_stale, AcceptFlags, Branch, BranchError, BranchOptions};
+pub use changeset::{Change, ChangeKind, Changeset};
 pub use fingerprint::{Base, Fingerprint};
 pub use plan::{Perms, PlanOp, RelPath};
 pub use state::StateDir;

@@ -1,0 +1,310 @@
+//! A branch: one mounted shadow of a project, with its override layer.
+//!
+//! Creating a branch copies nothing: it opens the project directory, makes a store
+//! directory and mounts. Dropping a branch without accepting it aborts it.
+
+// SHIM-START
+#[cfg(any())]
+use crate::accept::{self, AcceptError, AcceptOptions, AcceptReport};
+// SHIM-END
+use crate::changeset::Changeset;
+use crate::content::Store;
+use crate::fs::ShadeFs;
+use crate::ignore_rules::IgnoreRules;
+use crate::lower::Lower;
+use crate::overlay::Overlay;
+use crate::state::StateDir;
+use fuser::{BackgroundSession, Config, MountOption, SessionACL};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// How to create a branch.
+#[derive(Clone, Debug)]
+pub struct BranchOptions {
+    /// Where branch stores, mount points and journals live.
+    pub state: StateDir,
+    /// File contents held in memory before spilling to the disk store (bytes).
+    pub memory_budget: u64,
+    /// Let other users (e.g. a test suite switching uids) use the mount; permissions
+    /// are still checked by the kernel against the shown modes.
+    pub allow_other: bool,
+    /// FUSE worker threads.
+    pub threads: usize,
+}
+
+impl Default for BranchOptions {
+    fn default() -> Self {
+        BranchOptions {
+            state: StateDir::from_env(),
+            memory_budget: 256 << 20,
+            allow_other: false,
+            threads: 2,
+        }
+    }
+}
+
+/// Why a branch could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum BranchError {
+    #[error("project directory {path}: {source}")]
+    Project {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a directory")]
+    NotADirectory { path: PathBuf },
+    #[error("cannot open /dev/fuse ({0}); shade needs FUSE (modprobe fuse, or run the container with --device /dev/fuse)")]
+    NoFuse(std::io::Error),
+    #[error("state directory {path}: {source}")]
+    State {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("mounting the branch at {path} failed: {source}")]
+    Mount {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// What accept does with ignored build output and conflicts.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AcceptFlags {
+    /// Also write changes under gitignored paths (`target/`, `node_modules/`, …).
+    pub include_ignored: bool,
+    /// Overwrite paths the user changed since the branch first touched them.
+    pub force: bool,
+}
+
+/// A live branch of a project, mounted at [`Branch::mountpoint`].
+pub struct Branch {
+    id: String,
+    project: PathBuf,
+    dir: PathBuf,
+    mountpoint: PathBuf,
+    state: StateDir,
+    overlay: Arc<Overlay>,
+    session: Option<BackgroundSession>,
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl Branch {
+    /// Create and mount a new branch of `project`.
+    pub fn create(project: &Path, opts: &BranchOptions) -> Result<Branch, BranchError> {
+        let project = std::fs::canonicalize(project).map_err(|source| BranchError::Project {
+            path: project.to_path_buf(),
+            source,
+        })?;
+        let meta = std::fs::metadata(&project).map_err(|source| BranchError::Project {
+            path: project.clone(),
+            source,
+        })?;
+        if !meta.is_dir() {
+            return Err(BranchError::NotADirectory { path: project });
+        }
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+            .map_err(BranchError::NoFuse)?;
+        let lower = Lower::open(&project).map_err(|source| BranchError::Project {
+            path: project.clone(),
+            source,
+        })?;
+        // Listing the root proves the directory is readable before anything is mounted.
+        lower
+            .read_dir(Path::new(""))
+            .map_err(|source| BranchError::Project {
+                path: project.clone(),
+                source,
+            })?;
+
+        let id = format!(
+            "{}-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0)
+        );
+        let dir = opts.state.branches().join(&id);
+        let store_dir = dir.join("store");
+        let mountpoint = dir.join("mnt");
+        let mk = |p: &Path| {
+            std::fs::create_dir_all(p).map_err(|source| BranchError::State {
+                path: p.to_path_buf(),
+                source,
+            })
+        };
+        mk(&store_dir)?;
+        mk(&mountpoint)?;
+        let owner = dir.join("owner");
+        std::fs::write(
+            &owner,
+            format!("{}\n{}\n", std::process::id(), project.display()),
+        )
+        .map_err(|source| BranchError::State {
+            path: owner,
+            source,
+        })?;
+
+        let overlay = Arc::new(Overlay::new(
+            lower,
+            Store::new(store_dir, opts.memory_budget),
+            IgnoreRules::load(&project),
+        ));
+        let mut config = Config::default();
+        config.mount_options = vec![
+            MountOption::FSName(format!("shade:{id}")),
+            MountOption::Subtype("shade".into()),
+            MountOption::DefaultPermissions,
+            MountOption::Dev,
+            MountOption::Suid,
+        ];
+        config.acl = if opts.allow_other {
+            SessionACL::All
+        } else {
+            SessionACL::Owner
+        };
+        config.n_threads = Some(opts.threads.max(1));
+        config.clone_fd = opts.threads > 1;
+        let fs = ShadeFs {
+            overlay: overlay.clone(),
+        };
+        let session = fuser::Session::new(fs, &mountpoint, &config)
+            .and_then(|s| s.spawn())
+            .map_err(|source| {
+                let _ = std::fs::remove_dir_all(&dir);
+                BranchError::Mount {
+                    path: mountpoint.clone(),
+                    source,
+                }
+            })?;
+        Ok(Branch {
+            id,
+            project,
+            dir,
+            mountpoint,
+            state: opts.state.clone(),
+            overlay,
+            session: Some(session),
+        })
+    }
+
+    /// Unique name of this branch (also the FUSE fsname suffix).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The real project directory this branch shadows.
+    pub fn project(&self) -> &Path {
+        &self.project
+    }
+
+    /// Where the branch is mounted; processes see the project's files here.
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// Bytes of file content this branch holds in memory (the rest is on disk).
+    pub fn memory_used(&self) -> u64 {
+        self.overlay.store.memory_used()
+    }
+
+    /// What the branch changed so far.
+    pub fn changeset(&self, include_ignored: bool) -> Changeset {
+        self.overlay.changeset(include_ignored)
+    }
+
+    /// Unified diff of `changes` (from [`Branch::changeset`]).
+    pub fn diff(&self, changes: &Changeset) -> String {
+        self.overlay.diff(changes)
+    }
+
+    /// Stop serving the mount (processes using it get errors from now on).
+    pub fn unmount(&mut self) {
+        if let Some(s) = self.session.take() {
+            if let Err(e) = s.umount_and_join() {
+                tracing::warn!("unmounting {}: {e}", self.mountpoint.display());
+                lazy_unmount(&self.mountpoint);
+            }
+        }
+    }
+
+    /// Apply the branch's changes to the project: all or nothing, conflict-checked.
+    /// The branch is unmounted first so nothing changes under the accept.
+    #[cfg(any())]
+    pub fn accept(mut self, flags: AcceptFlags) -> Result<AcceptReport, AcceptError> {
+        self.unmount();
+        let plan = self
+            .overlay
+            .plan(flags.include_ignored)
+            .map_err(|source| AcceptError::Io {
+                path: self.project.clone(),
+                source,
+            })?;
+        accept::apply(
+            &self.project,
+            plan,
+            &AcceptOptions {
+                force: flags.force,
+                state: self.state.clone(),
+            },
+        )
+    }
+
+    /// Drop every change of the branch.
+    pub fn abort(self) {}
+}
+
+impl Drop for Branch {
+    fn drop(&mut self) {
+        self.unmount();
+        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+            tracing::warn!("removing branch store {}: {e}", self.dir.display());
+        }
+    }
+}
+
+/// Detach a mount even if processes still use it.
+pub(crate) fn lazy_unmount(path: &Path) {
+    let _ = nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH);
+}
+
+/// Branches left behind by a shade process that died: unmount them and remove their
+/// stores. Returns the ids cleaned up.
+pub fn cleanup_stale(state: &StateDir) -> Vec<String> {
+    let mut cleaned = Vec::new();
+    let Ok(entries) = std::fs::read_dir(state.branches()) else {
+        return cleaned;
+    };
+    for e in entries.flatten() {
+        let dir = e.path();
+        let owner = std::fs::read_to_string(dir.join("owner")).unwrap_or_default();
+        let pid: i32 = owner
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .unwrap_or(0);
+        if pid > 0 && pid_alive(pid) {
+            continue;
+        }
+        lazy_unmount(&dir.join("mnt"));
+        if std::fs::remove_dir_all(&dir).is_ok() {
+            cleaned.push(e.file_name().to_string_lossy().into_owned());
+        }
+    }
+    cleaned
+}
+
+fn pid_alive(pid: i32) -> bool {
+    // A recycled pid keeps a stale branch alive until that process exits: harmless.
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        Ok(()) => true,
+        Err(nix::errno::Errno::EPERM) => true,
+        Err(_) => false,
+    }
+}

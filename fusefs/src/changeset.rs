@@ -1,0 +1,478 @@
+//! What a branch changed, for people (the changeset, a unified diff) and for accept
+//! (an ordered plan of file system steps).
+
+use crate::fingerprint::Base;
+use crate::node::{Node, NodeKind};
+use crate::overlay::Overlay;
+use crate::plan::{Perms, PlanOp};
+use crate::tree::{Entry, Tree};
+use serde::Serialize;
+use std::collections::HashSet;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// Kind of one change, as `git status --short` letters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChangeKind {
+    Added,
+    Modified,
+    Deleted,
+    Renamed,
+}
+
+impl ChangeKind {
+    pub fn letter(self) -> char {
+        match self {
+            ChangeKind::Added => 'A',
+            ChangeKind::Modified => 'M',
+            ChangeKind::Deleted => 'D',
+            ChangeKind::Renamed => 'R',
+        }
+    }
+}
+
+/// One changed path. Directory renames are one entry; paths are relative to the project.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Change {
+    pub kind: ChangeKind,
+    pub path: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub old_path: Option<PathBuf>,
+    pub is_dir: bool,
+    /// Under a gitignored path (build output); accept skips these unless asked.
+    pub ignored: bool,
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let slash = if self.is_dir { "/" } else { "" };
+        match &self.old_path {
+            Some(old) => write!(
+                f,
+                "{} {}{slash} -> {}{slash}",
+                self.kind.letter(),
+                old.display(),
+                self.path.display()
+            ),
+            None => write!(f, "{} {}{slash}", self.kind.letter(), self.path.display()),
+        }
+    }
+}
+
+/// Everything a branch changed relative to lower, in path order.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Changeset {
+    pub changes: Vec<Change>,
+}
+
+impl Changeset {
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+}
+
+/// Whether a node's content and mode equal the lower file it was copied from.
+fn same_as_lower(o: &Overlay, n: &Node, lower: &Path) -> io::Result<bool> {
+    let Some(st) = o.lower.stat(lower)? else {
+        return Ok(false);
+    };
+    let (perm, size) = {
+        let s = n.state();
+        (s.meta.perm, s.size)
+    };
+    if NodeKind::from_mode(st.st_mode) != Some(n.kind) || (st.st_mode & 0o7777) != perm {
+        return Ok(false);
+    }
+    match n.kind {
+        NodeKind::File => {
+            if st.st_size as u64 != size {
+                return Ok(false);
+            }
+            let data = n.data();
+            let Some(c) = data.as_ref() else {
+                return Ok(false);
+            };
+            same_bytes(c.file(), &o.lower.open_file(lower)?, size)
+        }
+        NodeKind::Symlink => Ok(o.lower.read_link(lower)? == n.target),
+        _ => Ok(st.st_rdev as u32 == n.state().meta.rdev),
+    }
+}
+
+fn same_bytes(a: &File, b: &File, size: u64) -> io::Result<bool> {
+    let mut ba = vec![0u8; 1 << 16];
+    let mut bb = vec![0u8; 1 << 16];
+    let mut off = 0u64;
+    while off < size {
+        let want = ((size - off) as usize).min(ba.len());
+        let na = read_full(a, &mut ba[..want], off)?;
+        let nb = read_full(b, &mut bb[..want], off)?;
+        if na != nb || ba[..na] != bb[..nb] {
+            return Ok(false);
+        }
+        if na == 0 {
+            break;
+        }
+        off += na as u64;
+    }
+    Ok(true)
+}
+
+fn read_full(f: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        let n = f.read_at(&mut buf[done..], off + done as u64)?;
+        if n == 0 {
+            break;
+        }
+        done += n;
+    }
+    Ok(done)
+}
+
+/// Is this slot's object part of the changeset given `include_ignored`?
+fn skipped(o: &Overlay, path: &Path, entry: &Entry, include_ignored: bool) -> (bool, bool) {
+    let ignored = match entry {
+        Entry::Node(n) => n.ignored,
+        Entry::Dir(d) => d.ignored || o.ignore.is_ignored(path, true),
+        Entry::Whiteout => o.ignore.is_ignored(path, false),
+    };
+    (ignored && !include_ignored, ignored)
+}
+
+/// The lower path a directory rename moved from (None when not a moved directory).
+fn moved_from(t: &Tree, path: &Path, entry: &Entry) -> Option<PathBuf> {
+    let Entry::Dir(d) = entry else { return None };
+    let src = d.lower.as_ref()?;
+    (t.natural_lower(path).as_ref() != Some(src)).then(|| src.clone())
+}
+
+/// The lower path a file node was renamed from (its origin, where that now shows nothing).
+fn renamed_from(t: &Tree, path: &Path, n: &Node) -> Option<PathBuf> {
+    let origin = n.origin.as_ref()?;
+    if t.natural_lower(path).as_ref() == Some(origin) {
+        return None;
+    }
+    match t.slots.get(origin).map(|s| &s.entry) {
+        Some(Entry::Whiteout) => Some(origin.clone()),
+        _ => None,
+    }
+}
+
+fn base_is_dir(b: &Base) -> bool {
+    matches!(b, Base::Present(fp) if fp.is_dir())
+}
+
+impl Overlay {
+    /// The branch's changes, one entry per path (directory renames as one entry).
+    pub(crate) fn changeset(&self, include_ignored: bool) -> Changeset {
+        let t = self.tree();
+        let mut out = Vec::new();
+        let mut rename_sources: HashSet<PathBuf> = HashSet::new();
+        for (path, slot) in &t.slots {
+            if path.as_os_str().is_empty() {
+                continue;
+            }
+            let (skip, ignored) = skipped(self, path, &slot.entry, include_ignored);
+            if skip {
+                continue;
+            }
+            let mk = |kind, old_path, is_dir| Change {
+                kind,
+                path: path.clone(),
+                old_path,
+                is_dir,
+                ignored,
+            };
+            match &slot.entry {
+                Entry::Whiteout => {
+                    if slot.base != Base::Absent {
+                        out.push(mk(ChangeKind::Deleted, None, base_is_dir(&slot.base)));
+                    }
+                }
+                Entry::Dir(d) => {
+                    if let Some(src) = moved_from(&t, path, &slot.entry) {
+                        rename_sources.insert(src.clone());
+                        out.push(mk(ChangeKind::Renamed, Some(src), true));
+                    } else if d.lower.is_none() {
+                        let has_children = t.slot_children(path).next().is_some();
+                        if slot.base != Base::Absent && !base_is_dir(&slot.base) {
+                            out.push(mk(ChangeKind::Modified, None, true));
+                        } else if slot.base == Base::Absent && !has_children {
+                            out.push(mk(ChangeKind::Added, None, true));
+                        }
+                    } else if let Base::Present(fp) = slot.base {
+                        let now = d.meta.perm;
+                        if fp.mode & 0o7777 != now {
+                            out.push(mk(ChangeKind::Modified, None, true));
+                        }
+                    }
+                }
+                Entry::Node(n) => {
+                    if let Some(src) = renamed_from(&t, path, n) {
+                        rename_sources.insert(src.clone());
+                        out.push(mk(ChangeKind::Renamed, Some(src), false));
+                    } else if slot.base == Base::Absent {
+                        out.push(mk(ChangeKind::Added, None, false));
+                    } else {
+                        let unchanged = match (&n.origin, t.natural_lower(path)) {
+                            (Some(o), Some(nat)) if *o == nat => {
+                                same_as_lower(self, n, o).unwrap_or(false)
+                            }
+                            _ => false,
+                        };
+                        if !unchanged {
+                            out.push(mk(ChangeKind::Modified, None, false));
+                        }
+                    }
+                }
+            }
+        }
+        out.retain(|c| !(c.kind == ChangeKind::Deleted && rename_sources.contains(&c.path)));
+        Changeset { changes: out }
+    }
+
+    /// The ordered accept plan (see `plan.rs` for the order the accept engine expects).
+    pub(crate) fn plan(&self, include_ignored: bool) -> io::Result<Vec<PlanOp>> {
+        let t = self.tree();
+        let mut renames = Vec::new();
+        let mut deletes: Vec<PlanOp> = Vec::new();
+        let mut mkdirs = Vec::new();
+        let mut writes = Vec::new();
+        let mut setperms = Vec::new();
+        let mut rename_sources: HashSet<PathBuf> = HashSet::new();
+        // Where a lower path is in the real tree once earlier directory renames are done.
+        let mut moved: Vec<(PathBuf, PathBuf)> = Vec::new();
+        let locate = |moved: &Vec<(PathBuf, PathBuf)>, lower: &Path| -> PathBuf {
+            for (src, dst) in moved.iter().rev() {
+                if let Ok(rest) = lower.strip_prefix(src) {
+                    return if rest.as_os_str().is_empty() {
+                        dst.clone()
+                    } else {
+                        dst.join(rest)
+                    };
+                }
+            }
+            lower.to_path_buf()
+        };
+        for (path, slot) in &t.slots {
+            if path.as_os_str().is_empty() || skipped(self, path, &slot.entry, include_ignored).0 {
+                continue;
+            }
+            match &slot.entry {
+                Entry::Whiteout => {
+                    if slot.base != Base::Absent {
+                        deletes.push(PlanOp::Delete {
+                            path: path.clone(),
+                            base: slot.base,
+                        });
+                    }
+                }
+                Entry::Dir(d) => {
+                    let perms = Perms {
+                        mode: d.meta.perm,
+                        uid: Some(d.meta.uid),
+                        gid: Some(d.meta.gid),
+                    };
+                    if let Some(src) = moved_from(&t, path, &slot.entry) {
+                        if slot.base != Base::Absent {
+                            deletes.push(PlanOp::Delete {
+                                path: path.clone(),
+                                base: slot.base,
+                            });
+                        }
+                        let from = locate(&moved, &src);
+                        let base_from = d.lower_fp.map(Base::Present).unwrap_or(Base::Absent);
+                        renames.push(PlanOp::RenameDir {
+                            from,
+                            to: path.clone(),
+                            base_from,
+                            base_to: Base::Absent,
+                        });
+                        rename_sources.insert(src.clone());
+                        moved.push((src, path.clone()));
+                        if d.lower_fp.is_some_and(|fp| fp.mode & 0o7777 != d.meta.perm) {
+                            setperms.push(PlanOp::SetPerms {
+                                path: path.clone(),
+                                perms,
+                                base: Base::Absent,
+                            });
+                        }
+                    } else if d.lower.is_none() {
+                        if slot.base != Base::Absent {
+                            deletes.push(PlanOp::Delete {
+                                path: path.clone(),
+                                base: slot.base,
+                            });
+                        }
+                        mkdirs.push(PlanOp::Mkdir {
+                            path: path.clone(),
+                            perms,
+                            base: Base::Absent,
+                        });
+                    } else if let Base::Present(fp) = slot.base {
+                        if fp.mode & 0o7777 != d.meta.perm {
+                            setperms.push(PlanOp::SetPerms {
+                                path: path.clone(),
+                                perms,
+                                base: slot.base,
+                            });
+                        }
+                    }
+                }
+                Entry::Node(n) => {
+                    if let Some(src) = renamed_from(&t, path, n) {
+                        rename_sources.insert(src);
+                    }
+                    let unchanged = slot.base != Base::Absent
+                        && match (&n.origin, t.natural_lower(path)) {
+                            (Some(o), Some(nat)) if *o == nat => same_as_lower(self, n, o)?,
+                            _ => false,
+                        };
+                    if unchanged {
+                        continue;
+                    }
+                    let replaces_other_type = match slot.base {
+                        Base::Present(fp) => {
+                            NodeKind::from_mode(fp.mode) != Some(n.kind) || fp.is_dir()
+                        }
+                        Base::Absent => false,
+                    };
+                    let mut base = slot.base;
+                    if replaces_other_type {
+                        deletes.push(PlanOp::Delete {
+                            path: path.clone(),
+                            base: slot.base,
+                        });
+                        base = Base::Absent;
+                    }
+                    let st = n.state();
+                    let perms = Perms {
+                        mode: st.meta.perm,
+                        uid: Some(st.meta.uid),
+                        gid: Some(st.meta.gid),
+                    };
+                    match n.kind {
+                        NodeKind::File => {
+                            let data = n.data();
+                            let content = data
+                                .as_ref()
+                                .ok_or_else(|| io::Error::other("file node without content"))?
+                                .reopen()?;
+                            writes.push(PlanOp::WriteFile {
+                                path: path.clone(),
+                                content,
+                                perms,
+                                base,
+                            });
+                        }
+                        NodeKind::Symlink => writes.push(PlanOp::Symlink {
+                            path: path.clone(),
+                            target: PathBuf::from(&n.target),
+                            base,
+                        }),
+                        _ => {
+                            tracing::warn!(path = %path.display(), "special file not accepted");
+                        }
+                    }
+                }
+            }
+        }
+        // Rename sources vanish with the rename itself; deleting them again would be wrong.
+        deletes.retain(|op| !matches!(op, PlanOp::Delete { path, .. } if rename_sources.contains(path) && !t.slots.get(path).is_some_and(|s| !matches!(s.entry, Entry::Whiteout))));
+        // Deepest first, so a directory is removed after what was inside it.
+        deletes.sort_by_key(|op| std::cmp::Reverse(op.path().components().count()));
+        setperms.reverse();
+        let mut plan = renames;
+        plan.extend(deletes);
+        plan.extend(mkdirs);
+        plan.extend(writes);
+        plan.extend(setperms);
+        Ok(plan)
+    }
+
+    /// A unified diff of the changes (text files; binary files are named only).
+    pub(crate) fn diff(&self, changes: &Changeset) -> String {
+        let t = self.tree();
+        let mut out = String::new();
+        for c in &changes.changes {
+            if c.is_dir {
+                continue;
+            }
+            let old_lower = match c.kind {
+                ChangeKind::Added => None,
+                ChangeKind::Renamed => c.old_path.clone(),
+                _ => t.natural_lower(&c.path),
+            };
+            let old = old_lower
+                .and_then(|lp| read_lower(self, &lp))
+                .unwrap_or_default();
+            let new = match t.slots.get(&c.path).map(|s| &s.entry) {
+                Some(Entry::Node(n)) => read_node(n),
+                _ => Vec::new(),
+            };
+            let a = c.old_path.as_ref().unwrap_or(&c.path);
+            if old.contains(&0) || new.contains(&0) {
+                out.push_str(&format!(
+                    "Binary files a/{} and b/{} differ\n",
+                    a.display(),
+                    c.path.display()
+                ));
+                continue;
+            }
+            let (old, new) = (String::from_utf8_lossy(&old), String::from_utf8_lossy(&new));
+            let diff = similar::TextDiff::from_lines(old.as_ref(), new.as_ref());
+            let text = diff
+                .unified_diff()
+                .header(
+                    &format!("a/{}", a.display()),
+                    &format!("b/{}", c.path.display()),
+                )
+                .to_string();
+            if !text.is_empty() {
+                out.push_str(&format!(
+                    "diff --shade a/{} b/{}\n",
+                    a.display(),
+                    c.path.display()
+                ));
+                out.push_str(&text);
+            }
+        }
+        out
+    }
+}
+
+const DIFF_LIMIT: u64 = 4 << 20;
+
+fn read_lower(o: &Overlay, lp: &Path) -> Option<Vec<u8>> {
+    let st = o.lower.stat(lp).ok()??;
+    if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+        return o.lower.read_link(lp).ok().map(|t| t.into_encoded_bytes());
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size as u64 > DIFF_LIMIT {
+        return None;
+    }
+    let f = o.lower.open_file(lp).ok()?;
+    let mut buf = vec![0u8; st.st_size as usize];
+    let n = read_full(&f, &mut buf, 0).ok()?;
+    buf.truncate(n);
+    Some(buf)
+}
+
+fn read_node(n: &Node) -> Vec<u8> {
+    if n.kind == NodeKind::Symlink {
+        return n.target.clone().into_encoded_bytes();
+    }
+    let size = n.state().size.min(DIFF_LIMIT);
+    let data = n.data();
+    let Some(c) = data.as_ref() else {
+        return Vec::new();
+    };
+    let mut buf = vec![0u8; size as usize];
+    let got = c.read_at(&mut buf, 0).unwrap_or(0);
+    buf.truncate(got);
+    buf
+}

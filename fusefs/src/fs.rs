@@ -1,0 +1,983 @@
+//! The FUSE face of a branch: one method per request, explicit replies.
+
+use crate::node::{DirOver, Meta, NodeKind};
+use crate::overlay::{attr, errno, Creds, Handle, Overlay, Res};
+use crate::tree::{split, Entry, InodeTarget, Obj};
+use fuser::{
+    Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
+};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// How long the kernel may cache what we reply. Lower objects can change under the
+/// branch at any time, so their entries and attributes are not cached; branch-owned
+/// objects change only through us.
+const TTL_LOWER: Duration = Duration::ZERO;
+const TTL_OWNED: Duration = Duration::from_secs(1);
+
+fn ttl(obj: &Obj) -> Duration {
+    match obj {
+        Obj::Node(_) => TTL_OWNED,
+        _ => TTL_LOWER,
+    }
+}
+
+fn err(e: i32) -> Errno {
+    Errno::from_i32(e)
+}
+
+fn creds(req: &Request) -> Creds {
+    Creds {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+fn to_time(t: TimeOrNow) -> SystemTime {
+    match t {
+        TimeOrNow::SpecificTime(t) => t,
+        TimeOrNow::Now => SystemTime::now(),
+    }
+}
+
+/// The filesystem served for one branch.
+pub(crate) struct ShadeFs {
+    pub overlay: Arc<Overlay>,
+}
+
+impl ShadeFs {
+    fn create_node(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        kind: NodeKind,
+        perm: u32,
+        rdev: u32,
+        target: &OsStr,
+    ) -> Res<(FileAttr, Arc<crate::node::Node>)> {
+        let o = &self.overlay;
+        let mut t = o.tree();
+        let rel = o.child_path(&t, parent.0, name)?;
+        if t.resolve(&o.lower, &rel).is_ok() {
+            return Err(libc::EEXIST);
+        }
+        let (parent_rel, _) = split(&rel);
+        let (uid, gid, _) = o.owner_for(&t, parent_rel, creds(req));
+        let mut meta = Meta::new(perm, uid, gid);
+        meta.rdev = rdev;
+        let node = o.new_node(&mut t, &rel, kind, meta, target.to_os_string())?;
+        o.place(&mut t, &rel, Entry::Node(node.clone()), false)?;
+        let a = o.entry(&mut t, &rel, &Obj::Node(node.clone()));
+        Ok((a, node))
+    }
+
+    fn do_setattr(
+        &self,
+        ino: u64,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+    ) -> Res<FileAttr> {
+        let o = &self.overlay;
+        if let Some(size) = size {
+            let node = {
+                let mut t = o.tree();
+                match o.obj_of(&t, ino)? {
+                    Obj::Node(n) => n,
+                    obj if obj.is_dir() => return Err(libc::EISDIR),
+                    _ => {
+                        let rel = Overlay::path_of(&t, ino)?;
+                        o.copy_up(&mut t, &rel, size)?
+                    }
+                }
+            };
+            if node.kind != NodeKind::File {
+                return Err(libc::EINVAL);
+            }
+            let mut data = node.data_mut();
+            let content = data.as_mut().ok_or(libc::EINVAL)?;
+            o.store.grow(content, size).map_err(errno)?;
+            content.set_len(size).map_err(errno)?;
+            let mut st = node.state();
+            st.size = size;
+            st.meta.modified();
+        }
+        if mode.is_some()
+            || uid.is_some()
+            || gid.is_some()
+            || atime.is_some()
+            || mtime.is_some()
+            || ctime.is_some()
+        {
+            o.with_meta(ino, |m, _| {
+                if let Some(mode) = mode {
+                    m.perm = mode & 0o7777;
+                }
+                if let Some(uid) = uid {
+                    m.uid = uid;
+                }
+                if let Some(gid) = gid {
+                    m.gid = gid;
+                }
+                if let Some(a) = atime {
+                    m.atime = to_time(a);
+                }
+                if let Some(mt) = mtime {
+                    m.mtime = to_time(mt);
+                }
+                m.ctime = ctime.unwrap_or_else(SystemTime::now);
+                Ok(())
+            })?;
+        }
+        let t = o.tree();
+        o.attr_of(&t, ino)
+    }
+
+    fn do_rename(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: RenameFlags,
+    ) -> Res<()> {
+        let o = &self.overlay;
+        let mut t = o.tree();
+        let from = o.child_path(&t, parent, name)?;
+        let to = o.child_path(&t, newparent, newname)?;
+        let src = t.resolve(&o.lower, &from)?;
+        let dst = t.resolve(&o.lower, &to).ok();
+        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            let dst = dst.ok_or(libc::ENOENT)?;
+            if from.starts_with(&to) || to.starts_with(&from) {
+                return Err(libc::EINVAL);
+            }
+            return self.exchange(&mut t, &from, src, &to, dst);
+        }
+        if from == to {
+            return Ok(());
+        }
+        if dst.is_some() && flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            return Err(libc::EEXIST);
+        }
+        if to.starts_with(&from) {
+            return Err(libc::EINVAL);
+        }
+        let src_dir = src.is_dir();
+        if let Some(dst) = &dst {
+            match (src_dir, dst.is_dir()) {
+                (true, false) => return Err(libc::ENOTDIR),
+                (false, true) => return Err(libc::EISDIR),
+                (true, true) if !o.is_empty_dir(&t, &to)? => return Err(libc::ENOTEMPTY),
+                _ => {}
+            }
+            if from.starts_with(&to) {
+                return Err(libc::ENOTEMPTY);
+            }
+            if let Obj::Node(n) = dst {
+                let mut st = n.state();
+                st.nlink = st.nlink.saturating_sub(1);
+                st.meta.changed();
+            }
+            o.detach(&mut t, &to);
+        }
+        if src_dir {
+            let mut d = match src {
+                Obj::Dir(d) => d,
+                Obj::Lower(lp, st) => {
+                    let mut d = t.dir_from_lower(&from, &st);
+                    d.lower = Some(lp.clone());
+                    d.meta.xattrs = o.lower.xattrs(&lp, false).into_iter().collect();
+                    d
+                }
+                Obj::Node(_) => return Err(libc::EIO),
+            };
+            d.meta.changed();
+            d.ignored = o.ignore.is_ignored(&to, true);
+            t.move_descendants(&from, &to);
+            o.remove_moved(&mut t, &from);
+            t.set(&o.lower, &to, Entry::Dir(d));
+        } else {
+            let node = o.copy_up(&mut t, &from, u64::MAX)?;
+            node.state().meta.changed();
+            t.set(&o.lower, &to, Entry::Node(node));
+            o.remove_moved(&mut t, &from);
+        }
+        let (fp, _) = split(&from);
+        let (tp, _) = split(&to);
+        let (fp, tp) = (fp.to_path_buf(), tp.to_path_buf());
+        let moved_dir = if src_dir && dst.is_none() { 1 } else { 0 };
+        if src_dir {
+            o.touch_dir(&mut t, &fp, -1)?;
+            o.touch_dir(&mut t, &tp, if dst.is_some() { 0 } else { 1 })?;
+        } else {
+            o.touch_dir(&mut t, &fp, 0)?;
+            o.touch_dir(&mut t, &tp, 0)?;
+        }
+        let _ = moved_dir;
+        Ok(())
+    }
+
+    fn exchange(&self, t: &mut crate::tree::Tree, a: &Path, oa: Obj, b: &Path, ob: Obj) -> Res<()> {
+        let o = &self.overlay;
+        let ea = o.materialize(t, a, oa)?;
+        let eb = o.materialize(t, b, ob)?;
+        t.swap_subtrees(a, b);
+        t.set(&o.lower, a, eb);
+        t.set(&o.lower, b, ea);
+        let (pa, _) = split(a);
+        let (pb, _) = split(b);
+        let (pa, pb) = (pa.to_path_buf(), pb.to_path_buf());
+        o.touch_dir(t, &pa, 0)?;
+        o.touch_dir(t, &pb, 0)
+    }
+}
+
+impl Overlay {
+    /// After moving `rel`'s object elsewhere: whiteout where lower has something.
+    pub(crate) fn remove_moved(&self, t: &mut crate::tree::Tree, rel: &Path) {
+        t.remove(&self.lower, rel);
+    }
+
+    /// The object at `rel` as a branch entry (copy-up for files, metadata for dirs).
+    pub(crate) fn materialize(
+        &self,
+        t: &mut crate::tree::Tree,
+        rel: &Path,
+        obj: Obj,
+    ) -> Res<Entry> {
+        Ok(match obj {
+            Obj::Node(n) => Entry::Node(n),
+            Obj::Dir(d) => Entry::Dir(d),
+            Obj::Lower(lp, st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
+                let mut d = t.dir_from_lower(rel, &st);
+                d.lower = Some(lp.clone());
+                d.meta.xattrs = self.lower.xattrs(&lp, false).into_iter().collect();
+                Entry::Dir(d)
+            }
+            Obj::Lower(..) => Entry::Node(self.copy_up(t, rel, u64::MAX)?),
+        })
+    }
+}
+
+impl Filesystem for ShadeFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let o = &self.overlay;
+        let mut t = o.tree();
+        let res = o.child_path(&t, parent.0, name).and_then(|rel| {
+            let obj = t.resolve(&o.lower, &rel)?;
+            let a = o.entry(&mut t, &rel, &obj);
+            Ok((a, ttl(&obj)))
+        });
+        match res {
+            Ok((a, ttl)) => reply.entry(&ttl, &a, Generation(0)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.overlay.tree().forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let o = &self.overlay;
+        let t = o.tree();
+        match o.attr_of(&t, ino.0) {
+            Ok(a) => {
+                let ttl = match t.inodes.get(&ino.0).map(|i| &i.target) {
+                    Some(InodeTarget::Node(_)) => TTL_OWNED,
+                    _ => TTL_LOWER,
+                };
+                reply.attr(&ttl, &a)
+            }
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        match self.do_setattr(ino.0, mode, uid, gid, size, atime, mtime, ctime) {
+            Ok(a) => reply.attr(&TTL_LOWER, &a),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let o = &self.overlay;
+        let t = o.tree();
+        match o.obj_of(&t, ino.0) {
+            Ok(Obj::Node(n)) if n.kind == NodeKind::Symlink => reply.data(n.target.as_bytes()),
+            Ok(Obj::Lower(lp, st)) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
+                match o.lower.read_link(&lp) {
+                    Ok(target) => reply.data(target.as_bytes()),
+                    Err(e) => reply.error(err(errno(e))),
+                }
+            }
+            Ok(_) => reply.error(Errno::EINVAL),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let Some(kind) = NodeKind::from_mode(mode) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let perm = mode & !umask & 0o7777;
+        match self.create_node(req, parent, name, kind, perm, rdev, OsStr::new("")) {
+            Ok((a, _)) => reply.entry(&TTL_OWNED, &a, Generation(0)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let o = &self.overlay;
+        let mut t = o.tree();
+        let res = o.child_path(&t, parent.0, name).and_then(|rel| {
+            if t.resolve(&o.lower, &rel).is_ok() {
+                return Err(libc::EEXIST);
+            }
+            let (parent_rel, _) = split(&rel);
+            let (uid, gid, inherit) = o.owner_for(&t, parent_rel, creds(req));
+            let mut perm = mode & !umask & 0o7777;
+            if inherit {
+                perm |= libc::S_ISGID;
+            }
+            let d = DirOver {
+                meta: Meta::new(perm, uid, gid),
+                lower: None,
+                lower_fp: None,
+                nlink: 2,
+                ignored: o.ignore.is_ignored(&rel, true),
+            };
+            o.place(&mut t, &rel, Entry::Dir(d.clone()), true)?;
+            Ok(o.entry(&mut t, &rel, &Obj::Dir(d)))
+        });
+        match res {
+            Ok(a) => reply.entry(&TTL_LOWER, &a, Generation(0)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let o = &self.overlay;
+        let mut t = o.tree();
+        let res = o.child_path(&t, parent.0, name).and_then(|rel| {
+            let obj = t.resolve(&o.lower, &rel)?;
+            if obj.is_dir() {
+                return Err(libc::EISDIR);
+            }
+            if let Obj::Node(n) = &obj {
+                let mut st = n.state();
+                st.nlink = st.nlink.saturating_sub(1);
+                st.meta.changed();
+            }
+            o.detach(&mut t, &rel);
+            t.remove(&o.lower, &rel);
+            let (p, _) = split(&rel);
+            let p = p.to_path_buf();
+            o.touch_dir(&mut t, &p, 0)
+        });
+        match res {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let o = &self.overlay;
+        let mut t = o.tree();
+        let res = o.child_path(&t, parent.0, name).and_then(|rel| {
+            let obj = t.resolve(&o.lower, &rel)?;
+            if !obj.is_dir() {
+                return Err(libc::ENOTDIR);
+            }
+            if !o.is_empty_dir(&t, &rel)? {
+                return Err(libc::ENOTEMPTY);
+            }
+            o.detach(&mut t, &rel);
+            t.remove(&o.lower, &rel);
+            let (p, _) = split(&rel);
+            let p = p.to_path_buf();
+            o.touch_dir(&mut t, &p, -1)
+        });
+        match res {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        match self.create_node(
+            req,
+            parent,
+            link_name,
+            NodeKind::Symlink,
+            0o777,
+            0,
+            target.as_os_str(),
+        ) {
+            Ok((a, _)) => reply.entry(&TTL_OWNED, &a, Generation(0)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        match self.do_rename(parent.0, name, newparent.0, newname, flags) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let o = &self.overlay;
+        let mut t = o.tree();
+        let res = o.child_path(&t, newparent.0, newname).and_then(|rel| {
+            if t.resolve(&o.lower, &rel).is_ok() {
+                return Err(libc::EEXIST);
+            }
+            let node = match o.obj_of(&t, ino.0)? {
+                Obj::Node(n) => n,
+                obj if obj.is_dir() => return Err(libc::EPERM),
+                _ => {
+                    let src = Overlay::path_of(&t, ino.0)?;
+                    o.copy_up(&mut t, &src, u64::MAX)?
+                }
+            };
+            {
+                let mut st = node.state();
+                st.nlink += 1;
+                st.meta.changed();
+            }
+            t.set(&o.lower, &rel, Entry::Node(node.clone()));
+            let (p, _) = split(&rel);
+            let p = p.to_path_buf();
+            o.touch_dir(&mut t, &p, 0)?;
+            Ok(o.entry(&mut t, &rel, &Obj::Node(node)))
+        });
+        match res {
+            Ok(a) => reply.entry(&TTL_OWNED, &a, Generation(0)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let o = &self.overlay;
+        let acc = flags.0 & libc::O_ACCMODE;
+        let writes = acc == libc::O_WRONLY || acc == libc::O_RDWR;
+        let trunc = flags.0 & libc::O_TRUNC != 0;
+        let res = (|| -> Res<Handle> {
+            let mut t = o.tree();
+            match o.obj_of(&t, ino.0)? {
+                Obj::Node(n) => {
+                    drop(t);
+                    if trunc && writes && n.kind == NodeKind::File {
+                        let mut data = n.data_mut();
+                        if let Some(c) = data.as_mut() {
+                            c.set_len(0).map_err(errno)?;
+                        }
+                        let mut st = n.state();
+                        st.size = 0;
+                        st.meta.modified();
+                    }
+                    Ok(Handle::Node(n))
+                }
+                obj if obj.is_dir() => Err(libc::EISDIR),
+                Obj::Lower(lp, _) if !writes && !trunc => {
+                    let file = o.lower.open_file(&lp).map_err(errno)?;
+                    Ok(Handle::Lower { ino: ino.0, file })
+                }
+                _ => {
+                    let rel = Overlay::path_of(&t, ino.0)?;
+                    let keep = if trunc { 0 } else { u64::MAX };
+                    let n = o.copy_up(&mut t, &rel, keep)?;
+                    if trunc {
+                        n.state().meta.modified();
+                    }
+                    Ok(Handle::Node(n))
+                }
+            }
+        })();
+        match res {
+            Ok(h) => reply.opened(FileHandle(o.add_handle(h)), FopenFlags::empty()),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let o = &self.overlay;
+        let res = o.handle(fh.0).and_then(|h| {
+            let mut buf = vec![0u8; size as usize];
+            let n = match &*h {
+                Handle::Node(n) => read_node(n, &mut buf, offset)?,
+                Handle::Lower { ino, file } => match o.node_of(*ino) {
+                    Some(n) => read_node(&n, &mut buf, offset)?,
+                    None => read_file(file, &mut buf, offset)?,
+                },
+                Handle::Dir(_) => return Err(libc::EISDIR),
+            };
+            buf.truncate(n);
+            Ok(buf)
+        });
+        match res {
+            Ok(buf) => reply.data(&buf),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let o = &self.overlay;
+        let res = o.handle(fh.0).and_then(|h| {
+            let Handle::Node(n) = &*h else {
+                return Err(libc::EBADF);
+            };
+            let end = offset + data.len() as u64;
+            let mut guard = n.data_mut();
+            let content = guard.as_mut().ok_or(libc::EINVAL)?;
+            o.store.grow(content, end).map_err(errno)?;
+            content.write_at(data, offset).map_err(errno)?;
+            let mut st = n.state();
+            st.size = st.size.max(end);
+            st.meta.modified();
+            Ok(data.len() as u32)
+        });
+        match res {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.overlay.drop_handle(fh.0);
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let res = self.overlay.handle(fh.0).and_then(|h| {
+            if let Handle::Node(n) = &*h {
+                if let Some(c) = n.data().as_ref() {
+                    if c.is_on_disk() {
+                        let f = c.file();
+                        if datasync {
+                            f.sync_data()
+                        } else {
+                            f.sync_all()
+                        }
+                        .map_err(errno)?;
+                    }
+                }
+            }
+            Ok(())
+        });
+        match res {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let o = &self.overlay;
+        let res = (|| -> Res<Handle> {
+            let t = o.tree();
+            let rel = Overlay::path_of(&t, ino.0)?;
+            if !t.resolve(&o.lower, &rel)?.is_dir() {
+                return Err(libc::ENOTDIR);
+            }
+            let parent_ino = if rel.as_os_str().is_empty() {
+                1
+            } else {
+                t.path_ino.get(split(&rel).0).copied().unwrap_or(1)
+            };
+            let mut entries = vec![
+                (ino.0, fuser::FileType::Directory, ".".into()),
+                (parent_ino, fuser::FileType::Directory, "..".into()),
+            ];
+            entries.extend(o.list(&t, &rel)?);
+            Ok(Handle::Dir(entries))
+        })();
+        match res {
+            Ok(h) => reply.opened(FileHandle(o.add_handle(h)), FopenFlags::empty()),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let h = match self.overlay.handle(fh.0) {
+            Ok(h) => h,
+            Err(e) => return reply.error(err(e)),
+        };
+        let Handle::Dir(entries) = &*h else {
+            return reply.error(Errno::ENOTDIR);
+        };
+        for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(*ino), (i + 1) as u64, *kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.overlay.drop_handle(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.overlay.lower.statvfs() {
+            Ok(s) => reply.statfs(
+                s.f_blocks,
+                s.f_bfree,
+                s.f_bavail,
+                s.f_files,
+                s.f_ffree,
+                s.f_bsize as u32,
+                255,
+                s.f_frsize as u32,
+            ),
+            Err(e) => reply.error(err(errno(e))),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let res = self.overlay.with_meta(ino.0, |m, _| {
+            let exists = m.xattrs.contains_key(name);
+            if flags & libc::XATTR_CREATE != 0 && exists {
+                return Err(libc::EEXIST);
+            }
+            if flags & libc::XATTR_REPLACE != 0 && !exists {
+                return Err(libc::ENODATA);
+            }
+            m.xattrs.insert(name.to_os_string(), value.to_vec());
+            m.changed();
+            Ok(())
+        });
+        match res {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.overlay.xattrs_of(ino.0) {
+            Ok(x) => match x.into_iter().find(|(n, _)| n == name) {
+                Some((_, v)) => xattr_reply(reply, &v, size),
+                None => reply.error(Errno::NO_XATTR),
+            },
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.overlay.xattrs_of(ino.0) {
+            Ok(x) => {
+                let mut buf = Vec::new();
+                for (n, _) in x {
+                    buf.extend_from_slice(n.as_bytes());
+                    buf.push(0);
+                }
+                xattr_reply(reply, &buf, size)
+            }
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let res = self.overlay.with_meta(ino.0, |m, _| {
+            m.xattrs.remove(name).ok_or(libc::ENODATA)?;
+            m.changed();
+            Ok(())
+        });
+        match res {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let o = &self.overlay;
+        let perm = mode & !umask & 0o7777;
+        let res = match self.create_node(req, parent, name, NodeKind::File, perm, 0, OsStr::new(""))
+        {
+            Ok((a, n)) => Ok((a, n)),
+            Err(libc::EEXIST) if flags & libc::O_EXCL == 0 => {
+                // Raced with another creator: open the existing file instead.
+                let mut t = o.tree();
+                o.child_path(&t, parent.0, name).and_then(|rel| {
+                    let keep = if flags & libc::O_TRUNC != 0 {
+                        0
+                    } else {
+                        u64::MAX
+                    };
+                    let n = o.copy_up(&mut t, &rel, keep)?;
+                    let a = o.entry(&mut t, &rel, &Obj::Node(n.clone()));
+                    Ok((a, n))
+                })
+            }
+            Err(e) => Err(e),
+        };
+        match res {
+            Ok((a, n)) => {
+                let fh = o.add_handle(Handle::Node(n));
+                reply.created(
+                    &TTL_OWNED,
+                    &a,
+                    Generation(0),
+                    FileHandle(fh),
+                    FopenFlags::empty(),
+                )
+            }
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let o = &self.overlay;
+        let res = o.handle(fh.0).and_then(|h| {
+            let Handle::Node(n) = &*h else {
+                return Err(libc::EBADF);
+            };
+            if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
+                return Err(libc::EOPNOTSUPP);
+            }
+            let end = offset + length;
+            let mut guard = n.data_mut();
+            let content = guard.as_mut().ok_or(libc::ENODEV)?;
+            let mut st = n.state();
+            if mode & libc::FALLOC_FL_KEEP_SIZE == 0 && end > st.size {
+                o.store.grow(content, end).map_err(errno)?;
+                content.set_len(end).map_err(errno)?;
+                st.size = end;
+                st.meta.modified();
+            }
+            Ok(())
+        });
+        match res {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+}
+
+impl Overlay {
+    /// Extended attributes of whatever `ino` is, without copying anything up.
+    fn xattrs_of(&self, ino: u64) -> Res<Vec<(std::ffi::OsString, Vec<u8>)>> {
+        let t = self.tree();
+        Ok(match self.obj_of(&t, ino)? {
+            Obj::Node(n) => n.state().meta.xattrs.clone().into_iter().collect(),
+            Obj::Dir(d) => d.meta.xattrs.into_iter().collect(),
+            Obj::Lower(lp, st) => self
+                .lower
+                .xattrs(&lp, st.st_mode & libc::S_IFMT == libc::S_IFLNK),
+        })
+    }
+}
+
+fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
+    if size == 0 {
+        reply.size(value.len() as u32);
+    } else if value.len() > size as usize {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(value);
+    }
+}
+
+fn read_node(n: &crate::node::Node, buf: &mut [u8], offset: u64) -> Res<usize> {
+    let data = n.data();
+    let c = data.as_ref().ok_or(libc::EINVAL)?;
+    c.read_at(buf, offset).map_err(errno)
+}
+
+fn read_file(f: &std::fs::File, buf: &mut [u8], offset: u64) -> Res<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut done = 0;
+    while done < buf.len() {
+        match f.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(errno(e)),
+        }
+    }
+    Ok(done)
+}
+
+#[allow(dead_code)]
+fn _assert_attr_used(o: &Obj) -> FileAttr {
+    attr(0, o)
+}

@@ -1,0 +1,250 @@
+//! Read-only access to the real project directory ("lower").
+//!
+//! Everything goes through one directory fd opened at branch creation and `*at()` calls
+//! with `AT_SYMLINK_NOFOLLOW`, so a branch reads exactly the tree it was created on even
+//! when the runner later bind-mounts the branch over the project's path.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// The lower directory of a branch.
+pub(crate) struct Lower {
+    root: PathBuf,
+    fd: OwnedFd,
+}
+
+/// One entry of a lower directory listing.
+pub(crate) struct LowerDirEntry {
+    pub name: OsString,
+    pub file_type: u32,
+    pub ino: u64,
+}
+
+fn cpath(rel: &Path) -> io::Result<CString> {
+    let bytes = rel.as_os_str().as_bytes();
+    let bytes = if bytes.is_empty() {
+        b"." as &[u8]
+    } else {
+        bytes
+    };
+    CString::new(bytes).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+impl Lower {
+    /// Open the lower root; it must be a directory (a symlink to one is resolved here, once).
+    pub fn open(root: &Path) -> io::Result<Lower> {
+        let c = CString::new(root.as_os_str().as_bytes())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: plain open(2) on a valid C string; the fd is owned right after.
+        let fd = cvt(unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        })?;
+        // SAFETY: fd was just returned by open and is owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Lower {
+            root: root.to_path_buf(),
+            fd,
+        })
+    }
+
+    /// The real path of the project, for messages and for the accept engine.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// `lstat` of a lower path; `Ok(None)` when it does not exist (or a parent is not a dir).
+    pub fn stat(&self, rel: &Path) -> io::Result<Option<libc::stat>> {
+        let c = cpath(rel)?;
+        // SAFETY: zeroed stat is a valid out-buffer for fstatat.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: valid dir fd, C string and out pointer.
+        let r = unsafe {
+            libc::fstatat(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        if r == 0 {
+            return Ok(Some(st));
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ENAMETOOLONG) => Ok(None),
+            _ => Err(e),
+        }
+    }
+
+    /// Open a lower file for reading (never follows a final symlink).
+    pub fn open_file(&self, rel: &Path) -> io::Result<File> {
+        let c = cpath(rel)?;
+        // SAFETY: valid dir fd and C string.
+        let fd = cvt(unsafe {
+            libc::openat(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK,
+            )
+        })?;
+        // SAFETY: fd just returned by openat.
+        let f = unsafe { File::from_raw_fd(fd) };
+        // O_NONBLOCK only to avoid hanging on a fifo; regular files ignore it. Clear it anyway.
+        // SAFETY: fcntl on our own fd.
+        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFL, 0) };
+        Ok(f)
+    }
+
+    /// Open a lower directory as an fd usable with `fdopendir`-like listing.
+    fn open_dir(&self, rel: &Path) -> io::Result<OwnedFd> {
+        let c = cpath(rel)?;
+        // SAFETY: valid dir fd and C string.
+        let fd = cvt(unsafe {
+            libc::openat(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        })?;
+        // SAFETY: fd just returned by openat.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// List a lower directory (without `.` and `..`); missing directory = empty listing.
+    pub fn read_dir(&self, rel: &Path) -> io::Result<Vec<LowerDirEntry>> {
+        let fd = match self.open_dir(rel) {
+            Ok(fd) => fd,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
+                return Ok(Vec::new())
+            }
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::new();
+        let mut dir = nix::dir::Dir::from_fd(std::os::fd::IntoRawFd::into_raw_fd(fd))
+            .map_err(io::Error::from)?;
+        for entry in dir.iter() {
+            let entry = entry.map_err(io::Error::from)?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let file_type = match entry.file_type() {
+                Some(nix::dir::Type::Directory) => libc::S_IFDIR,
+                Some(nix::dir::Type::File) => libc::S_IFREG,
+                Some(nix::dir::Type::Symlink) => libc::S_IFLNK,
+                Some(nix::dir::Type::Fifo) => libc::S_IFIFO,
+                Some(nix::dir::Type::Socket) => libc::S_IFSOCK,
+                Some(nix::dir::Type::CharacterDevice) => libc::S_IFCHR,
+                Some(nix::dir::Type::BlockDevice) => libc::S_IFBLK,
+                None => 0,
+            };
+            out.push(LowerDirEntry {
+                name: OsStr::from_bytes(name).to_os_string(),
+                file_type,
+                ino: entry.ino(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Target of a lower symlink.
+    pub fn read_link(&self, rel: &Path) -> io::Result<OsString> {
+        let c = cpath(rel)?;
+        let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+        // SAFETY: buffer is valid for buf.len() bytes.
+        let n = unsafe {
+            libc::readlinkat(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        buf.truncate(n as usize);
+        Ok(std::os::unix::ffi::OsStringExt::from_vec(buf))
+    }
+
+    /// Extended attributes of a lower object, read through `/proc/self/fd` so symlinks in
+    /// the path are never followed (an `O_PATH` fd of the object itself).
+    fn proc_path(&self, rel: &Path) -> io::Result<(OwnedFd, CString)> {
+        let c = cpath(rel)?;
+        // SAFETY: valid dir fd and C string.
+        let fd = cvt(unsafe {
+            libc::openat(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        })?;
+        // SAFETY: fd just returned by openat.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let p = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        Ok((fd, p))
+    }
+
+    /// All xattrs of a lower object (names and values). Symlinks have none we can read.
+    pub fn xattrs(&self, rel: &Path, is_symlink: bool) -> Vec<(OsString, Vec<u8>)> {
+        if is_symlink {
+            return Vec::new();
+        }
+        let Ok((_fd, p)) = self.proc_path(rel) else {
+            return Vec::new();
+        };
+        let mut names = vec![0u8; 65536];
+        // SAFETY: buffer valid for its length.
+        let n = unsafe { libc::listxattr(p.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+        if n <= 0 {
+            return Vec::new();
+        }
+        names.truncate(n as usize);
+        let mut out = Vec::new();
+        for name in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
+            let Ok(cname) = CString::new(name) else {
+                continue;
+            };
+            let mut val = vec![0u8; 65536];
+            // SAFETY: buffers valid for their lengths.
+            let n = unsafe {
+                libc::getxattr(
+                    p.as_ptr(),
+                    cname.as_ptr(),
+                    val.as_mut_ptr().cast(),
+                    val.len(),
+                )
+            };
+            if n >= 0 {
+                val.truncate(n as usize);
+                out.push((OsStr::from_bytes(name).to_os_string(), val));
+            }
+        }
+        out
+    }
+
+    /// File system statistics of lower, forwarded by `statfs`.
+    pub fn statvfs(&self) -> io::Result<libc::statvfs> {
+        // SAFETY: zeroed statvfs is a valid out-buffer.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: valid fd and out pointer.
+        cvt(unsafe { libc::fstatvfs(self.fd.as_raw_fd(), &mut st) })?;
+        Ok(st)
+    }
+}

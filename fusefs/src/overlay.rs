@@ -1,0 +1,454 @@
+//! The overlay's operations on the branch view, independent of the FUSE wire types:
+//! copy-up, materialising directory metadata, creating and removing entries, listing.
+//! `fs.rs` maps each FUSE request onto these.
+
+use crate::content::{copy_range, Store};
+use crate::ignore_rules::IgnoreRules;
+use crate::lower::Lower;
+use crate::node::{DirOver, Meta, Node, NodeKind, NodeState};
+use crate::tree::{split, Entry, InodeTarget, Obj, Tree};
+use fuser::{FileAttr, FileType, INodeNo};
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::SystemTime;
+
+/// Errors inside the overlay are plain errno values, replied as-is.
+pub(crate) type Res<T> = Result<T, i32>;
+
+pub(crate) fn errno(e: std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// An open file or directory.
+pub(crate) enum Handle {
+    /// A lower file opened read-only; reads switch to the node if it is copied up later.
+    Lower {
+        ino: u64,
+        file: File,
+    },
+    Node(Arc<Node>),
+    /// Directory listing snapshot taken at opendir (offsets index into it).
+    Dir(Vec<(u64, FileType, OsString)>),
+}
+
+/// One branch's live state.
+pub(crate) struct Overlay {
+    pub lower: Lower,
+    pub store: Store,
+    pub ignore: IgnoreRules,
+    tree: Mutex<Tree>,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    next_fh: AtomicU64,
+}
+
+/// Who is creating an object, for ownership of new entries.
+#[derive(Clone, Copy)]
+pub(crate) struct Creds {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Overlay {
+    pub fn new(lower: Lower, store: Store, ignore: IgnoreRules) -> Overlay {
+        Overlay {
+            lower,
+            store,
+            ignore,
+            tree: Mutex::new(Tree::new()),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+        }
+    }
+
+    pub fn tree(&self) -> MutexGuard<'_, Tree> {
+        self.tree.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    // ----- handles -------------------------------------------------------------------
+
+    pub fn add_handle(&self, h: Handle) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(fh, Arc::new(h));
+        fh
+    }
+
+    pub fn handle(&self, fh: u64) -> Res<Arc<Handle>> {
+        self.handles
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&fh)
+            .cloned()
+            .ok_or(libc::EBADF)
+    }
+
+    pub fn drop_handle(&self, fh: u64) {
+        self.handles
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&fh);
+    }
+
+    pub fn open_handles(&self) -> usize {
+        self.handles
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    // ----- paths and inodes ----------------------------------------------------------
+
+    /// The merged-view path a directory-like inode stands for.
+    pub fn path_of(t: &Tree, ino: u64) -> Res<PathBuf> {
+        match t.inodes.get(&ino).map(|i| &i.target) {
+            Some(InodeTarget::Path(p)) => Ok(p.clone()),
+            Some(InodeTarget::Node(_)) => Err(libc::ENOTDIR),
+            Some(InodeTarget::Gone(_)) | None => Err(libc::ENOENT),
+        }
+    }
+
+    /// The path of `name` inside directory inode `parent`, with the name checked.
+    pub fn child_path(&self, t: &Tree, parent: u64, name: &OsStr) -> Res<PathBuf> {
+        if name.len() > 255 {
+            return Err(libc::ENAMETOOLONG);
+        }
+        if name.is_empty() || name == "." || name == ".." || name.as_encoded_bytes().contains(&b'/')
+        {
+            return Err(libc::EINVAL);
+        }
+        let dir = Self::path_of(t, parent)?;
+        match t.resolve(&self.lower, &dir)? {
+            o if o.is_dir() => Ok(dir.join(name)),
+            _ => Err(libc::ENOTDIR),
+        }
+    }
+
+    /// Resolve what inode `ino` shows now.
+    pub fn obj_of(&self, t: &Tree, ino: u64) -> Res<Obj> {
+        match t.inodes.get(&ino).map(|i| &i.target) {
+            Some(InodeTarget::Path(p)) => t.resolve(&self.lower, p),
+            Some(InodeTarget::Node(n)) => Ok(Obj::Node(n.clone())),
+            Some(InodeTarget::Gone(_)) | None => Err(libc::ENOENT),
+        }
+    }
+
+    /// Attributes of inode `ino`.
+    pub fn attr_of(&self, t: &Tree, ino: u64) -> Res<FileAttr> {
+        if let Some(InodeTarget::Gone(a)) = t.inodes.get(&ino).map(|i| &i.target) {
+            return Ok(**a);
+        }
+        Ok(attr(ino, &self.obj_of(t, ino)?))
+    }
+
+    /// Register one more kernel reference to `rel` and return its attributes.
+    pub fn entry(&self, t: &mut Tree, rel: &Path, obj: &Obj) -> FileAttr {
+        let ino = t.ino_for(rel, obj);
+        if let Some(i) = t.inodes.get_mut(&ino) {
+            i.lookups += 1;
+        }
+        attr(ino, obj)
+    }
+
+    /// The node inode `ino` currently stands for, if it is branch-owned.
+    pub fn node_of(&self, ino: u64) -> Option<Arc<Node>> {
+        match self.tree().inodes.get(&ino).map(|i| &i.target) {
+            Some(InodeTarget::Node(n)) => Some(n.clone()),
+            _ => None,
+        }
+    }
+
+    /// The inode at `rel` no longer exists there: keep answering the kernel with its last
+    /// attributes (link count 0) until it forgets it.
+    pub fn detach(&self, t: &mut Tree, rel: &Path) {
+        let Some(ino) = t.unbind_path(rel) else {
+            return;
+        };
+        let gone = match t.resolve(&self.lower, rel) {
+            Ok(obj) => {
+                let mut a = attr(ino, &obj);
+                a.nlink = 0;
+                a
+            }
+            Err(_) => return,
+        };
+        if let Some(i) = t.inodes.get_mut(&ino) {
+            i.target = InodeTarget::Gone(Box::new(gone));
+        }
+    }
+
+    // ----- copy-up and materialisation ---------------------------------------------
+
+    /// Make the non-directory at `rel` branch-owned, copying at most `keep` bytes of a
+    /// lower file's content (`u64::MAX`: all of it; 0 for an open with `O_TRUNC`).
+    pub fn copy_up(&self, t: &mut Tree, rel: &Path, keep: u64) -> Res<Arc<Node>> {
+        let (lp, st) = match t.resolve(&self.lower, rel)? {
+            Obj::Node(n) => return Ok(n),
+            Obj::Dir(_) => return Err(libc::EISDIR),
+            Obj::Lower(lp, st) => (lp, st),
+        };
+        let kind = NodeKind::from_mode(st.st_mode).ok_or(libc::EISDIR)?;
+        let ignored = self.ignore.is_ignored(rel, false);
+        let mut size = st.st_size as u64;
+        let data = if kind == NodeKind::File {
+            size = size.min(keep);
+            let content = self.store.create(ignored, size).map_err(errno)?;
+            if size > 0 {
+                let src = self.lower.open_file(&lp).map_err(errno)?;
+                copy_range(&src, content.file(), size).map_err(errno)?;
+            }
+            Some(content)
+        } else {
+            None
+        };
+        let target = if kind == NodeKind::Symlink {
+            self.lower.read_link(&lp).map_err(errno)?
+        } else {
+            OsString::new()
+        };
+        let mut meta = Meta::from_stat(&st);
+        meta.xattrs = self
+            .lower
+            .xattrs(&lp, kind == NodeKind::Symlink)
+            .into_iter()
+            .collect();
+        let ino = match t.unbind_path(rel) {
+            Some(ino) => ino,
+            None => t.alloc_ino(),
+        };
+        let node = Arc::new(Node {
+            ino,
+            kind,
+            state: Mutex::new(NodeState {
+                meta,
+                size,
+                nlink: 1,
+            }),
+            data: std::sync::RwLock::new(data),
+            target,
+            origin: Some(lp),
+            ignored,
+        });
+        if let Some(i) = t.inodes.get_mut(&ino) {
+            i.target = InodeTarget::Node(node.clone());
+        }
+        t.set(&self.lower, rel, Entry::Node(node.clone()));
+        Ok(node)
+    }
+
+    /// Give the directory at `rel` its own metadata record (copied from lower first).
+    pub fn dir_over<'t>(&self, t: &'t mut Tree, rel: &Path) -> Res<&'t mut DirOver> {
+        let needs = match t.slots.get(rel).map(|s| &s.entry) {
+            Some(Entry::Dir(_)) => None,
+            Some(_) => return Err(libc::ENOTDIR),
+            None => match t.resolve(&self.lower, rel)? {
+                Obj::Lower(_, st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
+                    let mut d = t.dir_from_lower(rel, &st);
+                    d.meta.xattrs = t
+                        .natural_lower(rel)
+                        .map(|lp| self.lower.xattrs(&lp, false).into_iter().collect())
+                        .unwrap_or_default();
+                    Some(d)
+                }
+                _ => return Err(libc::ENOTDIR),
+            },
+        };
+        if let Some(d) = needs {
+            t.set(&self.lower, rel, Entry::Dir(d));
+        }
+        match t.slots.get_mut(rel).map(|s| &mut s.entry) {
+            Some(Entry::Dir(d)) => Ok(d),
+            _ => Err(libc::ENOTDIR),
+        }
+    }
+
+    /// Directory `dir` gained or lost an entry: bump its times and subdirectory count.
+    pub fn touch_dir(&self, t: &mut Tree, dir: &Path, subdirs: i32) -> Res<()> {
+        let d = self.dir_over(t, dir)?;
+        d.meta.modified();
+        d.nlink = (d.nlink as i64 + subdirs as i64).max(2) as u32;
+        Ok(())
+    }
+
+    /// Apply `f` to the metadata of whatever inode `ino` is, copying it up first.
+    pub fn with_meta<R>(
+        &self,
+        ino: u64,
+        f: impl FnOnce(&mut Meta, Option<&Node>) -> Res<R>,
+    ) -> Res<R> {
+        let mut t = self.tree();
+        match self.obj_of(&t, ino)? {
+            Obj::Node(n) => {
+                let mut st = n.state();
+                f(&mut st.meta, Some(&n))
+            }
+            obj if obj.is_dir() => {
+                let rel = Self::path_of(&t, ino)?;
+                let d = self.dir_over(&mut t, &rel)?;
+                f(&mut d.meta, None)
+            }
+            _ => {
+                let rel = Self::path_of(&t, ino)?;
+                let n = self.copy_up(&mut t, &rel, u64::MAX)?;
+                drop(t);
+                let mut st = n.state();
+                f(&mut st.meta, Some(&n))
+            }
+        }
+    }
+
+    /// Owner and group of a new entry in `parent` (BSD group semantics for setgid dirs),
+    /// and whether it inherits setgid (directories do).
+    pub fn owner_for(&self, t: &Tree, parent: &Path, creds: Creds) -> (u32, u32, bool) {
+        let pattr = t.resolve(&self.lower, parent).map(|o| attr(0, &o));
+        match pattr {
+            Ok(a) if a.perm as u32 & libc::S_ISGID != 0 => (creds.uid, a.gid, true),
+            _ => (creds.uid, creds.gid, false),
+        }
+    }
+
+    /// A new branch-owned node.
+    pub fn new_node(
+        &self,
+        t: &mut Tree,
+        rel: &Path,
+        kind: NodeKind,
+        meta: Meta,
+        target: OsString,
+    ) -> Res<Arc<Node>> {
+        let ignored = self.ignore.is_ignored(rel, false);
+        let data = if kind == NodeKind::File {
+            Some(self.store.create(ignored, 0).map_err(errno)?)
+        } else {
+            None
+        };
+        let size = if kind == NodeKind::Symlink {
+            target.len() as u64
+        } else {
+            0
+        };
+        Ok(Arc::new(Node {
+            ino: t.alloc_ino(),
+            kind,
+            state: Mutex::new(NodeState {
+                meta,
+                size,
+                nlink: 1,
+            }),
+            data: std::sync::RwLock::new(data),
+            target,
+            origin: None,
+            ignored,
+        }))
+    }
+
+    /// Put a freshly created object at `rel` and account for it in its parent.
+    pub fn place(&self, t: &mut Tree, rel: &Path, entry: Entry, is_dir: bool) -> Res<()> {
+        for d in t.descendants(rel) {
+            // stale whiteouts under a re-created directory: an opaque dir hides lower anyway
+            t.slots.remove(&d);
+        }
+        t.children.remove(rel);
+        t.set(&self.lower, rel, entry);
+        let (parent, _) = split(rel);
+        self.touch_dir(t, parent, if is_dir { 1 } else { 0 })
+    }
+
+    /// The merged listing of directory `rel`: (name, kind, inode if known or lower ino).
+    pub fn list(&self, t: &Tree, rel: &Path) -> Res<Vec<(u64, FileType, OsString)>> {
+        let mut out = Vec::new();
+        if let Some(src) = t.lower_of(rel) {
+            for e in self.lower.read_dir(&src).map_err(errno)? {
+                let child = rel.join(&e.name);
+                if t.slots.contains_key(&child) {
+                    continue;
+                }
+                let ino = t.path_ino.get(&child).copied().unwrap_or(e.ino);
+                out.push((ino, mode_type(e.file_type), e.name));
+            }
+        }
+        for name in t.slot_children(rel) {
+            let child = rel.join(name);
+            let (ino, kind) = match t.slots.get(&child).map(|s| &s.entry) {
+                Some(Entry::Node(n)) => (n.ino, n.kind.file_type()),
+                Some(Entry::Dir(_)) => (
+                    t.path_ino.get(&child).copied().unwrap_or(u64::MAX),
+                    FileType::Directory,
+                ),
+                _ => continue,
+            };
+            out.push((ino, kind, name.clone()));
+        }
+        Ok(out)
+    }
+
+    /// Whether directory `rel` shows no entries.
+    pub fn is_empty_dir(&self, t: &Tree, rel: &Path) -> Res<bool> {
+        Ok(self.list(t, rel)?.is_empty())
+    }
+}
+
+fn mode_type(m: u32) -> FileType {
+    match m & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+/// `stat` attributes of a resolved object under inode number `ino`.
+pub(crate) fn attr(ino: u64, obj: &Obj) -> FileAttr {
+    match obj {
+        Obj::Lower(_, st) => FileAttr {
+            ino: INodeNo(ino),
+            size: st.st_size as u64,
+            blocks: st.st_blocks as u64,
+            atime: crate::node::time(st.st_atime, st.st_atime_nsec),
+            mtime: crate::node::time(st.st_mtime, st.st_mtime_nsec),
+            ctime: crate::node::time(st.st_ctime, st.st_ctime_nsec),
+            crtime: SystemTime::UNIX_EPOCH,
+            kind: mode_type(st.st_mode),
+            perm: (st.st_mode & 0o7777) as u16,
+            nlink: st.st_nlink as u32,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            rdev: st.st_rdev as u32,
+            blksize: st.st_blksize as u32,
+            flags: 0,
+        },
+        Obj::Dir(d) => meta_attr(ino, &d.meta, FileType::Directory, 4096, d.nlink),
+        Obj::Node(n) => {
+            let st = n.state();
+            meta_attr(ino, &st.meta, n.kind.file_type(), st.size, st.nlink)
+        }
+    }
+}
+
+fn meta_attr(ino: u64, m: &Meta, kind: FileType, size: u64, nlink: u32) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(ino),
+        size,
+        blocks: size.div_ceil(512),
+        atime: m.atime,
+        mtime: m.mtime,
+        ctime: m.ctime,
+        crtime: SystemTime::UNIX_EPOCH,
+        kind,
+        perm: m.perm as u16,
+        nlink,
+        uid: m.uid,
+        gid: m.gid,
+        rdev: m.rdev,
+        blksize: 4096,
+        flags: 0,
+    }
+}

@@ -1,0 +1,400 @@
+//! The branch's view: override slots keyed by path, merged with lower on every lookup,
+//! plus the inode table the kernel refers to.
+//!
+//! Invariants:
+//! - a slot at `p` records `base`, what lower had at `p`'s natural lower path when the slot
+//!   was first made; it travels with its path, not with the object;
+//! - `children[d]` names every slot directly under `d` (whiteouts included);
+//! - a directory's lower children come from `lower_of(d)`, which follows renamed and
+//!   re-created (opaque) directories.
+
+use crate::fingerprint::{Base, Fingerprint};
+use crate::lower::Lower;
+use crate::node::{DirOver, Meta, Node};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// What a path holds in the branch.
+pub(crate) enum Entry {
+    Node(Arc<Node>),
+    Dir(DirOver),
+    /// Deleted in this branch; hides the lower object.
+    Whiteout,
+}
+
+pub(crate) struct Slot {
+    pub entry: Entry,
+    pub base: Base,
+}
+
+/// What the kernel's inode number stands for.
+pub(crate) enum InodeTarget {
+    /// A path in the merged view (directories, and lower objects not copied up).
+    Path(PathBuf),
+    /// A branch-owned non-directory object (survives renames and unlinks).
+    Node(Arc<Node>),
+    /// A lower object unlinked in the branch while the kernel still held it.
+    Gone(Box<fuser::FileAttr>),
+}
+
+pub(crate) struct Inode {
+    pub target: InodeTarget,
+    pub lookups: u64,
+}
+
+/// A resolved object of the merged view.
+pub(crate) enum Obj {
+    Node(Arc<Node>),
+    /// A directory with branch metadata.
+    Dir(DirOver),
+    /// An untouched lower object at this lower path.
+    Lower(PathBuf, libc::stat),
+}
+
+impl Obj {
+    pub fn is_dir(&self) -> bool {
+        match self {
+            Obj::Dir(_) => true,
+            Obj::Node(_) => false,
+            Obj::Lower(_, st) => st.st_mode & libc::S_IFMT == libc::S_IFDIR,
+        }
+    }
+}
+
+pub(crate) struct Tree {
+    pub slots: BTreeMap<PathBuf, Slot>,
+    pub children: HashMap<PathBuf, BTreeSet<OsString>>,
+    pub inodes: HashMap<u64, Inode>,
+    pub path_ino: HashMap<PathBuf, u64>,
+    next_ino: u64,
+}
+
+/// Parent and name of a non-root relative path.
+pub(crate) fn split(rel: &Path) -> (&Path, &OsStr) {
+    (
+        rel.parent().unwrap_or(Path::new("")),
+        rel.file_name().unwrap_or(OsStr::new("")),
+    )
+}
+
+impl Tree {
+    pub fn new() -> Tree {
+        let mut inodes = HashMap::new();
+        inodes.insert(
+            1,
+            Inode {
+                target: InodeTarget::Path(PathBuf::new()),
+                lookups: 1,
+            },
+        );
+        let mut path_ino = HashMap::new();
+        path_ino.insert(PathBuf::new(), 1);
+        Tree {
+            slots: BTreeMap::new(),
+            children: HashMap::new(),
+            inodes,
+            path_ino,
+            next_ino: 2,
+        }
+    }
+
+    pub fn alloc_ino(&mut self) -> u64 {
+        let ino = self.next_ino;
+        self.next_ino += 1;
+        ino
+    }
+
+    /// The lower directory whose entries show through directory `dir` of the branch.
+    pub fn lower_of(&self, dir: &Path) -> Option<PathBuf> {
+        if let Some(slot) = self.slots.get(dir) {
+            return match &slot.entry {
+                Entry::Dir(d) => d.lower.clone(),
+                _ => None,
+            };
+        }
+        if dir.as_os_str().is_empty() {
+            return Some(PathBuf::new());
+        }
+        let (parent, name) = split(dir);
+        self.lower_of(parent).map(|l| l.join(name))
+    }
+
+    /// The lower path that shows at `rel` when the branch has no slot there.
+    pub fn natural_lower(&self, rel: &Path) -> Option<PathBuf> {
+        if rel.as_os_str().is_empty() {
+            return Some(PathBuf::new());
+        }
+        let (parent, name) = split(rel);
+        self.lower_of(parent).map(|l| l.join(name))
+    }
+
+    /// Look `rel` up in the merged view.
+    pub fn resolve(&self, lower: &Lower, rel: &Path) -> Result<Obj, i32> {
+        if let Some(slot) = self.slots.get(rel) {
+            return match &slot.entry {
+                Entry::Node(n) => Ok(Obj::Node(n.clone())),
+                Entry::Dir(d) => Ok(Obj::Dir(d.clone())),
+                Entry::Whiteout => Err(libc::ENOENT),
+            };
+        }
+        let lp = self.natural_lower(rel).ok_or(libc::ENOENT)?;
+        match lower.stat(&lp) {
+            Ok(Some(st)) => Ok(Obj::Lower(lp, st)),
+            Ok(None) => Err(libc::ENOENT),
+            Err(e) => Err(e.raw_os_error().unwrap_or(libc::EIO)),
+        }
+    }
+
+    /// What lower has at `rel`'s natural lower path now (the base of a new slot).
+    pub fn observe_base(&self, lower: &Lower, rel: &Path) -> Base {
+        match self.natural_lower(rel).map(|lp| lower.stat(&lp)) {
+            Some(Ok(Some(st))) => Base::Present(Fingerprint::from_stat(&st)),
+            _ => Base::Absent,
+        }
+    }
+
+    /// Put `entry` at `rel`, keeping the base of an existing slot.
+    pub fn set(&mut self, lower: &Lower, rel: &Path, entry: Entry) {
+        if let Some(slot) = self.slots.get_mut(rel) {
+            slot.entry = entry;
+            return;
+        }
+        let base = self.observe_base(lower, rel);
+        self.insert_slot(rel.to_path_buf(), Slot { entry, base });
+    }
+
+    fn insert_slot(&mut self, rel: PathBuf, slot: Slot) {
+        if !rel.as_os_str().is_empty() {
+            let (parent, name) = split(&rel);
+            self.children
+                .entry(parent.to_path_buf())
+                .or_default()
+                .insert(name.to_os_string());
+        }
+        self.slots.insert(rel, slot);
+    }
+
+    fn drop_slot(&mut self, rel: &Path) -> Option<Slot> {
+        let slot = self.slots.remove(rel)?;
+        let (parent, name) = split(rel);
+        if let Some(set) = self.children.get_mut(parent) {
+            set.remove(name);
+            if set.is_empty() {
+                self.children.remove(parent);
+            }
+        }
+        Some(slot)
+    }
+
+    /// All slots strictly below `dir`, in path order.
+    pub fn descendants(&self, dir: &Path) -> Vec<PathBuf> {
+        self.slots
+            .range::<Path, _>((std::ops::Bound::Excluded(dir), std::ops::Bound::Unbounded))
+            .map(|(p, _)| p)
+            .take_while(|p| p.starts_with(dir))
+            .filter(|p| dir.as_os_str().is_empty() || p.as_path() != dir)
+            .cloned()
+            .collect()
+    }
+
+    /// Remove what `rel` shows (and, for a directory, every slot below it): a whiteout
+    /// stays where lower has something, so it keeps hiding it.
+    pub fn remove(&mut self, lower: &Lower, rel: &Path) {
+        for d in self.descendants(rel) {
+            self.drop_slot(&d);
+        }
+        let lower_has = match self.slots.get(rel) {
+            Some(slot) => slot.base != Base::Absent || self.natural_exists(lower, rel),
+            None => self.natural_exists(lower, rel),
+        };
+        if lower_has {
+            self.set(lower, rel, Entry::Whiteout);
+        } else {
+            self.drop_slot(rel);
+        }
+    }
+
+    fn natural_exists(&self, lower: &Lower, rel: &Path) -> bool {
+        matches!(
+            self.natural_lower(rel).map(|lp| lower.stat(&lp)),
+            Some(Ok(Some(_)))
+        )
+    }
+
+    /// Move every slot below `from` to the same place below `to` (slots below `to` are
+    /// dropped first: `to` was an empty directory). Inode paths follow.
+    pub fn move_descendants(&mut self, from: &Path, to: &Path) {
+        for d in self.descendants(to) {
+            self.drop_slot(&d);
+        }
+        for d in self.descendants(from) {
+            if let Some(slot) = self.drop_slot(&d) {
+                if let Ok(rest) = d.strip_prefix(from) {
+                    self.insert_slot(to.join(rest), slot);
+                }
+            }
+        }
+        self.move_inode_paths(from, to);
+    }
+
+    /// Re-key inodes (and the path index) under `from` to `to`, `from` itself included.
+    pub fn move_inode_paths(&mut self, from: &Path, to: &Path) {
+        let moved: Vec<(PathBuf, u64)> = self
+            .path_ino
+            .iter()
+            .filter(|(p, _)| p.starts_with(from))
+            .map(|(p, i)| (p.clone(), *i))
+            .collect();
+        // Anything already known under `to` is replaced.
+        let stale: Vec<PathBuf> = self
+            .path_ino
+            .keys()
+            .filter(|p| p.starts_with(to))
+            .cloned()
+            .collect();
+        for p in stale {
+            self.path_ino.remove(&p);
+        }
+        for (p, ino) in moved {
+            self.path_ino.remove(&p);
+            let Ok(rest) = p.strip_prefix(from) else {
+                continue;
+            };
+            let np = if rest.as_os_str().is_empty() {
+                to.to_path_buf()
+            } else {
+                to.join(rest)
+            };
+            if let Some(inode) = self.inodes.get_mut(&ino) {
+                if let InodeTarget::Path(ip) = &mut inode.target {
+                    *ip = np.clone();
+                }
+            }
+            self.path_ino.insert(np, ino);
+        }
+    }
+
+    /// Exchange everything below `a` with everything below `b` (RENAME_EXCHANGE of dirs).
+    pub fn swap_subtrees(&mut self, a: &Path, b: &Path) {
+        let take = |t: &mut Tree, root: &Path| -> Vec<(PathBuf, Slot)> {
+            t.descendants(root)
+                .into_iter()
+                .filter_map(|p| {
+                    let slot = t.drop_slot(&p)?;
+                    Some((p.strip_prefix(root).ok()?.to_path_buf(), slot))
+                })
+                .collect()
+        };
+        let da = take(self, a);
+        let db = take(self, b);
+        for (rest, slot) in da {
+            self.insert_slot(b.join(rest), slot);
+        }
+        for (rest, slot) in db {
+            self.insert_slot(a.join(rest), slot);
+        }
+        let grab = |t: &mut Tree, root: &Path| -> Vec<(PathBuf, u64)> {
+            let keys: Vec<PathBuf> = t
+                .path_ino
+                .keys()
+                .filter(|p| p.starts_with(root))
+                .cloned()
+                .collect();
+            keys.into_iter()
+                .filter_map(|p| {
+                    let ino = t.path_ino.remove(&p)?;
+                    Some((p.strip_prefix(root).ok()?.to_path_buf(), ino))
+                })
+                .collect()
+        };
+        let ia = grab(self, a);
+        let ib = grab(self, b);
+        for (root, items) in [(b, ia), (a, ib)] {
+            for (rest, ino) in items {
+                let np = if rest.as_os_str().is_empty() {
+                    root.to_path_buf()
+                } else {
+                    root.join(rest)
+                };
+                if let Some(Inode {
+                    target: InodeTarget::Path(p),
+                    ..
+                }) = self.inodes.get_mut(&ino)
+                {
+                    *p = np.clone();
+                }
+                self.path_ino.insert(np, ino);
+            }
+        }
+    }
+
+    /// Names of the slots directly under `dir`.
+    pub fn slot_children(&self, dir: &Path) -> impl Iterator<Item = &OsString> {
+        self.children.get(dir).into_iter().flatten()
+    }
+
+    /// The inode number the kernel knows `rel` by, or a new one.
+    pub fn ino_for(&mut self, rel: &Path, obj: &Obj) -> u64 {
+        if let Obj::Node(n) = obj {
+            self.inodes.entry(n.ino).or_insert_with(|| Inode {
+                target: InodeTarget::Node(n.clone()),
+                lookups: 0,
+            });
+            return n.ino;
+        }
+        if let Some(ino) = self.path_ino.get(rel) {
+            return *ino;
+        }
+        let ino = self.alloc_ino();
+        self.path_ino.insert(rel.to_path_buf(), ino);
+        self.inodes.insert(
+            ino,
+            Inode {
+                target: InodeTarget::Path(rel.to_path_buf()),
+                lookups: 0,
+            },
+        );
+        ino
+    }
+
+    /// Forget a path's inode binding (its object became a node or went away).
+    pub fn unbind_path(&mut self, rel: &Path) -> Option<u64> {
+        self.path_ino.remove(rel)
+    }
+
+    /// The kernel dropped `n` references to `ino`.
+    pub fn forget(&mut self, ino: u64, n: u64) {
+        if ino == 1 {
+            return;
+        }
+        let Some(inode) = self.inodes.get_mut(&ino) else {
+            return;
+        };
+        inode.lookups = inode.lookups.saturating_sub(n);
+        if inode.lookups > 0 {
+            return;
+        }
+        if let Some(Inode {
+            target: InodeTarget::Path(p),
+            ..
+        }) = self.inodes.remove(&ino)
+        {
+            if self.path_ino.get(&p) == Some(&ino) {
+                self.path_ino.remove(&p);
+            }
+        }
+    }
+
+    /// A fresh directory override for a lower directory (or a new one when `st` is None).
+    pub fn dir_from_lower(&self, rel: &Path, st: &libc::stat) -> DirOver {
+        DirOver {
+            meta: Meta::from_stat(st),
+            lower: self.natural_lower(rel),
+            lower_fp: Some(Fingerprint::from_stat(st)),
+            nlink: st.st_nlink as u32,
+            ignored: false,
+        }
+    }
+}
