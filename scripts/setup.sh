@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Installs what shade's tests, conformance suites and benchmarks need on a fresh Debian
+# machine that has only the Rust toolchain. Idempotent and quiet: it prints only what it
+# installs, runs `apt-get update` only when an apt package is missing, and never prompts
+# (CI runs it as root with no stdin).
+#
+# Usage: scripts/setup.sh
+set -euo pipefail
+
+export DEBIAN_FRONTEND=noninteractive
+
+# apt package -> a file or command that shows it is installed. Checking a file rather than
+# `dpkg -s` keeps the common "already set up" path fast and works for -dev packages.
+declare -A APT_PROBE=(
+    [fuse3]=fusermount3               # fusermount3: unprivileged mount/unmount of FUSE
+    [libacl1-dev]=/usr/include/sys/acl.h  # build dependency of the pjdfstest crate
+    [fuse-overlayfs]=fuse-overlayfs   # peer overlay for comparison benchmarks and script checks
+    [stress-ng]=stress-ng             # filesystem stress class with --verify
+    [git]=git                         # git inside branches (tests)
+    [procps]=ps                       # ps/pgrep for leftover-process checks
+    [iproute2]=ip                     # network-namespace checks
+    [attr]=setfattr                   # xattr tests
+    [hyperfine]=hyperfine             # benchmarks
+)
+
+have() {
+    local probe=$1
+    if [[ $probe == /* ]]; then
+        [[ -e $probe ]]
+    else
+        command -v "$probe" >/dev/null 2>&1
+    fi
+}
+
+SUDO=()
+if [[ $(id -u) -ne 0 ]]; then
+    SUDO=(sudo -n)
+fi
+
+missing=()
+for pkg in "${!APT_PROBE[@]}"; do
+    have "${APT_PROBE[$pkg]}" || missing+=("$pkg")
+done
+
+if ((${#missing[@]})); then
+    echo "setup: installing apt packages: ${missing[*]}"
+    "${SUDO[@]}" apt-get update -qq </dev/null >/dev/null
+    # debconf's "delaying package configuration" notice is noise on minimal images.
+    "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null \
+        >/dev/null 2> >(grep -v '^debconf: delaying package configuration' >&2)
+fi
+
+# Rust tools from crates.io, installed into cargo's bin dir (on PATH with rustup).
+export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+for tool in pjdfstest fsx; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+        echo "setup: cargo install --locked $tool"
+        # Its own target dir so it never shares a lock with a workspace build.
+        CARGO_TARGET_DIR="${TMPDIR:-/tmp}/shade-setup-target" \
+            cargo install --locked --quiet "$tool" </dev/null
+    fi
+done

@@ -1,0 +1,435 @@
+//! The child side of a run: what happens between fork and exec.
+//!
+//! Everything here runs in a forked copy of a multi-threaded process, so it may only make
+//! async-signal-safe system calls on data prepared before the fork: no allocation, no
+//! locks, no `nix` helpers that build CStrings. Progress is written to a report pipe one
+//! byte per stage, so the parent can tell "namespace refused" (fall back) from "exec
+//! failed" (exit 127) from a real set-up failure.
+
+use std::ffi::{CStr, CString, OsStr};
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+
+use super::{cstring, RunSpec};
+
+/// Where the child was when it failed. The byte values are the pipe protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stage {
+    Setpgid = b's' as isize,
+    Unshare = b'n' as isize,
+    UserMaps = b'u' as isize,
+    Private = b'p' as isize,
+    Bind = b'b' as isize,
+    Tmp = b't' as isize,
+    Loopback = b'l' as isize,
+    Chdir = b'c' as isize,
+    Exec = b'x' as isize,
+}
+
+/// Prefix of the 9-byte record carrying the new mount namespace's inode number.
+const MNT_NS_TAG: u8 = b'M';
+
+impl Stage {
+    fn from_byte(b: u8) -> Option<Stage> {
+        use Stage::*;
+        [
+            Setpgid, Unshare, UserMaps, Private, Bind, Tmp, Loopback, Chdir, Exec,
+        ]
+        .into_iter()
+        .find(|s| *s as u8 == b)
+    }
+
+    /// Context for an error at this stage, in the user's terms.
+    pub(crate) fn describe(self, spec: &RunSpec) -> String {
+        let (project, mount, cwd) = (
+            spec.project.display(),
+            spec.mount.display(),
+            spec.cwd.display(),
+        );
+        match self {
+            Stage::Setpgid => "creating a process group for the command".into(),
+            Stage::Unshare => "creating a private namespace for the command".into(),
+            Stage::UserMaps => "mapping our user into a new user namespace".into(),
+            Stage::Private => "making the command's mount namespace private".into(),
+            Stage::Bind => format!("bind-mounting the branch {mount} over {project}"),
+            Stage::Tmp => "mounting a private /tmp".into(),
+            Stage::Loopback => "bringing up the loopback interface in the private network".into(),
+            Stage::Chdir => format!("entering the working directory {cwd}"),
+            Stage::Exec => "starting the command".into(),
+        }
+    }
+}
+
+/// What the parent learned from the report pipe.
+#[derive(Debug, Default)]
+pub(crate) struct Report {
+    pub last_stage: Option<Stage>,
+    pub mnt_ns: Option<u64>,
+}
+
+impl Report {
+    /// Reads the pipe to EOF; the child's end closes on exec or exit.
+    pub(crate) fn read(fd: OwnedFd) -> Report {
+        let mut bytes = Vec::new();
+        // A short read only loses diagnostics, never correctness of the run.
+        let _ = File::from(fd).read_to_end(&mut bytes);
+        let mut report = Report::default();
+        let mut rest = bytes.as_slice();
+        while let Some((&first, tail)) = rest.split_first() {
+            if first == MNT_NS_TAG && tail.len() >= 8 {
+                let mut ino = [0u8; 8];
+                ino.copy_from_slice(&tail[..8]);
+                report.mnt_ns = Some(u64::from_le_bytes(ino));
+                rest = &tail[8..];
+            } else {
+                report.last_stage = Stage::from_byte(first).or(report.last_stage);
+                rest = tail;
+            }
+        }
+        report
+    }
+}
+
+/// How the child sets itself up.
+pub(crate) enum Mode {
+    Namespaced(Box<NsPlan>),
+    /// No namespace: just enter the working directory translated into the mount.
+    Fallback {
+        cwd: CString,
+    },
+}
+
+pub(crate) struct NsPlan {
+    project: CString,
+    mount: CString,
+    cwd: CString,
+    /// Set when we are not root: create a user namespace mapping our own ids.
+    user_maps: Option<UserMaps>,
+    network: bool,
+    tmp: Option<TmpPlan>,
+}
+
+struct UserMaps {
+    uid_map: Vec<u8>,
+    gid_map: Vec<u8>,
+}
+
+struct TmpPlan {
+    /// The project lies under /tmp: after the tmpfs hides it, recreate its path and
+    /// bind the branch there again.
+    rebind: bool,
+    /// Directories between /tmp and the project, outermost first, to create in the tmpfs.
+    mkdirs: Vec<CString>,
+}
+
+impl Mode {
+    pub(crate) fn namespaced(spec: &RunSpec) -> anyhow::Result<Mode> {
+        let euid = nix::unistd::geteuid();
+        let user_maps = (!euid.is_root()).then(|| {
+            let gid = nix::unistd::getegid();
+            UserMaps {
+                uid_map: format!("{euid} {euid} 1\n").into_bytes(),
+                gid_map: format!("{gid} {gid} 1\n").into_bytes(),
+            }
+        });
+        let tmp = if spec.isolation.private_tmp {
+            let tmp = Path::new("/tmp");
+            let rebind = spec.project.starts_with(tmp);
+            let mut mkdirs = Vec::new();
+            if rebind {
+                let mut dir = PathBuf::from(tmp);
+                for part in spec.project.strip_prefix(tmp)?.components() {
+                    dir.push(part);
+                    mkdirs.push(cstring(&dir)?);
+                }
+            }
+            Some(TmpPlan { rebind, mkdirs })
+        } else {
+            None
+        };
+        Ok(Mode::Namespaced(Box::new(NsPlan {
+            project: cstring(&spec.project)?,
+            mount: cstring(&spec.mount)?,
+            cwd: cstring(&spec.cwd)?,
+            user_maps,
+            network: spec.isolation.network,
+            tmp,
+        })))
+    }
+}
+
+/// Everything the pre-exec hook needs, built before the fork.
+pub(crate) struct ChildPlan {
+    mode: Mode,
+    report_fd: RawFd,
+    hand_tty: bool,
+}
+
+impl ChildPlan {
+    /// `report` must stay open until the spawn returns.
+    pub(crate) fn new(mode: Mode, report: &OwnedFd, hand_tty: bool) -> ChildPlan {
+        ChildPlan {
+            mode,
+            report_fd: report.as_raw_fd(),
+            hand_tty,
+        }
+    }
+
+    /// The working directory the command will see, for `$PWD`.
+    pub(crate) fn cwd_os(&self) -> &OsStr {
+        let cwd = match &self.mode {
+            Mode::Namespaced(ns) => &ns.cwd,
+            Mode::Fallback { cwd } => cwd,
+        };
+        OsStr::from_bytes(cwd.as_bytes())
+    }
+
+    /// Runs in the child after fork, before exec. Async-signal-safe only.
+    pub(crate) fn enter(&self) -> io::Result<()> {
+        self.stage(Stage::Setpgid);
+        // SAFETY: plain system calls on prepared data.
+        check(unsafe { libc::setpgid(0, 0) })?;
+        if self.hand_tty {
+            take_tty();
+        }
+        match &self.mode {
+            Mode::Namespaced(ns) => self.enter_namespace(ns)?,
+            Mode::Fallback { cwd } => {
+                self.stage(Stage::Chdir);
+                // SAFETY: as above.
+                check(unsafe { libc::chdir(cwd.as_ptr()) })?;
+            }
+        }
+        self.stage(Stage::Exec);
+        Ok(())
+    }
+
+    fn enter_namespace(&self, ns: &NsPlan) -> io::Result<()> {
+        let mut flags = libc::CLONE_NEWNS;
+        if ns.user_maps.is_some() {
+            flags |= libc::CLONE_NEWUSER;
+        }
+        if ns.network {
+            flags |= libc::CLONE_NEWNET;
+        }
+        self.stage(Stage::Unshare);
+        // SAFETY: all calls below are plain system calls on data built before the fork.
+        unsafe {
+            check(libc::unshare(flags))?;
+            if let Some(maps) = &ns.user_maps {
+                self.stage(Stage::UserMaps);
+                // Required before an unprivileged gid_map write; absent on old kernels.
+                match write_file(c"/proc/self/setgroups", b"deny") {
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                    other => other?,
+                }
+                write_file(c"/proc/self/uid_map", &maps.uid_map)?;
+                write_file(c"/proc/self/gid_map", &maps.gid_map)?;
+            }
+            self.report_mnt_ns();
+            self.stage(Stage::Private);
+            // Nothing we mount may propagate back to the real namespace.
+            check(libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ))?;
+            self.stage(Stage::Bind);
+            bind(&ns.mount, &ns.project)?;
+            if let Some(tmp) = &ns.tmp {
+                self.stage(Stage::Tmp);
+                private_tmp(&ns.project, tmp)?;
+            }
+            if ns.network {
+                self.stage(Stage::Loopback);
+                loopback_up()?;
+            }
+            self.stage(Stage::Chdir);
+            // Only now: a chdir before the bind would leave us on the real tree.
+            check(libc::chdir(ns.cwd.as_ptr()))?;
+        }
+        Ok(())
+    }
+
+    fn stage(&self, stage: Stage) {
+        let byte = [stage as u8];
+        // SAFETY: write(2) on our pipe; a failure only loses diagnostics.
+        unsafe { libc::write(self.report_fd, byte.as_ptr().cast(), 1) };
+    }
+
+    fn report_mnt_ns(&self) {
+        // SAFETY: stat(2) into a stack buffer, then write(2).
+        unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::stat(c"/proc/self/ns/mnt".as_ptr(), &mut st) == 0 {
+                let mut rec = [0u8; 9];
+                rec[0] = MNT_NS_TAG;
+                rec[1..].copy_from_slice(&st.st_ino.to_le_bytes());
+                libc::write(self.report_fd, rec.as_ptr().cast(), rec.len());
+            }
+        }
+    }
+}
+
+fn check(ret: libc::c_int) -> io::Result<()> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+unsafe fn bind(source: &CStr, target: &CStr) -> io::Result<()> {
+    check(libc::mount(
+        source.as_ptr(),
+        target.as_ptr(),
+        std::ptr::null(),
+        libc::MS_BIND | libc::MS_REC,
+        std::ptr::null(),
+    ))
+}
+
+unsafe fn write_file(path: &CStr, data: &[u8]) -> io::Result<()> {
+    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+    check(fd)?;
+    let n = libc::write(fd, data.as_ptr().cast(), data.len());
+    let err = io::Error::last_os_error();
+    libc::close(fd);
+    if n == data.len() as isize {
+        Ok(())
+    } else {
+        Err(err)
+    }
+}
+
+/// Mounts a fresh tmpfs on /tmp. If the project lives under /tmp the tmpfs hides the
+/// branch bound over it, so the bind is reached again through an fd opened beforehand.
+unsafe fn private_tmp(project: &CStr, tmp: &TmpPlan) -> io::Result<()> {
+    let fd = libc::open(
+        project.as_ptr(),
+        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+    );
+    check(fd)?;
+    let result = (|| {
+        check(libc::mount(
+            c"tmpfs".as_ptr(),
+            c"/tmp".as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            c"mode=1777".as_ptr().cast(),
+        ))?;
+        if tmp.rebind {
+            for dir in &tmp.mkdirs {
+                if libc::mkdir(dir.as_ptr(), 0o755) == -1
+                    && *libc::__errno_location() != libc::EEXIST
+                {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            let mut buf = [0u8; 32];
+            bind(fd_path(&mut buf, fd), project)?;
+        }
+        Ok(())
+    })();
+    libc::close(fd);
+    result
+}
+
+/// Formats `/proc/self/fd/N` into `buf` without allocating.
+fn fd_path(buf: &mut [u8; 32], fd: RawFd) -> &CStr {
+    const PREFIX: &[u8] = b"/proc/self/fd/";
+    buf[..PREFIX.len()].copy_from_slice(PREFIX);
+    let mut digits = [0u8; 10];
+    let mut n = fd.unsigned_abs();
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for i in 0..len {
+        buf[PREFIX.len() + i] = digits[len - 1 - i];
+    }
+    buf[PREFIX.len() + len] = 0;
+    // The buffer holds exactly one NUL, just written.
+    CStr::from_bytes_until_nul(&buf[..]).unwrap_or(c"/proc/self/fd/")
+}
+
+/// A new network namespace has only `lo`, and it is down.
+unsafe fn loopback_up() -> io::Result<()> {
+    let sock = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+    check(sock)?;
+    let mut req: libc::ifreq = std::mem::zeroed();
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    let result = (|| {
+        check(libc::ioctl(sock, libc::SIOCGIFFLAGS, &mut req))?;
+        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        check(libc::ioctl(sock, libc::SIOCSIFFLAGS, &req))
+    })();
+    libc::close(sock);
+    result
+}
+
+/// Errors from unshare or the id maps that mean "not allowed here", not "broken".
+pub(crate) fn is_no_privileges(errno: Errno) -> bool {
+    matches!(
+        errno,
+        Errno::EPERM
+            | Errno::EACCES
+            | Errno::EINVAL
+            | Errno::ENOSPC
+            | Errno::EUSERS
+            | Errno::ENOSYS
+    )
+}
+
+/// We hand the terminal to the command only if we are its foreground job: otherwise an
+/// interactive command in its own process group would be stopped by SIGTTIN.
+pub(crate) fn can_hand_tty() -> bool {
+    // SAFETY: plain queries on fd 0.
+    unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
+}
+
+/// In the child: make our new process group the terminal's foreground group.
+/// SIGTTOU is blocked meanwhile because we are a background group at this point.
+fn take_tty() {
+    // SAFETY: signal-mask and terminal system calls on stack data.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTTOU);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        libc::tcsetpgrp(0, libc::getpid());
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
+}
+
+/// In the parent, after the command: take the terminal's foreground back.
+pub(crate) fn restore_tty(handed: bool) {
+    if !handed {
+        return;
+    }
+    // SAFETY: as in take_tty.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTTOU);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        libc::tcsetpgrp(0, libc::getpgrp());
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
+}

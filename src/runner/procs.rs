@@ -1,0 +1,107 @@
+//! Finding and killing what a command left behind.
+//!
+//! A command's processes are those in its process group and, when it ran in a private
+//! mount namespace, every process in that namespace: a daemon that called setsid() has
+//! left the group but still sees (and keeps busy) the branch.
+
+use std::collections::HashSet;
+use std::fs;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+/// How often we look again while waiting for processes to die.
+const POLL: Duration = Duration::from_millis(20);
+/// How long we wait for SIGKILLed processes to disappear before giving up.
+const KILL_WAIT: Duration = Duration::from_secs(2);
+
+/// Who belongs to a run.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Members {
+    /// The command's process group (its pid).
+    pub pgid: i32,
+    /// Inode of its private mount namespace, if it has one.
+    pub mnt_ns: Option<u64>,
+}
+
+impl Members {
+    /// Live (non-zombie) processes of the run, never ourselves.
+    pub(crate) fn scan(&self) -> Vec<i32> {
+        let me = std::process::id() as i32;
+        let Ok(dir) = fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|&pid| pid != me && self.contains(pid))
+            .collect()
+    }
+
+    fn contains(&self, pid: i32) -> bool {
+        let Some((state, pgrp)) = stat_of(pid) else {
+            return false;
+        };
+        if matches!(state, 'Z' | 'X') {
+            return false;
+        }
+        pgrp == self.pgid || (self.mnt_ns.is_some() && mnt_ns_of(pid) == self.mnt_ns)
+    }
+
+    fn signal(&self, pids: &[i32], sig: libc::c_int) {
+        // SAFETY: kill(2); a vanished pid gives ESRCH, which is fine.
+        unsafe {
+            libc::kill(-self.pgid, sig);
+            for &pid in pids {
+                libc::kill(pid, sig);
+            }
+        }
+    }
+
+    /// SIGTERM to everyone, SIGKILL to whoever is still there after `grace`.
+    /// Returns every process seen alive on the way.
+    pub(crate) fn terminate(&self, grace: Duration) -> HashSet<i32> {
+        let mut seen = HashSet::new();
+        let mut live = self.scan();
+        if live.is_empty() {
+            return seen;
+        }
+        seen.extend(&live);
+        self.signal(&live, libc::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while !live.is_empty() && Instant::now() < deadline {
+            sleep(POLL);
+            live = self.scan();
+            // Late forks get the same treatment.
+            let new: Vec<i32> = live.iter().copied().filter(|p| seen.insert(*p)).collect();
+            self.signal(&new, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + KILL_WAIT;
+        while !live.is_empty() && Instant::now() < deadline {
+            seen.extend(&live);
+            self.signal(&live, libc::SIGKILL);
+            sleep(POLL);
+            live = self.scan();
+        }
+        if !live.is_empty() {
+            tracing::warn!(?live, "processes of the command survived SIGKILL");
+        }
+        seen
+    }
+}
+
+/// State letter and process group from /proc/PID/stat.
+fn stat_of(pid: i32) -> Option<(char, i32)> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses: fields start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_ascii_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let _ppid = fields.next()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    Some((state, pgrp))
+}
+
+/// The mount namespace inode from the `mnt:[N]` link.
+fn mnt_ns_of(pid: i32) -> Option<u64> {
+    let link = fs::read_link(format!("/proc/{pid}/ns/mnt")).ok()?;
+    let link = link.to_str()?;
+    link.strip_prefix("mnt:[")?.strip_suffix(']')?.parse().ok()
+}

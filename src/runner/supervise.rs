@@ -1,0 +1,106 @@
+//! The parent side of a run: wait for the command while watching the clock and our
+//! signals, stop its process group when asked, and sweep up what it leaves behind.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use super::procs::Members;
+use super::{child, signals, RunOutcome, Running, Termination, GRACE};
+
+/// Upper bound on how late we notice a signal (the handler cannot wake the poll).
+const TICK: Duration = Duration::from_millis(50);
+
+/// Waits for the command and everything it started to be gone.
+pub(crate) fn wait(
+    mut running: Running,
+    timeout: Option<Duration>,
+    namespaced: bool,
+) -> anyhow::Result<RunOutcome> {
+    let pid = i32::try_from(running.child.id()).context("child pid out of range")?;
+    let members = Members {
+        pgid: pid,
+        mnt_ns: running.mnt_ns,
+    };
+    let pidfd = pidfd_open(pid);
+    let deadline = timeout.map(|t| Instant::now() + t);
+
+    let stop_reason = loop {
+        if let Some(status) = running
+            .child
+            .try_wait()
+            .context("waiting for the command")?
+        {
+            child::restore_tty(running.tty_handed);
+            let seen = members.terminate(GRACE);
+            let leftovers_killed = seen.iter().filter(|&&p| p != pid).count();
+            return Ok(RunOutcome {
+                termination: natural(status),
+                namespaced,
+                leftovers_killed,
+            });
+        }
+        if let Some(sig) = signals::pending() {
+            break Termination::Interrupted(sig);
+        }
+        let now = Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            break Termination::TimedOut;
+        }
+        let nap = deadline.map_or(TICK, |d| TICK.min(d - now));
+        wait_exit(pidfd.as_ref(), nap);
+    };
+
+    let seen = members.terminate(GRACE);
+    if running.child.try_wait().ok().flatten().is_none() {
+        // It left its process group and has no namespace to find it by.
+        let _ = running.child.kill();
+    }
+    running.child.wait().context("reaping the command")?;
+    child::restore_tty(running.tty_handed);
+    let leftovers_killed = seen.iter().filter(|&&p| p != pid).count();
+    Ok(RunOutcome {
+        termination: stop_reason,
+        namespaced,
+        leftovers_killed,
+    })
+}
+
+fn natural(status: ExitStatus) -> Termination {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => Termination::Exited(code),
+        (None, Some(sig)) => Termination::Signaled(sig),
+        // Stopped/continued are not reported by wait without WUNTRACED.
+        (None, None) => Termination::Exited(0),
+    }
+}
+
+/// A pidfd becomes readable when the process exits, so we wake at once instead of polling.
+fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open(2) returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = i32::try_from(fd).ok().filter(|&fd| fd >= 0)?;
+    // SAFETY: we own the fd just returned.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn wait_exit(pidfd: Option<&OwnedFd>, nap: Duration) {
+    match pidfd {
+        Some(fd) => {
+            let mut pfd = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = libc::c_int::try_from(nap.as_millis())
+                .unwrap_or(libc::c_int::MAX)
+                .max(1);
+            // SAFETY: poll(2) on one valid pollfd; EINTR just ends the nap early.
+            unsafe { libc::poll(&mut pfd, 1, ms) };
+        }
+        None => std::thread::sleep(nap),
+    }
+}

@@ -1,0 +1,308 @@
+//! Runner tests with a plain directory standing in for the branch mount (no FUSE needed).
+//! They need root for mount namespaces and fail loudly without it.
+#![allow(clippy::unwrap_used)]
+
+use std::ffi::OsString;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// Runs are serialized: the signal test interrupts the whole test process.
+static LOCK: Mutex<()> = Mutex::new(());
+
+struct Fixture {
+    _lock: MutexGuard<'static, ()>,
+    _dir: tempfile::TempDir,
+    project: PathBuf,
+    mnt: PathBuf,
+    /// Outside both: where commands leave evidence for the test to read.
+    out: PathBuf,
+}
+
+fn fixture() -> Fixture {
+    let lock = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the runner tests need root (they create mount namespaces); run `cargo test -p shade` as root"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let (project, mnt, out) = (root.join("project"), root.join("mnt"), root.join("out"));
+    for d in [&project, &mnt, &out] {
+        fs::create_dir(d).unwrap();
+    }
+    fs::write(project.join("a"), "real").unwrap();
+    fs::write(mnt.join("a"), "shadow").unwrap();
+    Fixture {
+        _lock: lock,
+        _dir: dir,
+        project,
+        mnt,
+        out,
+    }
+}
+
+impl Fixture {
+    fn spec(&self, script: &str) -> RunSpec {
+        RunSpec {
+            project: self.project.clone(),
+            mount: self.mnt.clone(),
+            cwd: self.project.clone(),
+            argv: ["sh", "-c", script].map(OsString::from).to_vec(),
+            timeout: Some(Duration::from_secs(30)),
+            stdout_to_stderr: false,
+            isolation: Isolation::default(),
+        }
+    }
+
+    fn run(&self, script: &str) -> RunOutcome {
+        run(&self.spec(script)).unwrap()
+    }
+
+    fn out(&self, name: &str) -> String {
+        fs::read_to_string(self.out.join(name)).unwrap_or_default()
+    }
+}
+
+/// Processes still alive whose command line mentions `marker`.
+fn alive_with(marker: &str) -> usize {
+    fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let state = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            String::from_utf8_lossy(&cmdline).contains(marker) && !state.contains(") Z")
+        })
+        .count()
+}
+
+#[test]
+fn command_sees_branch_at_the_real_path() {
+    let f = fixture();
+    let script = format!(
+        r#"cat "$PWD/a" > {out}/seen; cat {project}/a >> {out}/seen; echo x > {project}/b; pwd > {out}/pwd"#,
+        out = f.out.display(),
+        project = f.project.display()
+    );
+    let outcome = f.run(&script);
+    assert_eq!(outcome.termination, Termination::Exited(0));
+    assert!(outcome.namespaced);
+    assert_eq!(f.out("seen"), "shadowshadow");
+    assert_eq!(f.out("pwd").trim(), f.project.to_str().unwrap());
+    assert_eq!(fs::read_to_string(f.mnt.join("b")).unwrap(), "x\n");
+    assert!(
+        !f.project.join("b").exists(),
+        "write went through to the real tree"
+    );
+    assert_eq!(fs::read_to_string(f.project.join("a")).unwrap(), "real");
+}
+
+#[test]
+fn cwd_in_a_subdirectory_is_entered_after_the_bind() {
+    let f = fixture();
+    fs::create_dir(f.project.join("sub")).unwrap();
+    fs::create_dir(f.mnt.join("sub")).unwrap();
+    fs::write(f.mnt.join("sub/s"), "shadow-sub").unwrap();
+    let mut spec = f.spec(&format!("cat s > {}/seen; echo y > rel", f.out.display()));
+    spec.cwd = f.project.join("sub");
+    assert_eq!(run(&spec).unwrap().termination, Termination::Exited(0));
+    assert_eq!(f.out("seen"), "shadow-sub");
+    assert!(f.mnt.join("sub/rel").exists());
+    assert!(!f.project.join("sub/rel").exists());
+}
+
+#[test]
+fn exit_status_passes_through() {
+    let f = fixture();
+    let outcome = f.run("exit 42");
+    assert_eq!(outcome.termination, Termination::Exited(42));
+    assert_eq!(outcome.exit_code(), 42);
+    assert_eq!(f.run("true").exit_code(), 0);
+}
+
+#[test]
+fn death_by_signal_is_128_plus_n() {
+    let f = fixture();
+    let outcome = f.run("kill -SEGV $$");
+    assert_eq!(outcome.termination, Termination::Signaled(libc::SIGSEGV));
+    assert_eq!(outcome.exit_code(), 128 + libc::SIGSEGV);
+}
+
+#[test]
+fn timeout_kills_the_whole_process_group() {
+    let f = fixture();
+    let marker = "shade-timeout-test";
+    let mut spec = f.spec(&format!("sleep 100 & exec -a {marker} sleep 100"));
+    // `exec -a` is not POSIX; name the background sleep through a copy instead.
+    let sleeper = f.out.join(marker);
+    fs::copy(which("sleep"), &sleeper).unwrap();
+    spec.argv = [
+        "sh",
+        "-c",
+        &format!("{s} 100 & {s} 100", s = sleeper.display()),
+    ]
+    .map(OsString::from)
+    .to_vec();
+    spec.timeout = Some(Duration::from_millis(500));
+    let start = Instant::now();
+    let outcome = run(&spec).unwrap();
+    assert_eq!(outcome.termination, Termination::TimedOut);
+    assert_eq!(outcome.exit_code(), crate::exit::TIMED_OUT);
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert_eq!(
+        alive_with(marker),
+        0,
+        "a process of the timed-out command survived"
+    );
+}
+
+#[test]
+fn leftover_processes_are_killed_and_counted() {
+    let f = fixture();
+    let marker = "shade-leftover-test";
+    let sleeper = f.out.join(marker);
+    fs::copy(which("sleep"), &sleeper).unwrap();
+    let outcome = f.run(&format!(
+        "{s} 100 & {s} 100 & exit 3",
+        s = sleeper.display()
+    ));
+    assert_eq!(outcome.termination, Termination::Exited(3));
+    assert_eq!(outcome.leftovers_killed, 2);
+    assert_eq!(alive_with(marker), 0);
+}
+
+#[test]
+fn daemons_that_leave_the_process_group_are_found_by_namespace() {
+    let f = fixture();
+    if which_opt("setsid").is_none() {
+        panic!("setsid (util-linux) is needed for this test");
+    }
+    let marker = "shade-setsid-test";
+    let sleeper = f.out.join(marker);
+    fs::copy(which("sleep"), &sleeper).unwrap();
+    let outcome = f.run(&format!(
+        "setsid {s} 100 & sleep 0.2",
+        s = sleeper.display()
+    ));
+    assert_eq!(outcome.termination, Termination::Exited(0));
+    assert_eq!(outcome.leftovers_killed, 1);
+    assert_eq!(alive_with(marker), 0);
+}
+
+#[test]
+fn missing_program_cannot_exec() {
+    let f = fixture();
+    let mut spec = f.spec("");
+    spec.argv = vec![OsString::from("shade-no-such-program")];
+    let outcome = run(&spec).unwrap();
+    assert!(
+        matches!(&outcome.termination, Termination::CannotExec(m) if m.contains("shade-no-such-program")),
+        "{outcome:?}"
+    );
+    assert_eq!(outcome.exit_code(), crate::exit::CANNOT_EXEC);
+}
+
+#[test]
+fn stdout_goes_to_our_stderr_when_asked() {
+    let f = fixture();
+    let ident = |fd: i32| {
+        let m = fs::metadata(format!("/proc/self/fd/{fd}")).unwrap();
+        format!("{}:{}", m.dev(), m.ino())
+    };
+    // find writes to a named file, so the command's own fd 1 is what gets examined.
+    let script = format!(
+        "find -L /proc/self/fd/1 -maxdepth 0 -fprintf {}/fd1 '%D:%i'",
+        f.out.display()
+    );
+    let mut spec = f.spec(&script);
+    spec.stdout_to_stderr = true;
+    assert_eq!(run(&spec).unwrap().exit_code(), 0);
+    assert_eq!(f.out("fd1").trim(), ident(2));
+    spec.stdout_to_stderr = false;
+    assert_eq!(run(&spec).unwrap().exit_code(), 0);
+    assert_eq!(f.out("fd1").trim(), ident(1));
+}
+
+#[test]
+fn interrupt_stops_the_command() {
+    let f = fixture();
+    let ready = f.out.join("ready");
+    let spec = f.spec(&format!("touch {}; sleep 100", ready.display()));
+    let sender = std::thread::spawn(move || {
+        while !ready.exists() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // SAFETY: raising a signal our handler is installed for.
+        unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+    });
+    let outcome = run(&spec).unwrap();
+    sender.join().unwrap();
+    assert_eq!(outcome.termination, Termination::Interrupted(libc::SIGTERM));
+    assert_eq!(outcome.exit_code(), 128 + libc::SIGTERM);
+}
+
+#[test]
+fn network_isolation_leaves_only_loopback_up() {
+    let f = fixture();
+    let mut spec = f.spec(&format!(
+        "ls /sys/class/net > {o}/ifaces; cat /sys/class/net/lo/operstate /sys/class/net/lo/flags > {o}/lo",
+        o = f.out.display()
+    ));
+    spec.isolation.network = true;
+    assert_eq!(run(&spec).unwrap().exit_code(), 0);
+    // /sys shows the namespace that mounted it, so read flags via the ioctl's effect instead.
+    let flags = f.out("lo");
+    let flag_word = flags.lines().nth(1).unwrap();
+    let flags = u32::from_str_radix(flag_word.trim_start_matches("0x"), 16).unwrap();
+    assert!(
+        flags & libc::IFF_UP as u32 != 0,
+        "lo is not up: {flag_word}"
+    );
+}
+
+#[test]
+fn private_tmp_hides_the_real_tmp_but_keeps_the_branch() {
+    let f = fixture();
+    let marker = f.out.join("tmp-seen");
+    // The fixture lives under /tmp, so the branch bind must survive the tmpfs.
+    assert!(f.project.starts_with("/tmp"));
+    fs::write("/tmp/shade-runner-test-real", "x").unwrap();
+    let mut spec = f.spec(&format!(
+        "ls /tmp > {m}.list 2>&1; cat a > {m}; touch /tmp/inside",
+        m = marker.display()
+    ));
+    spec.isolation.private_tmp = true;
+    // The out dir is under /tmp too and hidden; write evidence into the branch instead.
+    spec.argv[2] =
+        OsString::from("ls -A /tmp > tmp-list; cat a > tmp-a; touch /tmp/shade-runner-inside");
+    assert_eq!(run(&spec).unwrap().exit_code(), 0);
+    let list = fs::read_to_string(f.mnt.join("tmp-list")).unwrap();
+    assert!(
+        !list.contains("shade-runner-test-real"),
+        "real /tmp visible: {list}"
+    );
+    assert_eq!(fs::read_to_string(f.mnt.join("tmp-a")).unwrap(), "shadow");
+    assert!(!Path::new("/tmp/shade-runner-inside").exists());
+    fs::remove_file("/tmp/shade-runner-test-real").unwrap();
+}
+
+fn which_opt(prog: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(prog))
+        .find(|p| p.is_file())
+}
+
+fn which(prog: &str) -> PathBuf {
+    which_opt(prog).unwrap_or_else(|| panic!("{prog} not found in PATH"))
+}
