@@ -1,0 +1,275 @@
+//! Pre-flight: validate every path, check every base against lower now, and make sure no op
+//! would have to go through a symlink. Runs before anything is staged, so a refusal leaves
+//! the project exactly as it was.
+//!
+//! Ops are checked in plan order against a simulation of what earlier ops did: a path under
+//! a directory renamed earlier is looked up at its lower place (the overlay may record bases
+//! either way, so a `Present` base may match at the literal or the pre-rename place), and a
+//! path the plan itself deleted or created earlier is not compared with lower again.
+
+use super::safe_path::{base_matches, invalid_reason, observe, rebase, Seen};
+use super::{AcceptError, Conflict};
+use crate::fingerprint::Base;
+use crate::plan::PlanOp;
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::RawFd;
+use std::path::{Path, PathBuf};
+
+/// What an earlier op left at a path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Planned {
+    File,
+    Link,
+    Mkdir,
+    Moved,
+    Gone,
+}
+
+/// The guards the journal records for the ops whose roll-forward depends on what is there.
+#[derive(Clone, Copy, Debug)]
+pub enum Guard {
+    None,
+    Delete(Base),
+    Rename { from: Base, to: Base },
+}
+
+struct Sim {
+    root: RawFd,
+    planned: HashMap<PathBuf, Planned>,
+    /// Earlier directory renames, (from, to), in order.
+    renames: Vec<(PathBuf, PathBuf)>,
+}
+
+impl Sim {
+    fn set(&mut self, p: &Path, k: Planned) {
+        self.planned.retain(|q, _| !(q.starts_with(p) && q != p));
+        self.planned.insert(p.to_path_buf(), k);
+    }
+
+    /// The nearest planned state at `p` or an ancestor.
+    fn nearest(&self, p: &Path) -> Option<Planned> {
+        p.ancestors()
+            .filter(|a| !a.as_os_str().is_empty())
+            .find_map(|a| self.planned.get(a).copied())
+    }
+
+    /// Where `p` was in lower before the earlier renames.
+    fn map_back(&self, p: &Path) -> PathBuf {
+        let mut cur = p.to_path_buf();
+        for (from, to) in self.renames.iter().rev() {
+            if let Some(b) = rebase(&cur, to, from) {
+                cur = b;
+            }
+        }
+        cur
+    }
+
+    fn io(path: &Path, source: io::Error) -> AcceptError {
+        AcceptError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    /// Refuse paths that go through a file or symlink (made by the plan or found in lower).
+    /// Returns the blocking fingerprint found in lower, for the conflict report.
+    fn parents_ok(&self, p: &Path) -> Result<Option<Seen>, AcceptError> {
+        for a in p.ancestors().skip(1).filter(|a| !a.as_os_str().is_empty()) {
+            if let Some(Planned::File | Planned::Link) = self.planned.get(a) {
+                return Err(AcceptError::Unsafe {
+                    path: p.to_path_buf(),
+                    reason: format!(
+                        "parent {} is made a file or symlink earlier in the plan",
+                        a.display()
+                    ),
+                });
+            }
+        }
+        let mb = self.map_back(p);
+        let seen = observe(self.root, &mb).map_err(|e| Self::io(&mb, e))?;
+        if let Seen::Blocked { .. } = seen {
+            // The plan may itself replace the blocking parent (delete the symlink, mkdir).
+            let replaced = p.ancestors().skip(1).any(|a| {
+                matches!(
+                    self.planned.get(a),
+                    Some(Planned::Mkdir | Planned::Gone | Planned::Moved)
+                )
+            });
+            if !replaced {
+                return Ok(Some(seen));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether `base` still holds for `p`, and what was found there.
+    fn holds(&self, p: &Path, base: &Base) -> Result<(bool, Base), AcceptError> {
+        let lit = observe(self.root, p).map_err(|e| Self::io(p, e))?.base();
+        let mb = self.map_back(p);
+        let mapped = if mb == p {
+            lit
+        } else {
+            observe(self.root, &mb)
+                .map_err(|e| Self::io(&mb, e))?
+                .base()
+        };
+        let found = if matches!(mapped, Base::Present(_)) {
+            mapped
+        } else {
+            lit
+        };
+        let ok = match base {
+            Base::Present(_) => base_matches(base, &lit) || base_matches(base, &mapped),
+            Base::Absent => {
+                let shadowed = matches!(self.nearest(p), Some(Planned::Gone | Planned::Mkdir))
+                    || self.renames.iter().any(|(_, to)| to == p);
+                shadowed || (lit == Base::Absent && mapped == Base::Absent)
+            }
+        };
+        Ok((ok, found))
+    }
+
+    /// The object at `p` as roll-forward will find it (after earlier renames), for `force`.
+    fn observed(&self, p: &Path) -> Result<Base, AcceptError> {
+        if matches!(self.nearest(p), Some(Planned::Gone)) {
+            return Ok(Base::Absent);
+        }
+        let mb = self.map_back(p);
+        Ok(observe(self.root, &mb)
+            .map_err(|e| Self::io(&mb, e))?
+            .base())
+    }
+}
+
+fn unsafe_path(path: &Path, reason: impl Into<String>) -> AcceptError {
+    AcceptError::Unsafe {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// Validate all paths of `plan` (nothing touches the file system before this passes).
+pub fn validate(plan: &[PlanOp]) -> Result<(), AcceptError> {
+    for op in plan {
+        let paths: Vec<&PathBuf> = match op {
+            PlanOp::RenameDir { from, to, .. } => {
+                if to.starts_with(from) || from.starts_with(to) {
+                    return Err(unsafe_path(
+                        to,
+                        format!("cannot rename {} into itself", from.display()),
+                    ));
+                }
+                vec![from, to]
+            }
+            other => vec![other.path()],
+        };
+        for p in paths {
+            if let Some(reason) = invalid_reason(p) {
+                return Err(unsafe_path(p, reason));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Check every op against lower (`root` is the project dir fd). Returns the guard to journal
+/// for each op, or every conflict found.
+pub fn preflight(root: RawFd, plan: &[PlanOp], force: bool) -> Result<Vec<Guard>, AcceptError> {
+    let mut sim = Sim {
+        root,
+        planned: HashMap::new(),
+        renames: Vec::new(),
+    };
+    let mut conflicts = Vec::new();
+    let mut guards = Vec::with_capacity(plan.len());
+    let mut conflict = |path: &Path, expected: Base, found: Base| {
+        conflicts.push(Conflict {
+            path: path.to_path_buf(),
+            expected,
+            found,
+        });
+    };
+    for op in plan {
+        let (paths, bases): (Vec<&PathBuf>, Vec<Base>) = match op {
+            PlanOp::RenameDir {
+                from,
+                to,
+                base_from,
+                base_to,
+            } => (vec![from, to], vec![*base_from, *base_to]),
+            PlanOp::WriteFile { path, base, .. }
+            | PlanOp::Symlink { path, base, .. }
+            | PlanOp::Mkdir { path, base, .. }
+            | PlanOp::SetPerms { path, base, .. }
+            | PlanOp::Delete { path, base } => (vec![path], vec![*base]),
+        };
+        for (p, base) in paths.iter().zip(&bases) {
+            if let Some(Seen::Blocked { at }) = sim.parents_ok(p)? {
+                if force {
+                    return Err(unsafe_path(
+                        p,
+                        "a parent directory is a symlink or file in the project; not following it",
+                    ));
+                }
+                conflict(p, *base, Base::Present(at));
+                continue;
+            }
+            if !force {
+                let (ok, found) = sim.holds(p, base)?;
+                if !ok {
+                    conflict(p, *base, found);
+                }
+            }
+        }
+        let guard = match op {
+            PlanOp::Delete { path, base } => {
+                Guard::Delete(if force { sim.observed(path)? } else { *base })
+            }
+            PlanOp::RenameDir {
+                from,
+                to,
+                base_from,
+                base_to,
+            } => {
+                if force {
+                    let f = sim.observed(from)?;
+                    if !matches!(f, Base::Present(fp) if fp.is_dir()) {
+                        return Err(unsafe_path(
+                            from,
+                            "rename source is no longer a directory; cannot force",
+                        ));
+                    }
+                    Guard::Rename {
+                        from: f,
+                        to: sim.observed(to)?,
+                    }
+                } else {
+                    Guard::Rename {
+                        from: *base_from,
+                        to: *base_to,
+                    }
+                }
+            }
+            _ => Guard::None,
+        };
+        guards.push(guard);
+        match op {
+            PlanOp::WriteFile { path, .. } => sim.set(path, Planned::File),
+            PlanOp::Symlink { path, .. } => sim.set(path, Planned::Link),
+            PlanOp::Mkdir { path, .. } => sim.set(path, Planned::Mkdir),
+            PlanOp::SetPerms { .. } => {}
+            PlanOp::RenameDir { from, to, .. } => {
+                sim.set(from, Planned::Gone);
+                sim.set(to, Planned::Moved);
+                sim.renames.push((from.clone(), to.clone()));
+            }
+            PlanOp::Delete { path, .. } => sim.set(path, Planned::Gone),
+        }
+    }
+    if conflicts.is_empty() {
+        Ok(guards)
+    } else {
+        Err(AcceptError::Conflicts(conflicts))
+    }
+}

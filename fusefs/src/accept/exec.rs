@@ -1,0 +1,318 @@
+//! Applying a committed journal, and rolling back an uncommitted one.
+//!
+//! Every op is idempotent, so roll-forward after a crash simply runs the whole list again:
+//! - `Place`: rename staged `n` onto the path only while `n` still exists in staging;
+//! - `Dir`: mkdir tolerates an existing directory, then sets the mode;
+//! - `RenameDir`: only while `from` still is the journaled directory;
+//! - `Delete`: only while the path still is the journaled object.
+//!
+//! Replaced and deleted objects are *renamed* to `.shade-trash-<id>-<n>` beside them rather
+//! than removed, which makes a delete one atomic step and keeps their inodes alive (so a
+//! newly created object cannot reuse an inode number and be mistaken for a delete's base on
+//! a re-run). Trash and staging are removed only after the journal says `Applied`.
+
+use super::journal::{journal_path, trash_name, xdev_tmp_name, JOp, Journal, Phase};
+use super::safe_path::{base_matches, observe, open_dir, open_parent};
+use super::{fault, stage, sys};
+use crate::fingerprint::{Base, Fingerprint};
+use crate::plan::Perms;
+use std::collections::BTreeSet;
+use std::ffi::OsStr;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+
+/// Attach a path to an error so a failed recovery says where.
+fn ctx(path: &Path, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+}
+
+fn is_gone(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)
+    )
+}
+
+struct Exec<'a> {
+    root: OwnedFd,
+    staging: OwnedFd,
+    j: &'a Journal,
+    /// Parent dirs (relative) whose entries changed, to fsync before `Applied`.
+    touched: BTreeSet<PathBuf>,
+}
+
+fn parent_of(p: &Path) -> PathBuf {
+    p.parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+impl Exec<'_> {
+    /// Move `name` in `dir` to this op's trash name beside it.
+    fn trash(&self, dir: RawFd, name: &OsStr, n: usize) -> io::Result<()> {
+        let t = trash_name(&self.j.id, n);
+        fault::step();
+        match sys::rename_at(dir, name, dir, OsStr::new(&t), true) {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                // Left by an earlier run of this very op; it is ours to drop.
+                sys::remove_tree_at(dir, OsStr::new(&t))?;
+                sys::rename_at(dir, name, dir, OsStr::new(&t), true)
+            }
+            r => r,
+        }
+    }
+
+    fn run(&mut self, op: &JOp) -> io::Result<()> {
+        match op {
+            JOp::Place { n, path, symlink } => self.place(*n, path.path(), *symlink),
+            JOp::Dir {
+                n,
+                path,
+                mode,
+                uid,
+                gid,
+                ..
+            } => self.dir(
+                *n,
+                path.path(),
+                &Perms {
+                    mode: *mode,
+                    uid: *uid,
+                    gid: *gid,
+                },
+            ),
+            JOp::RenameDir {
+                n,
+                from,
+                to,
+                base_from,
+                base_to,
+            } => self.rename_dir(*n, from.path(), to.path(), base_from, base_to),
+            JOp::Delete { n, path, base } => self.delete(*n, path.path(), base),
+        }
+    }
+
+    fn place(&mut self, n: usize, path: &Path, symlink: bool) -> io::Result<()> {
+        let staged = n.to_string();
+        let staged = OsStr::new(&staged);
+        if sys::lstat_at(self.staging.as_raw_fd(), staged)?.is_none() {
+            return Ok(()); // placed by an earlier run
+        }
+        let (parent, name) = open_parent(self.root.as_raw_fd(), path, true)?;
+        if let Some(st) = sys::lstat_at(parent.as_raw_fd(), &name)? {
+            if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                self.trash(parent.as_raw_fd(), &name, n)?;
+            }
+        }
+        fault::step();
+        match sys::rename_at(
+            self.staging.as_raw_fd(),
+            staged,
+            parent.as_raw_fd(),
+            &name,
+            false,
+        ) {
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+                self.place_xdev(n, &parent, &name, symlink)?
+            }
+            r => r?,
+        }
+        self.touched.insert(parent_of(path));
+        Ok(())
+    }
+
+    /// The target is on another file system than the staging dir (a nested mount): copy the
+    /// staged object to a temp file beside the target, fsync, rename it into place, and only
+    /// then drop the staged copy (so a re-run redoes the copy, never loses it).
+    fn place_xdev(
+        &self,
+        n: usize,
+        parent: &OwnedFd,
+        name: &OsStr,
+        symlink: bool,
+    ) -> io::Result<()> {
+        let staged = n.to_string();
+        let staged = OsStr::new(&staged);
+        let tmp = xdev_tmp_name(&self.j.id, n);
+        let tmp = OsStr::new(&tmp);
+        sys::remove_tree_at(parent.as_raw_fd(), tmp)?;
+        if symlink {
+            let target = sys::readlink_at(self.staging.as_raw_fd(), staged)?;
+            sys::symlink_at(
+                std::os::unix::ffi::OsStrExt::from_bytes(&target[..]),
+                parent.as_raw_fd(),
+                tmp,
+            )?;
+        } else {
+            let mut src = sys::open_file_at(self.staging.as_raw_fd(), staged)?;
+            let st = sys::fstat(src.as_raw_fd())?;
+            let mut out = sys::create_file_at(parent.as_raw_fd(), tmp, false)?;
+            io::copy(&mut src, &mut out)?;
+            let perms = Perms {
+                mode: st.st_mode & 0o7777,
+                uid: Some(st.st_uid),
+                gid: Some(st.st_gid),
+            };
+            stage::set_perms(&out, &perms)?;
+            sys::fsync(&out)?;
+        }
+        sys::rename_at(parent.as_raw_fd(), tmp, parent.as_raw_fd(), name, false)?;
+        sys::fsync(parent)?;
+        fault::step();
+        sys::unlink_at(self.staging.as_raw_fd(), staged, false)
+    }
+
+    fn dir(&mut self, n: usize, path: &Path, perms: &Perms) -> io::Result<()> {
+        let (parent, name) = open_parent(self.root.as_raw_fd(), path, true)?;
+        match sys::lstat_at(parent.as_raw_fd(), &name)? {
+            Some(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {}
+            existing => {
+                if existing.is_some() {
+                    self.trash(parent.as_raw_fd(), &name, n)?;
+                }
+                fault::step();
+                match sys::mkdir_at(parent.as_raw_fd(), &name, 0o700) {
+                    Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+                    r => r?,
+                }
+                self.touched.insert(parent_of(path));
+            }
+        }
+        let d = sys::open_dir_at(parent.as_raw_fd(), &name)?;
+        stage::set_perms(&d, perms)
+    }
+
+    fn rename_dir(
+        &mut self,
+        n: usize,
+        from: &Path,
+        to: &Path,
+        base_from: &Base,
+        base_to: &Base,
+    ) -> io::Result<()> {
+        if !base_matches(base_from, &observe(self.root.as_raw_fd(), from)?.base()) {
+            return Ok(()); // renamed by an earlier run
+        }
+        let (tp, tname) = open_parent(self.root.as_raw_fd(), to, true)?;
+        if let Some(st) = sys::lstat_at(tp.as_raw_fd(), &tname)? {
+            if base_matches(base_to, &Base::Present(Fingerprint::from_stat(&st))) {
+                self.trash(tp.as_raw_fd(), &tname, n)?;
+            } else {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    "rename target appeared during accept",
+                ));
+            }
+        }
+        let (fp, fname) = open_parent(self.root.as_raw_fd(), from, false)?;
+        fault::step();
+        sys::rename_at(fp.as_raw_fd(), &fname, tp.as_raw_fd(), &tname, true)?;
+        self.touched.insert(parent_of(from));
+        self.touched.insert(parent_of(to));
+        Ok(())
+    }
+
+    fn delete(&mut self, n: usize, path: &Path, base: &Base) -> io::Result<()> {
+        if *base == Base::Absent
+            || !base_matches(base, &observe(self.root.as_raw_fd(), path)?.base())
+        {
+            return Ok(()); // already trashed, or (forced) nothing was there
+        }
+        let (parent, name) = match open_parent(self.root.as_raw_fd(), path, false) {
+            Err(e) if is_gone(&e) => return Ok(()),
+            r => r?,
+        };
+        self.trash(parent.as_raw_fd(), &name, n)?;
+        self.touched.insert(parent_of(path));
+        Ok(())
+    }
+}
+
+/// Finish a journal whose phase is `Committed` or `Applied`: run every op (idempotently),
+/// mark it `Applied`, then remove trash, staging and the journal itself.
+pub fn roll_forward(j: &mut Journal, dir: &Path) -> io::Result<()> {
+    let root = sys::open_dir_path(j.root.path()).map_err(|e| ctx(j.root.path(), e))?;
+    sys::lock_exclusive(&root)?;
+    if !journal_path(dir, &j.id).exists() {
+        return Ok(()); // a live accept finished it while we waited for the lock
+    }
+    roll_forward_locked(root, j, dir)
+}
+
+/// `roll_forward` with the project root already open and locked by the caller.
+pub fn roll_forward_locked(root: OwnedFd, j: &mut Journal, dir: &Path) -> io::Result<()> {
+    let root_path = j.root.path().to_path_buf();
+    if j.phase == Phase::Committed {
+        let staging_path = root_path.join(&j.staging);
+        let staging = sys::open_dir_at(root.as_raw_fd(), OsStr::new(&j.staging))
+            .map_err(|e| ctx(&staging_path, e))?;
+        let snapshot = j.clone();
+        let mut ex = Exec {
+            root,
+            staging,
+            j: &snapshot,
+            touched: BTreeSet::new(),
+        };
+        for op in &snapshot.ops {
+            let (_, p) = op.trash_parent();
+            ex.run(op).map_err(|e| ctx(&root_path.join(p), e))?;
+        }
+        for d in &ex.touched {
+            match open_dir(ex.root.as_raw_fd(), d) {
+                Ok(fd) => sys::fsync(&fd)?,
+                Err(e) if is_gone(&e) => {}
+                Err(e) => return Err(ctx(&root_path.join(d), e)),
+            }
+        }
+        fault::step();
+        j.phase = Phase::Applied;
+        j.store(dir)?;
+        return clean_up(&ex.root, j, dir);
+    }
+    clean_up(&root, j, dir)
+}
+
+/// Remove every trash entry, the staging dir and then the journal.
+fn clean_up(root: &OwnedFd, j: &Journal, dir: &Path) -> io::Result<()> {
+    for op in &j.ops {
+        let (n, p) = op.trash_parent();
+        let parent = match open_parent(root.as_raw_fd(), p, false) {
+            Ok((fd, _)) => fd,
+            Err(e) if is_gone(&e) => continue, // an ancestor was trashed as a whole
+            Err(e) => return Err(e),
+        };
+        let t = trash_name(&j.id, n);
+        if sys::lstat_at(parent.as_raw_fd(), OsStr::new(&t))?.is_some() {
+            fault::step();
+            sys::remove_tree_at(parent.as_raw_fd(), OsStr::new(&t))?;
+        }
+    }
+    fault::step();
+    sys::remove_tree_at(root.as_raw_fd(), OsStr::new(&j.staging))?;
+    sys::fsync(root)?;
+    fault::step();
+    j.remove(dir)
+}
+
+/// Undo an accept that never reached its commit point: the real tree was never touched,
+/// so dropping the staging dir and the journal is all there is.
+pub fn roll_back(j: &Journal, dir: &Path) -> io::Result<()> {
+    match sys::open_dir_path(j.root.path()) {
+        Ok(root) => {
+            sys::lock_exclusive(&root)?;
+            if !journal_path(dir, &j.id).exists() {
+                return Ok(());
+            }
+            roll_back_locked(&root, j, dir)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => j.remove(dir),
+        Err(e) => Err(ctx(j.root.path(), e)),
+    }
+}
+
+/// `roll_back` with the project root already open and locked by the caller.
+pub fn roll_back_locked(root: &OwnedFd, j: &Journal, dir: &Path) -> io::Result<()> {
+    fault::step();
+    sys::remove_tree_at(root.as_raw_fd(), OsStr::new(&j.staging))?;
+    sys::fsync(root)?;
+    j.remove(dir)
+}

@@ -1,0 +1,149 @@
+//! The accept journal: one file per accept in `StateDir::journals()`.
+//!
+//! The file is only ever replaced atomically (write `<id>.json.tmp`, fsync, rename, fsync
+//! the directory), so it is always one complete version. Its `phase` decides recovery:
+//! `Staging` (not committed: roll back), `Committed` (roll forward), `Applied` (only clean
+//! up). Paths are stored as raw bytes so names that are not UTF-8 survive.
+
+use super::sys;
+use crate::fingerprint::Base;
+use serde::{Deserialize, Serialize};
+use std::ffi::OsStr;
+use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// A path as raw bytes (serde_json cannot carry non-UTF-8 `PathBuf`s).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct JPath(pub Vec<u8>);
+
+impl JPath {
+    pub fn new(p: &Path) -> JPath {
+        JPath(p.as_os_str().as_bytes().to_vec())
+    }
+    pub fn path(&self) -> &Path {
+        Path::new(OsStr::from_bytes(&self.0))
+    }
+}
+
+/// How far an accept got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Phase {
+    /// Staging in progress; the real tree is untouched. Recovery removes the staging dir.
+    Staging,
+    /// The commit point is passed: recovery re-runs every (idempotent) op.
+    Committed,
+    /// Every op is done; recovery only removes trash, staging and the journal.
+    Applied,
+}
+
+/// One journaled op. `n` is the op's index: staged entries are named `n` in the staging dir
+/// and trash `.shade-trash-<id>-<n>` beside the path.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum JOp {
+    /// Rename staged `n` (a file or a symlink) onto `path`.
+    Place {
+        n: usize,
+        path: JPath,
+        symlink: bool,
+    },
+    /// Make sure a directory exists at `path` with these permissions.
+    Dir {
+        n: usize,
+        path: JPath,
+        mode: u32,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        created: bool,
+    },
+    /// Move `from` to `to` while `from` is still `base_from`; a `to` matching `base_to` is
+    /// trashed first.
+    RenameDir {
+        n: usize,
+        from: JPath,
+        to: JPath,
+        base_from: Base,
+        base_to: Base,
+    },
+    /// Trash `path` while it still is `base`.
+    Delete { n: usize, path: JPath, base: Base },
+}
+
+impl JOp {
+    /// Where this op may have left trash: the parent dir of the path it replaced.
+    pub fn trash_parent(&self) -> (usize, &Path) {
+        match self {
+            JOp::Place { n, path, .. } | JOp::Dir { n, path, .. } | JOp::Delete { n, path, .. } => {
+                (*n, path.path())
+            }
+            JOp::RenameDir { n, to, .. } => (*n, to.path()),
+        }
+    }
+}
+
+/// The whole journal file.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Journal {
+    pub version: u32,
+    pub id: String,
+    /// Absolute project root.
+    pub root: JPath,
+    /// Name of the staging dir directly under `root`.
+    pub staging: String,
+    pub phase: Phase,
+    pub ops: Vec<JOp>,
+}
+
+/// Name of the staging directory for accept `id`.
+pub fn staging_name(id: &str) -> String {
+    format!(".shade-accept-{id}")
+}
+
+/// Name of the trash entry op `n` of accept `id` leaves beside its path.
+pub fn trash_name(id: &str, n: usize) -> String {
+    format!(".shade-trash-{id}-{n}")
+}
+
+/// Name of the temp file beside a target used when staging is on another file system.
+pub fn xdev_tmp_name(id: &str, n: usize) -> String {
+    format!(".shade-tmp-{id}-{n}")
+}
+
+/// The journal file of accept `id`.
+pub fn journal_path(dir: &Path, id: &str) -> PathBuf {
+    dir.join(format!("{id}.json"))
+}
+
+impl Journal {
+    /// Atomically (re)write this journal in `dir`: after this returns, a crash finds exactly
+    /// this version.
+    pub fn store(&self, dir: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let final_path = journal_path(dir, &self.id);
+        let tmp = dir.join(format!("{}.json.tmp", self.id));
+        let bytes = serde_json::to_vec(self).map_err(io::Error::other)?;
+        {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            sys::fsync(&f)?;
+        }
+        std::fs::rename(&tmp, &final_path)?;
+        sys::fsync(&sys::open_dir_path(dir)?)
+    }
+
+    /// Read a journal file.
+    pub fn load(path: &Path) -> io::Result<Journal> {
+        let bytes = std::fs::read(path)?;
+        serde_json::from_slice(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    }
+
+    /// Remove this journal (the last step of an accept or a recovery).
+    pub fn remove(&self, dir: &Path) -> io::Result<()> {
+        match std::fs::remove_file(journal_path(dir, &self.id)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        sys::fsync(&sys::open_dir_path(dir)?)
+    }
+}

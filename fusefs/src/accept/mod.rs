@@ -1,0 +1,279 @@
+//! The accept engine: flush a branch's plan into the real project directory, all or nothing.
+//!
+//! 1. **Validate** every path (relative, no `.`/`..`, not one of accept's own scratch names).
+//! 2. **Pre-flight** (`check`): every op's base against lower now, looked up without ever
+//!    following a symlink; any mismatch refuses the whole accept (unless `force`).
+//! 3. **Journal** `Staging` in `StateDir::journals()`, then **stage** every new file and
+//!    symlink, complete and fsynced, in `.shade-accept-<id>/` at the project root (`stage`).
+//! 4. **Commit**: atomically rewrite the journal as `Committed` with the ordered ops. A crash
+//!    before this rolls back (the tree was never touched); after it, rolls forward.
+//! 5. **Apply** (`exec`): renames from staging, mkdirs, dir renames, deletes-by-rename to
+//!    trash — each idempotent, each through dir fds that never follow symlinks.
+//! 6. Mark `Applied`, remove trash and staging, remove the journal.
+//!
+//! [`recover`] finishes or undoes whatever a crash left in the journal dir.
+
+mod check;
+mod exec;
+mod fault;
+mod journal;
+mod recover;
+mod safe_path;
+mod stage;
+mod sys;
+
+pub use fault::KILL_AT_STEP_ENV;
+pub use recover::{recover, RecoverReport};
+
+use crate::fingerprint::Base;
+use crate::plan::{PlanOp, RelPath};
+use crate::state::StateDir;
+use check::Guard;
+use journal::{JOp, JPath, Journal, Phase};
+use std::fmt;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+/// How to accept.
+#[derive(Clone, Debug)]
+pub struct AcceptOptions {
+    /// Apply even where lower changed since the branch saw it (the branch's version wins).
+    pub force: bool,
+    /// Where the journal goes (outside the project, so a crash can be recovered).
+    pub state: StateDir,
+}
+
+/// What an accept changed, for the CLI's summary.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AcceptReport {
+    /// Files and symlinks created or replaced.
+    pub written: usize,
+    pub created_dirs: usize,
+    pub renamed_dirs: usize,
+    pub deleted: usize,
+}
+
+/// One path where lower no longer is what the branch started from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conflict {
+    pub path: RelPath,
+    /// What the branch based its change on.
+    pub expected: Base,
+    /// What lower has now (for a path behind a symlinked or replaced parent: that parent).
+    pub found: Base,
+}
+
+fn describe(b: &Base) -> &'static str {
+    match b {
+        Base::Absent => "absent",
+        Base::Present(fp) => match fp.mode & libc::S_IFMT {
+            libc::S_IFDIR => "a directory",
+            libc::S_IFLNK => "a symlink",
+            libc::S_IFREG => "a file",
+            _ => "a special file",
+        },
+    }
+}
+
+impl fmt::Display for Conflict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match (&self.expected, &self.found) {
+            (Base::Absent, Base::Present(_)) => {
+                format!("created meanwhile ({})", describe(&self.found))
+            }
+            (Base::Present(_), Base::Absent) => "deleted meanwhile".to_string(),
+            (Base::Present(a), Base::Present(b))
+                if a.mode & libc::S_IFMT != b.mode & libc::S_IFMT =>
+            {
+                format!(
+                    "was {}, now {}",
+                    describe(&self.expected),
+                    describe(&self.found)
+                )
+            }
+            _ => "changed meanwhile".to_string(),
+        };
+        write!(f, "{}: {what} in the project", self.path.display())
+    }
+}
+
+/// Why an accept did not happen (or, for `Io` after the commit point, did not finish: the
+/// journal stays and [`recover`] completes it).
+#[derive(Debug, thiserror::Error)]
+pub enum AcceptError {
+    #[error("{} conflicting path(s), nothing accepted: {}", .0.len(), list(.0))]
+    Conflicts(Vec<Conflict>),
+    #[error("refusing to accept {}: {reason}", .path.display())]
+    Unsafe { path: RelPath, reason: String },
+    #[error("accept failed at {}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn list(c: &[Conflict]) -> String {
+    c.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> AcceptError + '_ {
+    move |source| AcceptError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A unique id for one accept: pid and wall-clock nanoseconds.
+fn new_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{:x}-{:x}", std::process::id(), nanos)
+}
+
+/// Apply `plan` (in the given order) to the project at `root`, all or nothing.
+///
+/// Refusals (`Unsafe`, `Conflicts`) and failures before the commit point leave the project
+/// untouched. A failure after it leaves the journal for [`recover`] to finish.
+pub fn apply(
+    root: &Path,
+    mut plan: Vec<PlanOp>,
+    opts: &AcceptOptions,
+) -> Result<AcceptReport, AcceptError> {
+    check::validate(&plan)?;
+    let root = std::fs::canonicalize(root).map_err(io_err(root))?;
+    let root_fd = sys::open_dir_path(&root).map_err(io_err(&root))?;
+    sys::lock_exclusive(&root_fd).map_err(io_err(&root))?;
+    let guards = check::preflight(root_fd.as_raw_fd(), &plan, opts.force)?;
+
+    let mut report = AcceptReport::default();
+    let id = new_id();
+    let dir = opts.state.journals();
+    let mut j = Journal {
+        version: 1,
+        id: id.clone(),
+        root: JPath::new(&root),
+        staging: journal::staging_name(&id),
+        phase: Phase::Staging,
+        ops: Vec::with_capacity(plan.len()),
+    };
+    fault::step();
+    j.store(&dir).map_err(io_err(&dir))?;
+
+    // Stage; any failure here rolls back to an untouched project.
+    let staged = (|| -> Result<Vec<JOp>, AcceptError> {
+        let staging =
+            stage::create_dir(&root_fd, &j.staging).map_err(io_err(&root.join(&j.staging)))?;
+        let mut ops = Vec::with_capacity(plan.len());
+        for (n, (op, guard)) in plan.iter_mut().zip(&guards).enumerate() {
+            let created = matches!(op, PlanOp::Mkdir { .. });
+            let jop = match op {
+                PlanOp::WriteFile {
+                    path,
+                    content,
+                    perms,
+                    ..
+                } => {
+                    stage::file(&staging, n, content, perms).map_err(io_err(path))?;
+                    report.written += 1;
+                    JOp::Place {
+                        n,
+                        path: JPath::new(path),
+                        symlink: false,
+                    }
+                }
+                PlanOp::Symlink { path, target, .. } => {
+                    stage::symlink(&staging, n, target).map_err(io_err(path))?;
+                    report.written += 1;
+                    JOp::Place {
+                        n,
+                        path: JPath::new(path),
+                        symlink: true,
+                    }
+                }
+                PlanOp::Mkdir { path, perms, .. } | PlanOp::SetPerms { path, perms, .. } => {
+                    report.created_dirs += usize::from(created);
+                    JOp::Dir {
+                        n,
+                        path: JPath::new(path),
+                        mode: perms.mode,
+                        uid: perms.uid,
+                        gid: perms.gid,
+                        created,
+                    }
+                }
+                PlanOp::RenameDir { from, to, .. } => {
+                    let Guard::Rename {
+                        from: base_from,
+                        to: base_to,
+                    } = *guard
+                    else {
+                        return Err(AcceptError::Unsafe {
+                            path: to.clone(),
+                            reason: "internal: no rename guard".into(),
+                        });
+                    };
+                    report.renamed_dirs += 1;
+                    JOp::RenameDir {
+                        n,
+                        from: JPath::new(from),
+                        to: JPath::new(to),
+                        base_from,
+                        base_to,
+                    }
+                }
+                PlanOp::Delete { path, .. } => {
+                    let Guard::Delete(base) = *guard else {
+                        return Err(AcceptError::Unsafe {
+                            path: path.clone(),
+                            reason: "internal: no delete guard".into(),
+                        });
+                    };
+                    report.deleted += 1;
+                    JOp::Delete {
+                        n,
+                        path: JPath::new(path),
+                        base,
+                    }
+                }
+            };
+            ops.push(jop);
+        }
+        sys::fsync(&staging).map_err(io_err(&root.join(&j.staging)))?;
+        Ok(ops)
+    })();
+    let ops = match staged {
+        Ok(ops) => ops,
+        Err(e) => {
+            if let Err(rb) = exec::roll_back_locked(&root_fd, &j, &dir) {
+                tracing::warn!(error = %rb, "rolling back a failed accept");
+            }
+            return Err(e);
+        }
+    };
+
+    // The commit point.
+    j.ops = ops;
+    j.phase = Phase::Committed;
+    fault::step();
+    if let Err(e) = j.store(&dir) {
+        j.phase = Phase::Staging;
+        if let Err(rb) = exec::roll_back_locked(&root_fd, &j, &dir) {
+            tracing::warn!(error = %rb, "rolling back a failed accept");
+        }
+        return Err(AcceptError::Io {
+            path: dir,
+            source: e,
+        });
+    }
+    exec::roll_forward_locked(root_fd, &mut j, &dir).map_err(io_err(&root))?;
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,67 @@
+//! Crash recovery: finish (committed) or undo (uncommitted) every accept a crash left behind.
+//!
+//! Recovery runs the same idempotent code as `apply`, so it is itself safe to kill and run
+//! again.
+
+use super::exec;
+use super::journal::{Journal, Phase};
+use std::io;
+use std::path::PathBuf;
+
+/// Which projects recovery touched.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoverReport {
+    /// Project roots whose accept was completed from its journal.
+    pub rolled_forward: Vec<PathBuf>,
+    /// Project roots whose unfinished (uncommitted) accept was discarded.
+    pub rolled_back: Vec<PathBuf>,
+}
+
+/// Process every journal in `state.journals()`. A journal that cannot be finished (its
+/// project is gone or unreadable) is left in place and logged; the first such error is
+/// returned after all others were processed.
+pub fn recover(state: &crate::state::StateDir) -> io::Result<RecoverReport> {
+    let dir = state.journals();
+    let mut report = RecoverReport::default();
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(report),
+        Err(e) => return Err(e),
+    };
+    let mut names: Vec<PathBuf> = entries
+        .map(|e| e.map(|e| e.path()))
+        .collect::<io::Result<_>>()?;
+    names.sort();
+    let mut first_err = None;
+    for path in names {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if name.ends_with(".json.tmp") {
+            // A journal version that never got renamed into place: the previous one rules.
+            std::fs::remove_file(&path)?;
+            continue;
+        }
+        if !name.ends_with(".json") {
+            continue;
+        }
+        let result = Journal::load(&path).and_then(|mut j| {
+            let root = j.root.path().to_path_buf();
+            match j.phase {
+                Phase::Staging => exec::roll_back(&j, &dir).map(|()| report.rolled_back.push(root)),
+                Phase::Committed | Phase::Applied => {
+                    exec::roll_forward(&mut j, &dir).map(|()| report.rolled_forward.push(root))
+                }
+            }
+        });
+        if let Err(e) = result {
+            tracing::warn!(journal = %path.display(), error = %e, "accept journal not recovered");
+            first_err.get_or_insert(io::Error::new(e.kind(), format!("{}: {e}", path.display())));
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(report),
+    }
+}

@@ -1,0 +1,165 @@
+//! Plan path validation and symlink-proof traversal of the project tree.
+//!
+//! A branch is untrusted input: its plan may name `../x`, and the user (or the branch's
+//! own earlier ops) may have turned a directory into a symlink to `/tmp`. Every lookup here
+//! walks one component at a time with `O_NOFOLLOW | O_DIRECTORY`, so a symlink anywhere in
+//! a parent stops the walk instead of being followed out of the project.
+
+use super::sys;
+use crate::fingerprint::{Base, Fingerprint};
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Component, Path, PathBuf};
+
+/// Prefix of accept's own scratch names (staging dir, trash, EXDEV temp files); plans may
+/// not name them.
+pub const RESERVED_PREFIX: &str = ".shade-";
+
+/// Why `path` may not appear in a plan, or `None` when it is fine.
+pub fn invalid_reason(path: &Path) -> Option<String> {
+    if path.as_os_str().is_empty() {
+        return Some("empty path".into());
+    }
+    for c in path.components() {
+        match c {
+            Component::Normal(n) => {
+                if n.as_encoded_bytes().starts_with(RESERVED_PREFIX.as_bytes()) {
+                    return Some(format!(
+                        "names starting with {RESERVED_PREFIX} are reserved for accept"
+                    ));
+                }
+            }
+            Component::RootDir | Component::Prefix(_) => return Some("absolute path".into()),
+            Component::ParentDir => return Some("`..` component".into()),
+            Component::CurDir => return Some("`.` component".into()),
+        }
+    }
+    // `Path::components` silently drops interior `.`; reject them on the raw bytes too.
+    let raw = path.as_os_str().as_encoded_bytes();
+    if raw
+        .split(|b| *b == b'/')
+        .any(|seg| seg == b"." || seg == b"..")
+    {
+        return Some("`.` or `..` component".into());
+    }
+    None
+}
+
+/// The parent components and final name of a validated relative path.
+pub fn split(path: &Path) -> (Vec<&OsStr>, &OsStr) {
+    let mut comps: Vec<&OsStr> = path
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    let name = comps.pop().unwrap_or(OsStr::new(""));
+    (comps, name)
+}
+
+/// Open the directory holding `path`'s last component, walking from `root` without
+/// following symlinks. With `create`, missing parents are made (mode 0755) on the way.
+pub fn open_parent(root: RawFd, path: &Path, create: bool) -> io::Result<(OwnedFd, OsString)> {
+    let (parents, name) = split(path);
+    let mut cur = dup_fd(root)?;
+    for comp in parents {
+        let next = match sys::open_dir_at(cur.as_raw_fd(), comp) {
+            Err(e) if create && e.raw_os_error() == Some(libc::ENOENT) => {
+                match sys::mkdir_at(cur.as_raw_fd(), comp, 0o755) {
+                    Err(e) if e.raw_os_error() != Some(libc::EEXIST) => return Err(e),
+                    _ => {}
+                }
+                sys::open_dir_at(cur.as_raw_fd(), comp)?
+            }
+            r => r?,
+        };
+        cur = next;
+    }
+    Ok((cur, name.to_os_string()))
+}
+
+/// Duplicate an fd so the walk can own every step.
+fn dup_fd(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: borrowing a live fd for the duration of the call.
+    let b = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    b.try_clone_to_owned()
+}
+
+/// What lies at a path, seen without following any symlink.
+#[derive(Clone, Copy, Debug)]
+pub enum Seen {
+    /// The object at the path itself.
+    Base(Base),
+    /// A parent component is a symlink or not a directory: the path does not exist beneath
+    /// the root as such; `at` is what blocks it.
+    Blocked { at: Fingerprint },
+}
+
+impl Seen {
+    /// As a base: a blocked path does not exist beneath the root.
+    pub fn base(self) -> Base {
+        match self {
+            Seen::Base(b) => b,
+            Seen::Blocked { .. } => Base::Absent,
+        }
+    }
+}
+
+/// Observe `path` beneath `root` without following symlinks in any component.
+pub fn observe(root: RawFd, path: &Path) -> io::Result<Seen> {
+    let (parents, name) = split(path);
+    let mut cur = dup_fd(root)?;
+    for comp in parents {
+        match sys::open_dir_at(cur.as_raw_fd(), comp) {
+            Ok(fd) => cur = fd,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                return Ok(Seen::Base(Base::Absent))
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) => {
+                return Ok(match sys::lstat_at(cur.as_raw_fd(), comp)? {
+                    Some(st) => Seen::Blocked {
+                        at: Fingerprint::from_stat(&st),
+                    },
+                    None => Seen::Base(Base::Absent),
+                });
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Seen::Base(match sys::lstat_at(cur.as_raw_fd(), name)? {
+        Some(st) => Base::Present(Fingerprint::from_stat(&st)),
+        None => Base::Absent,
+    }))
+}
+
+/// Whether `now` is the object `expected` describes (dirs by identity, others by version).
+pub fn base_matches(expected: &Base, now: &Base) -> bool {
+    match (expected, now) {
+        (Base::Absent, Base::Absent) => true,
+        (Base::Present(a), Base::Present(b)) => a.matches(b),
+        _ => false,
+    }
+}
+
+/// `path` with the prefix `from` replaced by `to`, if it lies at or under `from`.
+pub fn rebase(path: &Path, from: &Path, to: &Path) -> Option<PathBuf> {
+    let rest = path.strip_prefix(from).ok()?;
+    Some(if rest.as_os_str().is_empty() {
+        to.to_path_buf()
+    } else {
+        to.join(rest)
+    })
+}
+
+/// Open the directory at `path` (empty = `root` itself) without following symlinks.
+pub fn open_dir(root: RawFd, path: &Path) -> io::Result<OwnedFd> {
+    let mut cur = dup_fd(root)?;
+    for c in path.components() {
+        if let Component::Normal(n) = c {
+            cur = sys::open_dir_at(cur.as_raw_fd(), n)?;
+        }
+    }
+    Ok(cur)
+}

@@ -1,0 +1,52 @@
+//! Staging: every new file and symlink is fully written (content, mode, owner, fsync) into
+//! `.shade-accept-<id>/<n>` at the project root before the commit point, so that applying
+//! is only renames — each atomic, each a whole old or a whole new file.
+//!
+//! The staging dir lives on the project root's file system; a target on a nested mount gets
+//! an EXDEV fallback at apply time (see `exec`).
+
+use super::{fault, sys};
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{self, Seek, SeekFrom};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+
+use crate::plan::Perms;
+
+/// Create the (empty) staging dir `name` under `root`, mode 0700.
+pub fn create_dir(root: &OwnedFd, name: &str) -> io::Result<OwnedFd> {
+    fault::step();
+    sys::mkdir_at(root.as_raw_fd(), OsStr::new(name), 0o700)?;
+    sys::open_dir_at(root.as_raw_fd(), OsStr::new(name))
+}
+
+/// Stage a regular file: copy `content` from its start, set perms, fsync.
+pub fn file(staging: &OwnedFd, n: usize, content: &mut File, perms: &Perms) -> io::Result<()> {
+    fault::step();
+    let name = n.to_string();
+    let mut out = sys::create_file_at(staging.as_raw_fd(), OsStr::new(&name), true)?;
+    content.seek(SeekFrom::Start(0))?;
+    io::copy(content, &mut out)?;
+    set_perms(&out, perms)?;
+    sys::fsync(&out)
+}
+
+/// Stage a symlink.
+pub fn symlink(staging: &OwnedFd, n: usize, target: &Path) -> io::Result<()> {
+    fault::step();
+    sys::symlink_at(
+        target.as_os_str(),
+        staging.as_raw_fd(),
+        OsStr::new(&n.to_string()),
+    )
+}
+
+/// Give an open file or directory its mode (and owner, when running as root).
+pub fn set_perms(f: &impl AsRawFd, perms: &Perms) -> io::Result<()> {
+    if sys::is_root() && (perms.uid.is_some() || perms.gid.is_some()) {
+        sys::fchown(f.as_raw_fd(), perms.uid, perms.gid)?;
+    }
+    // chown clears setuid/setgid bits, so the mode goes last.
+    sys::fchmod(f.as_raw_fd(), perms.mode)
+}

@@ -1,0 +1,251 @@
+//! Thin, safe wrappers over the `*at()` system calls accept uses.
+//!
+//! Every call takes a directory fd and a single file name (never a path with `/`), and never
+//! follows a symlink in the last component, so nothing accept does can be redirected out of
+//! the project by a symlink planted in it.
+
+use std::ffi::{CString, OsStr};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+
+fn cstr(name: &OsStr) -> io::Result<CString> {
+    CString::new(name.as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name contains NUL"))
+}
+
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Retry a call interrupted by a signal.
+fn retry(mut f: impl FnMut() -> libc::c_int) -> io::Result<libc::c_int> {
+    loop {
+        match check(f()) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => return r,
+        }
+    }
+}
+
+/// Open a path (following symlinks: only used for the project root and the state dir,
+/// which the user names).
+pub fn open_dir_path(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let c = cstr(path.as_os_str())?;
+    // SAFETY: c is a valid NUL-terminated string; the fd is owned by the result.
+    let fd = retry(|| unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    })?;
+    // SAFETY: fd was just returned by open and is not owned elsewhere.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Open the directory `name` inside `dir`, refusing a symlink (ELOOP) or a non-directory (ENOTDIR).
+pub fn open_dir_at(dir: RawFd, name: &OsStr) -> io::Result<OwnedFd> {
+    let c = cstr(name)?;
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: valid dirfd and C string.
+    let fd = retry(|| unsafe { libc::openat(dir, c.as_ptr(), flags) })?;
+    // SAFETY: fd was just returned by openat.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Open the regular file `name` inside `dir` for reading, refusing a symlink.
+pub fn open_file_at(dir: RawFd, name: &OsStr) -> io::Result<File> {
+    let c = cstr(name)?;
+    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: valid dirfd and C string.
+    let fd = retry(|| unsafe { libc::openat(dir, c.as_ptr(), flags) })?;
+    // SAFETY: fd was just returned by openat.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Create (or truncate, if `excl` is false) the regular file `name` in `dir` for writing.
+pub fn create_file_at(dir: RawFd, name: &OsStr, excl: bool) -> io::Result<File> {
+    let c = cstr(name)?;
+    let mut flags = libc::O_WRONLY | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    flags |= if excl { libc::O_EXCL } else { libc::O_TRUNC };
+    // SAFETY: valid dirfd and C string.
+    let fd = retry(|| unsafe { libc::openat(dir, c.as_ptr(), flags, 0o600 as libc::c_uint) })?;
+    // SAFETY: fd was just returned by openat.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// `fstatat(AT_SYMLINK_NOFOLLOW)`; `Ok(None)` when the name does not exist.
+pub fn lstat_at(dir: RawFd, name: &OsStr) -> io::Result<Option<libc::stat>> {
+    let c = cstr(name)?;
+    // SAFETY: zeroed stat is a valid out buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid dirfd, C string and out buffer.
+    match retry(|| unsafe { libc::fstatat(dir, c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) }) {
+        Ok(_) => Ok(Some(st)),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// `fstat` of an open fd.
+pub fn fstat(fd: RawFd) -> io::Result<libc::stat> {
+    // SAFETY: zeroed stat is a valid out buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and out buffer.
+    retry(|| unsafe { libc::fstat(fd, &mut st) })?;
+    Ok(st)
+}
+
+/// `mkdirat`.
+pub fn mkdir_at(dir: RawFd, name: &OsStr, mode: u32) -> io::Result<()> {
+    let c = cstr(name)?;
+    // SAFETY: valid dirfd and C string.
+    retry(|| unsafe { libc::mkdirat(dir, c.as_ptr(), mode as libc::mode_t) }).map(drop)
+}
+
+/// `symlinkat(target, dir, name)`.
+pub fn symlink_at(target: &OsStr, dir: RawFd, name: &OsStr) -> io::Result<()> {
+    let t = cstr(target)?;
+    let c = cstr(name)?;
+    // SAFETY: valid C strings and dirfd.
+    retry(|| unsafe { libc::symlinkat(t.as_ptr(), dir, c.as_ptr()) }).map(drop)
+}
+
+/// `readlinkat`.
+pub fn readlink_at(dir: RawFd, name: &OsStr) -> io::Result<Vec<u8>> {
+    let c = cstr(name)?;
+    let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    // SAFETY: buffer is valid for buf.len() bytes.
+    let n = unsafe { libc::readlinkat(dir, c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+/// `renameat2(from_dir, from, to_dir, to, flags)`; `noreplace` fails with EEXIST instead of
+/// replacing.
+pub fn rename_at(
+    from_dir: RawFd,
+    from: &OsStr,
+    to_dir: RawFd,
+    to: &OsStr,
+    noreplace: bool,
+) -> io::Result<()> {
+    let f = cstr(from)?;
+    let t = cstr(to)?;
+    let flags = if noreplace { libc::RENAME_NOREPLACE } else { 0 };
+    // SAFETY: valid dirfds and C strings.
+    retry(|| unsafe { libc::renameat2(from_dir, f.as_ptr(), to_dir, t.as_ptr(), flags) }).map(drop)
+}
+
+/// `unlinkat`, with `AT_REMOVEDIR` for a directory.
+pub fn unlink_at(dir: RawFd, name: &OsStr, is_dir: bool) -> io::Result<()> {
+    let c = cstr(name)?;
+    let flags = if is_dir { libc::AT_REMOVEDIR } else { 0 };
+    // SAFETY: valid dirfd and C string.
+    retry(|| unsafe { libc::unlinkat(dir, c.as_ptr(), flags) }).map(drop)
+}
+
+/// `fchmod` (permission bits only).
+pub fn fchmod(fd: RawFd, mode: u32) -> io::Result<()> {
+    // SAFETY: plain syscall on an fd.
+    retry(|| unsafe { libc::fchmod(fd, (mode & 0o7777) as libc::mode_t) }).map(drop)
+}
+
+/// `fchown`; `None` keeps the current id.
+pub fn fchown(fd: RawFd, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
+    let u = uid.unwrap_or(u32::MAX);
+    let g = gid.unwrap_or(u32::MAX);
+    // SAFETY: plain syscall on an fd; -1 keeps an id.
+    retry(|| unsafe { libc::fchown(fd, u, g) }).map(drop)
+}
+
+/// `fsync` of any fd (files and directories).
+pub fn fsync(fd: &impl AsRawFd) -> io::Result<()> {
+    // SAFETY: plain syscall on an fd.
+    retry(|| unsafe { libc::fsync(fd.as_raw_fd()) }).map(drop)
+}
+
+/// Exclusive `flock` on an fd; released when the fd is closed.
+pub fn lock_exclusive(fd: &impl AsRawFd) -> io::Result<()> {
+    // SAFETY: plain syscall on an fd.
+    retry(|| unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX) }).map(drop)
+}
+
+/// Whether the process runs as root (and may therefore chown).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The names in the directory `dir` (without `.` and `..`).
+pub fn list_dir(dir: RawFd) -> io::Result<Vec<std::ffi::OsString>> {
+    // fdopendir takes ownership of its fd, so hand it a duplicate.
+    // SAFETY: plain syscall on an fd.
+    let dup = retry(|| unsafe { libc::fcntl(dir, libc::F_DUPFD_CLOEXEC, 0) })?;
+    // SAFETY: dup is a fresh fd we own; on success the DIR owns it.
+    let d = unsafe { libc::fdopendir(dup) };
+    if d.is_null() {
+        let e = io::Error::last_os_error();
+        // SAFETY: dup is still ours when fdopendir failed.
+        unsafe { libc::close(dup) };
+        return Err(e);
+    }
+    // SAFETY: d is a valid DIR*.
+    unsafe { libc::rewinddir(d) };
+    let mut out = Vec::new();
+    let res = loop {
+        // SAFETY: errno is thread-local; reset it to tell end-of-dir from an error.
+        unsafe { *libc::__errno_location() = 0 };
+        // SAFETY: d is a valid DIR*.
+        let ent = unsafe { libc::readdir64(d) };
+        if ent.is_null() {
+            let e = io::Error::last_os_error();
+            break if e.raw_os_error().unwrap_or(0) == 0 {
+                Ok(())
+            } else {
+                Err(e)
+            };
+        }
+        // SAFETY: d_name is a NUL-terminated string inside the dirent.
+        let name = unsafe { std::ffi::CStr::from_ptr((*ent).d_name.as_ptr()) };
+        let b = name.to_bytes();
+        if b != b"." && b != b".." {
+            out.push(OsStr::from_bytes(b).to_os_string());
+        }
+    };
+    // SAFETY: d is valid and closed exactly once.
+    unsafe { libc::closedir(d) };
+    res.map(|()| out)
+}
+
+/// Remove `name` in `dir` and, if it is a directory, everything below it, never following
+/// a symlink. A missing name is not an error.
+pub fn remove_tree_at(dir: RawFd, name: &OsStr) -> io::Result<()> {
+    let Some(st) = lstat_at(dir, name)? else {
+        return Ok(());
+    };
+    if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+        let sub = open_dir_at(dir, name)?;
+        for child in list_dir(sub.as_raw_fd())? {
+            remove_tree_at(sub.as_raw_fd(), &child)?;
+        }
+        drop(sub);
+        match unlink_at(dir, name, true) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            r => r,
+        }
+    } else {
+        match unlink_at(dir, name, false) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            r => r,
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! The accept engine on real temp dirs: every kind of op, conflicts, unsafe plans, force.
+#![allow(clippy::unwrap_used)]
+
+mod accept_common;
+
+use accept_common::{file, materialize, perms, snapshot, Entry, Env, Snap};
+use shade_fusefs::accept::{apply, recover, AcceptError, AcceptOptions, AcceptReport};
+use shade_fusefs::{Base, PlanOp};
+use std::path::PathBuf;
+
+fn opts(env: &Env, force: bool) -> AcceptOptions {
+    AcceptOptions {
+        force,
+        state: env.state.clone(),
+    }
+}
+
+fn p(s: &str) -> PathBuf {
+    PathBuf::from(s)
+}
+
+fn old_tree() -> Snap {
+    let mut s = Snap::new();
+    s.insert(p("a.txt"), file("old a", 0o644));
+    s.insert(p("b.txt"), file("old b", 0o644));
+    s.insert(p("sub"), Entry::Dir(0o755));
+    s.insert(p("sub/c.txt"), file("old c", 0o600));
+    s.insert(p("link"), Entry::Link(p("a.txt")));
+    s.insert(p("old"), Entry::Dir(0o755));
+    s.insert(p("old/x"), file("old x", 0o644));
+    s.insert(p("old/y"), file("old y", 0o644));
+    s.insert(p("rm_dir"), Entry::Dir(0o755));
+    s.insert(p("rm_dir/deep"), Entry::Dir(0o755));
+    s.insert(p("rm_dir/deep/z"), file("z", 0o644));
+    s.insert(p("d2f"), Entry::Dir(0o755));
+    s.insert(p("d2f/inner"), file("inner", 0o644));
+    s.insert(p("f2d"), file("was a file", 0o644));
+    s
+}
+
+#[test]
+fn applies_every_kind_of_op() {
+    let mut env = Env::new();
+    materialize(&env.root, &old_tree());
+    let plan = vec![
+        PlanOp::RenameDir {
+            from: p("old"),
+            to: p("new"),
+            base_from: env.base("old"),
+            base_to: Base::Absent,
+        },
+        PlanOp::Delete {
+            path: p("d2f"),
+            base: env.base("d2f"),
+        },
+        PlanOp::Delete {
+            path: p("f2d"),
+            base: env.base("f2d"),
+        },
+        PlanOp::Mkdir {
+            path: p("fresh"),
+            perms: perms(0o750),
+            base: Base::Absent,
+        },
+        PlanOp::Mkdir {
+            path: p("f2d"),
+            perms: perms(0o755),
+            base: Base::Absent,
+        },
+        env.write("a.txt", b"new a", 0o755, env.base("a.txt")),
+        env.write("fresh/n.txt", b"brand new", 0o600, Base::Absent),
+        env.write("new/x", b"new x", 0o644, env.base("old/x")),
+        env.write("d2f", b"now a file", 0o644, Base::Absent),
+        env.write("f2d/inside", b"inside", 0o644, Base::Absent),
+        PlanOp::Symlink {
+            path: p("link"),
+            target: p("b.txt"),
+            base: env.base("link"),
+        },
+        PlanOp::Symlink {
+            path: p("fresh/l"),
+            target: p("../a.txt"),
+            base: Base::Absent,
+        },
+        PlanOp::SetPerms {
+            path: p("sub"),
+            perms: perms(0o700),
+            base: env.base("sub"),
+        },
+        PlanOp::Delete {
+            path: p("b.txt"),
+            base: env.base("b.txt"),
+        },
+        PlanOp::Delete {
+            path: p("rm_dir"),
+            base: env.base("rm_dir"),
+        },
+    ];
+    let report = apply(&env.root, plan, &opts(&env, false)).unwrap();
+    assert_eq!(
+        report,
+        AcceptReport {
+            written: 7,
+            created_dirs: 2,
+            renamed_dirs: 1,
+            deleted: 4
+        }
+    );
+
+    let mut want = Snap::new();
+    want.insert(p("a.txt"), file("new a", 0o755));
+    want.insert(p("sub"), Entry::Dir(0o700));
+    want.insert(p("sub/c.txt"), file("old c", 0o600));
+    want.insert(p("link"), Entry::Link(p("b.txt")));
+    want.insert(p("new"), Entry::Dir(0o755));
+    want.insert(p("new/x"), file("new x", 0o644));
+    want.insert(p("new/y"), file("old y", 0o644));
+    want.insert(p("fresh"), Entry::Dir(0o750));
+    want.insert(p("fresh/n.txt"), file("brand new", 0o600));
+    want.insert(p("fresh/l"), Entry::Link(p("../a.txt")));
+    want.insert(p("d2f"), file("now a file", 0o644));
+    want.insert(p("f2d"), Entry::Dir(0o755));
+    want.insert(p("f2d/inside"), file("inside", 0o644));
+    assert_eq!(snapshot(&env.root), want);
+    env.assert_clean();
+}
+
+#[test]
+fn conflicts_refuse_everything_and_list_every_path() {
+    let mut env = Env::new();
+    materialize(&env.root, &old_tree());
+    let plan = vec![
+        env.write("a.txt", b"branch a", 0o644, env.base("a.txt")),
+        env.write("added.txt", b"branch added", 0o644, Base::Absent),
+        env.write("sub/c.txt", b"branch c", 0o600, env.base("sub/c.txt")),
+        env.write("untouched-by-user.txt", b"fine", 0o644, Base::Absent),
+        PlanOp::Delete {
+            path: p("b.txt"),
+            base: env.base("b.txt"),
+        },
+    ];
+    // The user, meanwhile: edits a.txt, creates added.txt, deletes sub/c.txt, touches b.txt.
+    std::thread::sleep(std::time::Duration::from_millis(10));
+    std::fs::write(env.root.join("a.txt"), "user a").unwrap();
+    std::fs::write(env.root.join("added.txt"), "user added").unwrap();
+    std::fs::remove_file(env.root.join("sub/c.txt")).unwrap();
+    std::fs::write(env.root.join("b.txt"), "user b").unwrap();
+    let before = snapshot(&env.root);
+
+    let err = apply(&env.root, plan, &opts(&env, false)).unwrap_err();
+    let AcceptError::Conflicts(c) = &err else {
+        panic!("not a conflict: {err}")
+    };
+    let mut paths: Vec<_> = c.iter().map(|c| c.path.clone()).collect();
+    paths.sort();
+    assert_eq!(
+        paths,
+        vec![p("a.txt"), p("added.txt"), p("b.txt"), p("sub/c.txt")]
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("added.txt: created meanwhile")
+            && msg.contains("sub/c.txt: deleted meanwhile"),
+        "{msg}"
+    );
+    assert_eq!(
+        snapshot(&env.root),
+        before,
+        "a refused accept changed the tree"
+    );
+    env.assert_clean();
+}
+
+#[test]
+fn force_overrides_conflicts() {
+    let mut env = Env::new();
+    materialize(&env.root, &old_tree());
+    let plan = vec![
+        env.write("a.txt", b"branch a", 0o644, env.base("a.txt")),
+        env.write("added.txt", b"branch added", 0o644, Base::Absent),
+        env.write("sub/c.txt", b"branch c", 0o600, env.base("sub/c.txt")),
+        PlanOp::Delete {
+            path: p("b.txt"),
+            base: env.base("b.txt"),
+        },
+    ];
+    std::fs::write(env.root.join("a.txt"), "user a").unwrap();
+    std::fs::write(env.root.join("added.txt"), "user added").unwrap();
+    std::fs::remove_file(env.root.join("sub/c.txt")).unwrap();
+    std::fs::write(env.root.join("b.txt"), "user b").unwrap();
+    apply(&env.root, plan, &opts(&env, true)).unwrap();
+    let s = snapshot(&env.root);
+    assert_eq!(s[&p("a.txt")], file("branch a", 0o644));
+    assert_eq!(s[&p("added.txt")], file("branch added", 0o644));
+    assert_eq!(s[&p("sub/c.txt")], file("branch c", 0o600));
+    assert!(!s.contains_key(&p("b.txt")));
+    env.assert_clean();
+}
+
+#[test]
+fn unsafe_paths_are_refused_before_anything_changes() {
+    for bad in [
+        "../escape",
+        "/tmp/abs",
+        "a/../../x",
+        "sub/./c.txt",
+        "",
+        ".shade-accept-x/y",
+    ] {
+        let mut env = Env::new();
+        materialize(&env.root, &old_tree());
+        let before = snapshot(&env.root);
+        let plan = vec![
+            env.write("a.txt", b"ok", 0o644, env.base("a.txt")),
+            env.write(bad, b"evil", 0o644, Base::Absent),
+        ];
+        let err = apply(&env.root, plan, &opts(&env, true)).unwrap_err();
+        assert!(matches!(err, AcceptError::Unsafe { .. }), "{bad:?}: {err}");
+        assert_eq!(snapshot(&env.root), before, "{bad:?}");
+        env.assert_clean();
+    }
+}
+
+#[test]
+fn a_symlinked_parent_is_never_followed() {
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("x"), "outside x").unwrap();
+    let outside_before = snapshot(outside.path());
+
+    // The user replaced `dir` (which the branch wrote into) with a symlink out of the project.
+    for force in [false, true] {
+        let mut env = Env::new();
+        std::fs::create_dir(env.root.join("dir")).unwrap();
+        std::fs::write(env.root.join("dir/x"), "lower x").unwrap();
+        let plan = vec![
+            env.write("dir/x", b"branch x", 0o644, env.base("dir/x")),
+            env.write("dir/new", b"branch new", 0o644, Base::Absent),
+        ];
+        std::fs::remove_dir_all(env.root.join("dir")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), env.root.join("dir")).unwrap();
+        let before = snapshot(&env.root);
+        let err = apply(&env.root, plan, &opts(&env, force)).unwrap_err();
+        if force {
+            assert!(matches!(err, AcceptError::Unsafe { .. }), "{err}");
+        } else {
+            let AcceptError::Conflicts(c) = &err else {
+                panic!("{err}")
+            };
+            assert_eq!(c.len(), 2, "{err}");
+        }
+        assert_eq!(snapshot(&env.root), before);
+        assert_eq!(
+            snapshot(outside.path()),
+            outside_before,
+            "accept wrote outside the project"
+        );
+        env.assert_clean();
+    }
+
+    // A plan that itself makes `evil` a symlink and then writes through it.
+    let mut env = Env::new();
+    let plan = vec![
+        PlanOp::Symlink {
+            path: p("evil"),
+            target: outside.path().to_path_buf(),
+            base: Base::Absent,
+        },
+        env.write("evil/x", b"pwned", 0o644, Base::Absent),
+    ];
+    let err = apply(&env.root, plan, &opts(&env, true)).unwrap_err();
+    assert!(matches!(err, AcceptError::Unsafe { .. }), "{err}");
+    assert_eq!(
+        snapshot(outside.path()),
+        outside_before,
+        "accept wrote outside the project"
+    );
+    assert!(snapshot(&env.root).is_empty());
+    env.assert_clean();
+}
+
+#[test]
+fn recover_without_journals_is_a_no_op() {
+    let env = Env::new();
+    let r = recover(&env.state).unwrap();
+    assert!(r.rolled_forward.is_empty() && r.rolled_back.is_empty());
+    std::fs::create_dir_all(env.state.journals()).unwrap();
+    let r = recover(&env.state).unwrap();
+    assert!(r.rolled_forward.is_empty() && r.rolled_back.is_empty());
+}
+
+#[test]
+fn an_empty_plan_changes_nothing() {
+    let env = Env::new();
+    materialize(&env.root, &old_tree());
+    let before = snapshot(&env.root);
+    assert_eq!(
+        apply(&env.root, vec![], &opts(&env, false)).unwrap(),
+        AcceptReport::default()
+    );
+    assert_eq!(snapshot(&env.root), before);
+    env.assert_clean();
+}
