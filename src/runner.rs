@@ -12,6 +12,7 @@
 
 mod child;
 mod procs;
+mod report;
 mod signals;
 mod supervise;
 #[cfg(test)]
@@ -29,7 +30,8 @@ use anyhow::{bail, Context};
 use nix::errno::Errno;
 
 use crate::exit;
-use child::{ChildPlan, Mode, Report, Stage};
+use child::{ChildPlan, Mode};
+use report::{Report, Stage};
 
 /// Everything needed to run one command in a branch.
 #[derive(Debug, Clone)]
@@ -194,9 +196,9 @@ pub(crate) fn cstring(path: &Path) -> anyhow::Result<CString> {
 /// A started child, handed to the supervisor.
 pub(crate) struct Running {
     pub child: std::process::Child,
-    /// Inode of the child's private mount namespace, to find processes that left its
-    /// process group (setsid daemons) but still live in the branch.
-    pub mnt_ns: Option<u64>,
+    /// The child's private mount namespace, to find processes that left its process group
+    /// (setsid daemons) but still live in the branch. Held open so its identity stays unique.
+    pub mnt_ns: Option<std::fs::File>,
     /// Whether we gave the terminal's foreground to the child; restored afterwards.
     pub tty_handed: bool,
 }
@@ -209,8 +211,7 @@ enum Spawned {
 }
 
 fn spawn(spec: &RunSpec, mode: Mode) -> anyhow::Result<Spawned> {
-    let (report_rd, report_wr) =
-        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("creating a pipe")?;
+    let (report_rd, report_wr) = report::channel().context("creating a socket pair")?;
     let tty_handed = child::can_hand_tty();
     let plan = ChildPlan::new(mode, &report_wr, tty_handed);
 

@@ -2,48 +2,21 @@
 //!
 //! Everything here runs in a forked copy of a multi-threaded process, so it may only make
 //! async-signal-safe system calls on data prepared before the fork: no allocation, no
-//! locks, no `nix` helpers that build CStrings. Progress is written to a report pipe one
-//! byte per stage, so the parent can tell "namespace refused" (fall back) from "exec
-//! failed" (exit 127) from a real set-up failure.
+//! locks, no `nix` helpers that build CStrings. Progress goes to the parent through the
+//! report channel (report.rs).
 
 use std::ffi::{CStr, CString, OsStr};
-use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 
+use super::report::{self, Stage};
 use super::{cstring, RunSpec};
 
-/// Where the child was when it failed. The byte values are the pipe protocol.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stage {
-    Setpgid = b's' as isize,
-    Unshare = b'n' as isize,
-    UserMaps = b'u' as isize,
-    Private = b'p' as isize,
-    Bind = b'b' as isize,
-    Tmp = b't' as isize,
-    Loopback = b'l' as isize,
-    Chdir = b'c' as isize,
-    Exec = b'x' as isize,
-}
-
-/// Prefix of the 9-byte record carrying the new mount namespace's inode number.
-const MNT_NS_TAG: u8 = b'M';
-
 impl Stage {
-    fn from_byte(b: u8) -> Option<Stage> {
-        use Stage::*;
-        [
-            Setpgid, Unshare, UserMaps, Private, Bind, Tmp, Loopback, Chdir, Exec,
-        ]
-        .into_iter()
-        .find(|s| *s as u8 == b)
-    }
-
     /// Context for an error at this stage, in the user's terms.
     pub(crate) fn describe(self, spec: &RunSpec) -> String {
         let (project, mount, cwd) = (
@@ -62,36 +35,6 @@ impl Stage {
             Stage::Chdir => format!("entering the working directory {cwd}"),
             Stage::Exec => "starting the command".into(),
         }
-    }
-}
-
-/// What the parent learned from the report pipe.
-#[derive(Debug, Default)]
-pub(crate) struct Report {
-    pub last_stage: Option<Stage>,
-    pub mnt_ns: Option<u64>,
-}
-
-impl Report {
-    /// Reads the pipe to EOF; the child's end closes on exec or exit.
-    pub(crate) fn read(fd: OwnedFd) -> Report {
-        let mut bytes = Vec::new();
-        // A short read only loses diagnostics, never correctness of the run.
-        let _ = File::from(fd).read_to_end(&mut bytes);
-        let mut report = Report::default();
-        let mut rest = bytes.as_slice();
-        while let Some((&first, tail)) = rest.split_first() {
-            if first == MNT_NS_TAG && tail.len() >= 8 {
-                let mut ino = [0u8; 8];
-                ino.copy_from_slice(&tail[..8]);
-                report.mnt_ns = Some(u64::from_le_bytes(ino));
-                rest = &tail[8..];
-            } else {
-                report.last_stage = Stage::from_byte(first).or(report.last_stage);
-                rest = tail;
-            }
-        }
-        report
     }
 }
 
@@ -171,7 +114,7 @@ pub(crate) struct ChildPlan {
 }
 
 impl ChildPlan {
-    /// `report` must stay open until the spawn returns.
+    /// `report` (the child end of the channel) must stay open until the spawn returns.
     pub(crate) fn new(mode: Mode, report: &OwnedFd, hand_tty: bool) -> ChildPlan {
         ChildPlan {
             mode,
@@ -231,7 +174,7 @@ impl ChildPlan {
                 write_file(c"/proc/self/uid_map", &maps.uid_map)?;
                 write_file(c"/proc/self/gid_map", &maps.gid_map)?;
             }
-            self.report_mnt_ns();
+            report::send_mnt_ns(self.report_fd);
             self.stage(Stage::Private);
             // Nothing we mount may propagate back to the real namespace.
             check(libc::mount(
@@ -259,22 +202,7 @@ impl ChildPlan {
     }
 
     fn stage(&self, stage: Stage) {
-        let byte = [stage as u8];
-        // SAFETY: write(2) on our pipe; a failure only loses diagnostics.
-        unsafe { libc::write(self.report_fd, byte.as_ptr().cast(), 1) };
-    }
-
-    fn report_mnt_ns(&self) {
-        // SAFETY: stat(2) into a stack buffer, then write(2).
-        unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            if libc::stat(c"/proc/self/ns/mnt".as_ptr(), &mut st) == 0 {
-                let mut rec = [0u8; 9];
-                rec[0] = MNT_NS_TAG;
-                rec[1..].copy_from_slice(&st.st_ino.to_le_bytes());
-                libc::write(self.report_fd, rec.as_ptr().cast(), rec.len());
-            }
-        }
+        report::send_stage(self.report_fd, stage);
     }
 }
 

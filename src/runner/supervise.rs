@@ -2,6 +2,7 @@
 //! signals, stop its process group when asked, and sweep up what it leaves behind.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
@@ -21,21 +22,22 @@ pub(crate) fn wait(
     namespaced: bool,
 ) -> anyhow::Result<RunOutcome> {
     let pid = i32::try_from(running.child.id()).context("child pid out of range")?;
-    let members = Members {
-        pgid: pid,
-        mnt_ns: running.mnt_ns,
-    };
+    let mnt_ns = running
+        .mnt_ns
+        .as_ref()
+        .and_then(|f| f.metadata().ok())
+        .map(|m| m.ino());
+    let members = Members { pgid: pid, mnt_ns };
     let pidfd = pidfd_open(pid);
     let deadline = timeout.map(|t| Instant::now() + t);
 
     let stop_reason = loop {
-        if let Some(status) = running
-            .child
-            .try_wait()
-            .context("waiting for the command")?
-        {
+        if has_exited(pid).context("waiting for the command")? {
             child::restore_tty(running.tty_handed);
+            // Reap only after the sweep: the zombie keeps its pid, and so the process
+            // group id, from being reused by an unrelated process meanwhile.
             let seen = members.terminate(GRACE);
+            let status = running.child.wait().context("reaping the command")?;
             let leftovers_killed = seen.iter().filter(|&&p| p != pid).count();
             return Ok(RunOutcome {
                 termination: natural(status),
@@ -67,6 +69,24 @@ pub(crate) fn wait(
         namespaced,
         leftovers_killed,
     })
+}
+
+/// True once the command has exited, without reaping it.
+fn has_exited(pid: i32) -> std::io::Result<bool> {
+    // SAFETY: waitid(2) into a zeroed siginfo; si_pid is valid to read after success.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
+        if libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, flags) == -1 {
+            let err = std::io::Error::last_os_error();
+            return if err.kind() == std::io::ErrorKind::Interrupted {
+                Ok(false)
+            } else {
+                Err(err)
+            };
+        }
+        Ok(info.si_pid() != 0)
+    }
 }
 
 fn natural(status: ExitStatus) -> Termination {
