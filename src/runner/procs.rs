@@ -55,9 +55,10 @@ impl Members {
         }
     }
 
-    /// SIGTERM to everyone, SIGKILL to whoever is still there after `grace`.
-    /// Returns every process seen alive on the way.
-    pub(crate) fn terminate(&self, grace: Duration) -> HashSet<i32> {
+    /// SIGTERM to everyone, SIGKILL to whoever is still there after `grace`, or as soon
+    /// as `hurry()` says so (the user pressed Ctrl-C again). Returns every process seen
+    /// alive on the way.
+    pub(crate) fn terminate(&self, grace: Duration, hurry: impl Fn() -> bool) -> HashSet<i32> {
         let mut seen = HashSet::new();
         let mut live = self.scan();
         if live.is_empty() {
@@ -66,7 +67,7 @@ impl Members {
         seen.extend(&live);
         self.signal(&live, libc::SIGTERM);
         let deadline = Instant::now() + grace;
-        while !live.is_empty() && Instant::now() < deadline {
+        while !live.is_empty() && Instant::now() < deadline && !hurry() {
             sleep(POLL);
             live = self.scan();
             // Late forks get the same treatment.

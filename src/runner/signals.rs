@@ -5,7 +5,7 @@
 //! Handlers are process-wide, so concurrent runs share one installation (reference
 //! counted); the previous dispositions come back when the last run ends.
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
@@ -14,6 +14,8 @@ const HANDLED: [Signal; 3] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP];
 
 /// The last signal received while handlers were installed; 0 if none.
 static PENDING: AtomicI32 = AtomicI32::new(0);
+/// How many signals arrived; a second one during the grace period means "kill now".
+static COUNT: AtomicUsize = AtomicUsize::new(0);
 
 struct Installed {
     users: usize,
@@ -27,6 +29,7 @@ static STATE: Mutex<Installed> = Mutex::new(Installed {
 
 extern "C" fn on_signal(sig: libc::c_int) {
     PENDING.store(sig, Ordering::SeqCst);
+    COUNT.fetch_add(1, Ordering::SeqCst);
 }
 
 /// Keeps our handlers installed while it lives.
@@ -38,6 +41,7 @@ impl Guard {
         let mut state = STATE.lock().unwrap_or_else(|e| e.into_inner());
         if state.users == 0 {
             PENDING.store(0, Ordering::SeqCst);
+            COUNT.store(0, Ordering::SeqCst);
             let action = SigAction::new(
                 SigHandler::Handler(on_signal),
                 SaFlags::SA_RESTART,
@@ -82,4 +86,9 @@ pub(crate) fn pending() -> Option<i32> {
         0 => None,
         sig => Some(sig),
     }
+}
+
+/// Number of signals received since the handlers were installed.
+pub(crate) fn count() -> usize {
+    COUNT.load(Ordering::SeqCst)
 }

@@ -36,7 +36,8 @@ pub(crate) fn wait(
             child::restore_tty(running.tty_handed);
             // Reap only after the sweep: the zombie keeps its pid, and so the process
             // group id, from being reused by an unrelated process meanwhile.
-            let seen = members.terminate(GRACE);
+            let signals_seen = signals::count();
+            let seen = members.terminate(GRACE, || signals::count() > signals_seen);
             let status = running.child.wait().context("reaping the command")?;
             let leftovers_killed = seen.iter().filter(|&&p| p != pid).count();
             return Ok(RunOutcome {
@@ -56,7 +57,9 @@ pub(crate) fn wait(
         wait_exit(pidfd.as_ref(), nap);
     };
 
-    let seen = members.terminate(GRACE);
+    // The signal that stopped us counts once; only a further one cuts the grace short.
+    let signals_seen = signals::count();
+    let seen = members.terminate(GRACE, || signals::count() > signals_seen);
     if running.child.try_wait().ok().flatten().is_none() {
         // It left its process group and has no namespace to find it by.
         let _ = running.child.kill();

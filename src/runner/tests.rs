@@ -306,3 +306,48 @@ fn which_opt(prog: &str) -> Option<PathBuf> {
 fn which(prog: &str) -> PathBuf {
     which_opt(prog).unwrap_or_else(|| panic!("{prog} not found in PATH"))
 }
+
+#[test]
+fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
+    let f = fixture();
+    // Ignored signals stay ignored across exec, so the sleep ignores SIGTERM too.
+    let mut spec = f.spec("trap '' TERM; sleep 100; true");
+    spec.timeout = Some(Duration::from_millis(300));
+    let start = Instant::now();
+    let outcome = run(&spec).unwrap();
+    let took = start.elapsed();
+    assert_eq!(outcome.termination, Termination::TimedOut);
+    assert!(
+        took >= GRACE && took < GRACE + Duration::from_secs(3),
+        "took {took:?}"
+    );
+}
+
+#[test]
+fn a_second_signal_skips_the_grace_period() {
+    let f = fixture();
+    let ready = f.out.join("ready");
+    let spec = f.spec(&format!(
+        "trap '' TERM; touch {}; sleep 100; true",
+        ready.display()
+    ));
+    let sender = std::thread::spawn(move || {
+        while !ready.exists() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // SAFETY: raising signals our handler is installed for; the second arrives well
+        // within the grace period, while run() is still waiting.
+        unsafe { libc::kill(libc::getpid(), libc::SIGINT) };
+        std::thread::sleep(Duration::from_millis(300));
+        unsafe { libc::kill(libc::getpid(), libc::SIGINT) };
+    });
+    let start = Instant::now();
+    let outcome = run(&spec).unwrap();
+    let took = start.elapsed();
+    sender.join().unwrap();
+    assert_eq!(outcome.termination, Termination::Interrupted(libc::SIGINT));
+    assert!(
+        took < GRACE,
+        "second Ctrl-C did not cut the grace short: {took:?}"
+    );
+}
