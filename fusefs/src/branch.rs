@@ -226,6 +226,9 @@ impl Branch {
 
     /// Stop serving the mount (processes using it get errors from now on).
     pub fn unmount(&mut self) {
+        if let Some(w) = &self.overlay.watch {
+            w.stop();
+        }
         if let Some(s) = self.session.take() {
             if let Err(e) = s.umount_and_join() {
                 tracing::warn!("unmounting {}: {e}", self.mountpoint.display());

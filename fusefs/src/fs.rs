@@ -16,15 +16,29 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 /// How long the kernel may cache what we reply. Lower objects can change under the
-/// branch at any time, so their entries and attributes are not cached; branch-owned
-/// objects change only through us.
-const TTL_LOWER: Duration = Duration::ZERO;
+/// branch at any time: they are cached only while the lower watcher invalidates them
+/// (`watch.rs`); branch-owned objects change only through us.
+const TTL_UNCACHED: Duration = Duration::ZERO;
 const TTL_OWNED: Duration = Duration::from_secs(1);
+const TTL_WATCHED: Duration = Duration::from_secs(30);
 
-fn ttl(obj: &Obj) -> Duration {
-    match obj {
-        Obj::Node(_) => TTL_OWNED,
-        _ => TTL_LOWER,
+impl ShadeFs {
+    fn ttl(&self, owned: bool) -> Duration {
+        if self.overlay.caching() {
+            TTL_WATCHED
+        } else if owned {
+            TTL_OWNED
+        } else {
+            TTL_UNCACHED
+        }
+    }
+
+    fn open_flags(&self) -> FopenFlags {
+        if self.overlay.caching() {
+            FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
+        }
     }
 }
 
@@ -283,10 +297,25 @@ impl Filesystem for ShadeFs {
         let res = o.child_path(&t, parent.0, name).and_then(|rel| {
             let obj = t.resolve(&o.lower, &rel)?;
             let a = o.entry(&mut t, &rel, &obj);
-            Ok((a, ttl(&obj)))
+            Ok((a, self.ttl(matches!(obj, Obj::Node(_)))))
         });
         match res {
             Ok((a, ttl)) => reply.entry(&ttl, &a, Generation(0)),
+            Err(libc::ENOENT) if o.caching() => {
+                // A cached negative entry; lower creations invalidate it (watch.rs).
+                let mut a = attr(
+                    0,
+                    &Obj::Dir(crate::node::DirOver {
+                        meta: Meta::new(0, 0, 0),
+                        lower: None,
+                        lower_fp: None,
+                        nlink: 0,
+                        ignored: false,
+                    }),
+                );
+                a.ino = INodeNo(0);
+                reply.entry(&TTL_WATCHED, &a, Generation(0))
+            }
             Err(e) => reply.error(err(e)),
         }
     }
@@ -300,11 +329,11 @@ impl Filesystem for ShadeFs {
         let t = o.tree();
         match o.attr_of(&t, ino.0) {
             Ok(a) => {
-                let ttl = match t.inodes.get(&ino.0).map(|i| &i.target) {
-                    Some(InodeTarget::Node(_)) => TTL_OWNED,
-                    _ => TTL_LOWER,
-                };
-                reply.attr(&ttl, &a)
+                let owned = matches!(
+                    t.inodes.get(&ino.0).map(|i| &i.target),
+                    Some(InodeTarget::Node(_))
+                );
+                reply.attr(&self.ttl(owned), &a)
             }
             Err(e) => reply.error(err(e)),
         }
@@ -329,7 +358,7 @@ impl Filesystem for ShadeFs {
         reply: ReplyAttr,
     ) {
         match self.do_setattr(ino.0, mode, uid, gid, size, atime, mtime, ctime) {
-            Ok(a) => reply.attr(&TTL_LOWER, &a),
+            Ok(a) => reply.attr(&self.ttl(false), &a),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -365,7 +394,7 @@ impl Filesystem for ShadeFs {
         };
         let perm = mode & !umask & 0o7777;
         match self.create_node(req, parent, name, kind, perm, rdev, OsStr::new("")) {
-            Ok((a, _)) => reply.entry(&TTL_OWNED, &a, Generation(0)),
+            Ok((a, _)) => reply.entry(&self.ttl(true), &a, Generation(0)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -402,7 +431,7 @@ impl Filesystem for ShadeFs {
             Ok(o.entry(&mut t, &rel, &Obj::Dir(d)))
         });
         match res {
-            Ok(a) => reply.entry(&TTL_LOWER, &a, Generation(0)),
+            Ok(a) => reply.entry(&self.ttl(false), &a, Generation(0)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -472,7 +501,7 @@ impl Filesystem for ShadeFs {
             0,
             target.as_os_str(),
         ) {
-            Ok((a, _)) => reply.entry(&TTL_OWNED, &a, Generation(0)),
+            Ok((a, _)) => reply.entry(&self.ttl(true), &a, Generation(0)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -527,7 +556,7 @@ impl Filesystem for ShadeFs {
             Ok(o.entry(&mut t, &rel, &Obj::Node(node)))
         });
         match res {
-            Ok(a) => reply.entry(&TTL_OWNED, &a, Generation(0)),
+            Ok(a) => reply.entry(&self.ttl(true), &a, Generation(0)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -570,7 +599,7 @@ impl Filesystem for ShadeFs {
             }
         })();
         match res {
-            Ok(h) => reply.opened(FileHandle(o.add_handle(h)), FopenFlags::empty()),
+            Ok(h) => reply.opened(FileHandle(o.add_handle(h)), self.open_flags()),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -711,11 +740,21 @@ impl Filesystem for ShadeFs {
                 (ino.0, fuser::FileType::Directory, ".".into()),
                 (parent_ino, fuser::FileType::Directory, "..".into()),
             ];
+            if let Some(w) = &o.watch {
+                if let Some(src) = t.lower_of(&rel) {
+                    w.watch_dir(&src);
+                }
+            }
             entries.extend(o.list(&t, &rel)?);
             Ok(Handle::Dir(entries))
         })();
+        let flags = if o.caching() {
+            FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR
+        } else {
+            FopenFlags::empty()
+        };
         match res {
-            Ok(h) => reply.opened(FileHandle(o.add_handle(h)), FopenFlags::empty()),
+            Ok(h) => reply.opened(FileHandle(o.add_handle(h)), flags),
             Err(e) => reply.error(err(e)),
         }
     }

@@ -18,6 +18,7 @@ mod overlay;
 pub mod plan;
 pub mod state;
 mod tree;
+mod watch;
 
 #[cfg(any())]
 pub use accept::{AcceptError, AcceptOptions, AcceptReport, Conflict};

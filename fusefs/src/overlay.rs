@@ -43,6 +43,8 @@ pub(crate) struct Overlay {
     tree: Mutex<Tree>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
+    /// Present when lower changes are watched; only then may the kernel cache lower objects.
+    pub watch: Option<Arc<crate::watch::LowerWatch>>,
 }
 
 /// Who is creating an object, for ownership of new entries.
@@ -54,7 +56,9 @@ pub(crate) struct Creds {
 
 impl Overlay {
     pub fn new(lower: Lower, store: Store, ignore: IgnoreRules) -> Overlay {
+        let watch = crate::watch::LowerWatch::new(lower.root()).map(Arc::new);
         Overlay {
+            watch,
             lower,
             store,
             ignore,
@@ -148,11 +152,33 @@ impl Overlay {
 
     /// Register one more kernel reference to `rel` and return its attributes.
     pub fn entry(&self, t: &mut Tree, rel: &Path, obj: &Obj) -> FileAttr {
+        self.watch_obj(obj);
         let ino = t.ino_for(rel, obj);
         if let Some(i) = t.inodes.get_mut(&ino) {
             i.lookups += 1;
         }
         attr(ino, obj)
+    }
+
+    /// Watch the lower directory behind `obj`, if any, before the kernel caches it.
+    pub fn watch_obj(&self, obj: &Obj) {
+        let Some(w) = &self.watch else { return };
+        match obj {
+            Obj::Lower(lp, st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
+                w.watch_dir(lp);
+            }
+            Obj::Dir(DirOver {
+                lower: Some(lp), ..
+            }) => {
+                w.watch_dir(lp);
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether the kernel may cache what this branch replies (see `watch.rs`).
+    pub fn caching(&self) -> bool {
+        self.watch.is_some()
     }
 
     /// The node inode `ino` currently stands for, if it is branch-owned.
