@@ -183,6 +183,16 @@ impl Branch {
                     source,
                 }
             })?;
+        if let Some(w) = overlay.watch.clone() {
+            let notifier = session.notifier();
+            let weak = Arc::downgrade(&overlay);
+            let spawned = std::thread::Builder::new()
+                .name("shade-watch".into())
+                .spawn(move || w.run(weak, notifier));
+            if let Err(e) = spawned {
+                tracing::warn!("lower watcher thread: {e}");
+            }
+        }
         Ok(Branch {
             id,
             project,
