@@ -347,17 +347,23 @@ fn take_tty() {
 
 /// In the parent, after the command: take the terminal's foreground back.
 pub(crate) fn restore_tty(handed: bool) {
-    if !handed {
-        return;
+    if handed {
+        // SAFETY: getpgrp(2) cannot fail.
+        set_foreground(unsafe { libc::getpgrp() });
     }
-    // SAFETY: as in take_tty.
+}
+
+/// Makes `pgid` the terminal's foreground group; SIGTTOU is blocked meanwhile because the
+/// caller may be in a background group.
+pub(crate) fn set_foreground(pgid: libc::pid_t) {
+    // SAFETY: signal-mask and terminal system calls on stack data.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTTOU);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
-        libc::tcsetpgrp(0, libc::getpgrp());
+        libc::tcsetpgrp(0, pgid);
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
     }
 }

@@ -46,11 +46,19 @@ impl Members {
     }
 
     fn signal(&self, pids: &[i32], sig: libc::c_int) {
-        // SAFETY: kill(2); a vanished pid gives ESRCH, which is fine.
-        unsafe {
-            libc::kill(-self.pgid, sig);
-            for &pid in pids {
-                libc::kill(pid, sig);
+        // A stopped process only acts on SIGTERM once continued.
+        let sigs: &[libc::c_int] = if sig == libc::SIGTERM {
+            &[sig, libc::SIGCONT]
+        } else {
+            &[sig]
+        };
+        for &sig in sigs {
+            // SAFETY: kill(2); a vanished pid gives ESRCH, which is fine.
+            unsafe {
+                libc::kill(-self.pgid, sig);
+                for &pid in pids {
+                    libc::kill(pid, sig);
+                }
             }
         }
     }

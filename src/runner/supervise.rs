@@ -46,6 +46,9 @@ pub(crate) fn wait(
                 leftovers_killed,
             });
         }
+        if running.tty_handed && has_stopped(pid) {
+            suspend_with(pid);
+        }
         if let Some(sig) = signals::pending() {
             break Termination::Interrupted(sig);
         }
@@ -90,6 +93,32 @@ fn has_exited(pid: i32) -> std::io::Result<bool> {
         }
         Ok(info.si_pid() != 0)
     }
+}
+
+/// True if the command has stopped (Ctrl-Z) since we last asked; consumes the event.
+fn has_stopped(pid: i32) -> bool {
+    // SAFETY: waitid(2) for stop events only (no WEXITED, so nothing is reaped).
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WSTOPPED | libc::WNOHANG,
+        ) == 0
+            && info.si_pid() != 0
+    }
+}
+
+/// Ctrl-Z stopped the command, which owns the terminal: stop ourselves too so the user's
+/// shell gets its prompt back, and on `fg` hand the terminal back and continue the command.
+fn suspend_with(pgid: i32) {
+    child::restore_tty(true);
+    // SAFETY: raise/killpg on our own job; we resume here when the shell continues us.
+    unsafe { libc::raise(libc::SIGTSTP) };
+    child::set_foreground(pgid);
+    // SAFETY: as above.
+    unsafe { libc::killpg(pgid, libc::SIGCONT) };
 }
 
 fn natural(status: ExitStatus) -> Termination {
