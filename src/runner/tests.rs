@@ -351,3 +351,83 @@ fn a_second_signal_skips_the_grace_period() {
         "second Ctrl-C did not cut the grace short: {took:?}"
     );
 }
+
+/// Drops CAP_SYS_ADMIN from this thread's effective set, so children forked from it
+/// cannot create mount namespaces. Capabilities are per thread; the test thread ends after.
+fn drop_sys_admin_on_this_thread() {
+    const CAP_SYS_ADMIN: u32 = 21;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut header = Header {
+        version: 0x2008_0522,
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    // SAFETY: capget/capset with the v3 header and two data words.
+    unsafe {
+        assert_eq!(
+            libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()),
+            0
+        );
+        data[0].effective &= !(1 << CAP_SYS_ADMIN);
+        assert_eq!(
+            libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()),
+            0
+        );
+    }
+}
+
+#[test]
+fn without_namespace_privileges_it_runs_in_the_mount_and_says_so() {
+    let f = fixture();
+    drop_sys_admin_on_this_thread();
+    fs::create_dir(f.project.join("sub")).unwrap();
+    fs::create_dir(f.mnt.join("sub")).unwrap();
+    let mut spec = f.spec(&format!(
+        "pwd > {o}/pwd; cat ../a > {o}/seen; echo z > new",
+        o = f.out.display()
+    ));
+    spec.cwd = f.project.join("sub");
+    let outcome = run(&spec).unwrap();
+    assert_eq!(outcome.termination, Termination::Exited(0));
+    assert!(!outcome.namespaced);
+    assert_eq!(f.out("pwd").trim(), f.mnt.join("sub").to_str().unwrap());
+    assert_eq!(f.out("seen"), "shadow");
+    assert!(f.mnt.join("sub/new").exists());
+    assert!(!f.project.join("sub/new").exists());
+}
+
+#[test]
+fn isolation_without_namespace_privileges_is_refused() {
+    let f = fixture();
+    drop_sys_admin_on_this_thread();
+    let mut spec = f.spec("true");
+    spec.isolation.network = true;
+    let err = run(&spec).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("isolation needs a private namespace"),
+        "{err:#}"
+    );
+}
+
+#[test]
+fn a_missing_mount_dir_is_a_clear_error() {
+    let f = fixture();
+    let mut spec = f.spec("true");
+    spec.mount = f.out.join("no-such-mount");
+    let err = format!("{:#}", run(&spec).unwrap_err());
+    assert!(
+        err.contains("bind-mounting the branch") && err.contains("no-such-mount"),
+        "{err}"
+    );
+}
