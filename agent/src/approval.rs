@@ -1,0 +1,153 @@
+//! Approval modes: which tool calls run, which need the user's yes, which are refused.
+
+use std::str::FromStr;
+
+use crate::llm::BoxFuture;
+use crate::tools::ToolKind;
+
+/// How much the agent may do without asking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ApprovalMode {
+    /// Ask before edits and before shell commands that may write.
+    #[default]
+    Default,
+    /// Edits allowed; shell commands that may write still ask.
+    AutoEdit,
+    /// Everything allowed.
+    Yolo,
+    /// Read-only: no edits, no writing shell commands.
+    Plan,
+}
+
+impl FromStr for ApprovalMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "default" => Ok(Self::Default),
+            "auto-edit" | "auto_edit" | "autoedit" => Ok(Self::AutoEdit),
+            "yolo" => Ok(Self::Yolo),
+            "plan" => Ok(Self::Plan),
+            other => Err(format!(
+                "unknown approval mode `{other}` (expected default, auto-edit, yolo or plan)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for ApprovalMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Default => "default",
+            Self::AutoEdit => "auto-edit",
+            Self::Yolo => "yolo",
+            Self::Plan => "plan",
+        })
+    }
+}
+
+/// The verdict for one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Run it.
+    Allow,
+    /// Ask the user; the text says what would happen.
+    Ask(String),
+    /// Refuse; the text says why.
+    Deny(String),
+}
+
+/// Decide for a call of a tool of `kind`; `read_only` is the tool's verdict on these arguments.
+pub fn decide(mode: ApprovalMode, kind: ToolKind, read_only: bool, summary: &str) -> Decision {
+    let writes = match kind {
+        ToolKind::Read | ToolKind::Fetch | ToolKind::Meta => false,
+        ToolKind::Execute => !read_only,
+        ToolKind::Edit | ToolKind::Memory => true,
+    };
+    if !writes {
+        return Decision::Allow;
+    }
+    let is_shell = kind == ToolKind::Execute;
+    match (mode, is_shell) {
+        (ApprovalMode::Yolo, _) | (ApprovalMode::AutoEdit, false) => Decision::Allow,
+        (ApprovalMode::Plan, true) => Decision::Deny(format!(
+            "plan mode allows only read-only commands, and `{summary}` may write"
+        )),
+        (ApprovalMode::Plan, false) => {
+            Decision::Deny(format!("plan mode does not allow edits (`{summary}`)"))
+        }
+        (_, true) => Decision::Ask(format!("run a command that may write: `{summary}`")),
+        (_, false) => Decision::Ask(format!("change files: `{summary}`")),
+    }
+}
+
+/// The user's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// Go ahead.
+    Yes,
+    /// Do not; the text goes back to the model.
+    No(String),
+}
+
+/// Something that can ask the user.
+pub trait Approver: Send + Sync {
+    /// Ask whether `what` (from `Decision::Ask`) may happen.
+    fn ask<'a>(&'a self, tool: &'a str, what: &'a str) -> BoxFuture<'a, Answer>;
+}
+
+/// For runs with nobody to ask (`shade exec` without a terminal): refuses and says so.
+#[derive(Debug, Clone)]
+pub struct NoOneToAsk {
+    /// The mode, for the message.
+    pub mode: ApprovalMode,
+}
+
+impl Approver for NoOneToAsk {
+    fn ask<'a>(&'a self, _tool: &'a str, what: &'a str) -> BoxFuture<'a, Answer> {
+        let mode = self.mode;
+        Box::pin(async move {
+            Answer::No(format!(
+                "Refused without running: approval mode `{mode}` asks before you {what}, and there \
+                 is no user to ask in this non-interactive run. Do not retry it; finish what you \
+                 can without it and tell the user what you would have done (they can rerun with \
+                 --approval auto-edit or yolo)."
+            ))
+        })
+    }
+}
+
+/// Says yes to everything (tests, scripted runs).
+#[derive(Debug, Clone, Default)]
+pub struct AlwaysYes;
+
+impl Approver for AlwaysYes {
+    fn ask<'a>(&'a self, _tool: &'a str, _what: &'a str) -> BoxFuture<'a, Answer> {
+        Box::pin(async { Answer::Yes })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table() {
+        use ApprovalMode::*;
+        use ToolKind::*;
+        let d = |m, k, ro| decide(m, k, ro, "x");
+        assert_eq!(d(Default, Read, true), Decision::Allow);
+        assert!(matches!(d(Default, Edit, false), Decision::Ask(_)));
+        assert!(matches!(d(Default, Execute, false), Decision::Ask(_)));
+        assert_eq!(d(Default, Execute, true), Decision::Allow);
+        assert_eq!(d(AutoEdit, Edit, false), Decision::Allow);
+        assert!(matches!(d(AutoEdit, Execute, false), Decision::Ask(_)));
+        assert_eq!(d(Yolo, Execute, false), Decision::Allow);
+        assert!(matches!(d(Plan, Edit, false), Decision::Deny(_)));
+        assert!(matches!(d(Plan, Execute, false), Decision::Deny(_)));
+        assert_eq!(d(Plan, Execute, true), Decision::Allow);
+        assert!(matches!(d(Plan, Memory, false), Decision::Deny(_)));
+        assert_eq!("auto-edit".parse::<ApprovalMode>(), Ok(AutoEdit));
+        assert!("nope".parse::<ApprovalMode>().is_err());
+    }
+}

@@ -1,0 +1,431 @@
+//! The query loop of the query-engine seed: stream the model's reply, run the tool calls it
+//! asks for (approval first; read-only calls of a turn concurrently, the rest in order), give
+//! every call exactly one result, and go again until the model answers or a limit is hit.
+
+use std::sync::Arc;
+
+use futures::future::join_all;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::approval::{decide, Answer, ApprovalMode, Approver, Decision};
+use crate::events::{AgentEvent, StopReason};
+use crate::llm::{ChatRequest, LlmError, LlmEvent, LlmProvider, Message, ToolCall, Usage};
+use crate::tools::{Tool, ToolContext, ToolError, ToolRegistry};
+
+/// Where events go. `Fn` + `Sync` so tools running concurrently can report.
+pub type EventSink = Arc<dyn Fn(AgentEvent) + Send + Sync>;
+
+/// Settings of one agent.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// Model for the conversation.
+    pub model: String,
+    /// Model calls per run at most.
+    pub max_turns: u32,
+    /// What may run without asking.
+    pub approval: ApprovalMode,
+    /// Sampling temperature, if any.
+    pub temperature: Option<f32>,
+}
+
+impl Default for AgentOptions {
+    fn default() -> Self {
+        Self {
+            model: String::new(),
+            max_turns: 50,
+            approval: ApprovalMode::Default,
+            temperature: None,
+        }
+    }
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunOutcome {
+    /// Why it stopped.
+    pub stop: StopReason,
+    /// Model calls made.
+    pub turns: u32,
+    /// The last assistant text.
+    pub final_text: String,
+    /// Tokens over all calls.
+    pub usage: Usage,
+}
+
+/// A run that could not go on.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AgentError {
+    /// A model call failed after retries.
+    #[error(transparent)]
+    Llm(#[from] LlmError),
+}
+
+/// The agent: a provider, tools over a workspace, an approval policy.
+#[derive(Clone)]
+pub struct Agent {
+    provider: Arc<dyn LlmProvider>,
+    tools: ToolRegistry,
+    ctx: ToolContext,
+    approver: Arc<dyn Approver>,
+    options: AgentOptions,
+}
+
+struct Planned {
+    call: ToolCall,
+    tool: Option<Arc<dyn Tool>>,
+    args: Result<Value, String>,
+    read_only: bool,
+    summary: String,
+}
+
+/// One tool call's result.
+struct Outcome {
+    ok: bool,
+    denied: bool,
+    content: String,
+    display: String,
+}
+
+impl Agent {
+    /// Assemble an agent.
+    pub fn new(
+        provider: Arc<dyn LlmProvider>,
+        tools: ToolRegistry,
+        ctx: ToolContext,
+        approver: Arc<dyn Approver>,
+        options: AgentOptions,
+    ) -> Self {
+        Self {
+            provider,
+            tools,
+            ctx,
+            approver,
+            options,
+        }
+    }
+
+    /// The tool context (workspace, todos, memory paths).
+    pub fn context(&self) -> &ToolContext {
+        &self.ctx
+    }
+
+    /// A new conversation: system prompt (with memories) and the user's prompt.
+    pub fn start_conversation(&self, prompt: &str) -> Vec<Message> {
+        vec![
+            Message::System {
+                content: crate::prompt::system_prompt(&self.ctx),
+            },
+            Message::User {
+                content: prompt.to_string(),
+            },
+        ]
+    }
+
+    /// Run until the model answers without tools, the turn limit, cancellation or a fatal
+    /// model error. `conversation` is extended in place and always stays well-formed: every
+    /// assistant tool call is followed by its result.
+    pub async fn run(
+        &self,
+        conversation: &mut Vec<Message>,
+        events: &EventSink,
+        cancel: &CancellationToken,
+    ) -> Result<RunOutcome, AgentError> {
+        let specs = self.tools.specs();
+        let mut usage = Usage::default();
+        let mut final_text = String::new();
+        let mut turns = 0;
+        let finish = |stop, turns, final_text: String, usage: Usage| {
+            events(AgentEvent::Done {
+                reason: stop,
+                turns,
+            });
+            Ok(RunOutcome {
+                stop,
+                turns,
+                final_text,
+                usage,
+            })
+        };
+        loop {
+            if cancel.is_cancelled() {
+                return finish(StopReason::Cancelled, turns, final_text, usage);
+            }
+            if turns >= self.options.max_turns {
+                events(AgentEvent::Error {
+                    message: format!(
+                        "stopped after {} model calls (turn limit)",
+                        self.options.max_turns
+                    ),
+                });
+                return finish(StopReason::TurnLimit, turns, final_text, usage);
+            }
+            turns += 1;
+            events(AgentEvent::TurnStart {
+                turn: turns,
+                model: self.options.model.clone(),
+            });
+            let request = ChatRequest {
+                model: self.options.model.clone(),
+                messages: conversation.clone(),
+                tools: specs.clone(),
+                temperature: self.options.temperature,
+                max_tokens: None,
+                background: false,
+            };
+            let sink = |e: LlmEvent| match e {
+                LlmEvent::Text(text) => events(AgentEvent::TextDelta { text }),
+                LlmEvent::Reasoning(_) => {}
+                LlmEvent::Retry {
+                    attempt,
+                    delay_ms,
+                    reason,
+                } => events(AgentEvent::Retry {
+                    attempt,
+                    delay_ms,
+                    reason,
+                }),
+                LlmEvent::ModelSwitch { from, to, reason } => {
+                    events(AgentEvent::ModelSwitch { from, to, reason })
+                }
+            };
+            let completion = match self.provider.complete(&request, &sink, cancel).await {
+                Ok(c) => c,
+                Err(LlmError::Cancelled) => {
+                    return finish(StopReason::Cancelled, turns, final_text, usage)
+                }
+                Err(e) => {
+                    events(AgentEvent::Error {
+                        message: e.to_string(),
+                    });
+                    events(AgentEvent::Done {
+                        reason: StopReason::Error,
+                        turns,
+                    });
+                    return Err(e.into());
+                }
+            };
+            if let Some(u) = &completion.usage {
+                usage.prompt_tokens += u.prompt_tokens;
+                usage.completion_tokens += u.completion_tokens;
+                usage.cached_tokens += u.cached_tokens;
+                events(AgentEvent::Usage {
+                    model: completion.model.clone(),
+                    prompt_tokens: u.prompt_tokens,
+                    completion_tokens: u.completion_tokens,
+                    cached_tokens: u.cached_tokens,
+                });
+            }
+            final_text = completion.text.clone();
+            conversation.push(Message::Assistant {
+                content: completion.text.clone(),
+                tool_calls: completion.tool_calls.clone(),
+            });
+            if completion.tool_calls.is_empty() {
+                return finish(StopReason::Completed, turns, final_text, usage);
+            }
+            let results = self.run_tools(&completion.tool_calls, events, cancel).await;
+            for (call, outcome) in completion.tool_calls.iter().zip(results) {
+                conversation.push(Message::Tool {
+                    tool_call_id: call.id.clone(),
+                    content: outcome.content,
+                });
+            }
+        }
+    }
+
+    fn plan(&self, call: &ToolCall) -> Planned {
+        let tool = self.tools.get(&call.name);
+        let args = parse_arguments(&call.arguments);
+        let (read_only, summary) = match (&tool, &args) {
+            (Some(t), Ok(a)) => (t.is_read_only(a), t.describe(a)),
+            _ => (false, call.name.clone()),
+        };
+        Planned {
+            call: call.clone(),
+            tool,
+            args,
+            read_only,
+            summary,
+        }
+    }
+
+    /// Run one turn's calls; returns one outcome per call, in the calls' order.
+    async fn run_tools(
+        &self,
+        calls: &[ToolCall],
+        events: &EventSink,
+        cancel: &CancellationToken,
+    ) -> Vec<Outcome> {
+        let planned: Vec<Planned> = calls.iter().map(|c| self.plan(c)).collect();
+        let mut results: Vec<Option<Outcome>> = (0..planned.len()).map(|_| None).collect();
+        let mut i = 0;
+        while i < planned.len() {
+            if cancel.is_cancelled() {
+                break;
+            }
+            // A run of consecutive read-only calls goes concurrently.
+            let mut j = i;
+            while j < planned.len() && self.runs_freely(&planned[j]) {
+                j += 1;
+            }
+            if j > i {
+                let batch = planned[i..j]
+                    .iter()
+                    .map(|p| self.execute(p, events, cancel));
+                for (k, out) in join_all(batch).await.into_iter().enumerate() {
+                    results[i + k] = Some(out);
+                }
+                i = j;
+                continue;
+            }
+            let p = &planned[i];
+            let outcome = match self.gate(p).await {
+                Ok(()) => self.execute(p, events, cancel).await,
+                Err(reason) => {
+                    let o = Outcome {
+                        ok: false,
+                        denied: true,
+                        content: reason.clone(),
+                        display: format!("✗ {} refused", p.summary),
+                    };
+                    emit_end(events, p, &o);
+                    o
+                }
+            };
+            results[i] = Some(outcome);
+            i += 1;
+        }
+        // Whatever did not run (cancelled) still gets its result.
+        results
+            .into_iter()
+            .zip(&planned)
+            .map(|(r, p)| {
+                r.unwrap_or_else(|| {
+                    let o = Outcome {
+                        ok: false,
+                        denied: false,
+                        content: "Not run: the user cancelled.".into(),
+                        display: format!("✗ {} cancelled", p.summary),
+                    };
+                    emit_end(events, p, &o);
+                    o
+                })
+            })
+            .collect()
+    }
+
+    /// Needs no approval and has no side effects: may run concurrently with its neighbours.
+    fn runs_freely(&self, p: &Planned) -> bool {
+        match (&p.tool, &p.args) {
+            (Some(t), Ok(_)) => {
+                p.read_only
+                    && decide(self.options.approval, t.kind(), p.read_only, &p.summary)
+                        == Decision::Allow
+            }
+            _ => true, // unknown tool / bad JSON: the "execution" is just an error result
+        }
+    }
+
+    async fn gate(&self, p: &Planned) -> Result<(), String> {
+        let Some(tool) = &p.tool else { return Ok(()) };
+        if p.args.is_err() {
+            return Ok(());
+        }
+        match decide(self.options.approval, tool.kind(), p.read_only, &p.summary) {
+            Decision::Allow => Ok(()),
+            Decision::Deny(why) => Err(format!(
+                "Refused without running: {why}. Do not retry; continue without it."
+            )),
+            Decision::Ask(what) => match self.approver.ask(&p.call.name, &what).await {
+                Answer::Yes => Ok(()),
+                Answer::No(why) => Err(why),
+            },
+        }
+    }
+
+    async fn execute(
+        &self,
+        p: &Planned,
+        events: &EventSink,
+        cancel: &CancellationToken,
+    ) -> Outcome {
+        events(AgentEvent::ToolStart {
+            id: p.call.id.clone(),
+            name: p.call.name.clone(),
+            summary: p.summary.clone(),
+            args: p.args.clone().unwrap_or(Value::Null),
+        });
+        let outcome = match (&p.tool, &p.args) {
+            (None, _) => Outcome {
+                ok: false,
+                denied: false,
+                content: format!(
+                    "Error: there is no tool named `{}`. Available tools: {}.",
+                    p.call.name,
+                    self.tools.names().join(", ")
+                ),
+                display: format!("✗ unknown tool {}", p.call.name),
+            },
+            (Some(_), Err(e)) => Outcome {
+                ok: false,
+                denied: false,
+                content: format!(
+                    "Error: the arguments of this {} call are not valid JSON ({e}). Arguments received: {}",
+                    p.call.name,
+                    crate::llm::error::truncate_chars(&p.call.arguments, 500)
+                ),
+                display: format!("✗ {}: invalid JSON arguments", p.call.name),
+            },
+            (Some(tool), Ok(args)) => match tool.run(args.clone(), &self.ctx, cancel).await {
+                Ok(out) => Outcome {
+                    ok: true,
+                    denied: false,
+                    content: out.content,
+                    display: out.display,
+                },
+                Err(ToolError::Cancelled) => Outcome {
+                    ok: false,
+                    denied: false,
+                    content: "Cancelled by the user before it finished.".into(),
+                    display: format!("✗ {} cancelled", p.summary),
+                },
+                Err(e) => Outcome {
+                    ok: false,
+                    denied: false,
+                    content: format!("Error: {e}"),
+                    display: format!("✗ {}: {}", p.summary, first_line(&e.to_string())),
+                },
+            },
+        };
+        emit_end(events, p, &outcome);
+        outcome
+    }
+}
+
+fn emit_end(events: &EventSink, p: &Planned, o: &Outcome) {
+    events(AgentEvent::ToolEnd {
+        id: p.call.id.clone(),
+        name: p.call.name.clone(),
+        ok: o.ok,
+        denied: o.denied,
+        display: o.display.clone(),
+        output: o.content.clone(),
+    });
+}
+
+fn first_line(s: &str) -> String {
+    crate::llm::error::truncate_chars(s.lines().next().unwrap_or(""), 160)
+}
+
+/// Parse a tool call's argument text; empty means `{}`.
+fn parse_arguments(text: &str) -> Result<Value, String> {
+    if text.trim().is_empty() {
+        return Ok(Value::Object(Default::default()));
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(v @ Value::Object(_)) => Ok(v),
+        Ok(other) => Err(format!("expected a JSON object, got {other}")),
+        Err(e) => Err(e.to_string()),
+    }
+}

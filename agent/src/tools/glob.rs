@@ -1,0 +1,112 @@
+//! `glob`: find files by name pattern, honouring .gitignore.
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use super::grep::walker;
+use super::text::plural;
+use super::{blocking, parse_args, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
+use crate::llm::{BoxFuture, ToolSpec};
+
+/// Paths returned at most.
+pub const MAX_RESULTS: usize = 500;
+
+/// The tool.
+#[derive(Debug, Default)]
+pub struct Glob;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Params {
+    pattern: String,
+    #[serde(default)]
+    path: Option<String>,
+}
+
+impl Tool for Glob {
+    fn name(&self) -> &'static str {
+        "glob"
+    }
+
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: self.name().into(),
+            description: "Find files whose path (relative to the search directory) matches a glob \
+                such as `**/*.rs` or `src/*.toml`. Ignored files (.gitignore) are skipped."
+                .into(),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "Glob pattern; `**` crosses directories."},
+                    "path": {"type": "string", "description": "Directory to search. Default: the workspace root."}
+                },
+                "required": ["pattern"],
+                "additionalProperties": false
+            }),
+        }
+    }
+
+    fn kind(&self) -> ToolKind {
+        ToolKind::Read
+    }
+
+    fn run<'a>(
+        &'a self,
+        args: Value,
+        ctx: &'a ToolContext,
+        cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
+        Box::pin(async move {
+            let p: Params = parse_args(args)?;
+            let ws = ctx.workspace.clone();
+            let cancel = cancel.clone();
+            blocking(move || {
+                let matcher = globset::GlobBuilder::new(&p.pattern)
+                    .literal_separator(true)
+                    .build()
+                    .map_err(|e| ToolError::InvalidArgs(format!("bad glob: {e}")))?
+                    .compile_matcher();
+                let start = ws.resolve(p.path.as_deref().unwrap_or("."))?;
+                let mut found = Vec::new();
+                let mut more = false;
+                for entry in walker(&start).flatten() {
+                    if cancel.is_cancelled() {
+                        return Err(ToolError::Cancelled);
+                    }
+                    if !entry.file_type().is_some_and(|t| t.is_file()) {
+                        continue;
+                    }
+                    let Ok(rel) = entry.path().strip_prefix(&start) else {
+                        continue;
+                    };
+                    if matcher.is_match(rel) {
+                        if found.len() >= MAX_RESULTS {
+                            more = true;
+                            break;
+                        }
+                        found.push(ws.display(entry.path()));
+                    }
+                }
+                if found.is_empty() {
+                    return Ok(ToolOutput {
+                        content: format!("No files match `{}`.", p.pattern),
+                        display: format!("glob {}: no files", p.pattern),
+                    });
+                }
+                let n = plural(found.len(), "file");
+                let mut content = found.join("\n");
+                if more {
+                    content.push_str(&format!(
+                        "\n[Stopped at {MAX_RESULTS} files; use a narrower pattern.]"
+                    ));
+                }
+                Ok(ToolOutput {
+                    content,
+                    display: format!("glob {}: {n}{}", p.pattern, if more { "+" } else { "" }),
+                })
+            })
+            .await
+        })
+    }
+}

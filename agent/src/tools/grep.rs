@@ -1,0 +1,180 @@
+//! `grep`: regex search over the workspace, honouring .gitignore (the `ignore` crate, as
+//! ripgrep does), skipping binary files.
+
+use std::io::BufRead;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use super::text::{cap_line, looks_binary, plural};
+use super::{blocking, parse_args, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
+use crate::llm::{BoxFuture, ToolSpec};
+
+/// Matches returned when no limit is given.
+pub const DEFAULT_MAX_RESULTS: usize = 200;
+
+/// The tool.
+#[derive(Debug, Default)]
+pub struct Grep;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Params {
+    pattern: String,
+    #[serde(default)]
+    path: Option<String>,
+    #[serde(default)]
+    include: Option<String>,
+    #[serde(default)]
+    case_insensitive: bool,
+    #[serde(default)]
+    max_results: Option<usize>,
+}
+
+impl Tool for Grep {
+    fn name(&self) -> &'static str {
+        "grep"
+    }
+
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: self.name().into(),
+            description: "Search file contents with a regular expression (Rust regex syntax). \
+                Files ignored by .gitignore and binary files are skipped. Returns `path:line: text`."
+                .into(),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "Regular expression."},
+                    "path": {"type": "string", "description": "Directory or file to search. Default: the workspace root."},
+                    "include": {"type": "string", "description": "Only files whose path matches this glob, e.g. `*.rs` or `src/**/*.ts`."},
+                    "case_insensitive": {"type": "boolean"},
+                    "max_results": {"type": "integer", "minimum": 1, "description": "Default 200."}
+                },
+                "required": ["pattern"],
+                "additionalProperties": false
+            }),
+        }
+    }
+
+    fn kind(&self) -> ToolKind {
+        ToolKind::Read
+    }
+
+    fn run<'a>(
+        &'a self,
+        args: Value,
+        ctx: &'a ToolContext,
+        cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
+        Box::pin(async move {
+            let p: Params = parse_args(args)?;
+            let ws = ctx.workspace.clone();
+            let cancel = cancel.clone();
+            blocking(move || search(&ws, p, &cancel)).await
+        })
+    }
+}
+
+/// Build a walker over `start` that honours .gitignore even outside a git repository.
+pub fn walker(start: &std::path::Path) -> ignore::Walk {
+    ignore::WalkBuilder::new(start)
+        .hidden(false)
+        .require_git(false)
+        .filter_entry(|e| e.file_name() != ".git")
+        .sort_by_file_path(|a, b| a.cmp(b))
+        .build()
+}
+
+fn search(
+    ws: &crate::workspace::Workspace,
+    p: Params,
+    cancel: &CancellationToken,
+) -> Result<ToolOutput, ToolError> {
+    let re = regex::RegexBuilder::new(&p.pattern)
+        .case_insensitive(p.case_insensitive)
+        .build()
+        .map_err(|e| ToolError::InvalidArgs(format!("bad regex: {e}")))?;
+    let include = match &p.include {
+        Some(g) => Some(
+            globset::GlobBuilder::new(g)
+                .literal_separator(false)
+                .build()
+                .map_err(|e| ToolError::InvalidArgs(format!("bad include glob: {e}")))?
+                .compile_matcher(),
+        ),
+        None => None,
+    };
+    let start = ws.resolve(p.path.as_deref().unwrap_or("."))?;
+    let max = p.max_results.unwrap_or(DEFAULT_MAX_RESULTS).max(1);
+    let mut hits = Vec::new();
+    let mut files_with_hits = 0;
+    let mut more = false;
+    'files: for entry in walker(&start) {
+        if cancel.is_cancelled() {
+            return Err(ToolError::Cancelled);
+        }
+        let Ok(entry) = entry else { continue };
+        if !entry.file_type().is_some_and(|t| t.is_file()) {
+            continue;
+        }
+        let rel = ws.display(entry.path());
+        if let Some(m) = &include {
+            let name = entry.file_name();
+            if !m.is_match(&rel) && !m.is_match(name) {
+                continue;
+            }
+        }
+        let Ok(bytes) = std::fs::read(entry.path()) else {
+            continue;
+        };
+        if looks_binary(&bytes) {
+            continue;
+        }
+        let mut file_hit = false;
+        for (i, line) in bytes.lines().enumerate() {
+            let Ok(line) = line else { continue 'files };
+            if re.is_match(&line) {
+                if hits.len() >= max {
+                    more = true;
+                    break 'files;
+                }
+                file_hit = true;
+                hits.push(format!(
+                    "{rel}:{}: {}",
+                    i + 1,
+                    cap_line(line.trim_end(), 300)
+                ));
+            }
+        }
+        if file_hit {
+            files_with_hits += 1;
+        }
+    }
+    let summary = format!(
+        "{} in {}",
+        plural(hits.len(), "match"),
+        plural(files_with_hits, "file")
+    );
+    if hits.is_empty() {
+        return Ok(ToolOutput {
+            content: format!("No matches for /{}/.", p.pattern),
+            display: format!("grep /{}/: no matches", p.pattern),
+        });
+    }
+    let mut content = hits.join("\n");
+    if more {
+        content.push_str(&format!(
+            "\n[Stopped at {max} matches; narrow the pattern or path, or raise max_results.]"
+        ));
+    }
+    Ok(ToolOutput {
+        content,
+        display: format!(
+            "grep /{}/: {summary}{}",
+            p.pattern,
+            if more { "+" } else { "" }
+        ),
+    })
+}

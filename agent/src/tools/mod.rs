@@ -1,0 +1,216 @@
+//! The coding tools the model can call. Each has a JSON schema for the model, validates its
+//! arguments, works only inside a `Workspace`, and returns text for the model plus a short
+//! display line for the user.
+
+pub mod edit;
+pub mod glob;
+pub mod grep;
+pub mod ls;
+pub mod memory;
+pub mod read_file;
+pub mod shell;
+pub mod shell_classify;
+pub mod text;
+pub mod todo;
+pub mod web_fetch;
+pub mod write_file;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::llm::{BoxFuture, ToolSpec};
+use crate::workspace::{PathError, Workspace};
+
+/// What a tool does to the world; drives approval and concurrency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolKind {
+    /// Only reads the workspace.
+    Read,
+    /// Writes files in the workspace.
+    Edit,
+    /// Runs commands (read-only or not depending on the command).
+    Execute,
+    /// Reads from the network.
+    Fetch,
+    /// Writes a memory file (possibly outside the workspace: the global one).
+    Memory,
+    /// Only updates agent state (todo list).
+    Meta,
+}
+
+/// A successful result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolOutput {
+    /// What the model reads.
+    pub content: String,
+    /// One short line for the user.
+    pub display: String,
+}
+
+/// A failed tool call; its text goes back to the model so it can correct itself.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ToolError {
+    /// Arguments missing, of the wrong type, unknown, or not JSON at all.
+    #[error("invalid arguments: {0}")]
+    InvalidArgs(String),
+    /// A path argument was refused.
+    #[error(transparent)]
+    Path(#[from] PathError),
+    /// Edit-specific failures (distinct so the model can react to each).
+    #[error(transparent)]
+    Edit(#[from] edit::EditError),
+    /// Anything else, already phrased for the model.
+    #[error("{0}")]
+    Failed(String),
+    /// The run was cancelled.
+    #[error("cancelled")]
+    Cancelled,
+}
+
+/// Shared state and settings every tool call sees.
+#[derive(Debug, Clone)]
+pub struct ToolContext {
+    /// Where files live (the project or a branch mount).
+    pub workspace: Workspace,
+    /// The session's todo list (`todo_write`).
+    pub todos: Arc<Mutex<Vec<todo::TodoItem>>>,
+    /// The global memory file (`memory` with scope `global`); `None` disables it.
+    pub global_memory: Option<PathBuf>,
+    /// File name of the project memory file at the workspace root.
+    pub memory_file_name: String,
+}
+
+impl ToolContext {
+    /// Defaults: global memory under the XDG config dir, project memory `SHADE.md`.
+    pub fn new(workspace: Workspace) -> Self {
+        Self {
+            workspace,
+            todos: Arc::default(),
+            global_memory: crate::llm::config::config_dir().map(|d| d.join(memory::FILE_NAME)),
+            memory_file_name: memory::FILE_NAME.to_string(),
+        }
+    }
+}
+
+/// One callable tool.
+pub trait Tool: Send + Sync {
+    /// Name the model calls it by.
+    fn name(&self) -> &'static str;
+    /// Description and JSON schema for the model.
+    fn spec(&self) -> ToolSpec;
+    /// What it does to the world.
+    fn kind(&self) -> ToolKind;
+    /// Is this particular call free of side effects (safe to run concurrently, never asks)?
+    fn is_read_only(&self, _args: &Value) -> bool {
+        self.kind() == ToolKind::Read
+    }
+    /// A short description of the call for the user (`read src/main.rs`).
+    fn describe(&self, args: &Value) -> String {
+        summarize_args(self.name(), args)
+    }
+    /// Run it.
+    fn run<'a>(
+        &'a self,
+        args: Value,
+        ctx: &'a ToolContext,
+        cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>>;
+}
+
+/// Deserialize arguments into the tool's typed parameters, with a message the model can act on.
+pub fn parse_args<T: DeserializeOwned>(args: Value) -> Result<T, ToolError> {
+    let args = if args.is_null() {
+        Value::Object(Default::default())
+    } else {
+        args
+    };
+    serde_json::from_value(args).map_err(|e| ToolError::InvalidArgs(e.to_string()))
+}
+
+/// Run blocking filesystem work off the async threads so concurrent reads really overlap.
+pub async fn blocking<T, F>(f: F) -> Result<T, ToolError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, ToolError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ToolError::Failed(format!("tool task failed: {e}")))?
+}
+
+fn summarize_args(name: &str, args: &Value) -> String {
+    for key in ["path", "command", "pattern", "url", "fact"] {
+        if let Some(v) = args.get(key).and_then(Value::as_str) {
+            return format!("{name} {}", crate::llm::error::truncate_chars(v, 80));
+        }
+    }
+    name.to_string()
+}
+
+/// The set of tools offered to the model.
+#[derive(Clone, Default)]
+pub struct ToolRegistry {
+    tools: Vec<Arc<dyn Tool>>,
+}
+
+impl std::fmt::Debug for ToolRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.tools.iter().map(|t| t.name()))
+            .finish()
+    }
+}
+
+impl ToolRegistry {
+    /// No tools.
+    pub fn empty() -> Self {
+        Self::default()
+    }
+
+    /// All standard coding tools.
+    pub fn standard() -> Self {
+        let mut r = Self::empty();
+        r.add(Arc::new(read_file::ReadFile));
+        r.add(Arc::new(write_file::WriteFile));
+        r.add(Arc::new(edit::Edit));
+        r.add(Arc::new(grep::Grep));
+        r.add(Arc::new(glob::Glob));
+        r.add(Arc::new(ls::Ls));
+        r.add(Arc::new(shell::Shell::default()));
+        r.add(Arc::new(todo::TodoWrite));
+        r.add(Arc::new(memory::Memory));
+        r.add(Arc::new(web_fetch::WebFetch::default()));
+        r
+    }
+
+    /// Add (or replace, by name) a tool.
+    pub fn add(&mut self, tool: Arc<dyn Tool>) {
+        self.tools.retain(|t| t.name() != tool.name());
+        self.tools.push(tool);
+    }
+
+    /// Drop a tool by name.
+    pub fn remove(&mut self, name: &str) {
+        self.tools.retain(|t| t.name() != name);
+    }
+
+    /// Look a tool up.
+    pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
+        self.tools.iter().find(|t| t.name() == name).cloned()
+    }
+
+    /// Specs in a stable order (part of the cacheable prefix).
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        self.tools.iter().map(|t| t.spec()).collect()
+    }
+
+    /// Tool names.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.tools.iter().map(|t| t.name()).collect()
+    }
+}

@@ -1,0 +1,300 @@
+//! `shell`: run a command in the workspace root with a timeout and an output cap. The command
+//! gets its own process group so that a timeout or a cancel kills everything it started.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio_util::sync::CancellationToken;
+
+use super::text::plural;
+use super::{parse_args, shell_classify, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
+use crate::llm::{BoxFuture, ToolSpec};
+
+/// The tool, with its limits.
+#[derive(Debug, Clone)]
+pub struct Shell {
+    /// Timeout when the model gives none.
+    pub default_timeout: Duration,
+    /// Largest timeout the model may ask for.
+    pub max_timeout: Duration,
+    /// Bytes kept of each of stdout and stderr (head and tail).
+    pub output_cap: usize,
+}
+
+impl Default for Shell {
+    fn default() -> Self {
+        Self {
+            default_timeout: Duration::from_secs(120),
+            max_timeout: Duration::from_secs(600),
+            output_cap: 30_000,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Params {
+    command: String,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    description: Option<String>,
+}
+
+impl Tool for Shell {
+    fn name(&self) -> &'static str {
+        "shell"
+    }
+
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: self.name().into(),
+            description: format!(
+                "Run a bash command in the workspace root (non-interactive: no stdin). Returns the \
+                 exit code, stdout and stderr (each capped at {} bytes, head and tail kept). \
+                 Default timeout {}s, at most {}s.",
+                self.output_cap,
+                self.default_timeout.as_secs(),
+                self.max_timeout.as_secs()
+            ),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "The command line."},
+                    "timeout_ms": {"type": "integer", "minimum": 1, "description": "Kill the command after this many milliseconds."},
+                    "description": {"type": "string", "description": "A few words on what it does, for the user."}
+                },
+                "required": ["command"],
+                "additionalProperties": false
+            }),
+        }
+    }
+
+    fn kind(&self) -> ToolKind {
+        ToolKind::Execute
+    }
+
+    fn is_read_only(&self, args: &Value) -> bool {
+        args.get("command")
+            .and_then(Value::as_str)
+            .is_some_and(shell_classify::is_read_only)
+    }
+
+    fn run<'a>(
+        &'a self,
+        args: Value,
+        ctx: &'a ToolContext,
+        cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
+        Box::pin(async move {
+            let p: Params = parse_args(args)?;
+            if p.command.trim().is_empty() {
+                return Err(ToolError::InvalidArgs("command is empty".into()));
+            }
+            let timeout = p
+                .timeout_ms
+                .map(Duration::from_millis)
+                .unwrap_or(self.default_timeout)
+                .min(self.max_timeout);
+            run_command(
+                &p.command,
+                ctx.workspace.root(),
+                timeout,
+                self.output_cap,
+                cancel,
+            )
+            .await
+        })
+    }
+}
+
+/// Kills the whole process group when dropped (a cancelled future must not leave orphans).
+struct GroupGuard {
+    pgid: Option<i32>,
+}
+
+impl GroupGuard {
+    fn signal(&self, sig: i32) {
+        if let Some(pgid) = self.pgid {
+            // SAFETY: plain syscall on a process group we created; errors (already gone) are fine.
+            unsafe {
+                libc::killpg(pgid, sig);
+            }
+        }
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        self.signal(libc::SIGKILL);
+    }
+}
+
+enum Ending {
+    Exited(std::process::ExitStatus),
+    TimedOut,
+    Cancelled,
+}
+
+async fn run_command(
+    command: &str,
+    root: &std::path::Path,
+    timeout: Duration,
+    cap: usize,
+    cancel: &CancellationToken,
+) -> Result<ToolOutput, ToolError> {
+    let shell = if std::path::Path::new("/bin/bash").exists() {
+        "/bin/bash"
+    } else {
+        "/bin/sh"
+    };
+    let mut child = tokio::process::Command::new(shell)
+        .arg("-c")
+        .arg(command)
+        .current_dir(root)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| ToolError::Failed(format!("cannot start {shell}: {e}")))?;
+    let guard = GroupGuard {
+        pgid: child.id().map(|p| p as i32),
+    };
+    let out = tokio::spawn(read_capped(child.stdout.take(), cap));
+    let err = tokio::spawn(read_capped(child.stderr.take(), cap));
+    let ending = tokio::select! {
+        s = child.wait() => match s {
+            Ok(s) => Ending::Exited(s),
+            Err(e) => return Err(ToolError::Failed(format!("waiting for the command failed: {e}"))),
+        },
+        _ = tokio::time::sleep(timeout) => Ending::TimedOut,
+        _ = cancel.cancelled() => Ending::Cancelled,
+    };
+    if !matches!(ending, Ending::Exited(_)) {
+        guard.signal(libc::SIGTERM);
+        if tokio::time::timeout(Duration::from_secs(2), child.wait())
+            .await
+            .is_err()
+        {
+            guard.signal(libc::SIGKILL);
+            let _ = child.wait().await;
+        }
+    }
+    // Background children may hold the pipes open: give them a moment, then kill the group.
+    let collect = async {
+        let o = out.await.unwrap_or_default();
+        let e = err.await.unwrap_or_default();
+        (o, e)
+    };
+    let (stdout, stderr) = match tokio::time::timeout(Duration::from_secs(2), collect).await {
+        Ok(v) => v,
+        Err(_) => {
+            guard.signal(libc::SIGKILL);
+            (
+                Captured::note("[output collection stopped: background processes kept it open]"),
+                Captured::default(),
+            )
+        }
+    };
+    drop(guard);
+    let status_line = match &ending {
+        Ending::Exited(s) => match s.code() {
+            Some(c) => format!("Exit code: {c}"),
+            None => {
+                use std::os::unix::process::ExitStatusExt;
+                format!("Killed by signal {}", s.signal().unwrap_or(0))
+            }
+        },
+        Ending::TimedOut => format!(
+            "Timed out after {}s; the command and its children were killed.",
+            timeout.as_secs_f64()
+        ),
+        Ending::Cancelled => return Err(ToolError::Cancelled),
+    };
+    let mut content = status_line.clone();
+    content.push_str("\nStdout:");
+    content.push_str(&stdout.render());
+    content.push_str("\nStderr:");
+    content.push_str(&stderr.render());
+    let lines = stdout.text.lines().count() + stderr.text.lines().count();
+    let short = crate::llm::error::truncate_chars(command.lines().next().unwrap_or(""), 60);
+    let display = format!(
+        "$ {short} → {} ({} of output)",
+        status_line.to_lowercase().trim_end_matches('.'),
+        plural(lines, "line")
+    );
+    Ok(ToolOutput { content, display })
+}
+
+#[derive(Default)]
+struct Captured {
+    text: String,
+    dropped: usize,
+}
+
+impl Captured {
+    fn note(s: &str) -> Self {
+        Self {
+            text: s.to_string(),
+            dropped: 0,
+        }
+    }
+
+    fn render(&self) -> String {
+        if self.text.is_empty() {
+            return " (empty)".to_string();
+        }
+        let mut s = format!("\n{}", self.text.trim_end_matches('\n'));
+        if self.dropped > 0 {
+            s.push_str(&format!("\n[{} bytes of output omitted]", self.dropped));
+        }
+        s
+    }
+}
+
+/// Read a pipe to the end, keeping the first and last `cap / 2` bytes.
+async fn read_capped<R: AsyncRead + Unpin>(pipe: Option<R>, cap: usize) -> Captured {
+    let Some(mut pipe) = pipe else {
+        return Captured::default();
+    };
+    let half = cap / 2;
+    let mut head = Vec::new();
+    let mut tail: Vec<u8> = Vec::new();
+    let mut dropped = 0usize;
+    let mut buf = [0u8; 8192];
+    loop {
+        let n = match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let mut chunk = &buf[..n];
+        if head.len() < half {
+            let take = (half - head.len()).min(chunk.len());
+            head.extend_from_slice(&chunk[..take]);
+            chunk = &chunk[take..];
+        }
+        tail.extend_from_slice(chunk);
+        if tail.len() > half * 2 {
+            let excess = tail.len() - half;
+            tail.drain(..excess);
+            dropped += excess;
+        }
+    }
+    if tail.len() > half {
+        let excess = tail.len() - half;
+        tail.drain(..excess);
+        dropped += excess;
+    }
+    let mut text = String::from_utf8_lossy(&head).into_owned();
+    if dropped > 0 {
+        text.push_str(&format!("\n[… {dropped} bytes omitted …]\n"));
+    }
+    text.push_str(&String::from_utf8_lossy(&tail));
+    Captured { text, dropped: 0 }
+}
