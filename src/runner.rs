@@ -7,9 +7,6 @@
 //! in the mount directory and says so. This module knows nothing about how the overlay
 //! works: it only needs a directory to bind and the path to bind it over.
 
-// cmd_run does not call run() yet; drop this once it does.
-#![allow(dead_code)]
-
 mod child;
 mod procs;
 mod report;
