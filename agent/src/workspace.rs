@@ -12,12 +12,12 @@ pub enum PathError {
     Empty,
     /// The path points outside the workspace (lexically or through a symlink).
     #[error(
-        "path `{path}` is outside the workspace root {root}; only files inside it can be used"
+        "path `{path}` is outside the workspace; only files inside the workspace root can be used"
     )]
     Outside {
         /// The path as given.
         path: String,
-        /// The root.
+        /// The root (not in the message: results must not depend on where a branch is mounted).
         root: String,
     },
     /// The filesystem refused to tell where the path leads.

@@ -63,8 +63,17 @@ pub struct MockServer {
 }
 
 impl MockServer {
-    /// Serve `script` to consecutive connections; extra connections get a 599 error.
+    /// Serve `script` to consecutive chat-completion POSTs; extra connections get a 599 error.
     pub fn start(script: Vec<Scripted>) -> Self {
+        Self::start_with(script, true)
+    }
+
+    /// Serve `script` to consecutive requests of any method and path (web_fetch tests).
+    pub fn start_get(script: Vec<Scripted>) -> Self {
+        Self::start_with(script, false)
+    }
+
+    fn start_with(script: Vec<Scripted>, chat: bool) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let requests = Arc::new(Mutex::new(Vec::new()));
@@ -73,7 +82,7 @@ impl MockServer {
             let mut script = script.into_iter();
             for conn in listener.incoming() {
                 let Ok(mut conn) = conn else { return };
-                let body = read_request(&mut conn);
+                let body = read_request(&mut conn, chat);
                 reqs.lock().unwrap().push(body);
                 let resp = script.next().unwrap_or_else(|| {
                     Scripted::status("599 Unscripted", &[], "no more scripted responses")
@@ -104,7 +113,7 @@ impl MockServer {
     }
 }
 
-fn read_request(conn: &mut TcpStream) -> serde_json::Value {
+fn read_request(conn: &mut TcpStream, chat: bool) -> serde_json::Value {
     let mut reader = BufReader::new(conn.try_clone().unwrap());
     let mut len = 0usize;
     let mut first = true;
@@ -113,7 +122,7 @@ fn read_request(conn: &mut TcpStream) -> serde_json::Value {
         if reader.read_line(&mut line).unwrap_or(0) == 0 {
             return serde_json::Value::Null;
         }
-        if first {
+        if first && chat {
             assert!(
                 line.starts_with("POST /v1/chat/completions "),
                 "unexpected request line {line:?}"
