@@ -70,7 +70,9 @@ pub fn materialize(root: &Path, snap: &Snap) {
 
 /// A project dir, a state dir and a place for branch contents, all in one temp dir.
 pub struct Env {
-    pub tmp: tempfile::TempDir,
+    /// Owns (and on drop removes) `dir`, unless the env was opened on an existing dir.
+    pub tmp: Option<tempfile::TempDir>,
+    pub dir: PathBuf,
     pub root: PathBuf,
     pub state: StateDir,
     contents: PathBuf,
@@ -83,13 +85,21 @@ impl Env {
     }
 
     pub fn in_dir(tmp: tempfile::TempDir) -> Env {
-        let root = tmp.path().join("project");
-        let contents = tmp.path().join("contents");
+        let mut env = Self::at_existing(tmp.path());
+        env.tmp = Some(tmp);
+        env
+    }
+
+    /// An env on a dir another process prepared (not removed on drop).
+    pub fn at_existing(dir: &Path) -> Env {
+        let root = dir.join("project");
+        let contents = dir.join("contents");
         std::fs::create_dir_all(&root).unwrap();
         std::fs::create_dir_all(&contents).unwrap();
-        let state = StateDir::at(tmp.path().join("state"));
+        let state = StateDir::at(dir.join("state"));
         Env {
-            tmp,
+            tmp: None,
+            dir: dir.to_path_buf(),
             root,
             state,
             contents,
