@@ -1,10 +1,34 @@
-//! `shade recover` (being implemented).
+//! `shade recover`: finish accepts interrupted by a crash (from their journals) and
+//! clean up branches and mounts left by dead shade processes. Every shade start does the
+//! same; this command does only that.
 
 use clap::Args;
+use shade_fusefs::StateDir;
 
 #[derive(Args)]
 pub struct RecoverArgs {}
 
 pub fn main(_args: RecoverArgs) -> i32 {
+    let state = StateDir::from_env();
+    match shade_fusefs::accept::recover(&state) {
+        Ok(r) => {
+            for p in &r.rolled_forward {
+                println!("finished interrupted accept in {}", p.display());
+            }
+            for p in &r.rolled_back {
+                println!("rolled back interrupted accept in {}", p.display());
+            }
+        }
+        Err(e) => {
+            eprintln!(
+                "shade: recovering accept journals in {}: {e}",
+                state.journals().display()
+            );
+            return crate::exit::SHADE_ERROR;
+        }
+    }
+    for id in shade_fusefs::cleanup_stale(&state) {
+        println!("removed stale branch {id}");
+    }
     0
 }

@@ -1,10 +1,225 @@
-//! `shade run` (being implemented).
+//! `shade run`: mount a fresh branch of the project, run a command inside it at the
+//! project's real path, show what it changed, then accept or drop the branch.
 
+use crate::exit;
+use crate::runner::{self, Isolation, RunSpec, Termination};
+use anyhow::Context;
 use clap::Args;
+use serde::Serialize;
+use shade_fusefs::{AcceptError, AcceptFlags, Branch, BranchOptions, Change, StateDir};
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
 
-#[derive(Args)]
-pub struct RunArgs {}
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Project directory to shadow (default: the current directory).
+    #[arg(short = 'C', long = "dir", value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Accept the branch into the real project if the command exits 0.
+    #[arg(long)]
+    pub accept: bool,
+    /// Print the unified diff of the changes.
+    #[arg(long)]
+    pub diff: bool,
+    /// Print one JSON report on stdout (the command's stdout goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+    /// Kill the command (and everything it started) after this many seconds.
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<f64>,
+    /// Also accept changes under gitignored paths (target/, node_modules/, …).
+    #[arg(long)]
+    pub include_ignored: bool,
+    /// Accept even over paths the user changed meanwhile.
+    #[arg(long)]
+    pub force: bool,
+    /// Let other users use the branch mount (kernel permission checks still apply).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Run the command without network (loopback only).
+    #[arg(long)]
+    pub no_network: bool,
+    /// Give the command a private, empty /tmp.
+    #[arg(long)]
+    pub private_tmp: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
 
-pub fn main(_args: RunArgs) -> i32 {
-    0
+/// The `--json` report.
+#[derive(Serialize)]
+struct Report<'a> {
+    exit_code: i32,
+    termination: String,
+    namespaced: bool,
+    changes: &'a [Change],
+    accepted: bool,
+    conflicts: Vec<ConflictJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    diff: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+#[derive(Serialize)]
+struct ConflictJson {
+    path: PathBuf,
+    reason: String,
+}
+
+pub fn main(args: RunArgs) -> i32 {
+    match run(args) {
+        Ok(code) => code,
+        Err(e) => exit::fail(&e),
+    }
+}
+
+/// Finish interrupted accepts and clean up branches of dead shade processes; every
+/// shade start does this before touching a project.
+pub fn startup_recovery(state: &StateDir) {
+    match shade_fusefs::accept::recover(state) {
+        Ok(r) => {
+            for p in &r.rolled_forward {
+                eprintln!("shade: finished an interrupted accept in {}", p.display());
+            }
+            for p in &r.rolled_back {
+                eprintln!(
+                    "shade: rolled back an interrupted accept in {}",
+                    p.display()
+                );
+            }
+        }
+        Err(e) => eprintln!("shade: warning: recovering accept journals: {e}"),
+    }
+    for id in shade_fusefs::cleanup_stale(state) {
+        tracing::info!("cleaned up stale branch {id}");
+    }
+}
+
+fn run(args: RunArgs) -> anyhow::Result<i32> {
+    let state = StateDir::from_env();
+    startup_recovery(&state);
+    let here = std::env::current_dir().context("current directory")?;
+    let dir = args.dir.clone().unwrap_or_else(|| here.clone());
+    let project = std::fs::canonicalize(&dir)
+        .with_context(|| format!("project directory {}", dir.display()))?;
+    anyhow::ensure!(project.is_dir(), "{} is not a directory", project.display());
+    // Stay in the same subdirectory when invoked from inside the project.
+    let cwd = std::fs::canonicalize(&here)
+        .ok()
+        .filter(|h| h.starts_with(&project))
+        .unwrap_or_else(|| project.clone());
+
+    let opts = BranchOptions {
+        state,
+        allow_other: args.allow_other,
+        ..BranchOptions::default()
+    };
+    let branch = Branch::create(&project, &opts)?;
+    let spec = RunSpec {
+        project: project.clone(),
+        mount: branch.mountpoint().to_path_buf(),
+        cwd,
+        argv: args.command.clone(),
+        timeout: args.timeout.map(Duration::from_secs_f64),
+        stdout_to_stderr: args.json,
+        isolation: Isolation {
+            network: args.no_network,
+            private_tmp: args.private_tmp,
+        },
+    };
+    let outcome = runner::run(&spec)?;
+    let code = outcome.exit_code();
+    let changes = branch.changeset(args.include_ignored);
+    let diff = args.diff.then(|| branch.diff(&changes));
+    if !args.json {
+        print_changes(&changes.changes);
+        if let Some(d) = &diff {
+            print!("{d}");
+        }
+    }
+    let ok = matches!(outcome.termination, Termination::Exited(0));
+    let mut accepted = false;
+    let mut conflicts = Vec::new();
+    let mut error = None;
+    let mut final_code = code;
+    if args.accept && ok {
+        let n = changes.changes.len();
+        match branch.accept(AcceptFlags {
+            include_ignored: args.include_ignored,
+            force: args.force,
+        }) {
+            Ok(_) => {
+                accepted = true;
+                if !args.json {
+                    eprintln!(
+                        "shade: accepted {n} change{}",
+                        if n == 1 { "" } else { "s" }
+                    );
+                }
+            }
+            Err(AcceptError::Conflicts(list)) => {
+                eprintln!(
+                    "shade: not accepted: {} path{} changed in {} since the branch read them:",
+                    list.len(),
+                    if list.len() == 1 { "" } else { "s" },
+                    project.display()
+                );
+                for c in &list {
+                    eprintln!("  {c}");
+                    conflicts.push(ConflictJson {
+                        path: c.path.clone(),
+                        reason: c.to_string(),
+                    });
+                }
+                final_code = exit::CONFLICT;
+            }
+            Err(e) => {
+                eprintln!("shade: accept failed, the project is unchanged: {e}");
+                error = Some(e.to_string());
+                final_code = exit::SHADE_ERROR;
+            }
+        }
+    } else {
+        if args.accept && !args.json {
+            eprintln!("shade: not accepted: {}", describe(&outcome.termination));
+        }
+        drop(branch);
+    }
+    if args.json {
+        let report = Report {
+            exit_code: code,
+            termination: describe(&outcome.termination),
+            namespaced: outcome.namespaced,
+            changes: &changes.changes,
+            accepted,
+            conflicts,
+            diff,
+            error,
+        };
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer(&mut out, &report)?;
+        writeln!(out)?;
+    }
+    Ok(final_code)
+}
+
+fn print_changes(changes: &[Change]) {
+    let mut err = std::io::stderr().lock();
+    for c in changes {
+        let _ = writeln!(err, "{c}");
+    }
+}
+
+fn describe(t: &Termination) -> String {
+    match t {
+        Termination::Exited(c) => format!("command exited with status {c}"),
+        Termination::Signaled(s) => format!("command killed by signal {s}"),
+        Termination::TimedOut => "command timed out".into(),
+        Termination::Interrupted(s) => format!("interrupted by signal {s}"),
+        Termination::CannotExec(m) => format!("command could not be started: {m}"),
+    }
 }

@@ -11,7 +11,11 @@ mod runner;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "shade", version, about = "Shadow workspaces for AI coding agents")]
+#[command(
+    name = "shade",
+    version,
+    about = "Shadow workspaces for AI coding agents"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -3,10 +3,7 @@
 //! Creating a branch copies nothing: it opens the project directory, makes a store
 //! directory and mounts. Dropping a branch without accepting it aborts it.
 
-// SHIM-START
-#[cfg(any())]
 use crate::accept::{self, AcceptError, AcceptOptions, AcceptReport};
-// SHIM-END
 use crate::changeset::Changeset;
 use crate::content::Store;
 use crate::fs::ShadeFs;
@@ -249,7 +246,6 @@ impl Branch {
 
     /// Apply the branch's changes to the project: all or nothing, conflict-checked.
     /// The branch is unmounted first so nothing changes under the accept.
-    #[cfg(any())]
     pub fn accept(mut self, flags: AcceptFlags) -> Result<AcceptReport, AcceptError> {
         self.unmount();
         let plan = self

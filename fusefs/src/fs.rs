@@ -60,6 +60,36 @@ fn to_time(t: TimeOrNow) -> SystemTime {
     }
 }
 
+/// What a new non-directory object is made of.
+struct NewNode<'a> {
+    kind: NodeKind,
+    perm: u32,
+    rdev: u32,
+    target: &'a OsStr,
+}
+
+impl NewNode<'_> {
+    fn plain(kind: NodeKind, perm: u32) -> NewNode<'static> {
+        NewNode {
+            kind,
+            perm,
+            rdev: 0,
+            target: OsStr::new(""),
+        }
+    }
+}
+
+/// The attribute changes of one `setattr`.
+struct AttrChange {
+    mode: Option<u32>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    size: Option<u64>,
+    atime: Option<TimeOrNow>,
+    mtime: Option<TimeOrNow>,
+    ctime: Option<SystemTime>,
+}
+
 /// The filesystem served for one branch.
 pub(crate) struct ShadeFs {
     pub overlay: Arc<Overlay>,
@@ -71,11 +101,14 @@ impl ShadeFs {
         req: &Request,
         parent: INodeNo,
         name: &OsStr,
-        kind: NodeKind,
-        perm: u32,
-        rdev: u32,
-        target: &OsStr,
+        new: NewNode<'_>,
     ) -> Res<(FileAttr, Arc<crate::node::Node>)> {
+        let NewNode {
+            kind,
+            perm,
+            rdev,
+            target,
+        } = new;
         let o = &self.overlay;
         let mut t = o.tree();
         let rel = o.child_path(&t, parent.0, name)?;
@@ -92,17 +125,16 @@ impl ShadeFs {
         Ok((a, node))
     }
 
-    fn do_setattr(
-        &self,
-        ino: u64,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        ctime: Option<SystemTime>,
-    ) -> Res<FileAttr> {
+    fn do_setattr(&self, ino: u64, change: AttrChange) -> Res<FileAttr> {
+        let AttrChange {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+            ctime,
+        } = change;
         let o = &self.overlay;
         if let Some(size) = size {
             let node = {
@@ -357,7 +389,16 @@ impl Filesystem for ShadeFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        match self.do_setattr(ino.0, mode, uid, gid, size, atime, mtime, ctime) {
+        let change = AttrChange {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+            ctime,
+        };
+        match self.do_setattr(ino.0, change) {
             Ok(a) => reply.attr(&self.ttl(false), &a),
             Err(e) => reply.error(err(e)),
         }
@@ -393,7 +434,17 @@ impl Filesystem for ShadeFs {
             return reply.error(Errno::EINVAL);
         };
         let perm = mode & !umask & 0o7777;
-        match self.create_node(req, parent, name, kind, perm, rdev, OsStr::new("")) {
+        match self.create_node(
+            req,
+            parent,
+            name,
+            NewNode {
+                kind,
+                perm,
+                rdev,
+                target: OsStr::new(""),
+            },
+        ) {
             Ok((a, _)) => reply.entry(&self.ttl(true), &a, Generation(0)),
             Err(e) => reply.error(err(e)),
         }
@@ -492,15 +543,13 @@ impl Filesystem for ShadeFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        match self.create_node(
-            req,
-            parent,
-            link_name,
-            NodeKind::Symlink,
-            0o777,
-            0,
-            target.as_os_str(),
-        ) {
+        let new = NewNode {
+            kind: NodeKind::Symlink,
+            perm: 0o777,
+            rdev: 0,
+            target: target.as_os_str(),
+        };
+        match self.create_node(req, parent, link_name, new) {
             Ok((a, _)) => reply.entry(&self.ttl(true), &a, Generation(0)),
             Err(e) => reply.error(err(e)),
         }
@@ -901,8 +950,7 @@ impl Filesystem for ShadeFs {
     ) {
         let o = &self.overlay;
         let perm = mode & !umask & 0o7777;
-        let res = match self.create_node(req, parent, name, NodeKind::File, perm, 0, OsStr::new(""))
-        {
+        let res = match self.create_node(req, parent, name, NewNode::plain(NodeKind::File, perm)) {
             Ok((a, n)) => Ok((a, n)),
             Err(libc::EEXIST) if flags & libc::O_EXCL == 0 => {
                 // Raced with another creator: open the existing file instead.
@@ -1014,9 +1062,4 @@ fn read_file(f: &std::fs::File, buf: &mut [u8], offset: u64) -> Res<usize> {
         }
     }
     Ok(done)
-}
-
-#[allow(dead_code)]
-fn _assert_attr_used(o: &Obj) -> FileAttr {
-    attr(0, o)
 }

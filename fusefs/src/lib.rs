@@ -20,7 +20,6 @@ pub mod state;
 mod tree;
 mod watch;
 
-#[cfg(any())]
 pub use accept::{AcceptError, AcceptOptions, AcceptReport, Conflict};
 pub use branch::{cleanup_stale, AcceptFlags, Branch, BranchError, BranchOptions};
 pub use changeset::{Change, ChangeKind, Changeset};

@@ -99,13 +99,6 @@ impl Overlay {
             .remove(&fh);
     }
 
-    pub fn open_handles(&self) -> usize {
-        self.handles
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
-    }
-
     // ----- paths and inodes ----------------------------------------------------------
 
     /// The merged-view path a directory-like inode stands for.

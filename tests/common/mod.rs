@@ -1,0 +1,125 @@
+//! Shared set-up for tests that mount for real. They need root and /dev/fuse and fail
+//! loudly (never skip) where those are missing.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use shade_fusefs::{Branch, BranchOptions, StateDir};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Panic with a clear message unless this test can mount FUSE file systems.
+pub fn require_fuse_root() {
+    let uid = nix::unistd::geteuid();
+    assert!(
+        uid.is_root(),
+        "this test mounts FUSE branches and must run as root (euid is {uid})"
+    );
+    assert!(
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+            .is_ok(),
+        "this test needs /dev/fuse (modprobe fuse, or give the container --device /dev/fuse)"
+    );
+}
+
+/// A project directory plus a private shade state dir, both removed on drop.
+pub struct Fixture {
+    pub tmp: tempfile::TempDir,
+    pub project: PathBuf,
+    pub state: StateDir,
+}
+
+impl Fixture {
+    pub fn new() -> Fixture {
+        require_fuse_root();
+        let tmp = tempfile::Builder::new()
+            .prefix("shade-test-")
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        let project = tmp.path().join("project");
+        std::fs::create_dir(&project).unwrap();
+        let project = std::fs::canonicalize(project).unwrap();
+        let state = StateDir::at(tmp.path().join("state"));
+        Fixture {
+            tmp,
+            project,
+            state,
+        }
+    }
+
+    pub fn write(&self, rel: &str, content: &str) {
+        let p = self.project.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+
+    pub fn read(&self, rel: &str) -> String {
+        std::fs::read_to_string(self.project.join(rel)).unwrap()
+    }
+
+    pub fn options(&self) -> BranchOptions {
+        BranchOptions {
+            state: self.state.clone(),
+            ..BranchOptions::default()
+        }
+    }
+
+    pub fn branch(&self) -> Branch {
+        Branch::create(&self.project, &self.options()).unwrap()
+    }
+
+    /// The `shade` binary with this fixture's state dir.
+    pub fn shade(&self) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_shade"));
+        c.env("SHADE_STATE_DIR", self.state.root())
+            .current_dir(&self.project)
+            .stdin(std::process::Stdio::null());
+        c
+    }
+}
+
+/// Every file below `dir` with its content (symlinks as "-> target"), for tree equality.
+pub fn snapshot(dir: &Path) -> Vec<(PathBuf, String)> {
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut Vec<(PathBuf, String)>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let p = e.path();
+        let rel = p.strip_prefix(root).unwrap().to_path_buf();
+        let ft = e.file_type().unwrap();
+        if ft.is_symlink() {
+            out.push((
+                rel,
+                format!("-> {}", std::fs::read_link(&p).unwrap().display()),
+            ));
+        } else if ft.is_dir() {
+            out.push((rel.clone(), "<dir>".into()));
+            walk(root, &p, out);
+        } else {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = e.metadata().unwrap().permissions().mode() & 0o7777;
+            out.push((
+                rel,
+                format!(
+                    "{:o} {}",
+                    mode,
+                    String::from_utf8_lossy(&std::fs::read(&p).unwrap())
+                ),
+            ));
+        }
+    }
+}
+
+/// No FUSE mount of shade is left in the mount table.
+pub fn assert_no_shade_mounts(state: &StateDir) {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let root = state.root().to_string_lossy().to_string();
+    let left: Vec<&str> = mounts.lines().filter(|l| l.contains(&root)).collect();
+    assert!(left.is_empty(), "mounts left behind: {left:#?}");
+}

@@ -1,0 +1,204 @@
+//! `shade exec` end to end through the built binary: replayed cassettes on a temp project,
+//! approval refusals without a terminal, JSONL events, and record → replay against a local
+//! OpenAI-compatible server.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+const PROMPT: &str =
+    "add.sh should print the sum of its two arguments, but test.sh fails. Fix it.";
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("agent/tests/fixtures")
+}
+
+struct Project {
+    dir: tempfile::TempDir,
+    config: tempfile::TempDir,
+}
+
+impl Project {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["add.sh", "test.sh"] {
+            std::fs::copy(fixtures().join("add_project").join(f), dir.path().join(f)).unwrap();
+        }
+        Self {
+            dir,
+            config: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn exec(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_shade"))
+            .arg("exec")
+            .args(args)
+            .current_dir(self.dir.path())
+            .env("XDG_CONFIG_HOME", self.config.path())
+            .env("HOME", self.config.path())
+            .env_remove("SHADE_MODEL")
+            .env_remove("SHADE_FAST_MODEL")
+            .env_remove("OPENAI_BASE_URL")
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("SHADE_CONFIG")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    fn read(&self, f: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(f)).unwrap()
+    }
+}
+
+fn replay(name: &str) -> String {
+    format!("replay:{}", fixtures().join(name).display())
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn yolo_replay_fixes_the_project() {
+    let p = Project::new();
+    let out = p.exec(&["--approval", "yolo", "--llm", &replay("fix_add.jsonl"), PROMPT]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
+    assert!(p.read("add.sh").contains("echo $(( $1 + $2 ))"));
+    let tool_lines: Vec<&str> = text.lines().filter(|l| l.starts_with("  ✓")).collect();
+    assert_eq!(
+        tool_lines,
+        [
+            "  ✓ Read add.sh (3 lines)",
+            "  ✓ Read test.sh (3 lines)",
+            "  ✓ Edited add.sh (1 replacement, -1 +1 lines)",
+            "  ✓ $ sh test.sh → exit code: 0 (1 line of output)",
+        ]
+    );
+    assert!(text.starts_with("Let me look at both scripts.\n"));
+    assert!(text.ends_with("`sh test.sh` now prints PASS.\n"), "{text:?}");
+}
+
+#[test]
+fn default_mode_without_stdin_refuses_and_says_so() {
+    let p = Project::new();
+    let before = p.read("add.sh");
+    let out = p.exec(&["--llm", &replay("refused_edit.jsonl"), PROMPT]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
+    assert_eq!(p.read("add.sh"), before, "nothing was edited");
+    let refused = text.lines().find(|l| l.starts_with("  ⊘")).unwrap();
+    assert!(refused.contains("edit add.sh refused"), "{refused}");
+    assert!(refused.contains("approval mode `default`"), "{refused}");
+    assert!(refused.contains("no user to ask"), "{refused}");
+}
+
+#[test]
+fn json_mode_prints_one_event_per_line() {
+    let p = Project::new();
+    let out = p.exec(&["--json", "--approval", "yolo", "--llm", &replay("fix_add.jsonl"), PROMPT]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let events: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds.iter().filter(|k| **k == "tool_start").count(), 4);
+    assert_eq!(kinds.iter().filter(|k| **k == "tool_end").count(), 4);
+    assert_eq!(kinds.iter().filter(|k| **k == "turn_start").count(), 4);
+    assert!(kinds.contains(&"usage"));
+    assert_eq!(events.last().unwrap()["type"], "done");
+    assert_eq!(events.last().unwrap()["reason"], "completed");
+    let shell = events
+        .iter()
+        .find(|e| e["type"] == "tool_end" && e["name"] == "shell")
+        .unwrap();
+    assert!(shell["output"].as_str().unwrap().contains("PASS"));
+}
+
+#[test]
+fn replay_mismatch_and_missing_model_fail_clearly() {
+    let p = Project::new();
+    let out = p.exec(&["--llm", &replay("fix_add.jsonl"), "a different prompt"]);
+    assert_eq!(out.status.code(), Some(125));
+    let err = stderr(&out);
+    assert!(err.contains("does not match the recording"), "{err}");
+    assert_eq!(err.matches("does not match").count(), 1, "reported once: {err}");
+
+    let out = p.exec(&["hello"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains("no model configured"), "{}", stderr(&out));
+
+    let out = p.exec(&["--approval", "sometimes", "hello"]);
+    assert_eq!(out.status.code(), Some(2), "clap usage error");
+}
+
+/// Serve `n` identical SSE answers on 127.0.0.1; returns the base URL.
+fn sse_server(n: usize) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().take(n) {
+            let mut conn = conn.unwrap();
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut len = 0;
+            loop {
+                let mut line = String::new();
+                reader.read_line(&mut line).unwrap();
+                let l = line.trim_end().to_ascii_lowercase();
+                if l.is_empty() {
+                    break;
+                }
+                if let Some(v) = l.strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap();
+                }
+            }
+            let mut body = vec![0; len];
+            reader.read_exact(&mut body).unwrap();
+            let sse = concat!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n",
+                ": ping\n\n",
+                "data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"hidden thoughts\"}}]}\n\n",
+                "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello from \"}}]}\n\n",
+                "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"the mock.\"},\"finish_reason\":\"stop\"}]}\n\n",
+                "data: [DONE]\n\n"
+            );
+            conn.write_all(sse.as_bytes()).unwrap();
+        }
+    });
+    format!("http://{addr}/v1")
+}
+
+#[test]
+fn records_a_live_run_and_replays_it() {
+    let p = Project::new();
+    let url = sse_server(1);
+    let cassette = p.config.path().join("run.jsonl");
+    let out = p.exec(&[
+        "--base-url",
+        &url,
+        "--model",
+        "local-model",
+        "--record",
+        cassette.to_str().unwrap(),
+        "say hello",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "Hello from the mock.\n");
+    assert!(!stdout(&out).contains("hidden"), "reasoning is not shown");
+    let recorded = std::fs::read_to_string(&cassette).unwrap();
+    assert_eq!(recorded.lines().count(), 1);
+    assert!(recorded.contains("\"local-model\""));
+
+    let again = p.exec(&["--llm", &format!("replay:{}", cassette.display()), "say hello"]);
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+    assert_eq!(stdout(&again), "Hello from the mock.\n");
+}

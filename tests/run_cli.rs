@@ -1,0 +1,277 @@
+//! `shade run` end to end: the real binary, a real mount, real programs.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{assert_no_shade_mounts, snapshot, Fixture};
+use std::fs;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+fn out(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn sh(fx: &Fixture, extra: &[&str], script: &str) -> Output {
+    fx.shade()
+        .arg("run")
+        .args(extra)
+        .args(["--", "sh", "-c", script])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn runs_at_the_real_path_and_drops_the_branch() {
+    let fx = Fixture::new();
+    fx.write("a.txt", "real\n");
+    let o = sh(
+        &fx,
+        &[],
+        "pwd; cat a.txt; echo shadow > a.txt; echo new > b.txt; rm -f gone",
+    );
+    assert!(o.status.success(), "{}", out(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        stdout,
+        format!("{}\nreal\n", fx.project.display()),
+        "{}",
+        out(&o)
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("M a.txt") && stderr.contains("A b.txt"),
+        "{}",
+        out(&o)
+    );
+    assert_eq!(
+        fx.read("a.txt"),
+        "real\n",
+        "without --accept nothing reaches the project"
+    );
+    assert!(!fx.project.join("b.txt").exists());
+    assert_no_shade_mounts(&fx.state);
+}
+
+#[test]
+fn accept_reproduces_the_tree_the_command_made() {
+    let fx = Fixture::new();
+    fx.write("keep.txt", "keep\n");
+    fx.write("edit.txt", "old\n");
+    fx.write("del.txt", "bye\n");
+    fx.write("dir/inner.txt", "inner\n");
+    fx.write("mv/a.txt", "a\n");
+    std::os::unix::fs::symlink("keep.txt", fx.project.join("link")).unwrap();
+    let script = "echo new >> edit.txt && rm del.txt && mkdir -p n/m && echo deep > n/m/f && \
+                  mv mv moved && echo b > moved/b.txt && chmod 755 keep.txt && ln -sf edit.txt link && \
+                  rm -r dir && mkdir dir && echo fresh > dir/other.txt";
+    // The tree the command makes, as a plain copy would show it.
+    let expected_dir = fx.tmp.path().join("expected");
+    Command::new("cp")
+        .arg("-a")
+        .arg(&fx.project)
+        .arg(&expected_dir)
+        .status()
+        .unwrap();
+    let st = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(&expected_dir)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let o = sh(&fx, &["--accept"], script);
+    assert!(o.status.success(), "{}", out(&o));
+    assert_eq!(
+        snapshot(&fx.project),
+        snapshot(&expected_dir),
+        "{}",
+        out(&o)
+    );
+    assert_no_shade_mounts(&fx.state);
+    assert_eq!(fs::read_dir(fx.state.branches()).unwrap().count(), 0);
+    let journals = fs::read_dir(fx.state.journals())
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(journals, 0, "no journal left after a finished accept");
+}
+
+#[test]
+fn json_report_and_exit_status_passthrough() {
+    let fx = Fixture::new();
+    let o = sh(
+        &fx,
+        &["--json", "--diff"],
+        "echo to-stdout; echo x > f; exit 3",
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", out(&o));
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", out(&o)));
+    assert_eq!(v["exit_code"], 3);
+    assert_eq!(v["accepted"], false);
+    assert_eq!(v["changes"][0]["path"], "f");
+    assert_eq!(v["changes"][0]["kind"], "added");
+    assert!(v["diff"].as_str().unwrap().contains("+x"));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("to-stdout"),
+        "command stdout goes to stderr"
+    );
+    // a failing command is not accepted
+    let o = sh(&fx, &["--accept"], "echo x > f; false");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(!fx.project.join("f").exists());
+}
+
+#[test]
+fn conflicting_user_edit_is_detected_and_nothing_clobbered() {
+    let fx = Fixture::new();
+    fx.write("shared.txt", "base\n");
+    fx.write("other.txt", "other\n");
+    let child = fx
+        .shade()
+        .args([
+            "run",
+            "--accept",
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            "echo branch > shared.txt; echo b > other.txt; sleep 1.5",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    fx.write("shared.txt", "user edit\n");
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(124),
+        "conflict exit status: {}",
+        out(&o)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["accepted"], false);
+    assert_eq!(v["conflicts"][0]["path"], "shared.txt", "{}", out(&o));
+    assert_eq!(
+        fx.read("shared.txt"),
+        "user edit\n",
+        "the user's edit survives"
+    );
+    assert_eq!(
+        fx.read("other.txt"),
+        "other\n",
+        "all or nothing: no other path was written"
+    );
+}
+
+#[test]
+fn cargo_builds_in_a_branch_and_leaves_no_target_behind() {
+    let fx = Fixture::new();
+    fx.write(
+        "Cargo.toml",
+        "[package]\nname = \"demo\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\n",
+    );
+    fx.write(
+        "src/main.rs",
+        "fn main() { println!(\"built in a branch\"); }\n",
+    );
+    fx.write(".gitignore", "/target\n");
+    let o = sh(
+        &fx,
+        &[],
+        "cargo build --offline -q && ./target/debug/demo && cargo test --offline -q 2>&1 | tail -1",
+    );
+    assert!(o.status.success(), "{}", out(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("built in a branch"),
+        "{}",
+        out(&o)
+    );
+    assert!(
+        !fx.project.join("target").exists(),
+        "the build output stayed in the branch"
+    );
+    assert!(!fx.project.join("Cargo.lock").exists());
+}
+
+#[test]
+fn timeout_kills_the_command_and_its_children() {
+    let fx = Fixture::new();
+    let start = std::time::Instant::now();
+    let o = sh(&fx, &["--timeout", "1"], "sleep 100 & sleep 100");
+    assert_eq!(o.status.code(), Some(123), "{}", out(&o));
+    assert!(start.elapsed() < Duration::from_secs(20));
+    assert_no_shade_mounts(&fx.state);
+}
+
+#[test]
+fn bad_project_dir_is_one_clear_error() {
+    let fx = Fixture::new();
+    let o = fx
+        .shade()
+        .args(["run", "-C", "/nonexistent/project", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(125));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("/nonexistent/project"), "{err}");
+    let o = fx
+        .shade()
+        .args(["run", "-C", "Cargo.toml-does-not-exist", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(125));
+    fx.write("file", "x");
+    let o = fx
+        .shade()
+        .args(["run", "-C"])
+        .arg(fx.project.join("file"))
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(125), "{}", out(&o));
+}
+
+#[test]
+fn a_killed_shade_leaves_the_tree_untouched_and_is_cleaned_up() {
+    let fx = Fixture::new();
+    fx.write("a.txt", "real\n");
+    let mut child = fx
+        .shade()
+        .args([
+            "run",
+            "--accept",
+            "--",
+            "sh",
+            "-c",
+            "echo changed > a.txt; sleep 30",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(fx.read("a.txt"), "real\n");
+    // the next start recovers: no dead mount, no store
+    let o = fx.shade().arg("recover").output().unwrap();
+    assert!(o.status.success(), "{}", out(&o));
+    assert_no_shade_mounts(&fx.state);
+    assert_eq!(
+        fs::read_dir(fx.state.branches()).unwrap().count(),
+        0,
+        "{}",
+        out(&o)
+    );
+    let o = sh(&fx, &[], "cat a.txt");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "real\n");
+}
