@@ -300,3 +300,82 @@ fn an_empty_plan_changes_nothing() {
     assert_eq!(snapshot(&env.root), before);
     env.assert_clean();
 }
+
+#[test]
+fn odd_names_survive_the_journal() {
+    use std::os::unix::ffi::OsStrExt;
+    let mut env = Env::new();
+    let odd = std::ffi::OsStr::from_bytes(b"caf\xe9 new\nline");
+    let long = "n".repeat(255);
+    let mut plan = vec![env.write("placeholder", b"x", 0o644, Base::Absent)];
+    let PlanOp::WriteFile { content, perms, .. } = plan.remove(0) else {
+        unreachable!()
+    };
+    plan.push(PlanOp::WriteFile {
+        path: PathBuf::from(odd),
+        content,
+        perms,
+        base: Base::Absent,
+    });
+    plan.push(env.write(&long, b"long", 0o644, Base::Absent));
+    apply(&env.root, plan, &opts(&env, false)).unwrap();
+    assert_eq!(std::fs::read(env.root.join(odd)).unwrap(), b"x");
+    assert_eq!(std::fs::read(env.root.join(&long)).unwrap(), b"long");
+    env.assert_clean();
+}
+
+/// Unmounts on drop, also when the test fails.
+struct Mounted(PathBuf);
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+#[test]
+fn targets_on_a_nested_mount_are_placed_across_file_systems() {
+    let mut env = Env::new();
+    let mnt = env.root.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let none: Option<&str> = None;
+    if let Err(e) = nix::mount::mount(
+        Some("tmpfs"),
+        &mnt,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        none,
+    ) {
+        println!("skipped: cannot mount a tmpfs here ({e})");
+        return;
+    }
+    let _guard = Mounted(mnt.clone());
+    std::fs::write(mnt.join("x"), "old x").unwrap();
+    std::fs::write(mnt.join("y"), "old y").unwrap();
+    let plan = vec![
+        PlanOp::Mkdir {
+            path: p("mnt/d"),
+            perms: perms(0o755),
+            base: Base::Absent,
+        },
+        env.write("mnt/x", b"new x", 0o600, env.base("mnt/x")),
+        env.write("mnt/d/n", b"new n", 0o644, Base::Absent),
+        PlanOp::Symlink {
+            path: p("mnt/l"),
+            target: p("x"),
+            base: Base::Absent,
+        },
+        PlanOp::Delete {
+            path: p("mnt/y"),
+            base: env.base("mnt/y"),
+        },
+    ];
+    apply(&env.root, plan, &opts(&env, false)).unwrap();
+    let s = snapshot(&mnt);
+    let mut want = Snap::new();
+    want.insert(p("x"), file("new x", 0o600));
+    want.insert(p("d"), Entry::Dir(0o755));
+    want.insert(p("d/n"), file("new n", 0o644));
+    want.insert(p("l"), Entry::Link(p("x")));
+    assert_eq!(s, want);
+    env.assert_clean();
+}

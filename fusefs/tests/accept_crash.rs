@@ -445,7 +445,18 @@ impl Harness {
             check_not_torn(&snapshot(&env.root), &self.old, &self.new)
                 .map_err(|e| format!("after a killed recovery: {e}"))?;
         }
-        recover(&env.state).map_err(|e| format!("recover: {e}"))?;
+        let report = recover(&env.state).map_err(|e| format!("recover: {e}"))?;
+        let root = std::fs::canonicalize(&env.root).unwrap();
+        if kill_recovery_at.is_none() {
+            let (fwd, back) = match phase.as_deref() {
+                Some("Committed" | "Applied") => (vec![root], vec![]),
+                Some(_) => (vec![], vec![root]),
+                None => (vec![], vec![]),
+            };
+            if report.rolled_forward != fwd || report.rolled_back != back {
+                return Err(format!("recover report {report:?} for journal {phase:?}"));
+            }
+        }
         let now = snapshot(&env.root);
         let ok = match phase.as_deref() {
             Some("Committed" | "Applied") => now == self.new,

@@ -4,7 +4,7 @@
 //! (`apply` and `recover`) sends itself SIGKILL right before its N-th durable step (staging
 //! a file, writing the journal, each rename/mkdir/trash, each cleanup removal). Steps are
 //! counted from 1 per process. This is test-only machinery: unset, it costs one env lookup
-//! per accept and nothing else.
+//! per step and nothing else.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -115,13 +115,18 @@ pub fn journal_path(dir: &Path, id: &str) -> PathBuf {
     dir.join(format!("{id}.json"))
 }
 
+/// Where a new version of journal `id` is written before it is renamed into place.
+pub fn tmp_path(dir: &Path, id: &str) -> PathBuf {
+    dir.join(format!("{id}.json.tmp"))
+}
+
 impl Journal {
     /// Atomically (re)write this journal in `dir`: after this returns, a crash finds exactly
     /// this version.
     pub fn store(&self, dir: &Path) -> io::Result<()> {
         std::fs::create_dir_all(dir)?;
         let final_path = journal_path(dir, &self.id);
-        let tmp = dir.join(format!("{}.json.tmp", self.id));
+        let tmp = tmp_path(dir, &self.id);
         let bytes = serde_json::to_vec(self).map_err(io::Error::other)?;
         {
             let mut f = std::fs::File::create(&tmp)?;
@@ -138,11 +143,14 @@ impl Journal {
         serde_json::from_slice(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
     }
 
-    /// Remove this journal (the last step of an accept or a recovery).
+    /// Remove this journal (the last step of an accept or a recovery), and any half-written
+    /// newer version of it.
     pub fn remove(&self, dir: &Path) -> io::Result<()> {
-        match std::fs::remove_file(journal_path(dir, &self.id)) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
+        for p in [journal_path(dir, &self.id), tmp_path(dir, &self.id)] {
+            match std::fs::remove_file(p) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
         }
         sys::fsync(&sys::open_dir_path(dir)?)
     }

@@ -3,10 +3,47 @@
 //! Recovery runs the same idempotent code as `apply`, so it is itself safe to kill and run
 //! again.
 
-use super::exec;
-use super::journal::{Journal, Phase};
+use super::journal::{journal_path, Journal, Phase};
+use super::{exec, sys};
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A `<id>.json.tmp` is a journal version that never got renamed into place (the previous
+/// version, if any, rules and its own removal takes the temp file along). One without a
+/// journal is the first version of an accept that crashed, or of one still writing it: the
+/// latter holds its project's lock, so wait for that lock (or, when the file is unreadable
+/// because it is being written, only drop it once it is clearly stale).
+fn drop_orphan_tmp(dir: &Path, id: &str, tmp: &Path) -> io::Result<()> {
+    if journal_path(dir, id).exists() {
+        return Ok(());
+    }
+    match Journal::load(tmp) {
+        Ok(j) => {
+            if let Ok(root) = sys::open_dir_path(j.root.path()) {
+                sys::lock_exclusive(&root)?;
+                // Staging may have started before the crash; nothing else was touched.
+                if !journal_path(dir, id).exists() && tmp.exists() {
+                    return exec::roll_back_locked(&root, &j, dir);
+                }
+                return Ok(());
+            }
+        }
+        Err(_) => {
+            let age = std::fs::metadata(tmp)?
+                .modified()?
+                .elapsed()
+                .unwrap_or_default();
+            if age < Duration::from_secs(60) {
+                return Ok(());
+            }
+        }
+    }
+    match std::fs::remove_file(tmp) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
 
 /// Which projects recovery touched.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -38,9 +75,10 @@ pub fn recover(state: &crate::state::StateDir) -> io::Result<RecoverReport> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        if name.ends_with(".json.tmp") {
-            // A journal version that never got renamed into place: the previous one rules.
-            std::fs::remove_file(&path)?;
+        if let Some(id) = name.strip_suffix(".json.tmp") {
+            if let Err(e) = drop_orphan_tmp(&dir, id, &path) {
+                tracing::warn!(journal = %path.display(), error = %e, "stale journal temp file not removed");
+            }
             continue;
         }
         if !name.ends_with(".json") {

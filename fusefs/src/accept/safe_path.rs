@@ -12,9 +12,9 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Component, Path, PathBuf};
 
-/// Prefix of accept's own scratch names (staging dir, trash, EXDEV temp files); plans may
-/// not name them.
-pub const RESERVED_PREFIX: &str = ".shade-";
+/// Prefixes of accept's own scratch names (staging dir, trash, EXDEV temp files); plans may
+/// not name them, so a branch can never collide with (or aim at) an accept in progress.
+pub const RESERVED_PREFIXES: [&str; 3] = [".shade-accept-", ".shade-trash-", ".shade-tmp-"];
 
 /// Why `path` may not appear in a plan, or `None` when it is fine.
 pub fn invalid_reason(path: &Path) -> Option<String> {
@@ -24,10 +24,12 @@ pub fn invalid_reason(path: &Path) -> Option<String> {
     for c in path.components() {
         match c {
             Component::Normal(n) => {
-                if n.as_encoded_bytes().starts_with(RESERVED_PREFIX.as_bytes()) {
-                    return Some(format!(
-                        "names starting with {RESERVED_PREFIX} are reserved for accept"
-                    ));
+                let b = n.as_encoded_bytes();
+                if let Some(pre) = RESERVED_PREFIXES
+                    .iter()
+                    .find(|pre| b.starts_with(pre.as_bytes()))
+                {
+                    return Some(format!("names starting with {pre} are reserved for accept"));
                 }
             }
             Component::RootDir | Component::Prefix(_) => return Some("absolute path".into()),
