@@ -1,14 +1,288 @@
-//! `shade exec`: one-shot agent run (being implemented).
+//! `shade exec`: one-shot, non-interactive agent run in the current project. Prints the
+//! streamed answer and one line per tool call, or (`--json`) every event as a JSON line.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use clap::Args;
+use shade_agent::approval::{Answer, ApprovalMode, Approver, NoOneToAsk};
+use shade_agent::llm::cassette::{RecordingProvider, ReplayProvider};
+use shade_agent::llm::{BoxFuture, LlmConfig, LlmProvider, OpenAiClient, Overrides};
+use shade_agent::{
+    Agent, AgentEvent, AgentOptions, EventSink, StopReason, ToolContext, ToolRegistry, Workspace,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::exit;
+
+/// Exit status when the run stopped at the turn limit.
+const TURN_LIMIT: i32 = 2;
+/// Exit status after Ctrl-C (as a shell reports SIGINT).
+const INTERRUPTED: i32 = 130;
 
 #[derive(Args)]
 pub struct ExecArgs {
+    /// What may run without asking: default (ask before edits and writing commands),
+    /// auto-edit, yolo, plan (read-only). Without a terminal, what would be asked is refused.
+    #[arg(long, default_value = "default", value_parser = parse_mode)]
+    pub approval: ApprovalMode,
+    /// Print every event as one JSON object per line instead of the readable transcript.
+    #[arg(long)]
+    pub json: bool,
+    /// Model provider: `openai` (any OpenAI-compatible server, the default) or `replay:FILE`
+    /// to serve a recorded cassette.
+    #[arg(long, default_value = "openai", value_name = "SPEC")]
+    pub llm: String,
+    /// Record every model call into this cassette file (JSONL).
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
+    /// Model (overrides SHADE_MODEL and the config file).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Server base URL, e.g. http://127.0.0.1:8000/v1 (overrides OPENAI_BASE_URL).
+    #[arg(long, value_name = "URL")]
+    pub base_url: Option<String>,
+    /// Config file (default: $XDG_CONFIG_HOME/shade/config.toml).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Stop after this many model calls.
+    #[arg(long, default_value_t = 50)]
+    pub max_turns: u32,
+    /// Project directory (default: the current directory).
+    #[arg(short = 'C', long = "directory", value_name = "DIR")]
+    pub directory: Option<PathBuf>,
     /// The prompt.
     pub prompt: String,
 }
 
-pub fn main(_args: ExecArgs) -> i32 {
-    eprintln!("shade exec: not implemented yet");
-    crate::exit::SHADE_ERROR
+fn parse_mode(s: &str) -> Result<ApprovalMode, String> {
+    s.parse()
+}
+
+pub fn main(args: ExecArgs) -> i32 {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return exit::fail(&anyhow::anyhow!("cannot start the async runtime: {e}")),
+    };
+    runtime.block_on(run(args))
+}
+
+async fn run(args: ExecArgs) -> i32 {
+    let dir = match &args.directory {
+        Some(d) => d.clone(),
+        None => PathBuf::from("."),
+    };
+    let workspace = match Workspace::new(&dir) {
+        Ok(w) => w,
+        Err(e) => {
+            return exit::fail(&anyhow::anyhow!(
+                "cannot use {} as the project: {e}",
+                dir.display()
+            ))
+        }
+    };
+    let (provider, model) = match provider(&args) {
+        Ok(p) => p,
+        Err(e) => return exit::fail(&e),
+    };
+    let approver: Arc<dyn Approver> = if std::io::stdin().is_terminal() && !args.json {
+        Arc::new(TerminalApprover)
+    } else {
+        Arc::new(NoOneToAsk {
+            mode: args.approval,
+        })
+    };
+    let agent = Agent::new(
+        provider,
+        ToolRegistry::standard(),
+        ToolContext::new(workspace),
+        approver,
+        AgentOptions {
+            model,
+            max_turns: args.max_turns,
+            approval: args.approval,
+            temperature: None,
+        },
+    );
+    let cancel = CancellationToken::new();
+    let on_ctrl_c = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            on_ctrl_c.cancel();
+        }
+    });
+    let sink: EventSink = if args.json {
+        Arc::new(print_json)
+    } else {
+        let renderer = Mutex::new(Renderer::default());
+        Arc::new(move |e| {
+            if let Ok(mut r) = renderer.lock() {
+                r.render(&e);
+            }
+        })
+    };
+    let mut conversation = agent.start_conversation(&args.prompt);
+    match agent.run(&mut conversation, &sink, &cancel).await {
+        Ok(outcome) => match outcome.stop {
+            StopReason::Completed => 0,
+            StopReason::TurnLimit => TURN_LIMIT,
+            StopReason::Cancelled => INTERRUPTED,
+            StopReason::Error => exit::SHADE_ERROR,
+        },
+        Err(e) => {
+            // The renderer already printed the `error` event; with --json it went to stdout,
+            // so say it on stderr too.
+            if args.json {
+                eprintln!("shade: {e}");
+            }
+            exit::SHADE_ERROR
+        }
+    }
+}
+
+/// Build the provider chosen by `--llm` (and `--record`), and the model name to ask for.
+fn provider(args: &ExecArgs) -> anyhow::Result<(Arc<dyn LlmProvider>, String)> {
+    if let Some(file) = args.llm.strip_prefix("replay:") {
+        if args.record.is_some() {
+            anyhow::bail!("--record cannot be combined with --llm replay:");
+        }
+        let replay = ReplayProvider::open(std::path::Path::new(file))?;
+        let model = args.model.clone().unwrap_or_else(|| "replay".to_string());
+        return Ok((Arc::new(replay), model));
+    }
+    if args.llm != "openai" {
+        anyhow::bail!(
+            "unknown --llm `{}` (expected `openai` or `replay:FILE`)",
+            args.llm
+        );
+    }
+    let config = LlmConfig::load(&Overrides {
+        base_url: args.base_url.clone(),
+        model: args.model.clone(),
+        fast_model: None,
+        config_file: args.config.clone(),
+    })?;
+    let model = config.main_model()?.to_string();
+    let client = OpenAiClient::new(config)?;
+    match &args.record {
+        Some(path) => Ok((Arc::new(RecordingProvider::create(client, path)?), model)),
+        None => Ok((Arc::new(client), model)),
+    }
+}
+
+fn print_json(e: AgentEvent) {
+    if let Ok(line) = serde_json::to_string(&e) {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    }
+}
+
+/// Readable transcript: answer text as it streams, one line per tool call, notices on stderr.
+#[derive(Default)]
+struct Renderer {
+    /// The last thing written to stdout did not end with a newline.
+    mid_line: bool,
+}
+
+impl Renderer {
+    fn line(&mut self, s: &str) {
+        let mut out = std::io::stdout().lock();
+        if self.mid_line {
+            let _ = writeln!(out);
+            self.mid_line = false;
+        }
+        let _ = writeln!(out, "{s}");
+        let _ = out.flush();
+    }
+
+    fn end_line(&mut self) {
+        if self.mid_line {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out);
+            let _ = out.flush();
+            self.mid_line = false;
+        }
+    }
+
+    fn render(&mut self, e: &AgentEvent) {
+        match e {
+            AgentEvent::TextDelta { text } => {
+                let mut out = std::io::stdout().lock();
+                let _ = write!(out, "{text}");
+                let _ = out.flush();
+                self.mid_line = !text.ends_with('\n');
+            }
+            AgentEvent::ToolEnd {
+                ok,
+                denied,
+                display,
+                output,
+                ..
+            } => {
+                let line = if *denied {
+                    // Say why, so the user knows what was refused and how to allow it.
+                    let why = output.split(". ").next().unwrap_or(output);
+                    let why = why.trim_start_matches("Refused without running: ");
+                    format!("  ⊘ {display}: {why}")
+                } else if *ok {
+                    format!("  ✓ {display}")
+                } else {
+                    format!("  ✗ {display}")
+                };
+                self.line(&line);
+            }
+            AgentEvent::Retry {
+                attempt,
+                delay_ms,
+                reason,
+            } => eprintln!("shade: model call failed ({reason}); retry {attempt} in {delay_ms} ms"),
+            AgentEvent::ModelSwitch { from, to, reason } => {
+                eprintln!("shade: switching model {from} → {to} ({reason})")
+            }
+            AgentEvent::Error { message } => {
+                self.end_line();
+                eprintln!("shade: {message}");
+            }
+            AgentEvent::Done { reason, .. } => {
+                self.end_line();
+                if *reason == StopReason::Cancelled {
+                    eprintln!("shade: cancelled");
+                }
+            }
+            AgentEvent::TurnStart { .. }
+            | AgentEvent::ToolStart { .. }
+            | AgentEvent::Usage { .. } => {}
+        }
+    }
+}
+
+/// Asks on the terminal (stderr prompt, stdin answer).
+struct TerminalApprover;
+
+impl Approver for TerminalApprover {
+    fn ask<'a>(&'a self, _tool: &'a str, what: &'a str) -> BoxFuture<'a, Answer> {
+        let question = format!("shade: allow the agent to {what}? [y/N] ");
+        Box::pin(async move {
+            let answer = tokio::task::spawn_blocking(move || {
+                eprint!("\n{question}");
+                let _ = std::io::stderr().flush();
+                let mut line = String::new();
+                std::io::stdin().read_line(&mut line).map(|_| line)
+            })
+            .await;
+            match answer {
+                Ok(Ok(line)) if matches!(line.trim(), "y" | "Y" | "yes") => Answer::Yes,
+                _ => Answer::No(
+                    "The user declined this tool call. Do not retry it; ask or continue without it."
+                        .into(),
+                ),
+            }
+        })
+    }
 }

@@ -8,8 +8,7 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-const PROMPT: &str =
-    "add.sh should print the sum of its two arguments, but test.sh fails. Fix it.";
+const PROMPT: &str = "add.sh should print the sum of its two arguments, but test.sh fails. Fix it.";
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("agent/tests/fixtures")
@@ -69,7 +68,13 @@ fn stderr(o: &Output) -> String {
 #[test]
 fn yolo_replay_fixes_the_project() {
     let p = Project::new();
-    let out = p.exec(&["--approval", "yolo", "--llm", &replay("fix_add.jsonl"), PROMPT]);
+    let out = p.exec(&[
+        "--approval",
+        "yolo",
+        "--llm",
+        &replay("fix_add.jsonl"),
+        PROMPT,
+    ]);
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
     assert!(p.read("add.sh").contains("echo $(( $1 + $2 ))"));
@@ -84,7 +89,10 @@ fn yolo_replay_fixes_the_project() {
         ]
     );
     assert!(text.starts_with("Let me look at both scripts.\n"));
-    assert!(text.ends_with("`sh test.sh` now prints PASS.\n"), "{text:?}");
+    assert!(
+        text.ends_with("`sh test.sh` now prints PASS.\n"),
+        "{text:?}"
+    );
 }
 
 #[test]
@@ -104,7 +112,14 @@ fn default_mode_without_stdin_refuses_and_says_so() {
 #[test]
 fn json_mode_prints_one_event_per_line() {
     let p = Project::new();
-    let out = p.exec(&["--json", "--approval", "yolo", "--llm", &replay("fix_add.jsonl"), PROMPT]);
+    let out = p.exec(&[
+        "--json",
+        "--approval",
+        "yolo",
+        "--llm",
+        &replay("fix_add.jsonl"),
+        PROMPT,
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let events: Vec<serde_json::Value> = stdout(&out)
         .lines()
@@ -131,11 +146,19 @@ fn replay_mismatch_and_missing_model_fail_clearly() {
     assert_eq!(out.status.code(), Some(125));
     let err = stderr(&out);
     assert!(err.contains("does not match the recording"), "{err}");
-    assert_eq!(err.matches("does not match").count(), 1, "reported once: {err}");
+    assert_eq!(
+        err.matches("does not match").count(),
+        1,
+        "reported once: {err}"
+    );
 
     let out = p.exec(&["hello"]);
     assert_eq!(out.status.code(), Some(125));
-    assert!(stderr(&out).contains("no model configured"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no model configured"),
+        "{}",
+        stderr(&out)
+    );
 
     let out = p.exec(&["--approval", "sometimes", "hello"]);
     assert_eq!(out.status.code(), Some(2), "clap usage error");
@@ -198,7 +221,11 @@ fn records_a_live_run_and_replays_it() {
     assert_eq!(recorded.lines().count(), 1);
     assert!(recorded.contains("\"local-model\""));
 
-    let again = p.exec(&["--llm", &format!("replay:{}", cassette.display()), "say hello"]);
+    let again = p.exec(&[
+        "--llm",
+        &format!("replay:{}", cassette.display()),
+        "say hello",
+    ]);
     assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
     assert_eq!(stdout(&again), "Hello from the mock.\n");
 }

@@ -287,7 +287,7 @@ impl Agent {
                         ok: false,
                         denied: true,
                         content: reason.clone(),
-                        display: format!("✗ {} refused", p.summary),
+                        display: format!("{} refused", p.summary),
                     };
                     emit_end(events, p, &o);
                     o
@@ -306,7 +306,7 @@ impl Agent {
                         ok: false,
                         denied: false,
                         content: "Not run: the user cancelled.".into(),
-                        display: format!("✗ {} cancelled", p.summary),
+                        display: format!("{} cancelled", p.summary),
                     };
                     emit_end(events, p, &o);
                     o
@@ -365,7 +365,7 @@ impl Agent {
                     p.call.name,
                     self.tools.names().join(", ")
                 ),
-                display: format!("✗ unknown tool {}", p.call.name),
+                display: format!("unknown tool {}", p.call.name),
             },
             (Some(_), Err(e)) => Outcome {
                 ok: false,
@@ -375,7 +375,7 @@ impl Agent {
                     p.call.name,
                     crate::llm::error::truncate_chars(&p.call.arguments, 500)
                 ),
-                display: format!("✗ {}: invalid JSON arguments", p.call.name),
+                display: format!("{}: invalid JSON arguments", p.call.name),
             },
             (Some(tool), Ok(args)) => match tool.run(args.clone(), &self.ctx, cancel).await {
                 Ok(out) => Outcome {
@@ -388,13 +388,13 @@ impl Agent {
                     ok: false,
                     denied: false,
                     content: "Cancelled by the user before it finished.".into(),
-                    display: format!("✗ {} cancelled", p.summary),
+                    display: format!("{} cancelled", p.summary),
                 },
                 Err(e) => Outcome {
                     ok: false,
                     denied: false,
                     content: format!("Error: {e}"),
-                    display: format!("✗ {}: {}", p.summary, first_line(&e.to_string())),
+                    display: format!("{}: {}", p.summary, first_line(&e.to_string())),
                 },
             },
         };
