@@ -11,8 +11,9 @@ use super::safe_path::{base_matches, invalid_reason, observe, rebase, Seen};
 use super::{AcceptError, Conflict};
 use crate::fingerprint::Base;
 use crate::plan::PlanOp;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::io;
+use std::ops::Bound;
 use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 
@@ -36,14 +37,23 @@ pub enum Guard {
 
 struct Sim {
     root: RawFd,
-    planned: HashMap<PathBuf, Planned>,
+    planned: BTreeMap<PathBuf, Planned>,
     /// Earlier directory renames, (from, to), in order.
     renames: Vec<(PathBuf, PathBuf)>,
 }
 
 impl Sim {
     fn set(&mut self, p: &Path, k: Planned) {
-        self.planned.retain(|q, _| !(q.starts_with(p) && q != p));
+        // Descendants sort right after `p` (paths compare component-wise): drop that run.
+        let below: Vec<PathBuf> = self
+            .planned
+            .range::<Path, _>((Bound::Excluded(p), Bound::Unbounded))
+            .take_while(|(q, _)| q.starts_with(p))
+            .map(|(q, _)| q.clone())
+            .collect();
+        for q in below {
+            self.planned.remove(&q);
+        }
         self.planned.insert(p.to_path_buf(), k);
     }
 
@@ -178,7 +188,7 @@ pub fn validate(plan: &[PlanOp]) -> Result<(), AcceptError> {
 pub fn preflight(root: RawFd, plan: &[PlanOp], force: bool) -> Result<Vec<Guard>, AcceptError> {
     let mut sim = Sim {
         root,
-        planned: HashMap::new(),
+        planned: BTreeMap::new(),
         renames: Vec::new(),
     };
     let mut conflicts = Vec::new();

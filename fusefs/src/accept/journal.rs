@@ -13,10 +13,36 @@ use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-/// A path as raw bytes (serde_json cannot carry non-UTF-8 `PathBuf`s).
+/// A path in the journal: a JSON string when it is UTF-8 (compact, readable), raw bytes
+/// otherwise (serde_json cannot carry non-UTF-8 `PathBuf`s).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
+#[serde(from = "PathRepr", into = "PathRepr")]
 pub struct JPath(pub Vec<u8>);
+
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+enum PathRepr {
+    Utf8(String),
+    Bytes(Vec<u8>),
+}
+
+impl From<PathRepr> for JPath {
+    fn from(r: PathRepr) -> JPath {
+        match r {
+            PathRepr::Utf8(s) => JPath(s.into_bytes()),
+            PathRepr::Bytes(b) => JPath(b),
+        }
+    }
+}
+
+impl From<JPath> for PathRepr {
+    fn from(p: JPath) -> PathRepr {
+        match String::from_utf8(p.0) {
+            Ok(s) => PathRepr::Utf8(s),
+            Err(e) => PathRepr::Bytes(e.into_bytes()),
+        }
+    }
+}
 
 impl JPath {
     pub fn new(p: &Path) -> JPath {

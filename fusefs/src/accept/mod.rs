@@ -166,6 +166,11 @@ pub fn apply(
     j.store(&dir).map_err(io_err(&dir))?;
 
     // Stage; any failure here rolls back to an untouched project.
+    let files = plan
+        .iter()
+        .filter(|op| matches!(op, PlanOp::WriteFile { .. }))
+        .count();
+    let sync_each = files <= stage::SYNC_EACH_MAX;
     let staged = (|| -> Result<Vec<JOp>, AcceptError> {
         let staging =
             stage::create_dir(&root_fd, &j.staging).map_err(io_err(&root.join(&j.staging)))?;
@@ -179,7 +184,7 @@ pub fn apply(
                     perms,
                     ..
                 } => {
-                    stage::file(&staging, n, content, perms).map_err(io_err(path))?;
+                    stage::file(&staging, n, content, perms, sync_each).map_err(io_err(path))?;
                     report.written += 1;
                     JOp::Place {
                         n,
@@ -243,6 +248,9 @@ pub fn apply(
                 }
             };
             ops.push(jop);
+        }
+        if !sync_each {
+            sys::syncfs(&staging).map_err(io_err(&root.join(&j.staging)))?;
         }
         sys::fsync(&staging).map_err(io_err(&root.join(&j.staging)))?;
         Ok(ops)

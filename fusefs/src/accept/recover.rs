@@ -7,13 +7,12 @@ use super::journal::{journal_path, Journal, Phase};
 use super::{exec, sys};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 /// A `<id>.json.tmp` is a journal version that never got renamed into place (the previous
 /// version, if any, rules and its own removal takes the temp file along). One without a
 /// journal is the first version of an accept that crashed, or of one still writing it: the
 /// latter holds its project's lock, so wait for that lock (or, when the file is unreadable
-/// because it is being written, only drop it once it is clearly stale).
+/// because it is being written, only drop it once its writer is gone).
 fn drop_orphan_tmp(dir: &Path, id: &str, tmp: &Path) -> io::Result<()> {
     if journal_path(dir, id).exists() {
         return Ok(());
@@ -30,11 +29,13 @@ fn drop_orphan_tmp(dir: &Path, id: &str, tmp: &Path) -> io::Result<()> {
             }
         }
         Err(_) => {
-            let age = std::fs::metadata(tmp)?
-                .modified()?
-                .elapsed()
-                .unwrap_or_default();
-            if age < Duration::from_secs(60) {
+            // Unreadable: its writer was killed mid-write, or is writing it right now. The id
+            // starts with the writer's pid; keep the file while that process lives.
+            let pid = id
+                .split('-')
+                .next()
+                .and_then(|h| i32::from_str_radix(h, 16).ok());
+            if pid.is_some_and(|pid| pid == std::process::id() as i32 || sys::process_alive(pid)) {
                 return Ok(());
             }
         }

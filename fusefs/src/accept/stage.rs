@@ -21,15 +21,28 @@ pub fn create_dir(root: &OwnedFd, name: &str) -> io::Result<OwnedFd> {
     sys::open_dir_at(root.as_raw_fd(), OsStr::new(name))
 }
 
-/// Stage a regular file: copy `content` from its start, set perms, fsync.
-pub fn file(staging: &OwnedFd, n: usize, content: &mut File, perms: &Perms) -> io::Result<()> {
+/// Above this many staged files one `syncfs` replaces the per-file `fsync`s.
+pub const SYNC_EACH_MAX: usize = 64;
+
+/// Stage a regular file: copy `content` from its start, set perms, and fsync it unless the
+/// caller syncs the whole file system afterwards (`sync_each == false`).
+pub fn file(
+    staging: &OwnedFd,
+    n: usize,
+    content: &mut File,
+    perms: &Perms,
+    sync_each: bool,
+) -> io::Result<()> {
     fault::step();
     let name = n.to_string();
     let mut out = sys::create_file_at(staging.as_raw_fd(), OsStr::new(&name), true)?;
     content.seek(SeekFrom::Start(0))?;
     io::copy(content, &mut out)?;
     set_perms(&out, perms)?;
-    sys::fsync(&out)
+    if sync_each {
+        sys::fsync(&out)?;
+    }
+    Ok(())
 }
 
 /// Stage a symlink.

@@ -173,6 +173,20 @@ pub fn fsync(fd: &impl AsRawFd) -> io::Result<()> {
     retry(|| unsafe { libc::fsync(fd.as_raw_fd()) }).map(drop)
 }
 
+/// `syncfs`: flush the whole file system holding `fd` — one call instead of thousands of
+/// `fsync`s when many files were staged.
+pub fn syncfs(fd: &impl AsRawFd) -> io::Result<()> {
+    // SAFETY: plain syscall on an fd.
+    retry(|| unsafe { libc::syncfs(fd.as_raw_fd()) }).map(drop)
+}
+
+/// Whether process `pid` exists (a journal id starts with its writer's pid).
+pub fn process_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence and permission.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
 /// Exclusive `flock` on an fd; released when the fd is closed.
 pub fn lock_exclusive(fd: &impl AsRawFd) -> io::Result<()> {
     // SAFETY: plain syscall on an fd.
