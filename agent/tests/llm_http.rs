@@ -374,9 +374,52 @@ fn dashscope_requests_mark_cache_and_disable_thinking_for_background() {
         json!({"type":"ephemeral"})
     );
     assert_eq!(body["messages"][1]["content"][0]["text"], json!("hi"));
+    // Later turns keep the marker on the user prompt; tool results stay plain strings.
+    req.messages.push(Message::Assistant {
+        content: String::new(),
+        tool_calls: vec![shade_agent::llm::ToolCall {
+            id: "c".into(),
+            name: "ls".into(),
+            arguments: "{}".into(),
+        }],
+    });
+    req.messages.push(Message::Tool {
+        tool_call_id: "c".into(),
+        content: "out".into(),
+    });
+    let body = client.request_body(&req, "qwen-plus");
+    assert_eq!(
+        body["messages"][1]["content"][0]["cache_control"]["type"],
+        json!("ephemeral")
+    );
+    assert_eq!(body["messages"][2]["content"], serde_json::Value::Null);
+    assert_eq!(
+        body["messages"][2]["tool_calls"][0]["function"]["name"],
+        json!("ls")
+    );
+    assert_eq!(
+        body["messages"][3],
+        json!({"role":"tool","tool_call_id":"c","content":"out"})
+    );
     // Elsewhere: plain strings, no unknown parameters.
     let plain = OpenAiClient::new(LlmConfig::default()).unwrap();
     let body = plain.request_body(&req, "gpt");
     assert!(body.get("enable_thinking").is_none());
     assert_eq!(body["messages"][0]["content"], json!("sys"));
+    // vLLM serving a thinking model: the chat-template switch, only for background calls.
+    let vllm = OpenAiClient::new(LlmConfig {
+        thinking_param: shade_agent::llm::config::ThinkingParam::ChatTemplateKwargs,
+        ..LlmConfig::default()
+    })
+    .unwrap();
+    let body = vllm.request_body(&req, "qwen3");
+    assert_eq!(
+        body["chat_template_kwargs"],
+        json!({"enable_thinking": false})
+    );
+    req.background = false;
+    assert!(vllm
+        .request_body(&req, "qwen3")
+        .get("chat_template_kwargs")
+        .is_none());
 }

@@ -54,15 +54,20 @@ impl OpenAiClient {
     /// so consecutive turns share a cacheable prefix.
     pub fn request_body(&self, request: &ChatRequest, model: &str) -> Value {
         let dashscope = self.config.is_dashscope();
-        let last = request.messages.len().saturating_sub(1);
+        let last_user = request
+            .messages
+            .iter()
+            .rposition(|m| matches!(m, Message::User { .. }));
         let messages: Vec<Value> = request
             .messages
             .iter()
             .enumerate()
             .map(|(i, m)| {
                 // DashScope's explicit context cache: mark the stable system prompt and the
-                // end of the history so the next turn hits the cache for everything before.
-                let mark = dashscope && (matches!(m, Message::System { .. }) || i == last);
+                // most recent user message (as Model Studio recommends for agents), so later
+                // turns of the same prompt hit the cache for everything up to it.
+                let mark =
+                    dashscope && (matches!(m, Message::System { .. }) || Some(i) == last_user);
                 wire_message(m, mark)
             })
             .collect();

@@ -199,6 +199,22 @@ impl LlmConfig {
         }
     }
 
+    /// A request for background work (suggestions, summaries, classifiers): the fast model,
+    /// thinking disabled, same wire path as foreground calls.
+    pub fn background_request(
+        &self,
+        messages: Vec<super::types::Message>,
+    ) -> Result<super::types::ChatRequest, LlmError> {
+        Ok(super::types::ChatRequest {
+            model: self.background_model()?.to_string(),
+            messages,
+            tools: Vec::new(),
+            temperature: None,
+            max_tokens: None,
+            background: true,
+        })
+    }
+
     /// Is the server Alibaba Cloud DashScope (prefix-cache markers, `enable_thinking`)?
     pub fn is_dashscope(&self) -> bool {
         host_of(&self.base_url).is_some_and(|h| h.contains("dashscope"))
@@ -254,6 +270,22 @@ mod tests {
         assert_eq!(c.main_model().ok(), Some("flag-model"));
         assert_eq!(c.base_url, "http://file/v1");
         assert_eq!(c.backup_model.as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn background_requests_use_the_fast_model() {
+        let mut c = LlmConfig {
+            model: Some("big".into()),
+            ..LlmConfig::default()
+        };
+        let r = c.background_request(vec![]).expect("request");
+        assert_eq!((r.model.as_str(), r.background), ("big", true));
+        c.fast_model = Some("small".into());
+        assert_eq!(
+            c.background_request(vec![]).expect("request").model,
+            "small"
+        );
+        assert!(LlmConfig::default().background_request(vec![]).is_err());
     }
 
     #[test]

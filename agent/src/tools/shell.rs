@@ -232,17 +232,16 @@ async fn run_command(
     Ok(ToolOutput { content, display })
 }
 
+/// One stream's captured text (already capped, with an omission note inside).
 #[derive(Default)]
 struct Captured {
     text: String,
-    dropped: usize,
 }
 
 impl Captured {
     fn note(s: &str) -> Self {
         Self {
             text: s.to_string(),
-            dropped: 0,
         }
     }
 
@@ -250,11 +249,7 @@ impl Captured {
         if self.text.is_empty() {
             return " (empty)".to_string();
         }
-        let mut s = format!("\n{}", self.text.trim_end_matches('\n'));
-        if self.dropped > 0 {
-            s.push_str(&format!("\n[{} bytes of output omitted]", self.dropped));
-        }
-        s
+        format!("\n{}", self.text.trim_end_matches('\n'))
     }
 }
 
@@ -296,5 +291,5 @@ async fn read_capped<R: AsyncRead + Unpin>(pipe: Option<R>, cap: usize) -> Captu
         text.push_str(&format!("\n[… {dropped} bytes omitted …]\n"));
     }
     text.push_str(&String::from_utf8_lossy(&tail));
-    Captured { text, dropped: 0 }
+    Captured { text }
 }
