@@ -22,6 +22,13 @@ const TURN_LIMIT: i32 = 2;
 const INTERRUPTED: i32 = 130;
 
 #[derive(Args)]
+#[command(after_help = "\
+Model settings come from $XDG_CONFIG_HOME/shade/config.toml (base_url, api_key, model, \
+fast_model, large_context_model, backup_model, stream, max_retries, base_delay_ms, \
+idle_timeout_secs, thinking_param), then OPENAI_BASE_URL, OPENAI_API_KEY, SHADE_MODEL, \
+SHADE_FAST_MODEL, then the flags.
+
+Exit status: 0 answered, 2 turn limit reached, 130 interrupted, 125 shade or model error.")]
 pub struct ExecArgs {
     /// What may run without asking: default (ask before edits and writing commands),
     /// auto-edit, yolo, plan (read-only). Without a terminal, what would be asked is refused.
@@ -110,12 +117,18 @@ async fn run(args: ExecArgs) -> i32 {
         },
     );
     let cancel = CancellationToken::new();
-    let on_ctrl_c = cancel.clone();
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            on_ctrl_c.cancel();
+    // Registered before the run starts, so an early Ctrl-C cancels instead of killing us.
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) {
+        Ok(mut sigint) => {
+            let on_ctrl_c = cancel.clone();
+            tokio::spawn(async move {
+                if sigint.recv().await.is_some() {
+                    on_ctrl_c.cancel();
+                }
+            });
         }
-    });
+        Err(e) => tracing::warn!("cannot catch Ctrl-C: {e}"),
+    }
     let sink: EventSink = if args.json {
         Arc::new(print_json)
     } else {

@@ -7,6 +7,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 const PROMPT: &str = "add.sh should print the sum of its two arguments, but test.sh fails. Fix it.";
 
@@ -164,15 +166,26 @@ fn replay_mismatch_and_missing_model_fail_clearly() {
     assert_eq!(out.status.code(), Some(2), "clap usage error");
 }
 
-/// Serve `n` identical SSE answers on 127.0.0.1; returns the base URL.
-fn sse_server(n: usize) -> String {
+/// Requests a test server received: (lower-cased headers, body).
+type Seen = Arc<Mutex<Vec<(String, String)>>>;
+
+/// Serve `n` identical SSE answers on 127.0.0.1; returns the base URL and the received
+/// requests' lower-cased header blocks and bodies.
+fn sse_server(n: usize) -> (String, Seen) {
+    sse_server_with(n, None)
+}
+
+fn sse_server_with(n: usize, stall: Option<Duration>) -> (String, Seen) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
     std::thread::spawn(move || {
         for conn in listener.incoming().take(n) {
             let mut conn = conn.unwrap();
             let mut reader = BufReader::new(conn.try_clone().unwrap());
             let mut len = 0;
+            let mut head = String::new();
             loop {
                 let mut line = String::new();
                 reader.read_line(&mut line).unwrap();
@@ -183,9 +196,24 @@ fn sse_server(n: usize) -> String {
                 if let Some(v) = l.strip_prefix("content-length:") {
                     len = v.trim().parse().unwrap();
                 }
+                head.push_str(&l);
+                head.push('\n');
             }
             let mut body = vec![0; len];
             reader.read_exact(&mut body).unwrap();
+            seen2
+                .lock()
+                .unwrap()
+                .push((head, String::from_utf8_lossy(&body).into_owned()));
+            if let Some(pause) = stall {
+                let start = concat!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n",
+                    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Working\"}}]}\n\n"
+                );
+                conn.write_all(start.as_bytes()).unwrap();
+                std::thread::sleep(pause);
+                continue;
+            }
             let sse = concat!(
                 "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n",
                 ": ping\n\n",
@@ -197,13 +225,13 @@ fn sse_server(n: usize) -> String {
             conn.write_all(sse.as_bytes()).unwrap();
         }
     });
-    format!("http://{addr}/v1")
+    (format!("http://{addr}/v1"), seen)
 }
 
 #[test]
 fn records_a_live_run_and_replays_it() {
     let p = Project::new();
-    let url = sse_server(1);
+    let (url, _) = sse_server(1);
     let cassette = p.config.path().join("run.jsonl");
     let out = p.exec(&[
         "--base-url",
@@ -228,4 +256,76 @@ fn records_a_live_run_and_replays_it() {
     ]);
     assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
     assert_eq!(stdout(&again), "Hello from the mock.\n");
+}
+
+#[test]
+fn config_file_and_env_reach_the_server() {
+    let p = Project::new();
+    let (url, seen) = sse_server(1);
+    let cfg = p.config.path().join("shade/config.toml");
+    std::fs::create_dir_all(cfg.parent().unwrap()).unwrap();
+    std::fs::write(
+        &cfg,
+        format!("base_url = \"{url}\"\nmodel = \"from-file\"\n"),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_shade"))
+        .args(["exec", "say hello"])
+        .current_dir(p.dir.path())
+        .env("XDG_CONFIG_HOME", p.config.path())
+        .env("HOME", p.config.path())
+        .env("OPENAI_API_KEY", "sk-from-env")
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("SHADE_MODEL")
+        .env_remove("SHADE_CONFIG")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "Hello from the mock.\n");
+    let seen = seen.lock().unwrap();
+    let (head, body) = &seen[0];
+    assert!(head.contains("authorization: bearer sk-from-env"), "{head}");
+    let body: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(body["model"], "from-file");
+    assert_eq!(body["stream"], true);
+    assert!(body["tools"].as_array().unwrap().len() >= 10);
+}
+
+#[test]
+fn ctrl_c_stops_a_stalled_stream() {
+    let p = Project::new();
+    let (url, _) = sse_server_with(1, Some(Duration::from_secs(30)));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shade"))
+        .args(["exec", "--base-url", &url, "--model", "m", "do something"])
+        .current_dir(p.dir.path())
+        .env("XDG_CONFIG_HOME", p.config.path())
+        .env("HOME", p.config.path())
+        .env_remove("OPENAI_API_KEY")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for the first streamed word, then interrupt.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 7];
+    stdout.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"Working");
+    let started = Instant::now();
+    // SAFETY: signalling our own child.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let status = child.wait().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(status.code(), Some(130));
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(err.contains("cancelled"), "{err}");
 }
