@@ -80,10 +80,8 @@ impl Workspace {
                 Component::Normal(name) => normal.push(name),
             }
         }
-        if !normal.starts_with(&self.root) {
-            return Err(outside());
-        }
-        // Resolve symlinks in the longest existing prefix.
+        // Resolve symlinks (this is the check that decides: an absolute path spelled through
+        // a symlink to the root is accepted, one leading elsewhere is not) in the longest existing prefix.
         let mut existing = normal.clone();
         let mut rest = Vec::new();
         loop {
@@ -140,6 +138,22 @@ impl Workspace {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn absolute_paths_through_a_symlinked_root_are_inside() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink(&real, dir.path().join("alias")).unwrap();
+        let ws = Workspace::new(dir.path().join("alias")).unwrap();
+        let via_alias = dir.path().join("alias/new.txt");
+        assert_eq!(
+            ws.resolve(via_alias.to_str().unwrap()).unwrap(),
+            ws.root().join("new.txt")
+        );
+        let sibling = dir.path().join("alias/../other.txt");
+        assert!(ws.resolve(sibling.to_str().unwrap()).is_err());
+    }
 
     #[test]
     fn confines_paths() {

@@ -246,6 +246,15 @@ async fn shell_reports_exit_code_output_and_caps() {
         .unwrap();
     assert_eq!(out.content, "Exit code: 3\nStdout:\nout\nStderr:\nerr");
     assert!(out.display.contains("exit code: 3"), "{}", out.display);
+    // A FIFO is not read (it would block forever).
+    let fifo = f.path("pipe");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let r = f.call("read_file", json!({"path": "pipe"})).await;
+    assert!(matches!(r, Err(ToolError::Failed(ref m)) if m.contains("not a regular file")));
     // Runs in the workspace root.
     let pwd = f.call("shell", json!({"command": "pwd"})).await.unwrap();
     assert!(pwd

@@ -121,8 +121,8 @@ fn apply(ws: &crate::workspace::Workspace, p: Params) -> Result<ToolOutput, Tool
     if !exists {
         return Err(EditError::FileMissing(shown).into());
     }
-    if path.is_dir() {
-        return Err(ToolError::Failed(format!("{shown} is a directory")));
+    if !path.is_file() {
+        return Err(ToolError::Failed(format!("{shown} is not a regular file")));
     }
     let current = std::fs::read_to_string(&path)
         .map_err(|e| ToolError::Failed(format!("cannot read {shown} as text: {e}")))?;

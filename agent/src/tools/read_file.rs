@@ -85,6 +85,11 @@ fn read(ws: &crate::workspace::Workspace, p: Params) -> Result<ToolOutput, ToolE
             "{shown} is a directory; use `ls` to list it"
         )));
     }
+    if !meta.is_file() {
+        return Err(ToolError::Failed(format!(
+            "{shown} is not a regular file (device, socket or pipe); not read"
+        )));
+    }
     if meta.len() > MAX_FILE_BYTES {
         return Err(ToolError::Failed(format!(
             "{shown} is too large ({} bytes, limit {MAX_FILE_BYTES}); use grep or shell (sed -n) to read parts of it",

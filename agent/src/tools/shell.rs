@@ -156,6 +156,12 @@ async fn run_command(
         .arg("-c")
         .arg(command)
         .current_dir(root)
+        // The model's commands must not see shade's credentials, and nothing may wait for
+        // a terminal that is not there.
+        .env_remove("OPENAI_API_KEY")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("PAGER", "cat")
+        .env("GIT_PAGER", "cat")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
