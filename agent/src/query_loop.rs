@@ -273,7 +273,10 @@ impl Agent {
                 let batch = planned[i..j]
                     .iter()
                     .map(|p| self.execute(p, events, cancel));
+                // Ends are reported in call order, not completion order, so that a replayed
+                // run prints exactly the same transcript every time.
                 for (k, out) in join_all(batch).await.into_iter().enumerate() {
+                    emit_end(events, &planned[i + k], &out);
                     results[i + k] = Some(out);
                 }
                 i = j;
@@ -281,7 +284,11 @@ impl Agent {
             }
             let p = &planned[i];
             let outcome = match self.gate(p).await {
-                Ok(()) => self.execute(p, events, cancel).await,
+                Ok(()) => {
+                    let o = self.execute(p, events, cancel).await;
+                    emit_end(events, p, &o);
+                    o
+                }
                 Err(reason) => {
                     let o = Outcome {
                         ok: false,
@@ -344,6 +351,7 @@ impl Agent {
         }
     }
 
+    /// Run one approved call (emits its start; the caller emits its end).
     async fn execute(
         &self,
         p: &Planned,
@@ -398,7 +406,6 @@ impl Agent {
                 },
             },
         };
-        emit_end(events, p, &outcome);
         outcome
     }
 }
