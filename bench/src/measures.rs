@@ -1,0 +1,435 @@
+//! The measures of issue 4: file operations on every live view, branch creation against
+//! copies and worktrees, accept/abort latency, and many idle branches at once.
+
+use crate::systems::{shade_options, Instance, Prepared, System};
+use crate::timing::{check_interrupted, drop_caches, sh, time, Stats};
+use crate::tree::{self, Layout, ACCEPT, BLOB, CRATE, TREE};
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use shade_fusefs::{AcceptFlags, Branch};
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// Knobs shared by every measure.
+#[derive(Clone, Debug, Serialize)]
+pub struct Config {
+    /// Timed runs per measure (medians are over these).
+    pub runs: usize,
+    /// FUSE threads per shade branch.
+    pub threads: usize,
+    /// Files written then removed per run.
+    pub write_files: usize,
+    /// Changed-file counts for accept/abort.
+    pub accept_sizes: Vec<usize>,
+    /// Branches alive at once.
+    pub many: usize,
+    /// Whether "first" runs really drop caches (needs root).
+    pub drop_caches: bool,
+}
+
+/// One measure on one system.
+#[derive(Clone, Debug, Serialize)]
+pub struct Measurement {
+    pub measure: String,
+    pub system: String,
+    /// "s" (lower is better), "GB/s" (higher is better) or "bytes".
+    pub unit: &'static str,
+    #[serde(flatten)]
+    pub stats: Stats,
+    /// What the command printed (file count, byte count), to check systems agree.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+}
+
+/// Everything measured, in order.
+#[derive(Debug, Default, Serialize)]
+pub struct Results {
+    pub items: Vec<Measurement>,
+    /// Things the reader must know (skipped measures, mismatches).
+    pub notes: Vec<String>,
+}
+
+impl Results {
+    fn push(&mut self, measure: &str, system: &str, unit: &'static str, samples: Vec<f64>) {
+        self.items.push(Measurement {
+            measure: measure.into(),
+            system: system.into(),
+            unit,
+            stats: Stats::of(samples),
+            output: None,
+        });
+    }
+
+    fn push_output(&mut self, output: String) {
+        if let Some(last) = self.items.last_mut() {
+            last.output = Some(output.trim().to_string());
+        }
+    }
+
+    /// The measurement of `measure` on `system`, if taken.
+    pub fn get(&self, measure: &str, system: &str) -> Option<&Measurement> {
+        self.items
+            .iter()
+            .find(|m| m.measure == measure && m.system == system)
+    }
+}
+
+/// Counts files the way a user would, through a pipe like every tool does.
+pub const FIND: &str = "find . -type f | wc -l";
+/// Piped into wc: GNU tar skips reading file data when its output is /dev/null.
+pub const TAR: &str = "tar cf - . | wc -c";
+/// Measure names: the JSON keys and the report rows.
+pub const M_FIND_FIRST: &str = "first find";
+pub const M_FIND_WARM: &str = "warm find";
+pub const M_TAR_FIRST: &str = "first tar";
+pub const M_TAR_WARM: &str = "warm tar";
+pub const M_WRITE: &str = "write files";
+pub const M_RM: &str = "rm files";
+pub const M_READ: &str = "sequential read";
+pub const M_CARGO: &str = "warm cargo check";
+pub const M_MANY_CREATE: &str = "create with many alive";
+pub const M_MANY_RSS: &str = "RSS per idle branch";
+
+/// Name of the branch-creation measure at `files` files.
+pub fn m_create(files: usize) -> String {
+    format!("create, {files} files")
+}
+
+/// Name of the accept measure for `n` changed files.
+pub fn m_accept(n: usize) -> String {
+    format!("accept {n} files")
+}
+/// Name of the abort measure for `n` changed files.
+pub fn m_abort(n: usize) -> String {
+    format!("abort {n} files")
+}
+
+/// All file-operation measures on the live views. Runs are interleaved across systems
+/// (run 1 on every system, then run 2, …) so that load from other processes on a shared
+/// machine spreads evenly instead of biasing whichever system ran during a busy spell.
+pub fn file_ops(views: &[Instance], cfg: &Config, res: &mut Results) -> Result<()> {
+    for (measure, cmd, first) in [
+        (M_FIND_FIRST, FIND, true),
+        (M_FIND_WARM, FIND, false),
+        (M_TAR_FIRST, TAR, true),
+        (M_TAR_WARM, TAR, false),
+    ] {
+        eprintln!("bench: {measure}");
+        let mut samples = vec![Vec::new(); views.len()];
+        let mut outputs = vec![String::new(); views.len()];
+        // Warm measures get one untimed warm-up round first.
+        for run in 0..cfg.runs + usize::from(!first) {
+            for (k, v) in rotated(views, run) {
+                check_interrupted()?;
+                let tree = v.root().join(TREE);
+                if first {
+                    cold(cfg)?;
+                }
+                let (secs, out) = time(|| sh(&tree, cmd))?;
+                if first || run > 0 {
+                    samples[k].push(secs);
+                    outputs[k] = out;
+                }
+            }
+        }
+        for ((v, sm), out) in views.iter().zip(samples).zip(outputs) {
+            res.push(measure, v.system.name(), "s", sm);
+            res.push_output(out);
+        }
+    }
+
+    eprintln!("bench: write/rm {} files", cfg.write_files);
+    let data = vec![b'x'; 4096];
+    let mut ws = vec![Vec::new(); views.len()];
+    let mut rs = vec![Vec::new(); views.len()];
+    for run in 0..=cfg.runs {
+        for (k, v) in rotated(views, run) {
+            check_interrupted()?;
+            let dir = v.root().join(format!("scratch-{k}-{run}"));
+            let (w, r) = write_rm(&dir, cfg.write_files, &data)?;
+            if run > 0 {
+                ws[k].push(w);
+                rs[k].push(r);
+            }
+        }
+    }
+    for ((v, w), r) in views.iter().zip(ws).zip(rs) {
+        res.push(M_WRITE, v.system.name(), "s", w);
+        res.push(M_RM, v.system.name(), "s", r);
+    }
+
+    eprintln!("bench: sequential read");
+    let mut rates = vec![Vec::new(); views.len()];
+    for run in 0..=cfg.runs {
+        for (k, v) in rotated(views, run) {
+            check_interrupted()?;
+            let (secs, bytes) = time(|| read_all(&v.root().join(BLOB)))?;
+            if run > 0 {
+                rates[k].push(bytes as f64 / secs / 1e9);
+            }
+        }
+    }
+    for (v, r) in views.iter().zip(rates) {
+        res.push(M_READ, v.system.name(), "GB/s", r);
+    }
+
+    eprintln!("bench: warm cargo check");
+    let mut checks = vec![Vec::new(); views.len()];
+    for run in 0..=cfg.runs {
+        for (k, v) in rotated(views, run) {
+            check_interrupted()?;
+            let (secs, ()) = time(|| cargo_check(&v.root().join(CRATE)))?;
+            if run > 0 {
+                checks[k].push(secs);
+            }
+        }
+    }
+    for (v, c) in views.iter().zip(checks) {
+        res.push(M_CARGO, v.system.name(), "s", c);
+    }
+    Ok(())
+}
+
+/// The views starting at a different one each round, so no system always runs right
+/// after another (or first in a round) on a machine with background load.
+fn rotated(views: &[Instance], run: usize) -> impl Iterator<Item = (usize, &Instance)> {
+    let n = views.len();
+    (0..n).map(move |j| {
+        let k = (j + run) % n;
+        (k, &views[k])
+    })
+}
+
+/// Make the next run a "first" one: drop caches, then reload the programs themselves
+/// (sh, find, tar, wc live on disk; reading them back is not what "first" measures).
+fn cold(cfg: &Config) -> Result<()> {
+    if cfg.drop_caches {
+        drop_caches()?;
+        sh(
+            Path::new("/"),
+            "find /proc/self/fd -maxdepth 0 | wc -l >/dev/null; tar cf - /proc/self/comm 2>/dev/null | wc -c >/dev/null",
+        )?;
+    }
+    Ok(())
+}
+
+/// Create `n` 4 KiB files in a fresh `dir`, then remove them. Returns (write, rm) seconds.
+fn write_rm(dir: &Path, n: usize, data: &[u8]) -> Result<(f64, f64)> {
+    std::fs::create_dir(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let names: Vec<_> = (0..n).map(|i| dir.join(format!("w{i:04}.txt"))).collect();
+    let (w, ()) = time(|| {
+        for n in &names {
+            std::fs::write(n, data).with_context(|| format!("writing {}", n.display()))?;
+        }
+        Ok(())
+    })?;
+    let (r, ()) = time(|| {
+        for n in &names {
+            std::fs::remove_file(n).with_context(|| format!("removing {}", n.display()))?;
+        }
+        Ok(())
+    })?;
+    std::fs::remove_dir(dir)?;
+    Ok((w, r))
+}
+
+/// Read a whole file in 1 MiB chunks; returns bytes read.
+fn read_all(path: &Path) -> Result<u64> {
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            return Ok(total);
+        }
+        total += n as u64;
+    }
+}
+
+/// `cargo check --offline` in `dir`, with the target dir inside the project (the caller's
+/// CARGO_TARGET_DIR would point elsewhere).
+pub fn cargo_check(dir: &Path) -> Result<()> {
+    let out = Command::new("cargo")
+        .args(["check", "--offline", "--quiet"])
+        .current_dir(dir)
+        .env_remove("CARGO_TARGET_DIR")
+        .env_remove("CARGO_BUILD_TARGET_DIR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .context("running cargo check")?;
+    if !out.status.success() {
+        bail!(
+            "cargo check in {} failed: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Branch creation of every creator over `src` (`files` files; `git_dir` its repo).
+pub fn creation(
+    layout: &Layout,
+    src: &Path,
+    git_dir: &Path,
+    files: usize,
+    cfg: &Config,
+    res: &mut Results,
+) -> Result<()> {
+    let measure = m_create(files);
+    for system in System::CREATORS {
+        eprintln!("bench: {}: {measure}", system.name());
+        let mut samples = Vec::new();
+        // The first creation pays one-time costs (binaries, thread stacks): warm-up.
+        for run in 0..=cfg.runs {
+            check_interrupted()?;
+            let prepared = Prepared::new(system, layout, Some(git_dir))?;
+            let (secs, inst) =
+                time(|| Instance::create(system, src, layout, prepared, cfg.threads))?;
+            let shows = std::fs::read_dir(inst.root())?.next().is_some();
+            inst.close()?;
+            if !shows {
+                bail!("{} of {} shows an empty tree", system.name(), src.display());
+            }
+            if run > 0 {
+                samples.push(secs);
+            }
+        }
+        res.push(&measure, system.name(), "s", samples);
+    }
+    Ok(())
+}
+
+/// Write new contents into the first `n` files of `accept/` through a branch.
+fn change_files(branch: &Branch, n: usize, round: usize) -> Result<()> {
+    let dir = branch.mountpoint().join(ACCEPT);
+    for i in 0..n {
+        let p = dir.join(format!("f{i:04}.txt"));
+        std::fs::write(&p, tree::source_text(i + 7 * round + 1, 2100))
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// Accept and abort latency for each size in `cfg.accept_sizes`.
+pub fn accept_abort(layout: &Layout, cfg: &Config, res: &mut Results) -> Result<()> {
+    let opts = shade_options(layout, cfg.threads);
+    let mut round = 0;
+    for &n in &cfg.accept_sizes {
+        eprintln!("bench: shade: accept/abort {n} files");
+        let mut aborts = Vec::new();
+        for _ in 0..cfg.runs {
+            check_interrupted()?;
+            round += 1;
+            let b = Branch::create(&layout.lower, &opts)?;
+            change_files(&b, n, round)?;
+            let (secs, ()) = time(|| {
+                drop(b);
+                Ok(())
+            })?;
+            aborts.push(secs);
+        }
+        res.push(&m_abort(n), "shade", "s", aborts);
+        accept_runs(layout, n, &mut round, cfg, res)?;
+    }
+    Ok(())
+}
+
+fn accept_runs(
+    layout: &Layout,
+    n: usize,
+    round: &mut usize,
+    cfg: &Config,
+    res: &mut Results,
+) -> Result<()> {
+    let opts = shade_options(layout, cfg.threads);
+    let mut samples = Vec::new();
+    for _ in 0..cfg.runs {
+        check_interrupted()?;
+        *round += 1;
+        let b = Branch::create(&layout.lower, &opts)?;
+        change_files(&b, n, *round)?;
+        let flags = AcceptFlags {
+            include_ignored: false,
+            force: false,
+        };
+        let (secs, report) = time(|| {
+            b.accept(flags)
+                .map_err(|e| anyhow::anyhow!("accept of {n} changed files: {e}"))
+        })?;
+        if report.written != n {
+            res.notes.push(format!(
+                "accept of {n} changed files reported {} written",
+                report.written
+            ));
+        }
+        let probe = layout.lower.join(ACCEPT).join("f0000.txt");
+        if std::fs::read_to_string(&probe)? != tree::source_text(7 * *round + 1, 2100) {
+            bail!("accept did not write {}", probe.display());
+        }
+        samples.push(secs);
+    }
+    res.push(&m_accept(n), "shade", "s", samples);
+    Ok(())
+}
+
+/// `cfg.many` branches alive at once: creation time of each, and RSS per idle branch
+/// (this process's RSS growth over all of them; fuser gives each worker thread its own
+/// 16 MiB read buffer, resident only as far as it is touched).
+pub fn many_branches(layout: &Layout, cfg: &Config, res: &mut Results) -> Result<()> {
+    eprintln!("bench: shade: {} branches alive at once", cfg.many);
+    let opts = shade_options(layout, cfg.threads);
+    let (rss0, threads0) = (status_field("VmRSS")?, status_field("Threads")?);
+    let mut branches = Vec::with_capacity(cfg.many);
+    let mut samples = Vec::with_capacity(cfg.many);
+    for _ in 0..cfg.many {
+        check_interrupted()?;
+        let (secs, b) = time(|| Branch::create(&layout.lower, &opts).map_err(Into::into))?;
+        samples.push(secs);
+        branches.push(b);
+    }
+    // Each branch answers (so it really is serving), then everything settles.
+    for b in &branches {
+        std::fs::metadata(b.mountpoint().join(TREE))?;
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let (rss1, threads1) = (status_field("VmRSS")?, status_field("Threads")?);
+    // For finding where idle-branch memory goes: SHADE_BENCH_SMAPS=FILE saves the mappings.
+    if let Some(path) = std::env::var_os("SHADE_BENCH_SMAPS") {
+        std::fs::copy("/proc/self/smaps", &path).context("saving /proc/self/smaps")?;
+    }
+    let per = (rss1.saturating_sub(rss0) * 1024) as f64 / cfg.many as f64;
+    res.push(M_MANY_CREATE, "shade", "s", samples);
+    res.push(M_MANY_RSS, "shade", "bytes", vec![per]);
+    res.notes.push(format!(
+        "{} branches alive: process RSS {} → {} KiB, threads {} → {}",
+        cfg.many, rss0, rss1, threads0, threads1
+    ));
+    let (secs, ()) = time(|| {
+        branches.clear();
+        Ok(())
+    })?;
+    res.notes.push(format!(
+        "dropping {} branches took {:.0} ms",
+        cfg.many,
+        secs * 1e3
+    ));
+    Ok(())
+}
+
+/// A numeric field of /proc/self/status (VmRSS in KiB, Threads).
+fn status_field(name: &str) -> Result<u64> {
+    let text = std::fs::read_to_string("/proc/self/status")?;
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|r| r.strip_prefix(':'))
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+        })
+        .with_context(|| format!("{name} missing from /proc/self/status"))
+}
