@@ -283,25 +283,42 @@ pub fn creation(
     let measure = m_create(files);
     for system in System::CREATORS {
         eprintln!("bench: {}: {measure}", system.name());
-        let mut samples = Vec::new();
-        // The first creation pays one-time costs (binaries, thread stacks): warm-up.
-        for run in 0..=cfg.runs {
-            check_interrupted()?;
-            let prepared = Prepared::new(system, layout, Some(git_dir))?;
-            let (secs, inst) =
-                time(|| Instance::create(system, src, layout, prepared, cfg.threads))?;
-            let shows = std::fs::read_dir(inst.root())?.next().is_some();
-            inst.close()?;
-            if !shows {
-                bail!("{} of {} shows an empty tree", system.name(), src.display());
+        match create_runs(layout, system, src, git_dir, cfg) {
+            Ok(samples) => res.push(&measure, system.name(), "s", samples),
+            Err(e) if system != System::Shade => {
+                res.notes
+                    .push(format!("{} {measure} skipped: {e:#}", system.name()));
             }
-            if run > 0 {
-                samples.push(secs);
-            }
+            Err(e) => return Err(e),
         }
-        res.push(&measure, system.name(), "s", samples);
     }
     Ok(())
+}
+
+/// Timed creations of `system` over `src`, each torn down untimed.
+fn create_runs(
+    layout: &Layout,
+    system: System,
+    src: &Path,
+    git_dir: &Path,
+    cfg: &Config,
+) -> Result<Vec<f64>> {
+    let mut samples = Vec::new();
+    // The first creation pays one-time costs (binaries, thread stacks): warm-up.
+    for run in 0..=cfg.runs {
+        check_interrupted()?;
+        let prepared = Prepared::new(system, layout, Some(git_dir))?;
+        let (secs, inst) = time(|| Instance::create(system, src, layout, prepared, cfg.threads))?;
+        let shows = std::fs::read_dir(inst.root())?.next().is_some();
+        inst.close()?;
+        if !shows {
+            bail!("{} of {} shows an empty tree", system.name(), src.display());
+        }
+        if run > 0 {
+            samples.push(secs);
+        }
+    }
+    Ok(samples)
 }
 
 /// Write new contents into the first `n` files of `accept/` through a branch.
