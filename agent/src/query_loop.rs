@@ -110,6 +110,28 @@ impl Agent {
         &self.ctx
     }
 
+    /// The options in use.
+    pub fn options(&self) -> &AgentOptions {
+        &self.options
+    }
+
+    /// The same agent (provider, tools, model, memory paths) working in another workspace —
+    /// e.g. a branch mount for a speculative run — with its own todo list and approval mode.
+    /// Run it on a clone of the conversation so the request prefix stays identical.
+    pub fn fork_onto(
+        &self,
+        workspace: crate::workspace::Workspace,
+        approval: ApprovalMode,
+    ) -> Self {
+        let mut ctx = self.ctx.clone();
+        ctx.workspace = workspace;
+        ctx.todos = Default::default();
+        let mut fork = self.clone();
+        fork.ctx = ctx;
+        fork.options.approval = approval;
+        fork
+    }
+
     /// A new conversation: system prompt (with memories) and the user's prompt.
     pub fn start_conversation(&self, prompt: &str) -> Vec<Message> {
         vec![

@@ -779,3 +779,40 @@ async fn record_fixtures() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn a_fork_works_in_its_own_workspace() {
+    let real = project();
+    let branch = project();
+    let p = Scripted2::new(vec![
+        calls(&[(
+            "1",
+            "edit",
+            "{\"path\": \"add.sh\", \"old_string\": \"$1 - $2\", \"new_string\": \"$1 + $2\"}",
+        )]),
+        answer("edited"),
+    ]);
+    let main = agent(
+        real.path(),
+        p.clone(),
+        ApprovalMode::Default,
+        ToolRegistry::standard(),
+    );
+    let fork = main.fork_onto(Workspace::new(branch.path()).unwrap(), ApprovalMode::Yolo);
+    let (sink, _) = collector();
+    let mut conv = main.start_conversation("x");
+    let mut forked = conv.clone();
+    fork.run(&mut forked, &sink, &CancellationToken::new())
+        .await
+        .unwrap();
+    let read = |d: &tempfile::TempDir| std::fs::read_to_string(d.path().join("add.sh")).unwrap();
+    assert!(read(&branch).contains("$1 + $2"));
+    assert!(
+        read(&real).contains("$1 - $2"),
+        "the real project is untouched"
+    );
+    assert_eq!(main.options().approval, ApprovalMode::Default);
+    assert_eq!(conv.len(), 2);
+    conv.extend_from_slice(&forked[2..]);
+    assert_well_formed(&conv);
+}
