@@ -10,7 +10,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::approval::{decide, Answer, ApprovalMode, Approver, Decision};
 use crate::events::{AgentEvent, StopReason};
-use crate::llm::{ChatRequest, LlmError, LlmEvent, LlmProvider, Message, ToolCall, Usage};
+use crate::llm::{
+    ChatRequest, FinishReason, LlmError, LlmEvent, LlmProvider, Message, ToolCall, Usage,
+};
 use crate::tools::{Tool, ToolContext, ToolError, ToolRegistry};
 
 /// Where events go. `Fn` + `Sync` so tools running concurrently can report.
@@ -244,6 +246,11 @@ impl Agent {
                 tool_calls: completion.tool_calls.clone(),
             });
             if completion.tool_calls.is_empty() {
+                if completion.finish_reason == FinishReason::Length {
+                    events(AgentEvent::Error {
+                        message: "the answer was cut off at the model's output token limit".into(),
+                    });
+                }
                 return finish(StopReason::Completed, turns, final_text, usage);
             }
             let results = self.run_tools(&completion.tool_calls, events, cancel).await;

@@ -816,3 +816,22 @@ async fn a_fork_works_in_its_own_workspace() {
     conv.extend_from_slice(&forked[2..]);
     assert_well_formed(&conv);
 }
+
+#[tokio::test]
+async fn an_answer_cut_at_the_token_limit_is_flagged() {
+    let dir = project();
+    let mut cut = answer("The fix is to chan");
+    cut.finish_reason = FinishReason::Length;
+    let p = Scripted2::new(vec![cut]);
+    let a = agent(dir.path(), p, ApprovalMode::Yolo, ToolRegistry::standard());
+    let (sink, events) = collector();
+    let mut conv = a.start_conversation("x");
+    let out = a
+        .run(&mut conv, &sink, &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(out.stop, StopReason::Completed);
+    assert!(events.lock().unwrap().iter().any(
+        |e| matches!(e, AgentEvent::Error { message } if message.contains("output token limit"))
+    ));
+}

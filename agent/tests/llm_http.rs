@@ -423,3 +423,17 @@ fn dashscope_requests_mark_cache_and_disable_thinking_for_background() {
         .get("chat_template_kwargs")
         .is_none());
 }
+
+#[tokio::test]
+async fn error_event_in_stream_is_reported() {
+    let server = MockServer::start(vec![Scripted::sse(
+        "event: error\ndata: {\"error\":{\"message\":\"model crashed\"}}\n\n",
+        &[10],
+    )]);
+    let cfg = LlmConfig {
+        max_retries: 0,
+        ..config(&server.base_url)
+    };
+    let (res, _) = call(cfg, &CancellationToken::new()).await;
+    assert_eq!(res, Err(LlmError::Provider("model crashed".into())));
+}

@@ -225,6 +225,9 @@ impl OpenAiClient {
             };
             for ev in events {
                 let data = ev.data.trim();
+                if ev.event.as_deref() == Some("error") {
+                    return Err(fail(&asm, LlmError::Provider(describe_error_body(data))));
+                }
                 if data == "[DONE]" {
                     saw_done = true;
                     break 'read;

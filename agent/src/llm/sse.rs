@@ -21,6 +21,8 @@ pub struct SseParser {
     data: String,
     has_data: bool,
     event: Option<String>,
+    started: bool,
+    bom_seen: Vec<u8>,
 }
 
 impl SseParser {
@@ -31,7 +33,22 @@ impl SseParser {
 
     /// Consume one read from the network and return the events it completed.
     pub fn feed(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
-        let mut out = Vec::new();
+        if self.started {
+            return self.feed_bytes(bytes, Vec::new());
+        }
+        // A UTF-8 byte order mark may open the stream (possibly split across reads).
+        const BOM: &[u8] = b"\xEF\xBB\xBF";
+        self.bom_seen.extend_from_slice(bytes);
+        if self.bom_seen.len() < BOM.len() && BOM.starts_with(&self.bom_seen) {
+            return Vec::new();
+        }
+        self.started = true;
+        let held = std::mem::take(&mut self.bom_seen);
+        let rest = held.strip_prefix(BOM).unwrap_or(&held);
+        self.feed_bytes(rest, Vec::new())
+    }
+
+    fn feed_bytes(&mut self, bytes: &[u8], mut out: Vec<SseEvent>) -> Vec<SseEvent> {
         for &b in bytes {
             if self.skip_lf {
                 self.skip_lf = false;
@@ -55,6 +72,11 @@ impl SseParser {
     /// (lenient: some servers close right after the last `data:` line).
     pub fn finish(&mut self) -> Option<SseEvent> {
         let mut out = Vec::new();
+        if !self.started {
+            self.started = true;
+            let held = std::mem::take(&mut self.bom_seen);
+            out = self.feed_bytes(&held, out);
+        }
         if !self.line.is_empty() {
             self.end_line(&mut out);
         }
@@ -153,6 +175,15 @@ mod tests {
         assert_eq!(ev.len(), 2);
         assert_eq!(ev[0].data, "héllo 世界");
         assert_eq!(ev[1].data, "b");
+    }
+
+    #[test]
+    fn leading_bom_is_skipped_even_when_split() {
+        let input = b"\xEF\xBB\xBFdata: x\n\n";
+        for events in all_splits(input) {
+            assert_eq!(events.len(), 1);
+            assert_eq!(events[0].data, "x");
+        }
     }
 
     #[test]
