@@ -48,14 +48,18 @@ pub struct AcceptOptions {
 pub struct AcceptReport {
     /// Files and symlinks created or replaced.
     pub written: usize,
+    /// Directories the branch created (`Mkdir`).
     pub created_dirs: usize,
+    /// Directories moved as a whole (`RenameDir`).
     pub renamed_dirs: usize,
+    /// Files, symlinks or directory trees removed (`Delete`).
     pub deleted: usize,
 }
 
 /// One path where lower no longer is what the branch started from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Conflict {
+    /// The plan path that conflicts.
     pub path: RelPath,
     /// What the branch based its change on.
     pub expected: Base,
@@ -101,10 +105,15 @@ impl fmt::Display for Conflict {
 /// journal stays and [`recover`] completes it).
 #[derive(Debug, thiserror::Error)]
 pub enum AcceptError {
+    /// Lower changed under the branch; nothing was touched. Retry with `force` to overwrite.
     #[error("{} conflicting path(s), nothing accepted: {}", .0.len(), list(.0))]
     Conflicts(Vec<Conflict>),
+    /// The plan names a path outside the project or would go through a symlink; nothing
+    /// was touched.
     #[error("refusing to accept {}: {reason}", .path.display())]
     Unsafe { path: RelPath, reason: String },
+    /// A system call failed. Before the commit point the project is untouched; after it
+    /// the journal stays and [`recover`] finishes the accept.
     #[error("accept failed at {}: {source}", .path.display())]
     Io {
         path: PathBuf,
