@@ -128,8 +128,9 @@ pub fn describe_error_body(body: &str) -> String {
 fn strip_tags(html: &str) -> String {
     let mut out = String::with_capacity(html.len());
     let mut in_tag = false;
-    let lower = html.to_ascii_lowercase();
-    let mut skip_until: Option<&str> = None;
+    // Byte-wise matching: `i` may sit inside a multi-byte character within a tag.
+    let lower = html.to_ascii_lowercase().into_bytes();
+    let mut skip_until: Option<&[u8]> = None;
     let mut i = 0;
     let bytes = html.as_bytes();
     while i < bytes.len() {
@@ -142,12 +143,12 @@ fn strip_tags(html: &str) -> String {
             }
             continue;
         }
-        if lower[i..].starts_with("<script") {
-            skip_until = Some("</script>");
+        if lower[i..].starts_with(b"<script") {
+            skip_until = Some(b"</script>");
             continue;
         }
-        if lower[i..].starts_with("<style") {
-            skip_until = Some("</style>");
+        if lower[i..].starts_with(b"<style") {
+            skip_until = Some(b"</style>");
             continue;
         }
         let c = bytes[i];
@@ -226,6 +227,15 @@ mod tests {
         let body = "<!DOCTYPE html><html><head><title>502 Bad Gateway</title><style>p{}</style></head><body><h1>Bad Gateway</h1></body></html>";
         let d = describe_error_body(body);
         assert_eq!(d, "(HTML page) 502 Bad Gateway Bad Gateway");
+    }
+
+    #[test]
+    fn html_with_multibyte_text_inside_tags_does_not_panic() {
+        let body = "<html><body><p title=\"café ☕\">Fehler: überlastet ☕</p><script>é</script></body></html>";
+        assert_eq!(
+            describe_error_body(body),
+            "(HTML page) Fehler: überlastet ☕"
+        );
     }
 
     #[test]
