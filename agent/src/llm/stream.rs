@@ -286,6 +286,47 @@ mod tests {
     }
 
     #[test]
+    fn malformed_chunks_are_errors_or_ignored_never_panics() {
+        let junk = [
+            json!(null),
+            json!([1, 2]),
+            json!("text"),
+            json!({"choices": {"0": 1}}),
+            json!({"choices": [null, 1, "x"]}),
+            json!({"choices": [{"delta": {"content": 5, "tool_calls": "no"}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [null, 3, {"index": "a"}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": u64::MAX, "function": {"name": 1, "arguments": [1]}}]}}]}),
+            json!({"choices": [{"finish_reason": 7, "delta": {"reasoning_content": {}}}]}),
+            json!({"usage": "lots", "model": 3}),
+            json!({"error": "plain string"}),
+        ];
+        for j in &junk {
+            let mut a = ChunkAssembler::new("m");
+            let _ = a.push_chunk(j);
+            let _ = a.finish(true);
+        }
+        // Random bytes through the SSE parser and the error describer.
+        let mut rng = fastrand::Rng::with_seed(7);
+        for _ in 0..500 {
+            let len = rng.usize(0..200);
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    *rng.choice(b"data: {}[]\"\n\r:<>\xc3\xa9\xff")
+                        .unwrap_or(&b'x')
+                })
+                .collect();
+            let mut p = crate::llm::sse::SseParser::new();
+            for ev in p.feed(&bytes).into_iter().chain(p.finish()) {
+                if let Ok(v) = serde_json::from_str::<Value>(&ev.data) {
+                    let mut a = ChunkAssembler::new("m");
+                    let _ = a.push_chunk(&v);
+                }
+            }
+            let _ = crate::llm::error::describe_error_body(&String::from_utf8_lossy(&bytes));
+        }
+    }
+
+    #[test]
     fn eof_without_finish_is_truncation() {
         let mut a = ChunkAssembler::new("m");
         a.push_chunk(&json!({"choices":[{"delta":{"content":"hal"}}]}))
