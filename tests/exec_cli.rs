@@ -329,3 +329,56 @@ fn ctrl_c_stops_a_stalled_stream() {
         .unwrap();
     assert!(err.contains("cancelled"), "{err}");
 }
+
+/// Run `shade exec ARGS` on a pseudo-terminal (util-linux `script`), typing `input`.
+fn exec_on_tty(p: &Project, args: &str, input: &str) -> Option<Output> {
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipping: `script` (util-linux) is not installed");
+        return None;
+    }
+    let cmd = format!("{} exec {args}", env!("CARGO_BIN_EXE_shade"));
+    let mut child = Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .current_dir(p.dir.path())
+        .env("XDG_CONFIG_HOME", p.config.path())
+        .env("HOME", p.config.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    Some(child.wait_with_output().unwrap())
+}
+
+#[test]
+fn default_mode_on_a_terminal_asks_and_obeys() {
+    let p = Project::new();
+    let args = format!(
+        "--llm replay:{} '{PROMPT}'",
+        fixtures().join("fix_add.jsonl").display()
+    );
+    let Some(out) = exec_on_tty(&p, &args, "y\ny\n") else {
+        return;
+    };
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("allow the agent to change files: `edit add.sh`? [y/N]"));
+    assert!(text.contains("allow the agent to run a command that may write: `shell sh test.sh`?"));
+    assert!(p.read("add.sh").contains("$1 + $2"));
+
+    let p = Project::new();
+    let Some(out) = exec_on_tty(&p, &args, "n\n") else {
+        return;
+    };
+    assert!(stdout(&out).contains("⊘ edit add.sh refused: The user declined"));
+    assert!(
+        p.read("add.sh").contains("$1 - $2"),
+        "declined edit not applied"
+    );
+}
