@@ -133,13 +133,12 @@ fn read_full(f: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
     Ok(done)
 }
 
-/// Is this slot's object part of the changeset given `include_ignored`?
+/// Whether this slot is skipped given `include_ignored`, and whether it is ignored.
+/// Judged by the path now, not when the object was made: build tools create output in
+/// temporary directories and rename them into an ignored place (cargo's `target/`).
 fn skipped(o: &Overlay, path: &Path, entry: &Entry, include_ignored: bool) -> (bool, bool) {
-    let ignored = match entry {
-        Entry::Node(n) => n.ignored,
-        Entry::Dir(d) => d.ignored || o.ignore.is_ignored(path, true),
-        Entry::Whiteout => o.ignore.is_ignored(path, false),
-    };
+    let is_dir = matches!(entry, Entry::Dir(_));
+    let ignored = o.ignore.is_ignored(path, is_dir);
     (ignored && !include_ignored, ignored)
 }
 

@@ -250,7 +250,6 @@ impl ShadeFs {
                 Obj::Node(_) => return Err(libc::EIO),
             };
             d.meta.changed();
-            d.ignored = o.ignore.is_ignored(&to, true);
             t.move_descendants(&from, &to);
             o.remove_moved(&mut t, &from);
             t.set(&o.lower, &to, Entry::Dir(d));
@@ -342,7 +341,6 @@ impl Filesystem for ShadeFs {
                         lower: None,
                         lower_fp: None,
                         nlink: 0,
-                        ignored: false,
                     }),
                 );
                 a.ino = INodeNo(0);
@@ -476,7 +474,6 @@ impl Filesystem for ShadeFs {
                 lower: None,
                 lower_fp: None,
                 nlink: 2,
-                ignored: o.ignore.is_ignored(&rel, true),
             };
             o.place(&mut t, &rel, Entry::Dir(d.clone()), true)?;
             Ok(o.entry(&mut t, &rel, &Obj::Dir(d)))
@@ -981,6 +978,21 @@ impl Filesystem for ShadeFs {
             }
             Err(e) => reply.error(err(e)),
         }
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        // Files here are not terminals or devices (isatty() asks with TCGETS).
+        reply.error(Errno::ENOTTY);
     }
 
     fn fallocate(

@@ -129,8 +129,6 @@ pub(crate) struct Node {
     pub target: OsString,
     /// The lower path this node was copied up from, for the changeset (rename/modify).
     pub origin: Option<PathBuf>,
-    /// Lives under a gitignored path (build output): kept on disk, skipped by accept.
-    pub ignored: bool,
 }
 
 impl Node {
@@ -157,5 +155,4 @@ pub(crate) struct DirOver {
     /// (the base a directory rename is checked against on accept).
     pub lower_fp: Option<crate::fingerprint::Fingerprint>,
     pub nlink: u32,
-    pub ignored: bool,
 }

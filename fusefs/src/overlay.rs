@@ -56,7 +56,13 @@ pub(crate) struct Creds {
 
 impl Overlay {
     pub fn new(lower: Lower, store: Store, ignore: IgnoreRules) -> Overlay {
-        let watch = crate::watch::LowerWatch::new(lower.root()).map(Arc::new);
+        // SHADE_KERNEL_CACHE=0 turns kernel caching of lower objects off (to measure it,
+        // or to rule it out when chasing a bug).
+        let cache = std::env::var_os("SHADE_KERNEL_CACHE").is_none_or(|v| v != "0");
+        let watch = cache
+            .then(|| crate::watch::LowerWatch::new(lower.root()))
+            .flatten()
+            .map(Arc::new);
         Overlay {
             watch,
             lower,
@@ -251,7 +257,6 @@ impl Overlay {
             data: std::sync::RwLock::new(data),
             target,
             origin: Some(lp),
-            ignored,
         });
         if let Some(i) = t.inodes.get_mut(&ino) {
             i.target = InodeTarget::Node(node.clone());
@@ -362,7 +367,6 @@ impl Overlay {
             data: std::sync::RwLock::new(data),
             target,
             origin: None,
-            ignored,
         }))
     }
 

@@ -394,7 +394,6 @@ impl Tree {
             lower: self.natural_lower(rel),
             lower_fp: Some(Fingerprint::from_stat(st)),
             nlink: st.st_nlink as u32,
-            ignored: false,
         }
     }
 }

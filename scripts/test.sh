@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The full test suite. Needs root and /dev/fuse (tests mount branches for real and run
+# commands in mount namespaces); it fails, never skips, where they are missing.
+# Usage: scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [[ $(id -u) -ne 0 ]]; then
+    echo "test.sh: must run as root (the tests mount FUSE branches and use mount namespaces)" >&2
+    exit 1
+fi
+if [[ ! -c /dev/fuse ]]; then
+    echo "test.sh: /dev/fuse is missing (modprobe fuse, or give the container --device /dev/fuse)" >&2
+    exit 1
+fi
+scripts/setup.sh
+
+echo "== unit and integration tests"
+cargo test --workspace --locked
+
+echo "== POSIX conformance (pjdfstest) inside a branch, through shade run"
+cargo build --locked -q -p shade
+proj=$(mktemp -d /var/tmp/shade-pjdfstest.XXXXXX)
+trap 'rm -rf "$proj"' EXIT
+chmod 755 "$proj"
+target/debug/shade run --allow-other -C "$proj" -- "$PWD/scripts/pjdfstest.sh" "$proj"
