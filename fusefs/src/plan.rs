@@ -26,16 +26,38 @@ pub struct Perms {
 #[derive(Debug)]
 pub enum PlanOp {
     /// Create or replace a regular file with `content` (read from offset 0 to its end).
-    WriteFile { path: RelPath, content: File, perms: Perms, base: Base },
+    WriteFile {
+        path: RelPath,
+        content: File,
+        perms: Perms,
+        base: Base,
+    },
     /// Create or replace a symlink.
-    Symlink { path: RelPath, target: PathBuf, base: Base },
+    Symlink {
+        path: RelPath,
+        target: PathBuf,
+        base: Base,
+    },
     /// Create a directory (its parent exists by then, or is created by an earlier op).
-    Mkdir { path: RelPath, perms: Perms, base: Base },
+    Mkdir {
+        path: RelPath,
+        perms: Perms,
+        base: Base,
+    },
     /// Change the permissions of an existing directory.
-    SetPerms { path: RelPath, perms: Perms, base: Base },
+    SetPerms {
+        path: RelPath,
+        perms: Perms,
+        base: Base,
+    },
     /// Move a whole lower directory (the branch renamed it); done before any other op so
     /// that ops inside `to` find it there.
-    RenameDir { from: RelPath, to: RelPath, base_from: Base, base_to: Base },
+    RenameDir {
+        from: RelPath,
+        to: RelPath,
+        base_from: Base,
+        base_to: Base,
+    },
     /// Remove a file, symlink or whole directory tree; done after writes, deepest first.
     Delete { path: RelPath, base: Base },
 }

@@ -19,7 +19,9 @@ impl StateDir {
         if let Some(p) = std::env::var_os("XDG_STATE_HOME").filter(|p| !p.is_empty()) {
             return StateDir::at(PathBuf::from(p).join("shade"));
         }
-        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/root"));
         StateDir::at(home.join(".local/state/shade"))
     }
 
