@@ -700,7 +700,7 @@ fn turn(text: &[&str], tools: &[(&str, &str, Value)], usage: (u64, u64)) -> Scri
     Scripted::sse(&sse_body(&chunks, true), &[37])
 }
 
-async fn record(name: &str, approval: ApprovalMode, script: Vec<Scripted>) {
+async fn record(name: &str, approval: ApprovalMode, prompt: &str, script: Vec<Scripted>) {
     let dir = project();
     let server = MockServer::start(script);
     let path = fixtures().join(name);
@@ -712,7 +712,7 @@ async fn record(name: &str, approval: ApprovalMode, script: Vec<Scripted>) {
         ToolRegistry::standard(),
     );
     let (sink, _) = collector();
-    let mut conv = a.start_conversation(FIX_PROMPT);
+    let mut conv = a.start_conversation(prompt);
     let out = a
         .run(&mut conv, &sink, &CancellationToken::new())
         .await
@@ -720,12 +720,106 @@ async fn record(name: &str, approval: ApprovalMode, script: Vec<Scripted>) {
     assert_eq!(out.stop, StopReason::Completed);
 }
 
+const PLAN_PROMPT: &str =
+    "Where is the sum computed and why does test.sh fail? Plan the fix; do not change anything.";
+
+#[tokio::test]
+async fn replayed_plan_mode_exploration_changes_nothing() {
+    let dir = project();
+    let before = std::fs::read_to_string(dir.path().join("add.sh")).unwrap();
+    let replay = Arc::new(ReplayProvider::open(&fixtures().join("explore_plan.jsonl")).unwrap());
+    let a = agent(
+        dir.path(),
+        replay.clone(),
+        ApprovalMode::Plan,
+        ToolRegistry::standard(),
+    );
+    let (sink, events) = collector();
+    let mut conv = a.start_conversation(PLAN_PROMPT);
+    let out = a
+        .run(&mut conv, &sink, &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(out.stop, StopReason::Completed);
+    assert_eq!(replay.served(), replay.len());
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("add.sh")).unwrap(),
+        before
+    );
+    let ends = tool_ends(&events.lock().unwrap());
+    let summary: Vec<(&str, bool, bool)> = ends.iter().map(|e| (e.0.as_str(), e.1, e.2)).collect();
+    assert_eq!(
+        summary,
+        [
+            ("todo_write", true, false),
+            ("grep", true, false),
+            ("glob", true, false),
+            ("shell", true, false),
+            ("shell", false, true),
+        ]
+    );
+    assert!(
+        ends[1].3.contains("add.sh:3: echo $(( $1 - $2 ))"),
+        "{}",
+        ends[1].3
+    );
+    assert!(
+        ends[3].3.contains("result=$(sh add.sh 2 3)"),
+        "{}",
+        ends[3].3
+    );
+    assert!(ends[4].3.contains("plan mode"));
+    assert_eq!(a.context().todos.lock().unwrap().len(), 2);
+    assert_well_formed(&conv);
+}
+
 #[tokio::test]
 #[ignore = "regenerates the committed cassettes"]
 async fn record_fixtures() {
     record(
+        "explore_plan.jsonl",
+        ApprovalMode::Plan,
+        PLAN_PROMPT,
+        vec![
+            turn(
+                &["I'll plan this first."],
+                &[(
+                    "call_1",
+                    "todo_write",
+                    json!({"todos": [
+                        {"id": "1", "content": "Find where the sum is computed", "status": "in_progress"},
+                        {"id": "2", "content": "Explain why test.sh fails", "status": "pending"}]}),
+                )],
+                (800, 30),
+            ),
+            turn(
+                &["Searching."],
+                &[
+                    ("call_2", "grep", json!({"pattern": "\\$\\(\\(", "include": "*.sh"})),
+                    ("call_3", "glob", json!({"pattern": "*.sh"})),
+                ],
+                (900, 30),
+            ),
+            turn(
+                &["Checking how the test calls it; running it would be the next step."],
+                &[
+                    ("call_4", "shell", json!({"command": "cat test.sh | grep result"})),
+                    ("call_5", "shell", json!({"command": "sh test.sh"})),
+                ],
+                (1000, 30),
+            ),
+            turn(
+                &["The sum is computed on line 3 of add.sh, which uses `-`, so `sh add.sh 2 3` prints -1 and test.sh fails. ", "Plan: change it to `echo $(( $1 + $2 ))` and rerun `sh test.sh` (expected output: PASS)."],
+                &[],
+                (1100, 40),
+            ),
+        ],
+    )
+    .await;
+    record(
         "fix_add.jsonl",
         ApprovalMode::Yolo,
+        FIX_PROMPT,
         vec![
             turn(
                 &["Let me look at ", "both scripts."],
@@ -760,6 +854,7 @@ async fn record_fixtures() {
     record(
         "refused_edit.jsonl",
         ApprovalMode::Default,
+        FIX_PROMPT,
         vec![
             turn(
                 &["The operator in add.sh is wrong; changing `-` to `+`."],
