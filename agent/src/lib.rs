@@ -1,9 +1,37 @@
 //! The shade agent: LLM client, tools, query loop (see DESIGN.md "The agent").
 //!
-//! Entry points: [`query_loop::Agent`] runs a conversation over a [`workspace::Workspace`]
-//! with the [`tools::ToolRegistry`], talking to any [`llm::LlmProvider`] (live
-//! [`llm::OpenAiClient`], [`llm::cassette::RecordingProvider`] or
-//! [`llm::cassette::ReplayProvider`]) and reporting [`events::AgentEvent`]s.
+//! - [`query_loop::Agent`] runs a conversation: it streams the model's reply, runs the tool
+//!   calls through the approval gate ([`approval`]), feeds every result back and repeats,
+//!   reporting [`events::AgentEvent`]s to an [`EventSink`].
+//! - Tools ([`tools::ToolRegistry::standard`]) work inside a [`workspace::Workspace`] — the
+//!   project or a branch mount — which refuses paths leading out of it.
+//! - Any [`llm::LlmProvider`] can drive it: the live [`llm::OpenAiClient`] (SSE streaming,
+//!   retries, model switching), [`llm::cassette::RecordingProvider`] around it, or
+//!   [`llm::cassette::ReplayProvider`] serving a recorded cassette (JSONL, one
+//!   `{"request": {"messages": …}, "response": {"chunks": [{"text": …}], "tool_calls": …,
+//!   "finish_reason": …}}` per model call; system messages are not compared on replay).
+//!
+//! Configuration ([`llm::LlmConfig::load`]): `$XDG_CONFIG_HOME/shade/config.toml`, then
+//! `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `SHADE_MODEL`, `SHADE_FAST_MODEL`, then flags.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use shade_agent::approval::{AlwaysYes, ApprovalMode};
+//! use shade_agent::llm::cassette::ReplayProvider;
+//! use shade_agent::{Agent, AgentOptions, EventSink, ToolContext, ToolRegistry, Workspace};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let provider = Arc::new(ReplayProvider::open("run.jsonl".as_ref())?);
+//! let ctx = ToolContext::new(Workspace::new("/path/to/branch/mount")?);
+//! let options = AgentOptions { model: "qwen-plus".into(), approval: ApprovalMode::Yolo, ..Default::default() };
+//! let agent = Agent::new(provider, ToolRegistry::standard(), ctx, Arc::new(AlwaysYes), options);
+//! let events: EventSink = Arc::new(|e| println!("{}", serde_json::to_string(&e).unwrap_or_default()));
+//! let mut conversation = agent.start_conversation("fix the failing test");
+//! let outcome = agent.run(&mut conversation, &events, &Default::default()).await?;
+//! println!("{:?} after {} turns", outcome.stop, outcome.turns);
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
 
 pub mod approval;
 pub mod events;
