@@ -159,6 +159,10 @@ impl Agent {
         let mut usage = Usage::default();
         let mut final_text = String::new();
         let mut turns = 0;
+        // After a model switch (context too long, rate limited) later turns stay on the new
+        // model instead of failing over again on every call.
+        let mut model = self.options.model.clone();
+        let switched: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
         let finish = |stop, turns, final_text: String, usage: Usage| {
             events(AgentEvent::Done {
                 reason: stop,
@@ -187,10 +191,10 @@ impl Agent {
             turns += 1;
             events(AgentEvent::TurnStart {
                 turn: turns,
-                model: self.options.model.clone(),
+                model: model.clone(),
             });
             let request = ChatRequest {
-                model: self.options.model.clone(),
+                model: model.clone(),
                 messages: conversation.clone(),
                 tools: specs.clone(),
                 temperature: self.options.temperature,
@@ -210,6 +214,9 @@ impl Agent {
                     reason,
                 }),
                 LlmEvent::ModelSwitch { from, to, reason } => {
+                    if let Ok(mut s) = switched.lock() {
+                        *s = Some(to.clone());
+                    }
                     events(AgentEvent::ModelSwitch { from, to, reason })
                 }
             };
@@ -229,6 +236,9 @@ impl Agent {
                     return Err(e.into());
                 }
             };
+            if let Some(to) = switched.lock().ok().and_then(|mut s| s.take()) {
+                model = to;
+            }
             if let Some(u) = &completion.usage {
                 usage.prompt_tokens += u.prompt_tokens;
                 usage.completion_tokens += u.completion_tokens;

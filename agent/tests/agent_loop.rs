@@ -930,3 +930,56 @@ async fn an_answer_cut_at_the_token_limit_is_flagged() {
         |e| matches!(e, AgentEvent::Error { message } if message.contains("output token limit"))
     ));
 }
+
+#[tokio::test]
+async fn after_a_model_switch_later_turns_stay_on_the_new_model() {
+    let dir = project();
+    let tool_turn = sse_body(
+        &[
+            json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"ls","arguments":"{}"}}]}}]}),
+            finish_chunk("tool_calls"),
+        ],
+        true,
+    );
+    let server = MockServer::start(vec![
+        Scripted::status(
+            "400 Bad Request",
+            &[],
+            r#"{"error":{"message":"maximum context length exceeded"}}"#,
+        ),
+        Scripted::sse(&tool_turn, &[64]),
+        Scripted::sse(
+            &sse_body(&[text_chunk("done"), finish_chunk("stop")], true),
+            &[64],
+        ),
+    ]);
+    let client = OpenAiClient::new(LlmConfig {
+        base_url: server.base_url.clone(),
+        large_context_model: Some("big".into()),
+        max_retries: 0,
+        ..LlmConfig::default()
+    })
+    .unwrap();
+    let a = agent(
+        dir.path(),
+        Arc::new(client),
+        ApprovalMode::Yolo,
+        ToolRegistry::standard(),
+    );
+    let (sink, events) = collector();
+    let mut conv = a.start_conversation("x");
+    let out = a
+        .run(&mut conv, &sink, &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(out.final_text, "done");
+    let models: Vec<String> = (0..3)
+        .map(|i| server.request(i)["model"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(models, ["test-model", "big", "big"]);
+    assert!(events
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|e| matches!(e, AgentEvent::TurnStart { turn: 2, model } if model == "big")));
+}
