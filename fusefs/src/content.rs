@@ -147,16 +147,7 @@ impl Content {
     }
 
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        let mut done = 0;
-        while done < buf.len() {
-            match self.file.read_at(&mut buf[done..], offset + done as u64) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(done)
+        read_full_at(&self.file, buf, offset)
     }
 
     pub fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
@@ -172,6 +163,20 @@ impl Content {
         let path = format!("/proc/self/fd/{}", self.file.as_raw_fd());
         File::open(path)
     }
+}
+
+/// Read until `buf` is full or the file ends (a short read only at end of file).
+pub(crate) fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
 }
 
 /// Copy `len` bytes from the start of `from` into `to` (kernel-side where possible).

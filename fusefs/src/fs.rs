@@ -318,7 +318,11 @@ impl Overlay {
 
 impl Filesystem for ShadeFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
+        // In no-open mode (see `open`) O_TRUNC must arrive as setattr(size=0): the kernel
+        // would otherwise assume we truncated in an open we never see.
+        if !self.overlay.caching() {
+            let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
+        }
         Ok(())
     }
 
@@ -609,6 +613,12 @@ impl Filesystem for ShadeFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let o = &self.overlay;
+        if o.caching() {
+            // No-open mode: the kernel stops sending open/release, keeps the page cache
+            // across opens, and reads/writes arrive by inode (`fh` 0). A lower file is
+            // copied up on its first write instead of at open.
+            return reply.error(Errno::ENOSYS);
+        }
         let acc = flags.0 & libc::O_ACCMODE;
         let writes = acc == libc::O_WRONLY || acc == libc::O_RDWR;
         let trunc = flags.0 & libc::O_TRUNC != 0;
@@ -653,7 +663,7 @@ impl Filesystem for ShadeFs {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -662,6 +672,13 @@ impl Filesystem for ShadeFs {
         reply: ReplyData,
     ) {
         let o = &self.overlay;
+        if fh.0 == 0 {
+            let mut buf = vec![0u8; size as usize];
+            return match o.read_ino(ino.0, &mut buf, offset) {
+                Ok(n) => reply.data(&buf[..n]),
+                Err(e) => reply.error(err(e)),
+            };
+        }
         let res = o.handle(fh.0).and_then(|h| {
             let mut buf = vec![0u8; size as usize];
             let n = match &*h {
@@ -684,7 +701,7 @@ impl Filesystem for ShadeFs {
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
@@ -694,10 +711,7 @@ impl Filesystem for ShadeFs {
         reply: ReplyWrite,
     ) {
         let o = &self.overlay;
-        let res = o.handle(fh.0).and_then(|h| {
-            let Handle::Node(n) = &*h else {
-                return Err(libc::EBADF);
-            };
+        let res = o.node_for_io(ino.0, fh.0, true).and_then(|n| {
             let end = offset + data.len() as u64;
             let mut guard = n.data_mut();
             let content = guard.as_mut().ok_or(libc::EINVAL)?;
@@ -742,13 +756,13 @@ impl Filesystem for ShadeFs {
     fn fsync(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let res = self.overlay.handle(fh.0).and_then(|h| {
-            if let Handle::Node(n) = &*h {
+        let res = self.overlay.node_for_io(ino.0, fh.0, false).and_then(|n| {
+            {
                 if let Some(c) = n.data().as_ref() {
                     if c.is_on_disk() {
                         let f = c.file();
@@ -771,36 +785,16 @@ impl Filesystem for ShadeFs {
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let o = &self.overlay;
-        let res = (|| -> Res<Handle> {
-            let t = o.tree();
-            let rel = Overlay::path_of(&t, ino.0)?;
-            if !t.resolve(&o.lower, &rel)?.is_dir() {
-                return Err(libc::ENOTDIR);
-            }
-            let parent_ino = if rel.as_os_str().is_empty() {
-                1
-            } else {
-                t.path_ino.get(split(&rel).0).copied().unwrap_or(1)
-            };
-            let mut entries = vec![
-                (ino.0, fuser::FileType::Directory, ".".into()),
-                (parent_ino, fuser::FileType::Directory, "..".into()),
-            ];
-            if let Some(w) = &o.watch {
-                if let Some(src) = t.lower_of(&rel) {
-                    w.watch_dir(&src);
-                }
-            }
-            entries.extend(o.list(&t, &rel)?);
-            Ok(Handle::Dir(entries))
-        })();
-        let flags = if o.caching() {
-            FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR
-        } else {
-            FopenFlags::empty()
-        };
-        match res {
-            Ok(h) => reply.opened(FileHandle(o.add_handle(h)), flags),
+        if o.caching() {
+            // No-opendir mode: listings are cached by the kernel (invalidated by our own
+            // changes and by the lower watcher) and read by inode.
+            return reply.error(Errno::ENOSYS);
+        }
+        match o.listing(ino.0) {
+            Ok(entries) => reply.opened(
+                FileHandle(o.add_handle(Handle::Dir(entries))),
+                FopenFlags::empty(),
+            ),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -808,22 +802,33 @@ impl Filesystem for ShadeFs {
     fn readdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let h = match self.overlay.handle(fh.0) {
-            Ok(h) => h,
+        let o = &self.overlay;
+        let listing = if fh.0 == 0 {
+            o.listing_at(ino.0, offset)
+        } else {
+            o.handle(fh.0).and_then(|h| match &*h {
+                Handle::Dir(entries) => Ok(Arc::new(entries.clone())),
+                _ => Err(libc::ENOTDIR),
+            })
+        };
+        let entries = match listing {
+            Ok(l) => l,
             Err(e) => return reply.error(err(e)),
         };
-        let Handle::Dir(entries) = &*h else {
-            return reply.error(Errno::ENOTDIR);
-        };
+        let mut full = false;
         for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
             if reply.add(INodeNo(*ino), (i + 1) as u64, *kind, name) {
+                full = true;
                 break;
             }
+        }
+        if fh.0 == 0 && !full {
+            o.listing_done(ino.0);
         }
         reply.ok();
     }
@@ -998,7 +1003,7 @@ impl Filesystem for ShadeFs {
     fn fallocate(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         length: u64,
@@ -1006,10 +1011,7 @@ impl Filesystem for ShadeFs {
         reply: ReplyEmpty,
     ) {
         let o = &self.overlay;
-        let res = o.handle(fh.0).and_then(|h| {
-            let Handle::Node(n) = &*h else {
-                return Err(libc::EBADF);
-            };
+        let res = o.node_for_io(ino.0, fh.0, true).and_then(|n| {
             if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
                 return Err(libc::EOPNOTSUPP);
             }
@@ -1033,6 +1035,23 @@ impl Filesystem for ShadeFs {
 }
 
 impl Overlay {
+    /// The node that I/O on (`ino`, `fh`) goes to: the handle's node, or by inode in
+    /// no-open mode (`fh` 0), copying a lower file up first when `for_write`.
+    fn node_for_io(&self, ino: u64, fh: u64, for_write: bool) -> Res<Arc<crate::node::Node>> {
+        if fh == 0 {
+            return if for_write {
+                self.write_target(ino)
+            } else {
+                self.node_of(ino).ok_or(libc::EINVAL)
+            };
+        }
+        match &*self.handle(fh)? {
+            Handle::Node(n) => Ok(n.clone()),
+            Handle::Lower { ino, .. } => self.node_of(*ino).ok_or(libc::EBADF),
+            Handle::Dir(_) => Err(libc::EISDIR),
+        }
+    }
+
     /// Extended attributes of whatever `ino` is, without copying anything up.
     fn xattrs_of(&self, ino: u64) -> Res<Vec<(std::ffi::OsString, Vec<u8>)>> {
         let t = self.tree();

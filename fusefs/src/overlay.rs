@@ -45,7 +45,18 @@ pub(crate) struct Overlay {
     next_fh: AtomicU64,
     /// Present when lower changes are watched; only then may the kernel cache lower objects.
     pub watch: Option<Arc<crate::watch::LowerWatch>>,
+    /// Open lower files by inode, for reads that come without a handle (no-open mode).
+    lower_fds: Mutex<lru::LruCache<u64, Arc<File>>>,
+    /// Directory listings being read without a handle (no-opendir mode), by inode.
+    listings: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
 }
+
+/// One entry of a directory listing: inode, type, name.
+pub(crate) type DirEntry = (u64, FileType, OsString);
+
+/// Lower files kept open for handle-less reads; the kernel's page cache absorbs most
+/// reads, so a modest number suffices and stays well inside the default fd limit.
+const LOWER_FD_CACHE: usize = 256;
 
 /// Who is creating an object, for ownership of new entries.
 #[derive(Clone, Copy)]
@@ -71,6 +82,10 @@ impl Overlay {
             tree: Mutex::new(Tree::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            lower_fds: Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(LOWER_FD_CACHE).unwrap_or(std::num::NonZeroUsize::MIN),
+            )),
+            listings: Mutex::new(HashMap::new()),
         }
     }
 
@@ -103,6 +118,116 @@ impl Overlay {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&fh);
+    }
+
+    // ----- handle-less I/O (no-open mode) ---------------------------------------------
+
+    /// The node a write to `ino` goes to, copying a lower file up on its first write.
+    pub fn write_target(&self, ino: u64) -> Res<Arc<Node>> {
+        let mut t = self.tree();
+        match self.obj_of(&t, ino)? {
+            Obj::Node(n) => Ok(n),
+            obj if obj.is_dir() => Err(libc::EISDIR),
+            _ => {
+                let rel = Self::path_of(&t, ino)?;
+                self.copy_up(&mut t, &rel, u64::MAX)
+            }
+        }
+    }
+
+    /// Read from whatever `ino` is now: its node, or the lower file (fd cached).
+    pub fn read_ino(&self, ino: u64, buf: &mut [u8], offset: u64) -> Res<usize> {
+        let file = {
+            let t = self.tree();
+            match t.inodes.get(&ino).map(|i| &i.target) {
+                Some(InodeTarget::Node(n)) => {
+                    let n = n.clone();
+                    drop(t);
+                    let data = n.data();
+                    let c = data.as_ref().ok_or(libc::EINVAL)?;
+                    return c.read_at(buf, offset).map_err(errno);
+                }
+                Some(InodeTarget::Gone(_)) => t.orphans.get(&ino).cloned().ok_or(libc::ENOENT)?,
+                Some(InodeTarget::Path(p)) => {
+                    let cached = self
+                        .lower_fds
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .get(&ino)
+                        .cloned();
+                    match cached {
+                        Some(f) => f,
+                        None => {
+                            let Obj::Lower(lp, _) = t.resolve(&self.lower, p)? else {
+                                return Err(libc::EIO);
+                            };
+                            let f = Arc::new(self.lower.open_file(&lp).map_err(errno)?);
+                            self.lower_fds
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .put(ino, f.clone());
+                            f
+                        }
+                    }
+                }
+                None => return Err(libc::ENOENT),
+            }
+        };
+        crate::content::read_full_at(&file, buf, offset).map_err(errno)
+    }
+
+    /// A lower file changed or went away: do not read it through a stale fd.
+    pub fn forget_lower_fd(&self, ino: u64) {
+        self.lower_fds
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop(&ino);
+    }
+
+    /// The listing of directory inode `ino`, with `.` and `..`.
+    pub fn listing(&self, ino: u64) -> Res<Vec<DirEntry>> {
+        let t = self.tree();
+        let rel = Self::path_of(&t, ino)?;
+        if !t.resolve(&self.lower, &rel)?.is_dir() {
+            return Err(libc::ENOTDIR);
+        }
+        let parent_ino = if rel.as_os_str().is_empty() {
+            1
+        } else {
+            t.path_ino.get(split(&rel).0).copied().unwrap_or(1)
+        };
+        let mut entries = vec![
+            (ino, FileType::Directory, ".".into()),
+            (parent_ino, FileType::Directory, "..".into()),
+        ];
+        if let (Some(w), Some(src)) = (&self.watch, t.lower_of(&rel)) {
+            w.watch_dir(&src);
+        }
+        entries.extend(self.list(&t, &rel)?);
+        Ok(entries)
+    }
+
+    /// The listing a handle-less readdir at `offset` continues (taken afresh at 0).
+    pub fn listing_at(&self, ino: u64, offset: u64) -> Res<Arc<Vec<DirEntry>>> {
+        let mut cache = self.listings.lock().unwrap_or_else(PoisonError::into_inner);
+        if offset > 0 {
+            if let Some(l) = cache.get(&ino) {
+                return Ok(l.clone());
+            }
+        }
+        drop(cache);
+        let l = Arc::new(self.listing(ino)?);
+        cache = self.listings.lock().unwrap_or_else(PoisonError::into_inner);
+        cache.insert(ino, l.clone());
+        Ok(l)
+    }
+
+    /// A handle-less listing was read to its end.
+    pub fn listing_done(&self, ino: u64) {
+        self.listings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&ino);
     }
 
     // ----- paths and inodes ----------------------------------------------------------
@@ -196,6 +321,14 @@ impl Overlay {
         };
         let gone = match t.resolve(&self.lower, rel) {
             Ok(obj) => {
+                if let Obj::Lower(lp, st) = &obj {
+                    // Handle-less reads of an open, unlinked lower file still need it.
+                    if self.caching() && st.st_mode & libc::S_IFMT == libc::S_IFREG {
+                        if let Ok(f) = self.lower.open_file(lp) {
+                            t.orphans.insert(ino, Arc::new(f));
+                        }
+                    }
+                }
                 let mut a = attr(ino, &obj);
                 a.nlink = 0;
                 a

@@ -68,6 +68,8 @@ pub(crate) struct Tree {
     pub children: HashMap<PathBuf, BTreeSet<OsString>>,
     pub inodes: HashMap<u64, Inode>,
     pub path_ino: HashMap<PathBuf, u64>,
+    /// Lower files unlinked in the branch while the kernel still references them.
+    pub orphans: HashMap<u64, Arc<std::fs::File>>,
     next_ino: u64,
 }
 
@@ -96,6 +98,7 @@ impl Tree {
             children: HashMap::new(),
             inodes,
             path_ino,
+            orphans: HashMap::new(),
             next_ino: 2,
         }
     }
@@ -376,6 +379,7 @@ impl Tree {
         if inode.lookups > 0 {
             return;
         }
+        self.orphans.remove(&ino);
         if let Some(Inode {
             target: InodeTarget::Path(p),
             ..

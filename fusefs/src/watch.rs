@@ -130,6 +130,7 @@ impl LowerWatch {
                     let _ = notifier.inval_entry(INodeNo(p), n);
                 }
                 if let Some(i) = ino {
+                    overlay.forget_lower_fd(i);
                     let _ = notifier.inval_inode(INodeNo(i), 0, 0);
                 }
             }
