@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use clap::Args;
-use shade_agent::approval::{Answer, ApprovalMode, Approver, NoOneToAsk};
+use shade_agent::approval::{Answer, ApprovalMode, ApprovalRequest, Approver, NoOneToAsk};
 use shade_agent::llm::cassette::{RecordingProvider, ReplayProvider};
 use shade_agent::llm::{BoxFuture, LlmConfig, LlmProvider, OpenAiClient, Overrides};
 use shade_agent::{
@@ -279,8 +279,18 @@ impl Renderer {
 struct TerminalApprover;
 
 impl Approver for TerminalApprover {
-    fn ask<'a>(&'a self, _tool: &'a str, what: &'a str) -> BoxFuture<'a, Answer> {
-        let question = format!("shade: allow the agent to {what}? [y/N] ");
+    fn ask<'a>(&'a self, request: ApprovalRequest<'a>) -> BoxFuture<'a, Answer> {
+        let mut question = String::new();
+        if let Some(diff) = request.preview {
+            question.push_str(diff);
+            if !diff.ends_with('\n') {
+                question.push('\n');
+            }
+        }
+        question.push_str(&format!(
+            "shade: allow the agent to {}? [y/N] ",
+            request.what
+        ));
         Box::pin(async move {
             let answer = tokio::task::spawn_blocking(move || {
                 eprint!("\n{question}");

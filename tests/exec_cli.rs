@@ -369,6 +369,9 @@ fn default_mode_on_a_terminal_asks_and_obeys() {
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert!(text.contains("allow the agent to change files: `edit add.sh`? [y/N]"));
+    // The diff is shown before the question.
+    assert!(text.contains("-echo $(( $1 - $2 ))"), "{text}");
+    assert!(text.contains("+echo $(( $1 + $2 ))"), "{text}");
     assert!(text.contains("allow the agent to run a command that may write: `shell sh test.sh`?"));
     assert!(p.read("add.sh").contains("$1 + $2"));
 

@@ -90,10 +90,21 @@ pub enum Answer {
     No(String),
 }
 
+/// What the user is asked about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApprovalRequest<'a> {
+    /// Tool name.
+    pub tool: &'a str,
+    /// What would happen (from `Decision::Ask`).
+    pub what: &'a str,
+    /// A unified diff of the file change, when the tool can compute one.
+    pub preview: Option<&'a str>,
+}
+
 /// Something that can ask the user.
 pub trait Approver: Send + Sync {
-    /// Ask whether `what` (from `Decision::Ask`) may happen.
-    fn ask<'a>(&'a self, tool: &'a str, what: &'a str) -> BoxFuture<'a, Answer>;
+    /// Ask whether the call described by `request` may run.
+    fn ask<'a>(&'a self, request: ApprovalRequest<'a>) -> BoxFuture<'a, Answer>;
 }
 
 /// For runs with nobody to ask (`shade exec` without a terminal): refuses and says so.
@@ -104,8 +115,9 @@ pub struct NoOneToAsk {
 }
 
 impl Approver for NoOneToAsk {
-    fn ask<'a>(&'a self, _tool: &'a str, what: &'a str) -> BoxFuture<'a, Answer> {
+    fn ask<'a>(&'a self, request: ApprovalRequest<'a>) -> BoxFuture<'a, Answer> {
         let mode = self.mode;
+        let what = request.what;
         Box::pin(async move {
             Answer::No(format!(
                 "Refused without running: approval mode `{mode}` asks before you {what}, and there \
@@ -122,7 +134,7 @@ impl Approver for NoOneToAsk {
 pub struct AlwaysYes;
 
 impl Approver for AlwaysYes {
-    fn ask<'a>(&'a self, _tool: &'a str, _what: &'a str) -> BoxFuture<'a, Answer> {
+    fn ask<'a>(&'a self, _request: ApprovalRequest<'a>) -> BoxFuture<'a, Answer> {
         Box::pin(async { Answer::Yes })
     }
 }

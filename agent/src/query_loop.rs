@@ -8,7 +8,7 @@ use futures::future::join_all;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::approval::{decide, Answer, ApprovalMode, Approver, Decision};
+use crate::approval::{decide, Answer, ApprovalMode, ApprovalRequest, Approver, Decision};
 use crate::events::{AgentEvent, StopReason};
 use crate::llm::{
     ChatRequest, FinishReason, LlmError, LlmEvent, LlmProvider, Message, ToolCall, Usage,
@@ -383,10 +383,21 @@ impl Agent {
             Decision::Deny(why) => Err(format!(
                 "Refused without running: {why}. Do not retry; continue without it."
             )),
-            Decision::Ask(what) => match self.approver.ask(&p.call.name, &what).await {
-                Answer::Yes => Ok(()),
-                Answer::No(why) => Err(why),
-            },
+            Decision::Ask(what) => {
+                let preview = match &p.args {
+                    Ok(args) => tool.preview(args, &self.ctx),
+                    Err(_) => None,
+                };
+                let request = ApprovalRequest {
+                    tool: &p.call.name,
+                    what: &what,
+                    preview: preview.as_deref(),
+                };
+                match self.approver.ask(request).await {
+                    Answer::Yes => Ok(()),
+                    Answer::No(why) => Err(why),
+                }
+            }
         }
     }
 

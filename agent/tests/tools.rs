@@ -507,3 +507,38 @@ async fn every_path_tool_refuses_escapes() {
     let g = f.call("grep", json!({"pattern": "SECRET"})).await.unwrap();
     assert!(!g.content.contains("TOP SECRET"), "{}", g.content);
 }
+
+#[tokio::test]
+async fn edit_write_and_memory_preview_their_diff_without_writing() {
+    let f = Fixture::new();
+    f.write("a.txt", "one\ntwo\n");
+    let edit = f.tools.get("edit").unwrap();
+    let d = edit
+        .preview(
+            &json!({"path": "a.txt", "old_string": "two", "new_string": "2"}),
+            &f.ctx,
+        )
+        .unwrap();
+    assert!(d.contains("--- a/a.txt\n+++ b/a.txt\n"), "{d}");
+    assert!(d.contains("\n-two\n+2\n"), "{d}");
+    assert_eq!(f.read("a.txt"), "one\ntwo\n", "a preview writes nothing");
+    assert!(edit
+        .preview(
+            &json!({"path": "a.txt", "old_string": "zzz", "new_string": "2"}),
+            &f.ctx
+        )
+        .is_none());
+    let write = f.tools.get("write_file").unwrap();
+    let d = write
+        .preview(&json!({"path": "new.txt", "content": "hello\n"}), &f.ctx)
+        .unwrap();
+    assert!(d.contains("+hello"), "{d}");
+    assert!(!f.path("new.txt").exists());
+    let memory = f.tools.get("memory").unwrap();
+    let d = memory
+        .preview(&json!({"fact": "tabs", "scope": "project"}), &f.ctx)
+        .unwrap();
+    assert!(d.contains("+## Shade Added Memories\n+- tabs"), "{d}");
+    let read = f.tools.get("read_file").unwrap();
+    assert!(read.preview(&json!({"path": "a.txt"}), &f.ctx).is_none());
+}

@@ -81,6 +81,16 @@ impl Tool for Edit {
         ToolKind::Edit
     }
 
+    fn preview(&self, args: &Value, ctx: &ToolContext) -> Option<String> {
+        let p: Params = parse_args(args.clone()).ok()?;
+        let c = compute(&ctx.workspace, &p).ok()?;
+        Some(super::diff::unified(
+            &c.shown,
+            c.old.as_deref().unwrap_or(""),
+            &c.new,
+        ))
+    }
+
     fn run<'a>(
         &'a self,
         args: Value,
@@ -95,7 +105,17 @@ impl Tool for Edit {
     }
 }
 
-fn apply(ws: &crate::workspace::Workspace, p: Params) -> Result<ToolOutput, ToolError> {
+/// An edit worked out but not yet written.
+struct Change {
+    path: std::path::PathBuf,
+    shown: String,
+    /// `None`: the file is created.
+    old: Option<String>,
+    new: String,
+    replacements: usize,
+}
+
+fn compute(ws: &crate::workspace::Workspace, p: &Params) -> Result<Change, ToolError> {
     let path = ws.resolve(&p.path)?;
     let shown = ws.display(&path);
     if p.old_string == p.new_string {
@@ -106,16 +126,12 @@ fn apply(ws: &crate::workspace::Workspace, p: Params) -> Result<ToolOutput, Tool
         if exists {
             return Err(EditError::AlreadyExists(shown).into());
         }
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| ToolError::Failed(format!("cannot create {shown}: {e}")))?;
-        }
-        std::fs::write(&path, &p.new_string)
-            .map_err(|e| ToolError::Failed(format!("cannot write {shown}: {e}")))?;
-        let lines = plural(p.new_string.lines().count(), "line");
-        return Ok(ToolOutput {
-            content: format!("Created {shown} ({lines})."),
-            display: format!("Created {shown} ({lines})"),
+        return Ok(Change {
+            path,
+            shown,
+            old: None,
+            new: p.new_string.clone(),
+            replacements: 0,
         });
     }
     if !exists {
@@ -144,12 +160,37 @@ fn apply(ws: &crate::workspace::Workspace, p: Params) -> Result<ToolOutput, Tool
         }
         .into());
     }
-    let updated = current.replace(&p.old_string, &p.new_string);
-    std::fs::write(&path, &updated)
+    let new = current.replace(&p.old_string, &p.new_string);
+    Ok(Change {
+        path,
+        shown,
+        old: Some(current),
+        new,
+        replacements: found,
+    })
+}
+
+fn apply(ws: &crate::workspace::Workspace, p: Params) -> Result<ToolOutput, ToolError> {
+    let c = compute(ws, &p)?;
+    let shown = &c.shown;
+    if c.old.is_none() {
+        if let Some(parent) = c.path.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| ToolError::Failed(format!("cannot create {shown}: {e}")))?;
+        }
+    }
+    std::fs::write(&c.path, &c.new)
         .map_err(|e| ToolError::Failed(format!("cannot write {shown}: {e}")))?;
-    let removed = p.old_string.lines().count() * found;
-    let added = p.new_string.lines().count() * found;
-    let reps = plural(found, "replacement");
+    if c.old.is_none() {
+        let lines = plural(c.new.lines().count(), "line");
+        return Ok(ToolOutput {
+            content: format!("Created {shown} ({lines})."),
+            display: format!("Created {shown} ({lines})"),
+        });
+    }
+    let removed = p.old_string.lines().count() * c.replacements;
+    let added = p.new_string.lines().count() * c.replacements;
+    let reps = plural(c.replacements, "replacement");
     Ok(ToolOutput {
         content: format!("Edited {shown}: {reps}."),
         display: format!("Edited {shown} ({reps}, -{removed} +{added} lines)"),

@@ -86,6 +86,18 @@ impl Tool for Memory {
         ToolKind::Memory
     }
 
+    fn preview(&self, args: &Value, ctx: &ToolContext) -> Option<String> {
+        let p: Params = parse_args(args.clone()).ok()?;
+        let path = memory_path(ctx, p.scope?).ok()?;
+        let old = std::fs::read_to_string(&path).unwrap_or_default();
+        let new = compute_new_content(&old, &p.fact);
+        Some(super::diff::unified(
+            &path.display().to_string(),
+            &old,
+            &new,
+        ))
+    }
+
     fn run<'a>(
         &'a self,
         args: Value,

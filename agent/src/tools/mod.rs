@@ -2,6 +2,7 @@
 //! arguments, works only inside a `Workspace`, and returns text for the model plus a short
 //! display line for the user.
 
+pub mod diff;
 pub mod edit;
 pub mod glob;
 pub mod grep;
@@ -112,6 +113,10 @@ pub trait Tool: Send + Sync {
     /// A short description of the call for the user (`read src/main.rs`).
     fn describe(&self, args: &Value) -> String {
         summarize_args(self.name(), args)
+    }
+    /// A unified diff of what this call would change, shown when asking for approval.
+    fn preview(&self, _args: &Value, _ctx: &ToolContext) -> Option<String> {
+        None
     }
     /// Run it.
     fn run<'a>(

@@ -47,6 +47,17 @@ impl Tool for WriteFile {
         ToolKind::Edit
     }
 
+    fn preview(&self, args: &Value, ctx: &ToolContext) -> Option<String> {
+        let p: Params = parse_args(args.clone()).ok()?;
+        let path = ctx.workspace.resolve(&p.path).ok()?;
+        let old = std::fs::read_to_string(&path).unwrap_or_default();
+        Some(super::diff::unified(
+            &ctx.workspace.display(&path),
+            &old,
+            &p.content,
+        ))
+    }
+
     fn run<'a>(
         &'a self,
         args: Value,
