@@ -34,11 +34,20 @@ impl Default for BranchOptions {
     fn default() -> Self {
         BranchOptions {
             state: StateDir::from_env(),
-            memory_budget: 256 << 20,
+            memory_budget: memory_budget_from_env(),
             allow_other: false,
             threads: 2,
         }
     }
+}
+
+/// The memory budget: `SHADE_MEMORY_BUDGET` (bytes) if set and valid, else 256 MiB.
+/// Tests and the integrity suite set it tiny to force contents onto the disk store.
+fn memory_budget_from_env() -> u64 {
+    std::env::var("SHADE_MEMORY_BUDGET")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(256 << 20)
 }
 
 /// Why a branch could not be created.
