@@ -23,6 +23,22 @@ const TTL_OWNED: Duration = Duration::from_secs(1);
 const TTL_WATCHED: Duration = Duration::from_secs(30);
 
 impl ShadeFs {
+    /// The listing a readdir continues: by handle, or by inode in no-opendir mode.
+    fn listing_for(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+    ) -> Res<Arc<Vec<crate::overlay::DirEntry>>> {
+        if fh == 0 {
+            return self.overlay.listing_at(ino, offset);
+        }
+        match &*self.overlay.handle(fh)? {
+            Handle::Dir(entries) => Ok(entries.clone()),
+            _ => Err(libc::ENOTDIR),
+        }
+    }
+
     fn ttl(&self, owned: bool) -> Duration {
         if self.overlay.caching() {
             TTL_WATCHED
@@ -323,6 +339,9 @@ impl Filesystem for ShadeFs {
         if !self.overlay.caching() {
             let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
         }
+        // Listings carry attributes: a first `ls -l`, `tar` or build scan needs no lookups.
+        let _ = config
+            .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
         Ok(())
     }
 
@@ -792,7 +811,7 @@ impl Filesystem for ShadeFs {
         }
         match o.listing(ino.0) {
             Ok(entries) => reply.opened(
-                FileHandle(o.add_handle(Handle::Dir(entries))),
+                FileHandle(o.add_handle(Handle::Dir(Arc::new(entries)))),
                 FopenFlags::empty(),
             ),
             Err(e) => reply.error(err(e)),
@@ -808,15 +827,7 @@ impl Filesystem for ShadeFs {
         mut reply: ReplyDirectory,
     ) {
         let o = &self.overlay;
-        let listing = if fh.0 == 0 {
-            o.listing_at(ino.0, offset)
-        } else {
-            o.handle(fh.0).and_then(|h| match &*h {
-                Handle::Dir(entries) => Ok(Arc::new(entries.clone())),
-                _ => Err(libc::ENOTDIR),
-            })
-        };
-        let entries = match listing {
+        let entries = match self.listing_for(ino.0, fh.0, offset) {
             Ok(l) => l,
             Err(e) => return reply.error(err(e)),
         };
@@ -827,6 +838,67 @@ impl Filesystem for ShadeFs {
                 break;
             }
         }
+        if fh.0 == 0 && !full {
+            o.listing_done(ino.0);
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: fuser::ReplyDirectoryPlus,
+    ) {
+        let o = &self.overlay;
+        let entries = match self.listing_for(ino.0, fh.0, offset) {
+            Ok(l) => l,
+            Err(e) => return reply.error(err(e)),
+        };
+        let mut t = o.tree();
+        let dir = match Overlay::path_of(&t, ino.0) {
+            Ok(d) => d,
+            Err(e) => return reply.error(err(e)),
+        };
+        let dir_attr = o.attr_of(&t, ino.0);
+        let mut full = false;
+        for (i, (_, _, name)) in entries.iter().enumerate().skip(offset as usize) {
+            let off = (i + 1) as u64;
+            if name == "." || name == ".." {
+                // The kernel takes no reference for these; any attributes do.
+                let Ok(a) = dir_attr else { continue };
+                if reply.add(a.ino, off, name, &Duration::ZERO, &a, Generation(0)) {
+                    full = true;
+                    break;
+                }
+                continue;
+            }
+            let rel = dir.join(name);
+            // An entry removed since the listing was taken is left out.
+            let Ok(obj) = t.resolve(&o.lower, &rel) else {
+                continue;
+            };
+            let child = t.ino_for(&rel, &obj);
+            let a = attr(child, &obj);
+            if reply.add(
+                INodeNo(child),
+                off,
+                name,
+                &self.ttl(matches!(obj, Obj::Node(_))),
+                &a,
+                Generation(0),
+            ) {
+                full = true;
+                break;
+            }
+            o.watch_obj(&obj);
+            if let Some(i) = t.inodes.get_mut(&child) {
+                i.lookups += 1;
+            }
+        }
+        drop(t);
         if fh.0 == 0 && !full {
             o.listing_done(ino.0);
         }

@@ -32,7 +32,7 @@ pub(crate) enum Handle {
     },
     Node(Arc<Node>),
     /// Directory listing snapshot taken at opendir (offsets index into it).
-    Dir(Vec<(u64, FileType, OsString)>),
+    Dir(Arc<Vec<DirEntry>>),
 }
 
 /// One branch's live state.
