@@ -22,6 +22,8 @@ fn sh(fx: &Fixture, extra: &[&str], script: &str) -> Output {
         .arg("run")
         .args(extra)
         .args(["--", "sh", "-c", script])
+        // An exported CARGO_TARGET_DIR would send a build inside the branch elsewhere.
+        .env_remove("CARGO_TARGET_DIR")
         .output()
         .unwrap()
 }
