@@ -5,6 +5,7 @@ use crate::exit;
 use crate::runner::{self, Isolation, RunSpec, Termination};
 use anyhow::Context;
 use clap::Args;
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use serde::Serialize;
 use shade_fusefs::{AcceptError, AcceptFlags, Branch, BranchOptions, Change, StateDir};
 use std::ffi::OsString;
@@ -131,7 +132,13 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
             private_tmp: args.private_tmp,
         },
     };
-    let outcome = runner::run(&spec)?;
+    // Only this thread takes Ctrl-C/SIGTERM, and only while the command runs (the runner
+    // forwards them to it). Outside that window they wait until shade has finished its own
+    // work — changeset, accept, unmount — so an accept is never cut short.
+    termination_signals(SigmaskHow::SIG_UNBLOCK);
+    let outcome = runner::run(&spec);
+    termination_signals(SigmaskHow::SIG_BLOCK);
+    let outcome = outcome?;
     let code = outcome.exit_code();
     let changes = branch.changeset(args.include_ignored);
     let diff = args.diff.then(|| branch.diff(&changes));
@@ -205,6 +212,19 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
         writeln!(out)?;
     }
     Ok(final_code)
+}
+
+/// Block or unblock SIGINT, SIGTERM and SIGHUP for the calling thread (and the threads
+/// it starts afterwards). A signal that arrives while blocked waits; shade exits moments
+/// later on its own.
+fn termination_signals(how: SigmaskHow) {
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        set.add(s);
+    }
+    if let Err(e) = nix::sys::signal::pthread_sigmask(how, Some(&set), None) {
+        tracing::warn!("cannot change the signal mask: {e}");
+    }
 }
 
 fn print_changes(changes: &[Change]) {
