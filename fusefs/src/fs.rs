@@ -1044,7 +1044,14 @@ impl Filesystem for ShadeFs {
         };
         match res {
             Ok((a, n)) => {
-                let fh = o.add_handle(Handle::Node(n));
+                // In no-open mode the kernel never sends RELEASE (not even for handles
+                // from create), so a handle here would pin the node and its content fd
+                // forever: answer handle-less like open does; I/O arrives by inode.
+                let fh = if o.caching() {
+                    0
+                } else {
+                    o.add_handle(Handle::Node(n))
+                };
                 reply.created(
                     &TTL_OWNED,
                     &a,
