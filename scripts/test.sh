@@ -19,7 +19,9 @@ cargo test --workspace --locked
 
 echo "== POSIX conformance (pjdfstest) inside a branch, through shade run"
 cargo build --locked -q -p shade
-proj=$(mktemp -d /var/tmp/shade-pjdfstest.XXXXXX)
+# A short base path: pjdfstest binds unix sockets several temp dirs deep, and a socket
+# path longer than 108 bytes (sun_path) fails with ENAMETOOLONG on any file system.
+proj=$(mktemp -d /var/tmp/pjd.XXXXXX)
 trap 'rm -rf "$proj"' EXIT
 chmod 755 "$proj"
 target/debug/shade run --allow-other -C "$proj" -- "$PWD/scripts/pjdfstest.sh" "$proj"
