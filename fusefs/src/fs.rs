@@ -348,7 +348,7 @@ impl Filesystem for ShadeFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let o = &self.overlay;
         let mut t = o.tree();
-        let res = o.child_path(&t, parent.0, name).and_then(|rel| {
+        let res = Overlay::lookup_path(&t, parent.0, name).and_then(|rel| {
             let obj = t.resolve(&o.lower, &rel)?;
             let a = o.entry(&mut t, &rel, &obj);
             Ok((a, self.ttl(matches!(obj, Obj::Node(_)))))
@@ -863,6 +863,7 @@ impl Filesystem for ShadeFs {
             Err(e) => return reply.error(err(e)),
         };
         let dir_attr = o.attr_of(&t, ino.0);
+        let dir_lower = t.lower_of(&dir);
         let mut full = false;
         for (i, (_, _, name)) in entries.iter().enumerate().skip(offset as usize) {
             let off = (i + 1) as u64;
@@ -877,7 +878,7 @@ impl Filesystem for ShadeFs {
             }
             let rel = dir.join(name);
             // An entry removed since the listing was taken is left out.
-            let Ok(obj) = t.resolve(&o.lower, &rel) else {
+            let Ok(obj) = t.resolve_child(&o.lower, &rel, dir_lower.as_deref(), name) else {
                 continue;
             };
             let child = t.ino_for(&rel, &obj);

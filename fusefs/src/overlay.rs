@@ -243,6 +243,17 @@ impl Overlay {
 
     /// The path of `name` inside directory inode `parent`, with the name checked.
     pub fn child_path(&self, t: &Tree, parent: u64, name: &OsStr) -> Res<PathBuf> {
+        let path = Self::lookup_path(t, parent, name)?;
+        // Changes need the parent to exist now: lower may have lost it meanwhile.
+        match t.resolve(&self.lower, split(&path).0)? {
+            o if o.is_dir() => Ok(path),
+            _ => Err(libc::ENOTDIR),
+        }
+    }
+
+    /// The path of `name` in directory inode `parent`, for lookups: the kernel only looks
+    /// names up in directories, and a parent lower lost makes the child missing anyway.
+    pub fn lookup_path(t: &Tree, parent: u64, name: &OsStr) -> Res<PathBuf> {
         if name.len() > 255 {
             return Err(libc::ENAMETOOLONG);
         }
@@ -250,11 +261,7 @@ impl Overlay {
         {
             return Err(libc::EINVAL);
         }
-        let dir = Self::path_of(t, parent)?;
-        match t.resolve(&self.lower, &dir)? {
-            o if o.is_dir() => Ok(dir.join(name)),
-            _ => Err(libc::ENOTDIR),
-        }
+        Ok(Self::path_of(t, parent)?.join(name))
     }
 
     /// Resolve what inode `ino` shows now.

@@ -150,6 +150,26 @@ impl Tree {
         }
     }
 
+    /// `resolve` for an entry `name` of a directory whose lower source is already known
+    /// (listings resolve many children of one directory).
+    pub fn resolve_child(
+        &self,
+        lower: &Lower,
+        rel: &Path,
+        dir_lower: Option<&Path>,
+        name: &OsStr,
+    ) -> Result<Obj, i32> {
+        if self.slots.contains_key(rel) {
+            return self.resolve(lower, rel);
+        }
+        let lp = dir_lower.ok_or(libc::ENOENT)?.join(name);
+        match lower.stat(&lp) {
+            Ok(Some(st)) => Ok(Obj::Lower(lp, st)),
+            Ok(None) => Err(libc::ENOENT),
+            Err(e) => Err(e.raw_os_error().unwrap_or(libc::EIO)),
+        }
+    }
+
     /// What lower has at `rel`'s natural lower path now (the base of a new slot).
     pub fn observe_base(&self, lower: &Lower, rel: &Path) -> Base {
         match self.natural_lower(rel).map(|lp| lower.stat(&lp)) {
