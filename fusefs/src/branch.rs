@@ -110,22 +110,23 @@ impl Branch {
         if !meta.is_dir() {
             return Err(BranchError::NotADirectory { path: project });
         }
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/dev/fuse")
-            .map_err(BranchError::NoFuse)?;
         let lower = Lower::open(&project).map_err(|source| BranchError::Project {
             path: project.clone(),
             source,
         })?;
-        // Listing the root proves the directory is readable before anything is mounted.
+        // Listing the root proves the directory is readable before anything is mounted;
+        // checked before /dev/fuse so an unreadable project is named as the problem.
         lower
             .read_dir(Path::new(""))
             .map_err(|source| BranchError::Project {
                 path: project.clone(),
                 source,
             })?;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+            .map_err(BranchError::NoFuse)?;
 
         let id = format!(
             "{}-{}-{}",
