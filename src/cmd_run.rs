@@ -67,6 +67,7 @@ struct Report<'a> {
 
 #[derive(Serialize)]
 struct ConflictJson {
+    #[serde(serialize_with = "shade_fusefs::lossy_path")]
     path: PathBuf,
     reason: String,
 }

@@ -38,12 +38,29 @@ impl ChangeKind {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Change {
     pub kind: ChangeKind,
+    #[serde(serialize_with = "lossy_path")]
     pub path: PathBuf,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "lossy_old_path"
+    )]
     pub old_path: Option<PathBuf>,
     pub is_dir: bool,
     /// Under a gitignored path (build output); accept skips these unless asked.
     pub ignored: bool,
+}
+
+/// JSON strings are UTF-8: a name with invalid bytes is shown with U+FFFD instead of
+/// failing the whole report (serde's PathBuf impl errors on it).
+pub fn lossy_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&p.to_string_lossy())
+}
+
+fn lossy_old_path<S: serde::Serializer>(p: &Option<PathBuf>, s: S) -> Result<S::Ok, S::Error> {
+    match p {
+        Some(p) => lossy_path(p, s),
+        None => s.serialize_none(),
+    }
 }
 
 impl std::fmt::Display for Change {

@@ -22,7 +22,7 @@ mod watch;
 
 pub use accept::{AcceptError, AcceptOptions, AcceptReport, Conflict};
 pub use branch::{cleanup_stale, AcceptFlags, Branch, BranchError, BranchOptions};
-pub use changeset::{Change, ChangeKind, Changeset};
+pub use changeset::{lossy_path, Change, ChangeKind, Changeset};
 pub use fingerprint::{Base, Fingerprint};
 pub use plan::{Perms, PlanOp, RelPath};
 pub use state::StateDir;
