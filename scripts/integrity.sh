@@ -22,7 +22,8 @@ shade_bin=$(realpath "$shade_bin")
 
 work=$(mktemp -d /var/tmp/shade-integrity.XXXXXX)
 chmod 755 "$work"
-trap 'rm -rf "$work"' EXIT
+# Logs stay for a look when something failed.
+trap 'if (($?)); then echo "integrity: logs kept in $work" >&2; else rm -rf "$work"; fi' EXIT
 export SHADE_STATE_DIR=$work/state
 
 # fsx's operation mix: everything fsx-rs can do except hole punching (shade answers
@@ -128,7 +129,7 @@ part_stress() {
             --seq 1 -t $STRESS_T --verify --temp-path $proj/d --metrics-brief" \
         >"$work/stress.log" 2>&1; then
         echo "integrity: stress-ng FAILED:" >&2
-        grep -E 'fail|error|FAIL' "$work/stress.log" | head -40 >&2
+        grep -E '^stress-ng: (fail|error)|unsuccessful' "$work/stress.log" | head -40 >&2
         exit 1
     fi
     grep -q 'successful run completed' "$work/stress.log" || {

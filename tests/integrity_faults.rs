@@ -335,3 +335,413 @@ fn edited_rename_source_is_a_conflict() {
     assert_eq!(fx.read("r"), "user edit\n");
     assert!(!fx.project.join("r.moved").exists());
 }
+
+fn shade_err_line(o: &Output) -> String {
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(125), "{}", out(o));
+    assert_eq!(err.lines().count(), 1, "one clear line: {err}");
+    err.trim().to_string()
+}
+
+/// Run `script` in a fresh branch of the fixture's project (`-C project`).
+fn run_in(fx: &Fixture, extra: &[&str], script: &str) -> Output {
+    fx.shade()
+        .arg("run")
+        .args(extra)
+        .args(["--", "sh", "-c", script])
+        .output()
+        .unwrap()
+}
+
+fn as_nobody(cmd: &str) -> Output {
+    std::process::Command::new("setpriv")
+        .args([
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "sh",
+            "-c",
+            cmd,
+        ])
+        .output()
+        .unwrap()
+}
+
+/// Nonexistent and unreadable project directories are one clear error (exit 125) and
+/// leave nothing behind.
+#[test]
+fn bad_project_dirs_are_clear_errors() {
+    let fx = Fixture::new();
+    let o = fx
+        .shade()
+        .args(["run", "-C", "/nonexistent/shade-project", "--", "true"])
+        .output()
+        .unwrap();
+    let e1 = shade_err_line(&o);
+    assert!(e1.contains("/nonexistent/shade-project"), "{e1}");
+    // Unreadable: root reads everything, so shade runs as nobody on a 0700 root-owned dir.
+    let locked = fx.tmp.path().join("locked");
+    fs::create_dir(&locked).unwrap();
+    fs::write(locked.join("secret"), "s").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(fx.tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&locked, fs::Permissions::from_mode(0o700)).unwrap();
+    let state = fx.tmp.path().join("nobody-state");
+    fs::create_dir(&state).unwrap();
+    std::os::unix::fs::chown(&state, Some(65534), Some(65534)).unwrap();
+    let o = as_nobody(&format!(
+        "SHADE_STATE_DIR={} exec {} run -C {}/sub -- true",
+        state.display(),
+        env!("CARGO_BIN_EXE_shade"),
+        locked.display()
+    ));
+    let e2 = shade_err_line(&o);
+    assert!(e2.contains("ermission denied"), "{e2}");
+    let o = as_nobody(&format!(
+        "SHADE_STATE_DIR={} exec {} run -C {} -- true",
+        state.display(),
+        env!("CARGO_BIN_EXE_shade"),
+        locked.display()
+    ));
+    let e3 = shade_err_line(&o);
+    assert!(
+        e3.contains("ermission denied") && e3.contains(&locked.display().to_string()),
+        "{e3}"
+    );
+    assert_eq!(fs::read_to_string(locked.join("secret")).unwrap(), "s");
+    println!("bad input: nonexistent dir -> {e1:?}; unreadable dir (as nobody) -> {e3:?}");
+}
+
+/// A project that is itself a mount point, and one reached through a symlink, behave
+/// like any project: the command runs at the real path, accept lands in the real dir.
+#[test]
+fn mount_point_and_symlinked_projects_work() {
+    let fx = Fixture::new();
+    let mnt = fx.tmp.path().join("tmpfs-project");
+    fs::create_dir(&mnt).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        &mnt,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=16m"),
+    )
+    .unwrap();
+    fs::write(mnt.join("a"), "a\n").unwrap();
+    let o = fx
+        .shade()
+        .arg("run")
+        .arg("-C")
+        .arg(&mnt)
+        .args([
+            "--accept",
+            "--",
+            "sh",
+            "-c",
+            "pwd; echo b >> a; echo n > new",
+        ])
+        .output()
+        .unwrap();
+    let ok_mount = o.status.success()
+        && fs::read_to_string(mnt.join("a")).unwrap() == "a\nb\n"
+        && fs::read_to_string(mnt.join("new")).unwrap() == "n\n";
+    let report = out(&o);
+    nix::mount::umount2(&mnt, nix::mount::MntFlags::MNT_DETACH).unwrap();
+    assert!(ok_mount, "mount point project: {report}");
+    assert!(report.contains(&mnt.display().to_string()), "{report}");
+
+    fx.write("a", "a\n");
+    let link = fx.tmp.path().join("link-to-project");
+    std::os::unix::fs::symlink(&fx.project, &link).unwrap();
+    let o = fx
+        .shade()
+        .arg("run")
+        .arg("-C")
+        .arg(&link)
+        .args(["--accept", "--", "sh", "-c", "pwd; echo b >> a"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", out(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).lines().next().unwrap(),
+        fx.project.display().to_string(),
+        "runs at the resolved real path"
+    );
+    assert_eq!(fx.read("a"), "a\nb\n");
+    assert!(fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_clean_state(&fx);
+    println!("bad input: project on its own tmpfs mount -> accepted correctly; project via symlink -> runs at the real path, accepted, symlink kept");
+}
+
+/// A process outside the branch keeps the branch mount busy (cwd and an open file in
+/// it) when the command ends: shade still finishes, detaches the mount, removes the
+/// store, and the real tree is untouched.
+#[test]
+fn busy_branch_mount_is_detached() {
+    let fx = Fixture::new();
+    fx.write("a", "a\n");
+    let child = fx
+        .shade()
+        .args(["run", "--", "sh", "-c", "echo b > a; sleep 1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the branch mount", Duration::from_secs(30), || {
+        branches(&fx).iter().any(|b| b.join("mnt/a").exists())
+    });
+    let mnt = branches(&fx)[0].join("mnt");
+    let mut holder = std::process::Command::new("sh")
+        .args(["-c", "exec 3<a; sleep 30"])
+        .current_dir(&mnt)
+        .spawn()
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert!(o.status.success(), "{}", out(&o));
+    assert_eq!(fx.read("a"), "a\n");
+    assert_clean_state(&fx);
+    println!("bad input: branch mount held busy by an outside process -> exit 0, mount detached, store removed");
+}
+
+/// A command that leaves a setsid daemon behind: the daemon is killed with the branch
+/// and never writes anything into the real tree.
+#[test]
+fn escaped_daemon_is_killed_and_never_writes() {
+    let fx = Fixture::new();
+    let o = run_in(
+        &fx,
+        &["--accept"],
+        "setsid sh -c 'sleep 1; echo late > late.txt; echo late > /dev/null' >/dev/null 2>&1 < /dev/null & echo now > now.txt",
+    );
+    assert!(o.status.success(), "{}", out(&o));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(fx.read("now.txt"), "now\n");
+    assert!(
+        !fx.project.join("late.txt").exists(),
+        "the daemon wrote into the real tree"
+    );
+    assert_clean_state(&fx);
+    println!("bad input: setsid daemon left behind -> killed, no late write, no mount left");
+}
+
+/// Names with newlines and invalid UTF-8, and a 255-byte name, survive a branch and an
+/// accept byte for byte; --json stays valid JSON; a 256-byte name is ENAMETOOLONG.
+#[test]
+fn odd_names_round_trip_and_json_stays_valid() {
+    let fx = Fixture::new();
+    let long255 = "x".repeat(255);
+    let long256 = "y".repeat(256);
+    let script = format!(
+        "printf 'nl\\n' > \"$(printf 'new\\nline')\" && printf 'bad\\n' > \"$(printf 'inv\\377\\376')\" \
+         && printf '255\\n' > {long255} && mkdir \"$(printf 'dir\\nx')\" && \
+         if (printf 'no' > {long256}) 2>err.txt; then exit 9; fi; \
+         grep -q 'too long' err.txt && rm err.txt"
+    );
+    let expected_dir = fx.tmp.path().join("expected");
+    fs::create_dir(&expected_dir).unwrap();
+    let st = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .current_dir(&expected_dir)
+        .status()
+        .unwrap();
+    assert!(st.success(), "the script works on a plain directory");
+    let o = run_in(&fx, &["--accept", "--json"], &script);
+    assert!(o.status.success(), "{}", out(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("--json output is not JSON ({e}): {}", out(&o)));
+    assert_eq!(v["accepted"], true, "{}", out(&o));
+    assert!(
+        raw_tree(&fx.project) == raw_tree(&expected_dir),
+        "accepted tree differs"
+    );
+    println!(
+        "bad input: names with newline / invalid UTF-8 / 255 bytes accepted byte-exact, --json valid ({} changes), 256-byte name -> ENAMETOOLONG",
+        v["changes"].as_array().map(|a| a.len()).unwrap_or(0)
+    );
+}
+
+/// A command that fills the disk store (a 24 MiB tmpfs as state dir, memory budget 0)
+/// gets ENOSPC inside the branch; shade reports it, the real tree is untouched and
+/// nothing is left in the state dir.
+#[test]
+fn full_disk_store_is_enospc_and_leaves_nothing() {
+    let fx = Fixture::new();
+    fx.write("a", "a\n");
+    let before = raw_tree(&fx.project);
+    let state = fx.tmp.path().join("small-state");
+    fs::create_dir(&state).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        &state,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=24m"),
+    )
+    .unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_shade"))
+        .env("SHADE_STATE_DIR", &state)
+        .env("SHADE_MEMORY_BUDGET", "0")
+        .current_dir(&fx.project)
+        .args([
+            "run",
+            "--accept",
+            "--",
+            "sh",
+            "-c",
+            "echo b >> a; dd if=/dev/zero of=big bs=1M count=64 status=none",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let left: Vec<_> = fs::read_dir(state.join("branches"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let df = nix::sys::statvfs::statvfs(&state).unwrap();
+    let used = (df.blocks() - df.blocks_free()) * df.fragment_size();
+    nix::mount::umount2(&state, nix::mount::MntFlags::MNT_DETACH).unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_ne!(o.status.code(), Some(0), "{}", out(&o));
+    assert!(err.contains("No space left on device"), "{}", out(&o));
+    assert!(err.contains("not accepted"), "{}", out(&o));
+    assert!(raw_tree(&fx.project) == before, "the real tree changed");
+    assert!(left.is_empty(), "left in the state dir: {left:?}");
+    assert!(used < 1 << 20, "the store still uses {used} bytes");
+    println!(
+        "bad input: 64 MiB into a 24 MiB store -> ENOSPC in the branch (exit {:?}), not accepted, real tree untouched, store empty",
+        o.status.code()
+    );
+}
+
+/// Another uid cannot read a branch mount unless the branch was made with --allow-other.
+#[test]
+fn other_users_cannot_read_a_branch_unless_allowed() {
+    let fx = Fixture::new();
+    fx.write("secret.txt", "s\n");
+    use std::os::unix::fs::PermissionsExt;
+    // Let nobody reach the mount point, so only the FUSE access rule can stop it.
+    for p in [fx.tmp.path(), &fx.project] {
+        fs::set_permissions(p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    fs::create_dir_all(fx.state.branches()).unwrap();
+    for p in [fx.state.root(), &fx.state.branches()] {
+        fs::set_permissions(p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mut results = Vec::new();
+    for allow in [false, true] {
+        let mut args = vec!["run"];
+        if allow {
+            args.push("--allow-other");
+        }
+        args.extend(["--", "sleep", "3"]);
+        let mut child = fx
+            .shade()
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for("the branch mount", Duration::from_secs(30), || {
+            branches(&fx)
+                .iter()
+                .any(|b| b.join("mnt/secret.txt").exists())
+        });
+        let b = branches(&fx)[0].clone();
+        fs::set_permissions(&b, fs::Permissions::from_mode(0o755)).unwrap();
+        let o = as_nobody(&format!("cat {}/mnt/secret.txt", b.display()));
+        let read = o.status.success() && o.stdout == b"s\n";
+        results.push((
+            allow,
+            read,
+            String::from_utf8_lossy(&o.stderr).trim().to_string(),
+        ));
+        child.wait().unwrap();
+    }
+    assert!(!results[0].1, "nobody read a branch without --allow-other");
+    assert!(
+        results[1].1,
+        "nobody could not read with --allow-other: {results:?}"
+    );
+    println!(
+        "isolation: uid nobody reading a branch: default -> denied ({}); --allow-other -> allowed",
+        results[0].2
+    );
+}
+
+/// A branch replaces a directory with a symlink to a directory outside the project and
+/// writes "into" it (with a private /tmp, so the write itself stays private). Accept
+/// must create the symlink and never write through it; a real directory the user swaps
+/// for a symlink before accept must not be followed either.
+#[test]
+fn accept_never_follows_a_symlink_out_of_the_project() {
+    let fx = Fixture::new();
+    fx.write("sub/keep.txt", "k\n");
+    fx.write("dir/old.txt", "o\n");
+    let outside = PathBuf::from(format!("/tmp/shade-outside-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&outside);
+    fs::create_dir(&outside).unwrap();
+    let o = run_in(
+        &fx,
+        &["--accept", "--private-tmp"],
+        &format!(
+            "mkdir -p {o} && rm -r sub && ln -s {o} sub && echo evil > sub/evil.txt && \
+             echo evil2 > {o}/evil2.txt",
+            o = outside.display()
+        ),
+    );
+    assert!(o.status.success(), "{}", out(&o));
+    assert_eq!(fs::read_link(fx.project.join("sub")).unwrap(), outside);
+    let first: Vec<_> = fs::read_dir(&outside)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+
+    // The user swaps a directory the branch writes into for a symlink to outside.
+    let sync = fx.tmp.path().join("wrote");
+    let child = fx
+        .shade()
+        .args([
+            "run",
+            "--accept",
+            "--",
+            "sh",
+            "-c",
+            &format!("echo new > dir/new.txt; touch {}; sleep 1", sync.display()),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the branch write", Duration::from_secs(30), || {
+        sync.exists()
+    });
+    fs::rename(fx.project.join("dir"), fx.tmp.path().join("dir-aside")).unwrap();
+    std::os::unix::fs::symlink(&outside, fx.project.join("dir")).unwrap();
+    let o2 = child.wait_with_output().unwrap();
+    let second: Vec<_> = fs::read_dir(&outside)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    let _ = fs::remove_dir_all(&outside);
+    assert!(
+        first.is_empty(),
+        "accept wrote outside the project: {first:?}"
+    );
+    assert!(
+        second.is_empty(),
+        "accept followed the user's symlink: {second:?}"
+    );
+    assert_ne!(o2.status.code(), Some(0), "{}", out(&o2));
+    assert_clean_state(&fx);
+    println!(
+        "isolation: symlink to an outside dir made in the branch -> accepted as a symlink, 0 files written outside; \
+         user-swapped symlink before accept -> refused (exit {:?}), 0 files outside",
+        o2.status.code()
+    );
+}
