@@ -15,7 +15,8 @@ fi
 scripts/setup.sh
 
 echo "== unit and integration tests"
-cargo test --workspace --locked
+# The integrity tests run below, once, with their figures shown.
+cargo test --workspace --locked -- --skip integrity::
 
 echo "== POSIX conformance (pjdfstest) inside a branch, through shade run"
 cargo build --locked -q -p shade
@@ -25,3 +26,6 @@ proj=$(mktemp -d /var/tmp/pjd.XXXXXX)
 trap 'rm -rf "$proj"' EXIT
 chmod 755 "$proj"
 target/debug/shade run --allow-other -C "$proj" -- "$PWD/scripts/pjdfstest.sh" "$proj"
+
+echo "== integrity and fault suite (fsx, stress-ng, crash, concurrent edits, bad input)"
+scripts/integrity.sh all
