@@ -243,6 +243,33 @@ mod integrity {
     );
     }
 
+    /// A lower file renamed in the branch is gone from its old path after accept, also
+    /// when the rename replaced another lower file; the user editing the old path
+    /// meanwhile is a conflict.
+    #[test]
+    fn renamed_file_source_is_removed_on_accept() {
+        let fx = Fixture::new();
+        fx.write("d1/f0", "zero\n");
+        fx.write("d1/f1", "one\n");
+        fx.write("d1/f2", "two\n");
+        let b = fx.branch();
+        let m = b.mountpoint().to_path_buf();
+        fs::rename(m.join("d1/f0"), m.join("d1/f9")).unwrap();
+        fs::rename(m.join("d1/f2"), m.join("d1/f1")).unwrap();
+        let shown = snapshot(&m);
+        b.accept(AcceptFlags::default()).unwrap();
+        assert_eq!(snapshot(&fx.project), shown);
+
+        fx.write("r", "base\n");
+        let b = fx.branch();
+        fs::rename(b.mountpoint().join("r"), b.mountpoint().join("r.moved")).unwrap();
+        fx.write("r", "user edit\n");
+        let e = b.accept(AcceptFlags::default()).unwrap_err();
+        assert!(format!("{e:?}").contains("\"r\""), "{e:?}");
+        assert_eq!(fx.read("r"), "user edit\n");
+        assert!(!fx.project.join("r.moved").exists());
+    }
+
     /// Two lower directories swapped through a third name, one file edited on the way.
     /// Today the changeset shows `M d0/f2` and `R d0/ -> d2/` but not `R d2/ -> d0/`, and
     /// accept refuses with a false conflict ("d0: created meanwhile").

@@ -340,9 +340,9 @@ impl Overlay {
                     }
                 }
                 Entry::Node(n) => {
-                    if let Some(src) = renamed_from(&t, path, n) {
-                        rename_sources.insert(src);
-                    }
+                    // A renamed file is written afresh at its new path (there is no file
+                    // move op), so its source's whiteout must still become a Delete: only
+                    // RenameDir sources vanish by themselves.
                     let unchanged = slot.base != Base::Absent
                         && match (&n.origin, t.natural_lower(path)) {
                             (Some(o), Some(nat)) if *o == nat => same_as_lower(self, n, o)?,
