@@ -179,7 +179,8 @@ mod integrity {
             fs::remove_file(fx.project.join(format!("d{}", i + 1))).unwrap_or(());
             fx.write(&format!("d{i}"), "user edit\n"); // edit vs delete
             injected.insert(format!("d{i}"));
-            // edit vs rename source: not detected today, see edited_rename_source_is_a_conflict
+            fx.write(&format!("r{i}"), "user edit\n"); // edit vs rename source
+            injected.insert(format!("r{i}"));
             fx.write(&format!("c{i}"), "user create\n"); // create vs create
             injected.insert(format!("c{i}"));
         }
@@ -317,11 +318,9 @@ mod integrity {
         assert_clean_state(&fx);
     }
 
-    /// The user edits a file the branch renamed: accept must report a conflict. Today it
-    /// accepts, leaving the user's edit at the old name and the branch's copy of the old
-    /// content at the new name (nothing is lost, but the conflict goes unreported).
+    /// The user edits a file the branch renamed: accept must report a conflict and write
+    /// nothing (it used to accept and keep both names).
     #[test]
-    #[ignore = "accept bug: a rename source edited in the real tree is not reported as a conflict"]
     fn edited_rename_source_is_a_conflict() {
         let fx = Fixture::new();
         fx.write("r", "base\n");
