@@ -552,7 +552,8 @@ fn ignored_build_output_is_kept_out_of_the_changeset() {
 fn many_branches_of_one_project_at_once() {
     let fx = Fixture::new();
     fx.write("shared.txt", "base");
-    let branches: Vec<_> = (0..12).map(|_| fx.branch()).collect();
+    // More than inotify's default 128 instances per user and 1024 fds per process.
+    let branches: Vec<_> = (0..150).map(|_| fx.branch()).collect();
     for (i, b) in branches.iter().enumerate() {
         fs::write(b.mountpoint().join("shared.txt"), format!("branch {i}")).unwrap();
     }

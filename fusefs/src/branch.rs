@@ -99,6 +99,7 @@ static COUNTER: AtomicU64 = AtomicU64::new(0);
 impl Branch {
     /// Create and mount a new branch of `project`.
     pub fn create(project: &Path, opts: &BranchOptions) -> Result<Branch, BranchError> {
+        raise_fd_limit();
         let project = std::fs::canonicalize(project).map_err(|source| BranchError::Project {
             path: project.to_path_buf(),
             source,
@@ -190,15 +191,8 @@ impl Branch {
                     source,
                 }
             })?;
-        if let Some(w) = overlay.watch.clone() {
-            let notifier = session.notifier();
-            let weak = Arc::downgrade(&overlay);
-            let spawned = std::thread::Builder::new()
-                .name("shade-watch".into())
-                .spawn(move || w.run(weak, notifier));
-            if let Err(e) = spawned {
-                tracing::warn!("lower watcher thread: {e}");
-            }
+        if let Some(w) = &overlay.watch {
+            w.attach(Arc::downgrade(&overlay), session.notifier());
         }
         Ok(Branch {
             id,
@@ -243,9 +237,6 @@ impl Branch {
 
     /// Stop serving the mount (processes using it get errors from now on).
     pub fn unmount(&mut self) {
-        if let Some(w) = &self.overlay.watch {
-            w.stop();
-        }
         if let Some(s) = self.session.take() {
             if let Err(e) = s.umount_and_join() {
                 tracing::warn!("unmounting {}: {e}", self.mountpoint.display());
@@ -286,6 +277,21 @@ impl Drop for Branch {
             tracing::warn!("removing branch store {}: {e}", self.dir.display());
         }
     }
+}
+
+/// Each branch holds a few fds (its FUSE channel per worker thread, the lower directory,
+/// cached lower files); hundreds of branches need more than the default soft limit of
+/// 1024, so raise it to the hard limit once.
+fn raise_fd_limit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        use nix::sys::resource::{getrlimit, setrlimit, Resource};
+        if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+            if soft < hard {
+                let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+            }
+        }
+    });
 }
 
 /// Detach a mount even if processes still use it.

@@ -72,8 +72,7 @@ impl Overlay {
         let cache = std::env::var_os("SHADE_KERNEL_CACHE").is_none_or(|v| v != "0");
         let watch = cache
             .then(|| crate::watch::LowerWatch::new(lower.root()))
-            .flatten()
-            .map(Arc::new);
+            .flatten();
         Overlay {
             watch,
             lower,

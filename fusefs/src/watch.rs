@@ -10,26 +10,12 @@ use crate::overlay::Overlay;
 use crate::tree::Entry;
 use fuser::{INodeNo, Notifier};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
-
-/// inotify watches on the lower directories a branch has shown.
-pub(crate) struct LowerWatch {
-    inotify: Inotify,
-    root: PathBuf,
-    dirs: Mutex<Dirs>,
-    stop: AtomicBool,
-}
-
-#[derive(Default)]
-struct Dirs {
-    by_wd: HashMap<WatchDescriptor, PathBuf>,
-    watched: HashSet<PathBuf>,
-}
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 const EVENTS: AddWatchFlags = AddWatchFlags::IN_CREATE
     .union(AddWatchFlags::IN_DELETE)
@@ -43,35 +29,149 @@ const EVENTS: AddWatchFlags = AddWatchFlags::IN_CREATE
     .union(AddWatchFlags::IN_DONT_FOLLOW)
     .union(AddWatchFlags::IN_ONLYDIR);
 
-impl LowerWatch {
-    /// A watcher for the lower tree at `root`, or `None` where inotify is unavailable
-    /// (e.g. the per-user instance limit is reached).
-    pub fn new(root: &Path) -> Option<LowerWatch> {
-        let inotify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK)
-            .map_err(|e| {
-                tracing::info!("no inotify for lower changes ({e}); lower objects are not cached")
-            })
+/// One inotify instance and one event thread for the whole process, shared by every
+/// branch: hundreds of branches stay within the per-user instance limit, and branches of
+/// one project share the watch on each directory (the kernel gives one watch per inode).
+struct Hub {
+    inotify: Inotify,
+    subs: Mutex<Subs>,
+}
+
+#[derive(Default)]
+struct Subs {
+    /// Who cares about each watched directory: (branch watch id, lower-relative dir).
+    by_wd: HashMap<WatchDescriptor, Vec<(u64, PathBuf)>>,
+    branches: HashMap<u64, Weak<LowerWatch>>,
+}
+
+/// A lower change: the directory, and the entry in it (None: the directory itself).
+type Change = (PathBuf, Option<OsString>);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn hub() -> Option<Arc<Hub>> {
+    static HUB: OnceLock<Option<Arc<Hub>>> = OnceLock::new();
+    HUB.get_or_init(|| {
+        let inotify = Inotify::init(InitFlags::IN_CLOEXEC)
+            .map_err(|e| tracing::info!("no inotify ({e}); lower objects are not cached"))
             .ok()?;
-        let w = LowerWatch {
+        let hub = Arc::new(Hub {
             inotify,
+            subs: Mutex::default(),
+        });
+        let h = hub.clone();
+        std::thread::Builder::new()
+            .name("shade-watch".into())
+            .spawn(move || h.run())
+            .map_err(|e| tracing::warn!("lower watcher thread: {e}"))
+            .ok()?;
+        Some(hub)
+    })
+    .clone()
+}
+
+impl Hub {
+    /// Turn inotify events into kernel cache invalidations, for the life of the process.
+    fn run(&self) {
+        loop {
+            let mut fds = [nix::poll::PollFd::new(
+                self.inotify.as_fd(),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            match nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => {
+                    tracing::warn!("inotify poll: {e}; lower changes no longer reach branches");
+                    return;
+                }
+            }
+            let Ok(events) = self.inotify.read_events() else {
+                continue;
+            };
+            let mut batches: HashMap<u64, (Arc<LowerWatch>, Vec<Change>)> = HashMap::new();
+            let mut gone: Vec<(Arc<LowerWatch>, PathBuf)> = Vec::new();
+            {
+                let mut subs = lock(&self.subs);
+                for ev in events {
+                    let ended = ev.mask.contains(AddWatchFlags::IN_IGNORED);
+                    let list = if ended {
+                        subs.by_wd.remove(&ev.wd)
+                    } else {
+                        subs.by_wd.get(&ev.wd).cloned()
+                    };
+                    for (id, dir) in list.into_iter().flatten() {
+                        let Some(w) = subs.branches.get(&id).and_then(Weak::upgrade) else {
+                            continue;
+                        };
+                        if ended {
+                            gone.push((w.clone(), dir.clone()));
+                        }
+                        batches
+                            .entry(id)
+                            .or_insert_with(|| (w, Vec::new()))
+                            .1
+                            .push((dir, ev.name.clone()));
+                    }
+                }
+            }
+            // Outside the hub lock: branch locks are taken before it in `watch_dir`.
+            for (w, dir) in gone {
+                lock(&w.watched).remove(&dir);
+            }
+            for (w, changed) in batches.into_values() {
+                w.invalidate(&changed);
+            }
+        }
+    }
+}
+
+/// A branch's view of the hub: the lower directories it has shown, and where to send
+/// invalidations once it is mounted.
+pub(crate) struct LowerWatch {
+    id: u64,
+    hub: Arc<Hub>,
+    root: PathBuf,
+    watched: Mutex<HashMap<PathBuf, WatchDescriptor>>,
+    target: OnceLock<(Weak<Overlay>, Notifier)>,
+}
+
+impl LowerWatch {
+    /// A watch on the lower tree at `root`, or `None` where inotify is unavailable.
+    pub fn new(root: &Path) -> Option<Arc<LowerWatch>> {
+        static IDS: AtomicU64 = AtomicU64::new(1);
+        let hub = hub()?;
+        let w = Arc::new(LowerWatch {
+            id: IDS.fetch_add(1, Ordering::Relaxed),
+            hub: hub.clone(),
             root: root.to_path_buf(),
-            dirs: Mutex::default(),
-            stop: AtomicBool::new(false),
-        };
+            watched: Mutex::default(),
+            target: OnceLock::new(),
+        });
+        lock(&hub.subs).branches.insert(w.id, Arc::downgrade(&w));
         w.watch_dir(Path::new("")).then_some(w)
     }
 
-    /// Watch lower directory `rel` (idempotent). Returns false if the watch failed, in
-    /// which case the caller must not let the kernel cache what is below it.
+    /// Where invalidations go, once the branch is mounted.
+    pub fn attach(&self, overlay: Weak<Overlay>, notifier: Notifier) {
+        let _ = self.target.set((overlay, notifier));
+    }
+
+    /// Watch lower directory `rel` (idempotent). Returns false if the watch failed.
     pub fn watch_dir(&self, rel: &Path) -> bool {
-        let mut dirs = self.dirs.lock().unwrap_or_else(PoisonError::into_inner);
-        if dirs.watched.contains(rel) {
+        let mut watched = lock(&self.watched);
+        if watched.contains_key(rel) {
             return true;
         }
-        match self.inotify.add_watch(&self.root.join(rel), EVENTS) {
+        match self.hub.inotify.add_watch(&self.root.join(rel), EVENTS) {
             Ok(wd) => {
-                dirs.by_wd.insert(wd, rel.to_path_buf());
-                dirs.watched.insert(rel.to_path_buf());
+                lock(&self.hub.subs)
+                    .by_wd
+                    .entry(wd)
+                    .or_default()
+                    .push((self.id, rel.to_path_buf()));
+                watched.insert(rel.to_path_buf(), wd);
                 true
             }
             Err(e) => {
@@ -81,58 +181,39 @@ impl LowerWatch {
         }
     }
 
-    /// Ask the event thread to end (it polls this flag).
-    pub fn stop(&self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-
-    /// Turn inotify events into kernel cache invalidations until stopped.
-    pub fn run(self: Arc<Self>, overlay: Weak<Overlay>, notifier: Notifier) {
-        while !self.stop.load(Ordering::Relaxed) {
-            let mut fds = [nix::poll::PollFd::new(
-                self.inotify.as_fd(),
-                nix::poll::PollFlags::POLLIN,
-            )];
-            match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(200u16)) {
-                Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!("inotify poll: {e}");
-                    return;
-                }
+    fn invalidate(&self, changed: &[Change]) {
+        let Some((overlay, notifier)) = self.target.get() else {
+            return;
+        };
+        let Some(overlay) = overlay.upgrade() else {
+            return;
+        };
+        for (parent_ino, name, ino) in invalidations(&overlay, changed) {
+            if let (Some(p), Some(n)) = (parent_ino, &name) {
+                let _ = notifier.inval_entry(INodeNo(p), n);
             }
-            let Ok(events) = self.inotify.read_events() else {
+            if let Some(i) = ino {
+                overlay.forget_lower_fd(i);
+                let _ = notifier.inval_inode(INodeNo(i), 0, 0);
+            }
+        }
+    }
+}
+
+impl Drop for LowerWatch {
+    /// Unsubscribe; a directory no other branch watches loses its inotify watch.
+    fn drop(&mut self) {
+        let watched = std::mem::take(&mut *lock(&self.watched));
+        let mut subs = lock(&self.hub.subs);
+        subs.branches.remove(&self.id);
+        for wd in watched.into_values() {
+            let Some(list) = subs.by_wd.get_mut(&wd) else {
                 continue;
             };
-            let Some(overlay) = overlay.upgrade() else {
-                return;
-            };
-            let mut changed: Vec<(PathBuf, Option<OsString>)> = Vec::new();
-            {
-                let mut dirs = self.dirs.lock().unwrap_or_else(PoisonError::into_inner);
-                for ev in events {
-                    let Some(dir) = dirs.by_wd.get(&ev.wd).cloned() else {
-                        continue;
-                    };
-                    if ev.mask.intersects(
-                        AddWatchFlags::IN_IGNORED
-                            | AddWatchFlags::IN_DELETE_SELF
-                            | AddWatchFlags::IN_MOVE_SELF,
-                    ) {
-                        dirs.by_wd.remove(&ev.wd);
-                        dirs.watched.remove(&dir);
-                    }
-                    changed.push((dir, ev.name));
-                }
-            }
-            for (parent_ino, name, ino) in invalidations(&overlay, &changed) {
-                if let (Some(p), Some(n)) = (parent_ino, &name) {
-                    let _ = notifier.inval_entry(INodeNo(p), n);
-                }
-                if let Some(i) = ino {
-                    overlay.forget_lower_fd(i);
-                    let _ = notifier.inval_inode(INodeNo(i), 0, 0);
-                }
+            list.retain(|(id, _)| *id != self.id);
+            if list.is_empty() {
+                subs.by_wd.remove(&wd);
+                let _ = self.hub.inotify.rm_watch(wd);
             }
         }
     }
@@ -144,7 +225,7 @@ impl LowerWatch {
 /// directories are re-validated when their attribute timeout expires.
 fn invalidations(
     overlay: &Overlay,
-    changed: &[(PathBuf, Option<OsString>)],
+    changed: &[Change],
 ) -> Vec<(Option<u64>, Option<OsString>, Option<u64>)> {
     let t = overlay.tree();
     let mut out = Vec::new();
