@@ -12,6 +12,24 @@ pub const TIMED_OUT: i32 = 123;
 
 /// Print shade's own error as one clear line and return the exit status for it.
 pub fn fail(err: &anyhow::Error) -> i32 {
-    eprintln!("shade: {err:#}");
+    eprintln!("shade: {}", one_line(err));
     SHADE_ERROR
+}
+
+/// The error chain joined by ": " like `{:#}`, minus causes the line already says:
+/// error types whose message includes their source would show it twice otherwise
+/// ("…: Permission denied (os error 13): Permission denied (os error 13)").
+fn one_line(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let msg = cause.to_string();
+        if out.contains(&msg) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&msg);
+    }
+    out
 }
