@@ -413,6 +413,7 @@ mod integrity {
             e3.contains("ermission denied") && e3.contains(&locked.display().to_string()),
             "{e3}"
         );
+        assert_eq!(e3.matches("ermission denied").count(), 1, "said once: {e3}");
         assert_eq!(fs::read_to_string(locked.join("secret")).unwrap(), "s");
         println!("bad input: nonexistent dir -> {e1:?}; unreadable dir (as nobody) -> {e3:?}");
     }
@@ -490,7 +491,7 @@ mod integrity {
         fx.write("a", "a\n");
         let child = fx
             .shade()
-            .args(["run", "--", "sh", "-c", "echo b > a; sleep 1"])
+            .args(["run", "--", "sh", "-c", "echo b > a; sleep 2"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -499,11 +500,16 @@ mod integrity {
             branches(&fx).iter().any(|b| b.join("mnt/a").exists())
         });
         let mnt = branches(&fx)[0].join("mnt");
+        let held = fx.tmp.path().join("held");
         let mut holder = std::process::Command::new("sh")
-            .args(["-c", "exec 3<a; sleep 30"])
+            .args([
+                "-c",
+                &format!("exec 3<a; touch {}; sleep 30", held.display()),
+            ])
             .current_dir(&mnt)
             .spawn()
             .unwrap();
+        wait_for("the holder", Duration::from_secs(30), || held.exists());
         let o = child.wait_with_output().unwrap();
         let _ = holder.kill();
         let _ = holder.wait();
