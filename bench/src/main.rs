@@ -124,6 +124,8 @@ fn run(args: &Args) -> Result<()> {
         format!("load average {when}: {l1}")
     };
     let load_start = load("at start");
+    // Taken now: the commit checked out at the end may not be the one that was built.
+    let env = environment();
     let rundir = RunDir::create()?;
     let layout = Layout::new(&rundir.tmpfs());
     eprintln!("bench: building trees in {}", layout.base.display());
@@ -206,7 +208,7 @@ fn run(args: &Args) -> Result<()> {
         let doc = json!({
             "mode": if args.quick { "quick" } else { "full" },
             "seconds": elapsed,
-            "environment": environment(),
+            "environment": env,
             "config": cfg,
             "sizes": sizes,
             "tree": info,
@@ -234,7 +236,7 @@ fn environment() -> serde_json::Value {
         "shade_commit": cmd("git", &["rev-parse", "HEAD"]),
         // The build includes uncommitted work in these paths, if any.
         "shade_dirty": cmd("git", &["status", "--porcelain", "--", "fusefs", "Cargo.lock"]),
-        "loadavg_end": std::fs::read_to_string("/proc/loadavg").ok().map(|s| s.trim().to_string()),
+        "loadavg_start": std::fs::read_to_string("/proc/loadavg").ok().map(|s| s.trim().to_string()),
         "fuse_overlayfs": cmd("fuse-overlayfs", &["--version"]),
         "date": cmd("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
     })
