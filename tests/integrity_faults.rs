@@ -391,13 +391,16 @@ mod integrity {
         use std::os::unix::fs::PermissionsExt;
         fs::set_permissions(fx.tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
         fs::set_permissions(&locked, fs::Permissions::from_mode(0o700)).unwrap();
+        // A copy nobody can execute wherever the checkout lives (e.g. under 0700 /root).
+        let bin = fx.tmp.path().join("shade");
+        fs::copy(env!("CARGO_BIN_EXE_shade"), &bin).unwrap();
         let state = fx.tmp.path().join("nobody-state");
         fs::create_dir(&state).unwrap();
         std::os::unix::fs::chown(&state, Some(65534), Some(65534)).unwrap();
         let o = as_nobody(&format!(
             "SHADE_STATE_DIR={} exec {} run -C {}/sub -- true",
             state.display(),
-            env!("CARGO_BIN_EXE_shade"),
+            bin.display(),
             locked.display()
         ));
         let e2 = shade_err_line(&o);
@@ -405,7 +408,7 @@ mod integrity {
         let o = as_nobody(&format!(
             "SHADE_STATE_DIR={} exec {} run -C {} -- true",
             state.display(),
-            env!("CARGO_BIN_EXE_shade"),
+            bin.display(),
             locked.display()
         ));
         let e3 = shade_err_line(&o);
