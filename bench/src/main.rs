@@ -152,7 +152,8 @@ fn run(args: &Args) -> Result<()> {
                 Err(e) => return Err(e),
             }
         }
-        let r = measures::file_ops(&views, &cfg, &mut res);
+        let native_scratch = systems::scratch(&layout, "native-writes")?;
+        let r = measures::file_ops(&views, &native_scratch, &cfg, &mut res);
         for v in views {
             v.close()?;
         }

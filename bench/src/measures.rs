@@ -108,7 +108,16 @@ pub fn m_abort(n: usize) -> String {
 /// All file-operation measures on the live views. Runs are interleaved across systems
 /// (run 1 on every system, then run 2, …) so that load from other processes on a shared
 /// machine spreads evenly instead of biasing whichever system ran during a busy spell.
-pub fn file_ops(views: &[Instance], cfg: &Config, res: &mut Results) -> Result<()> {
+///
+/// Native writes go to `native_scratch` (same tmpfs, outside the project): written into
+/// the project they would reach the live shade branch's lower watcher, which would then
+/// be busy invalidating while the other systems are timed.
+pub fn file_ops(
+    views: &[Instance],
+    native_scratch: &Path,
+    cfg: &Config,
+    res: &mut Results,
+) -> Result<()> {
     for (measure, cmd, first) in [
         (M_FIND_FIRST, FIND, true),
         (M_FIND_WARM, FIND, false),
@@ -146,7 +155,12 @@ pub fn file_ops(views: &[Instance], cfg: &Config, res: &mut Results) -> Result<(
     for run in 0..=cfg.runs {
         for (k, v) in rotated(views, run) {
             check_interrupted()?;
-            let dir = v.root().join(format!("scratch-{k}-{run}"));
+            let base = if v.system == System::Native {
+                native_scratch
+            } else {
+                v.root()
+            };
+            let dir = base.join(format!("scratch-{k}-{run}"));
             let (w, r) = write_rm(&dir, cfg.write_files, &data)?;
             if run > 0 {
                 ws[k].push(w);
