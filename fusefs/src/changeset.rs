@@ -254,9 +254,11 @@ impl Overlay {
     /// The ordered accept plan (see `plan.rs` for the order the accept engine expects).
     pub(crate) fn plan(&self, include_ignored: bool) -> io::Result<Vec<PlanOp>> {
         let t = self.tree();
-        let mut renames = Vec::new();
+        // Moved lower directories: (lower source, destination, base of the source).
+        let mut moves: Vec<(PathBuf, PathBuf, Base)> = Vec::new();
         let mut deletes: Vec<PlanOp> = Vec::new();
-        let mut mkdirs = Vec::new();
+        // Directories to create or move into place, parent first (slot order).
+        let mut structure: Vec<Placement> = Vec::new();
         let mut writes = Vec::new();
         let mut setperms = Vec::new();
         let mut rename_sources: HashSet<PathBuf> = HashSet::new();
@@ -300,16 +302,10 @@ impl Overlay {
                                 base: slot.base,
                             });
                         }
-                        let from = locate(&moved, &src);
                         let base_from = d.lower_fp.map(Base::Present).unwrap_or(Base::Absent);
-                        renames.push(PlanOp::RenameDir {
-                            from,
-                            to: path.clone(),
-                            base_from,
-                            base_to: Base::Absent,
-                        });
+                        structure.push(Placement::Move(moves.len()));
                         rename_sources.insert(src.clone());
-                        moved.push((src, path.clone()));
+                        moves.push((src, path.clone(), base_from));
                         if d.lower_fp.is_some_and(|fp| fp.mode & 0o7777 != d.meta.perm) {
                             setperms.push(PlanOp::SetPerms {
                                 path: path.clone(),
@@ -324,11 +320,11 @@ impl Overlay {
                                 base: slot.base,
                             });
                         }
-                        mkdirs.push(PlanOp::Mkdir {
+                        structure.push(Placement::Mkdir(PlanOp::Mkdir {
                             path: path.clone(),
                             perms,
                             base: Base::Absent,
-                        });
+                        }));
                     } else if let Base::Present(fp) = slot.base {
                         if fp.mode & 0o7777 != d.meta.perm {
                             setperms.push(PlanOp::SetPerms {
@@ -402,9 +398,40 @@ impl Overlay {
         // Deepest first, so a directory is removed after what was inside it.
         deletes.sort_by_key(|op| std::cmp::Reverse(op.path().components().count()));
         setperms.reverse();
-        let mut plan = renames;
+        // Moves go in two steps — every source to a temporary name at the root, then each
+        // from there to its destination, parent first — so swaps, cycles and a directory
+        // moved beneath a new directory of its old name all apply.
+        let tag = format!(
+            "{:x}{:x}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0)
+        );
+        let temp = |i: usize| PathBuf::from(format!(".shade-move-{tag}-{i}"));
+        let mut plan = Vec::new();
+        for (i, (src, _, base_from)) in moves.iter().enumerate() {
+            plan.push(PlanOp::RenameDir {
+                from: locate(&moved, src),
+                to: temp(i),
+                base_from: *base_from,
+                base_to: Base::Absent,
+            });
+            moved.push((src.clone(), temp(i)));
+        }
         plan.extend(deletes);
-        plan.extend(mkdirs);
+        for place in structure {
+            plan.push(match place {
+                Placement::Mkdir(op) => op,
+                Placement::Move(i) => PlanOp::RenameDir {
+                    from: temp(i),
+                    to: moves[i].1.clone(),
+                    base_from: moves[i].2,
+                    base_to: Base::Absent,
+                },
+            });
+        }
         plan.extend(writes);
         plan.extend(setperms);
         Ok(plan)
@@ -459,6 +486,13 @@ impl Overlay {
         }
         out
     }
+}
+
+/// A directory that accept creates or moves into place.
+enum Placement {
+    Mkdir(PlanOp),
+    /// Index into the plan's moves.
+    Move(usize),
 }
 
 const DIFF_LIMIT: u64 = 4 << 20;
