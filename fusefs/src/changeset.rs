@@ -214,6 +214,26 @@ impl Overlay {
                         rename_sources.insert(src.clone());
                         out.push(mk(ChangeKind::Renamed, Some(src), true));
                     } else if d.lower.is_none() {
+                        // A lower directory removed and made again hides what it held;
+                        // accept deletes those entries, so show them (slots report the rest).
+                        if base_is_dir(&slot.base) {
+                            let hidden = t
+                                .natural_lower(path)
+                                .and_then(|lp| self.lower.read_dir(&lp).ok())
+                                .unwrap_or_default();
+                            for e in hidden {
+                                let child = path.join(&e.name);
+                                if !t.slots.contains_key(&child) {
+                                    out.push(Change {
+                                        kind: ChangeKind::Deleted,
+                                        path: child,
+                                        old_path: None,
+                                        is_dir: e.file_type == libc::S_IFDIR,
+                                        ignored,
+                                    });
+                                }
+                            }
+                        }
                         let has_children = t.slot_children(path).next().is_some();
                         if slot.base != Base::Absent && !base_is_dir(&slot.base) {
                             out.push(mk(ChangeKind::Modified, None, true));
@@ -248,6 +268,8 @@ impl Overlay {
             }
         }
         out.retain(|c| !(c.kind == ChangeKind::Deleted && rename_sources.contains(&c.path)));
+        // Hidden lower entries are pushed at their directory's slot: keep path order.
+        out.sort_by(|a, b| a.path.cmp(&b.path));
         Changeset { changes: out }
     }
 
