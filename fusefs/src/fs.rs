@@ -255,39 +255,31 @@ impl ShadeFs {
             o.detach(&mut t, &to);
         }
         if src_dir {
-            let mut d = match src {
-                Obj::Dir(d) => d,
-                Obj::Lower(lp, st) => {
-                    let mut d = t.dir_from_lower(&from, &st);
-                    d.lower = Some(lp.clone());
-                    d.meta.xattrs = o.lower.xattrs(&lp, false).into_iter().collect();
-                    d
-                }
-                Obj::Node(_) => return Err(libc::EIO),
+            let Entry::Dir(mut d) = o.materialize(&mut t, &from, src)? else {
+                return Err(libc::EIO);
             };
             d.meta.changed();
             t.move_descendants(&from, &to);
-            o.remove_moved(&mut t, &from);
+            t.remove(&o.lower, &from);
             t.set(&o.lower, &to, Entry::Dir(d));
         } else {
             let node = o.copy_up(&mut t, &from, u64::MAX)?;
             node.state().meta.changed();
             t.set(&o.lower, &to, Entry::Node(node));
-            o.remove_moved(&mut t, &from);
+            t.remove(&o.lower, &from);
         }
         let (fp, _) = split(&from);
         let (tp, _) = split(&to);
         let (fp, tp) = (fp.to_path_buf(), tp.to_path_buf());
-        let moved_dir = if src_dir && dst.is_none() { 1 } else { 0 };
-        if src_dir {
-            o.touch_dir(&mut t, &fp, -1)?;
-            o.touch_dir(&mut t, &tp, if dst.is_some() { 0 } else { 1 })?;
-        } else {
-            o.touch_dir(&mut t, &fp, 0)?;
-            o.touch_dir(&mut t, &tp, 0)?;
-        }
-        let _ = moved_dir;
-        Ok(())
+        // Subdirectory counts: a moved directory leaves one parent and joins the other
+        // (unless it replaced an empty directory there).
+        let (left, joined) = match (src_dir, dst.is_some()) {
+            (true, false) => (-1, 1),
+            (true, true) => (-1, 0),
+            (false, _) => (0, 0),
+        };
+        o.touch_dir(&mut t, &fp, left)?;
+        o.touch_dir(&mut t, &tp, joined)
     }
 
     fn exchange(&self, t: &mut crate::tree::Tree, a: &Path, oa: Obj, b: &Path, ob: Obj) -> Res<()> {
@@ -306,11 +298,6 @@ impl ShadeFs {
 }
 
 impl Overlay {
-    /// After moving `rel`'s object elsewhere: whiteout where lower has something.
-    pub(crate) fn remove_moved(&self, t: &mut crate::tree::Tree, rel: &Path) {
-        t.remove(&self.lower, rel);
-    }
-
     /// The object at `rel` as a branch entry (copy-up for files, metadata for dirs).
     pub(crate) fn materialize(
         &self,
@@ -701,10 +688,10 @@ impl Filesystem for ShadeFs {
         let res = o.handle(fh.0).and_then(|h| {
             let mut buf = vec![0u8; size as usize];
             let n = match &*h {
-                Handle::Node(n) => read_node(n, &mut buf, offset)?,
+                Handle::Node(n) => n.read_at(&mut buf, offset).map_err(errno)?,
                 Handle::Lower { ino, file } => match o.node_of(*ino) {
-                    Some(n) => read_node(&n, &mut buf, offset)?,
-                    None => read_file(file, &mut buf, offset)?,
+                    Some(n) => n.read_at(&mut buf, offset).map_err(errno)?,
+                    None => crate::content::read_full_at(file, &mut buf, offset).map_err(errno)?,
                 },
                 Handle::Dir(_) => return Err(libc::EISDIR),
             };
@@ -1155,24 +1142,4 @@ fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
     } else {
         reply.data(value);
     }
-}
-
-fn read_node(n: &crate::node::Node, buf: &mut [u8], offset: u64) -> Res<usize> {
-    let data = n.data();
-    let c = data.as_ref().ok_or(libc::EINVAL)?;
-    c.read_at(buf, offset).map_err(errno)
-}
-
-fn read_file(f: &std::fs::File, buf: &mut [u8], offset: u64) -> Res<usize> {
-    use std::os::unix::fs::FileExt;
-    let mut done = 0;
-    while done < buf.len() {
-        match f.read_at(&mut buf[done..], offset + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(errno(e)),
-        }
-    }
-    Ok(done)
 }

@@ -140,6 +140,14 @@ impl Node {
         self.data.read().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Read a regular file's bytes at `offset` (a short count only at end of file).
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        match self.data().as_ref() {
+            Some(c) => c.read_at(buf, offset),
+            None => Err(std::io::Error::from_raw_os_error(libc::EINVAL)),
+        }
+    }
+
     pub fn data_mut(&self) -> RwLockWriteGuard<'_, Option<Content>> {
         self.data.write().unwrap_or_else(PoisonError::into_inner)
     }

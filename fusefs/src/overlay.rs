@@ -142,9 +142,7 @@ impl Overlay {
                 Some(InodeTarget::Node(n)) => {
                     let n = n.clone();
                     drop(t);
-                    let data = n.data();
-                    let c = data.as_ref().ok_or(libc::EINVAL)?;
-                    return c.read_at(buf, offset).map_err(errno);
+                    return n.read_at(buf, offset).map_err(errno);
                 }
                 Some(InodeTarget::Gone(_)) => t.orphans.get(&ino).cloned().ok_or(libc::ENOENT)?,
                 Some(InodeTarget::Path(p)) => {
