@@ -8,7 +8,7 @@ use crate::lower::Lower;
 use crate::node::{DirOver, Meta, Node, NodeKind, NodeState};
 use crate::tree::{split, Entry, InodeTarget, Obj, Tree};
 use fuser::{FileAttr, FileType, INodeNo};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -41,14 +41,14 @@ pub(crate) struct Overlay {
     pub store: Store,
     pub ignore: IgnoreRules,
     tree: Mutex<Tree>,
-    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    handles: Mutex<FxHashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
     /// Present when lower changes are watched; only then may the kernel cache lower objects.
     pub watch: Option<Arc<crate::watch::LowerWatch>>,
     /// Open lower files by inode, for reads that come without a handle (no-open mode).
     lower_fds: Mutex<lru::LruCache<u64, Arc<File>>>,
     /// Directory listings being read without a handle (no-opendir mode), by inode.
-    listings: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
+    listings: Mutex<FxHashMap<u64, Arc<Vec<DirEntry>>>>,
 }
 
 /// One entry of a directory listing: inode, type, name.
@@ -79,12 +79,12 @@ impl Overlay {
             store,
             ignore,
             tree: Mutex::new(Tree::new()),
-            handles: Mutex::new(HashMap::new()),
+            handles: Mutex::new(FxHashMap::default()),
             next_fh: AtomicU64::new(1),
             lower_fds: Mutex::new(lru::LruCache::new(
                 std::num::NonZeroUsize::new(LOWER_FD_CACHE).unwrap_or(std::num::NonZeroUsize::MIN),
             )),
-            listings: Mutex::new(HashMap::new()),
+            listings: Mutex::new(FxHashMap::default()),
         }
     }
 

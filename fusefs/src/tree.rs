@@ -11,7 +11,8 @@
 use crate::fingerprint::{Base, Fingerprint};
 use crate::lower::Lower;
 use crate::node::{DirOver, Meta, Node};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -65,11 +66,11 @@ impl Obj {
 
 pub(crate) struct Tree {
     pub slots: BTreeMap<PathBuf, Slot>,
-    pub children: HashMap<PathBuf, BTreeSet<OsString>>,
-    pub inodes: HashMap<u64, Inode>,
-    pub path_ino: HashMap<PathBuf, u64>,
+    pub children: FxHashMap<PathBuf, BTreeSet<OsString>>,
+    pub inodes: FxHashMap<u64, Inode>,
+    pub path_ino: FxHashMap<PathBuf, u64>,
     /// Lower files unlinked in the branch while the kernel still references them.
-    pub orphans: HashMap<u64, Arc<std::fs::File>>,
+    pub orphans: FxHashMap<u64, Arc<std::fs::File>>,
     next_ino: u64,
 }
 
@@ -83,7 +84,7 @@ pub(crate) fn split(rel: &Path) -> (&Path, &OsStr) {
 
 impl Tree {
     pub fn new() -> Tree {
-        let mut inodes = HashMap::new();
+        let mut inodes = FxHashMap::default();
         inodes.insert(
             1,
             Inode {
@@ -91,14 +92,14 @@ impl Tree {
                 lookups: 1,
             },
         );
-        let mut path_ino = HashMap::new();
+        let mut path_ino = FxHashMap::default();
         path_ino.insert(PathBuf::new(), 1);
         Tree {
             slots: BTreeMap::new(),
-            children: HashMap::new(),
+            children: FxHashMap::default(),
             inodes,
             path_ino,
-            orphans: HashMap::new(),
+            orphans: FxHashMap::default(),
             next_ino: 2,
         }
     }

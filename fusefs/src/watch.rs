@@ -10,7 +10,7 @@ use crate::overlay::Overlay;
 use crate::tree::Entry;
 use fuser::{INodeNo, Notifier};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::ffi::OsString;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -40,8 +40,8 @@ struct Hub {
 #[derive(Default)]
 struct Subs {
     /// Who cares about each watched directory: (branch watch id, lower-relative dir).
-    by_wd: HashMap<WatchDescriptor, Vec<(u64, PathBuf)>>,
-    branches: HashMap<u64, Weak<LowerWatch>>,
+    by_wd: FxHashMap<WatchDescriptor, Vec<(u64, PathBuf)>>,
+    branches: FxHashMap<u64, Weak<LowerWatch>>,
 }
 
 /// A lower change: the directory, and the entry in it (None: the directory itself).
@@ -90,7 +90,7 @@ impl Hub {
             let Ok(events) = self.inotify.read_events() else {
                 continue;
             };
-            let mut batches: HashMap<u64, (Arc<LowerWatch>, Vec<Change>)> = HashMap::new();
+            let mut batches: FxHashMap<u64, (Arc<LowerWatch>, Vec<Change>)> = FxHashMap::default();
             let mut gone: Vec<(Arc<LowerWatch>, PathBuf)> = Vec::new();
             {
                 let mut subs = lock(&self.subs);
@@ -133,7 +133,7 @@ pub(crate) struct LowerWatch {
     id: u64,
     hub: Arc<Hub>,
     root: PathBuf,
-    watched: Mutex<HashMap<PathBuf, WatchDescriptor>>,
+    watched: Mutex<FxHashMap<PathBuf, WatchDescriptor>>,
     target: OnceLock<(Weak<Overlay>, Notifier)>,
 }
 
