@@ -173,17 +173,12 @@ mod integrity {
 
     /// With directory renames mixed in (seed 0xC0FFEE, one worker, deterministic).
     #[test]
-    #[ignore = "accept planner bug: after the same directories are renamed around several \
-            times, bases of files inside them are checked at the wrong lower path and accept \
-            refuses with false conflicts (safe, but wrong)"]
     fn churn_with_directory_renames_leaves_a_consistent_tree() {
         churn_and_check(1, 40_000, true);
     }
 
     /// The same with four concurrent workers.
     #[test]
-    #[ignore = "accept planner bug: as churn_with_directory_renames_leaves_a_consistent_tree \
-            (false conflicts in about 1 run of 4)"]
     fn concurrent_churn_with_directory_renames_leaves_a_consistent_tree() {
         churn_and_check(4, 15_000, true);
     }
@@ -311,6 +306,34 @@ mod integrity {
         let shown = snapshot(&m);
         b.accept(AcceptFlags::default()).unwrap();
         assert_eq!(snapshot(&fx.project), shown);
+    }
+
+    /// A file deleted inside a renamed lower directory: accept deletes it from the moved
+    /// directory (it used to report a false conflict), leaves no trash behind, and a user
+    /// edit of that file meanwhile is still a conflict.
+    #[test]
+    fn deletion_inside_a_renamed_directory_is_accepted() {
+        let fx = Fixture::new();
+        fx.write("d2/f1", "one\n");
+        fx.write("d2/f2", "two\n");
+        let b = fx.branch();
+        let m = b.mountpoint().to_path_buf();
+        fs::rename(m.join("d2"), m.join("d3")).unwrap();
+        fs::remove_file(m.join("d3/f2")).unwrap();
+        fs::write(m.join("d3/f1"), "one, edited\n").unwrap();
+        let shown = snapshot(&m);
+        b.accept(AcceptFlags::default()).unwrap();
+        assert_eq!(snapshot(&fx.project), shown);
+
+        let b = fx.branch();
+        let m = b.mountpoint().to_path_buf();
+        fs::rename(m.join("d3"), m.join("d4")).unwrap();
+        fs::remove_file(m.join("d4/f1")).unwrap();
+        fx.write("d3/f1", "user edit\n");
+        let e = b.accept(AcceptFlags::default()).unwrap_err();
+        assert!(format!("{e:?}").contains("d3/f1"), "{e:?}");
+        assert_eq!(fx.read("d3/f1"), "user edit\n");
+        assert!(!fx.project.join("d4").exists());
     }
 
     /// Two lower directories swapped through a third name, one file edited on the way.

@@ -308,6 +308,7 @@ impl Overlay {
                         deletes.push(PlanOp::Delete {
                             path: path.clone(),
                             base: slot.base,
+                            base_at: slot.base_at.clone(),
                         });
                     }
                 }
@@ -322,6 +323,7 @@ impl Overlay {
                             deletes.push(PlanOp::Delete {
                                 path: path.clone(),
                                 base: slot.base,
+                                base_at: slot.base_at.clone(),
                             });
                         }
                         let base_from = d.lower_fp.map(Base::Present).unwrap_or(Base::Absent);
@@ -333,6 +335,7 @@ impl Overlay {
                                 path: path.clone(),
                                 perms,
                                 base: Base::Absent,
+                                base_at: None,
                             });
                         }
                     } else if d.lower.is_none() {
@@ -340,12 +343,14 @@ impl Overlay {
                             deletes.push(PlanOp::Delete {
                                 path: path.clone(),
                                 base: slot.base,
+                                base_at: slot.base_at.clone(),
                             });
                         }
                         structure.push(Placement::Mkdir(PlanOp::Mkdir {
                             path: path.clone(),
                             perms,
                             base: Base::Absent,
+                            base_at: None,
                         }));
                     } else if let Base::Present(fp) = slot.base {
                         if fp.mode & 0o7777 != d.meta.perm {
@@ -353,6 +358,7 @@ impl Overlay {
                                 path: path.clone(),
                                 perms,
                                 base: slot.base,
+                                base_at: slot.base_at.clone(),
                             });
                         }
                     }
@@ -376,12 +382,16 @@ impl Overlay {
                         Base::Absent => false,
                     };
                     let mut base = slot.base;
+                    let mut base_at = slot.base_at.clone();
                     if replaces_other_type {
                         deletes.push(PlanOp::Delete {
                             path: path.clone(),
                             base: slot.base,
+                            base_at: slot.base_at.clone(),
                         });
+                        // Written where the delete has just made room.
                         base = Base::Absent;
+                        base_at = None;
                     }
                     let st = n.state();
                     let perms = Perms {
@@ -401,12 +411,14 @@ impl Overlay {
                                 content,
                                 perms,
                                 base,
+                                base_at,
                             });
                         }
                         NodeKind::Symlink => writes.push(PlanOp::Symlink {
                             path: path.clone(),
                             target: PathBuf::from(&n.target),
                             base,
+                            base_at,
                         }),
                         _ => {
                             tracing::warn!(path = %path.display(), "special file not accepted");
@@ -415,10 +427,6 @@ impl Overlay {
                 }
             }
         }
-        // Rename sources vanish with the rename itself; deleting them again would be wrong.
-        deletes.retain(|op| !matches!(op, PlanOp::Delete { path, .. } if rename_sources.contains(path) && !t.slots.get(path).is_some_and(|s| !matches!(s.entry, Entry::Whiteout))));
-        // Deepest first, so a directory is removed after what was inside it.
-        deletes.sort_by_key(|op| std::cmp::Reverse(op.path().components().count()));
         setperms.reverse();
         // Moves go in two steps — every source to a temporary name at the root, then each
         // from there to its destination, parent first — so swaps, cycles and a directory
@@ -442,6 +450,29 @@ impl Overlay {
             });
             moved.push((src.clone(), temp(i)));
         }
+        // A delete removes the lower object its base was observed on, wherever the moves
+        // above have put it (deletes run while moved directories sit at their temporary
+        // names). An object that is itself moved is not deleted: it lives on elsewhere.
+        let deletes = deletes.into_iter().filter_map(|op| match op {
+            PlanOp::Delete {
+                path: _,
+                base,
+                base_at: Some(at),
+            } => {
+                if rename_sources.contains(&at) {
+                    return None;
+                }
+                Some(PlanOp::Delete {
+                    path: locate(&moved, &at),
+                    base,
+                    base_at: Some(at),
+                })
+            }
+            other => Some(other),
+        });
+        let mut deletes: Vec<PlanOp> = deletes.collect();
+        // Deepest first, so a directory is removed after what was inside it.
+        deletes.sort_by_key(|op| std::cmp::Reverse(op.path().components().count()));
         plan.extend(deletes);
         for place in structure {
             plan.push(match place {

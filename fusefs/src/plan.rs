@@ -23,6 +23,12 @@ pub struct Perms {
 }
 
 /// One step of an accept.
+///
+/// `base` is what the branch saw in lower before changing the path; `base_at`, where in
+/// lower it saw it (before any op of the plan runs). Directory renames in the branch mean
+/// the two can differ from `path`: pre-flight checks `base` exactly there when it is known,
+/// and `None` (a path that had no lower counterpart, or a hand-built plan) falls back to
+/// `path` and its place before the plan's renames.
 #[derive(Debug)]
 pub enum PlanOp {
     /// Create or replace a regular file with `content` (read from offset 0 to its end).
@@ -31,24 +37,28 @@ pub enum PlanOp {
         content: File,
         perms: Perms,
         base: Base,
+        base_at: Option<RelPath>,
     },
     /// Create or replace a symlink.
     Symlink {
         path: RelPath,
         target: PathBuf,
         base: Base,
+        base_at: Option<RelPath>,
     },
     /// Create a directory (its parent exists by then, or is created by an earlier op).
     Mkdir {
         path: RelPath,
         perms: Perms,
         base: Base,
+        base_at: Option<RelPath>,
     },
     /// Change the permissions of an existing directory.
     SetPerms {
         path: RelPath,
         perms: Perms,
         base: Base,
+        base_at: Option<RelPath>,
     },
     /// Move a whole lower directory (the branch renamed it); done before any other op so
     /// that ops inside `to` find it there.
@@ -59,7 +69,11 @@ pub enum PlanOp {
         base_to: Base,
     },
     /// Remove a file, symlink or whole directory tree; done after writes, deepest first.
-    Delete { path: RelPath, base: Base },
+    Delete {
+        path: RelPath,
+        base: Base,
+        base_at: Option<RelPath>,
+    },
 }
 
 impl PlanOp {
@@ -72,6 +86,18 @@ impl PlanOp {
             | PlanOp::SetPerms { path, .. }
             | PlanOp::Delete { path, .. } => path,
             PlanOp::RenameDir { to, .. } => to,
+        }
+    }
+
+    /// Where in lower the op's base was observed, if recorded.
+    pub fn base_at(&self) -> Option<&RelPath> {
+        match self {
+            PlanOp::WriteFile { base_at, .. }
+            | PlanOp::Symlink { base_at, .. }
+            | PlanOp::Mkdir { base_at, .. }
+            | PlanOp::SetPerms { base_at, .. }
+            | PlanOp::Delete { base_at, .. } => base_at.as_ref(),
+            PlanOp::RenameDir { .. } => None,
         }
     }
 }

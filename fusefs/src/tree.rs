@@ -28,6 +28,9 @@ pub(crate) enum Entry {
 pub(crate) struct Slot {
     pub entry: Entry,
     pub base: Base,
+    /// The lower path `base` was observed at (the natural lower path when the slot was
+    /// made); `None` when the path had no lower counterpart (inside a new directory).
+    pub base_at: Option<PathBuf>,
 }
 
 /// What the kernel's inode number stands for.
@@ -171,11 +174,15 @@ impl Tree {
         }
     }
 
-    /// What lower has at `rel`'s natural lower path now (the base of a new slot).
-    pub fn observe_base(&self, lower: &Lower, rel: &Path) -> Base {
-        match self.natural_lower(rel).map(|lp| lower.stat(&lp)) {
-            Some(Ok(Some(st))) => Base::Present(Fingerprint::from_stat(&st)),
-            _ => Base::Absent,
+    /// What lower has at `rel`'s natural lower path now, and that path (the base of a
+    /// new slot).
+    pub fn observe_base(&self, lower: &Lower, rel: &Path) -> (Base, Option<PathBuf>) {
+        let Some(lp) = self.natural_lower(rel) else {
+            return (Base::Absent, None);
+        };
+        match lower.stat(&lp) {
+            Ok(Some(st)) => (Base::Present(Fingerprint::from_stat(&st)), Some(lp)),
+            _ => (Base::Absent, Some(lp)),
         }
     }
 
@@ -185,8 +192,15 @@ impl Tree {
             slot.entry = entry;
             return;
         }
-        let base = self.observe_base(lower, rel);
-        self.insert_slot(rel.to_path_buf(), Slot { entry, base });
+        let (base, base_at) = self.observe_base(lower, rel);
+        self.insert_slot(
+            rel.to_path_buf(),
+            Slot {
+                entry,
+                base,
+                base_at,
+            },
+        );
     }
 
     fn insert_slot(&mut self, rel: PathBuf, slot: Slot) {

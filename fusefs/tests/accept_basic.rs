@@ -52,20 +52,24 @@ fn applies_every_kind_of_op() {
         PlanOp::Delete {
             path: p("d2f"),
             base: env.base("d2f"),
+            base_at: None,
         },
         PlanOp::Delete {
             path: p("f2d"),
             base: env.base("f2d"),
+            base_at: None,
         },
         PlanOp::Mkdir {
             path: p("fresh"),
             perms: perms(0o750),
             base: Base::Absent,
+            base_at: None,
         },
         PlanOp::Mkdir {
             path: p("f2d"),
             perms: perms(0o755),
             base: Base::Absent,
+            base_at: None,
         },
         env.write("a.txt", b"new a", 0o755, env.base("a.txt")),
         env.write("fresh/n.txt", b"brand new", 0o600, Base::Absent),
@@ -76,24 +80,29 @@ fn applies_every_kind_of_op() {
             path: p("link"),
             target: p("b.txt"),
             base: env.base("link"),
+            base_at: None,
         },
         PlanOp::Symlink {
             path: p("fresh/l"),
             target: p("../a.txt"),
             base: Base::Absent,
+            base_at: None,
         },
         PlanOp::SetPerms {
             path: p("sub"),
             perms: perms(0o700),
             base: env.base("sub"),
+            base_at: None,
         },
         PlanOp::Delete {
             path: p("b.txt"),
             base: env.base("b.txt"),
+            base_at: None,
         },
         PlanOp::Delete {
             path: p("rm_dir"),
             base: env.base("rm_dir"),
+            base_at: None,
         },
     ];
     let report = apply(&env.root, plan, &opts(&env, false)).unwrap();
@@ -137,6 +146,7 @@ fn conflicts_refuse_everything_and_list_every_path() {
         PlanOp::Delete {
             path: p("b.txt"),
             base: env.base("b.txt"),
+            base_at: None,
         },
     ];
     // The user, meanwhile: edits a.txt, creates added.txt, deletes sub/c.txt, touches b.txt.
@@ -182,6 +192,7 @@ fn force_overrides_conflicts() {
         PlanOp::Delete {
             path: p("b.txt"),
             base: env.base("b.txt"),
+            base_at: None,
         },
     ];
     std::fs::write(env.root.join("a.txt"), "user a").unwrap();
@@ -264,6 +275,7 @@ fn a_symlinked_parent_is_never_followed() {
             path: p("evil"),
             target: outside.path().to_path_buf(),
             base: Base::Absent,
+            base_at: None,
         },
         env.write("evil/x", b"pwned", 0o644, Base::Absent),
     ];
@@ -316,6 +328,7 @@ fn odd_names_survive_the_journal() {
         content,
         perms,
         base: Base::Absent,
+        base_at: None,
     });
     plan.push(env.write(&long, b"long", 0o644, Base::Absent));
     apply(&env.root, plan, &opts(&env, false)).unwrap();
@@ -356,6 +369,7 @@ fn targets_on_a_nested_mount_are_placed_across_file_systems() {
             path: p("mnt/d"),
             perms: perms(0o755),
             base: Base::Absent,
+            base_at: None,
         },
         env.write("mnt/x", b"new x", 0o600, env.base("mnt/x")),
         env.write("mnt/d/n", b"new n", 0o644, Base::Absent),
@@ -363,10 +377,12 @@ fn targets_on_a_nested_mount_are_placed_across_file_systems() {
             path: p("mnt/l"),
             target: p("x"),
             base: Base::Absent,
+            base_at: None,
         },
         PlanOp::Delete {
             path: p("mnt/y"),
             base: env.base("mnt/y"),
+            base_at: None,
         },
     ];
     apply(&env.root, plan, &opts(&env, false)).unwrap();

@@ -228,17 +228,20 @@ fn plan(env: &mut Env, changes: &[Abs]) -> Vec<PlanOp> {
                 PlanOp::Delete {
                     path: at.clone(),
                     base: b,
+                    base_at: None,
                 }
             }
             Abs::Mkdir(at, mode) => PlanOp::Mkdir {
                 path: at.clone(),
                 perms: accept_common::perms(*mode),
                 base: Base::Absent,
+                base_at: None,
             },
             Abs::SetPerms(at, mode) => PlanOp::SetPerms {
                 path: at.clone(),
                 perms: accept_common::perms(*mode),
                 base: base(env, &deleted, at),
+                base_at: None,
             },
             Abs::Write(at, bytes, mode) => {
                 let b = base(env, &deleted, at);
@@ -248,6 +251,7 @@ fn plan(env: &mut Env, changes: &[Abs]) -> Vec<PlanOp> {
                 path: at.clone(),
                 target: t.clone(),
                 base: base(env, &deleted, at),
+                base_at: None,
             },
         });
     }

@@ -40,6 +40,8 @@ struct Sim {
     planned: BTreeMap<PathBuf, Planned>,
     /// Earlier directory renames, (from, to), in order.
     renames: Vec<(PathBuf, PathBuf)>,
+    /// Lower objects some op of the plan is based on (and checks where it saw them).
+    known: Vec<Base>,
 }
 
 impl Sim {
@@ -134,10 +136,20 @@ impl Sim {
             Base::Absent => {
                 let shadowed = matches!(self.nearest(p), Some(Planned::Gone | Planned::Mkdir))
                     || self.renames.iter().any(|(_, to)| to == p);
-                shadowed || (lit == Base::Absent && mapped == Base::Absent)
+                // An object the plan itself accounts for (moves here, deletes or
+                // replaces) is no news; only one nobody based anything on is.
+                let accounted =
+                    |b: &Base| *b == Base::Absent || self.known.iter().any(|k| base_matches(k, b));
+                shadowed || (accounted(&lit) && accounted(&mapped))
             }
         };
         Ok((ok, found))
+    }
+
+    /// Whether `base` still holds where it was observed (`at`, before any op runs).
+    fn holds_at(&self, at: &Path, base: &Base) -> Result<(bool, Base), AcceptError> {
+        let now = observe(self.root, at).map_err(|e| Self::io(at, e))?.base();
+        Ok((base_matches(base, &now), now))
     }
 
     /// The object at `p` as roll-forward will find it (after earlier renames), for `force`.
@@ -186,10 +198,24 @@ pub fn validate(plan: &[PlanOp]) -> Result<(), AcceptError> {
 /// Check every op against lower (`root` is the project dir fd). Returns the guard to journal
 /// for each op, or every conflict found.
 pub fn preflight(root: RawFd, plan: &[PlanOp], force: bool) -> Result<Vec<Guard>, AcceptError> {
+    let known = plan
+        .iter()
+        .filter(|op| op.base_at().is_some())
+        .filter_map(|op| match op {
+            PlanOp::WriteFile { base, .. }
+            | PlanOp::Symlink { base, .. }
+            | PlanOp::Mkdir { base, .. }
+            | PlanOp::SetPerms { base, .. }
+            | PlanOp::Delete { base, .. } => Some(*base),
+            PlanOp::RenameDir { .. } => None,
+        })
+        .filter(|b| *b != Base::Absent)
+        .collect();
     let mut sim = Sim {
         root,
         planned: BTreeMap::new(),
         renames: Vec::new(),
+        known,
     };
     let mut conflicts = Vec::new();
     let mut guards = Vec::with_capacity(plan.len());
@@ -212,9 +238,12 @@ pub fn preflight(root: RawFd, plan: &[PlanOp], force: bool) -> Result<Vec<Guard>
             | PlanOp::Symlink { path, base, .. }
             | PlanOp::Mkdir { path, base, .. }
             | PlanOp::SetPerms { path, base, .. }
-            | PlanOp::Delete { path, base } => (vec![path], vec![*base]),
+            | PlanOp::Delete { path, base, .. } => (vec![path], vec![*base]),
         };
         for (p, base) in paths.iter().zip(&bases) {
+            // Conflicts name the path as the user knows it in the project: where the base
+            // was seen, not a temporary name the plan moves it through.
+            let shown: &Path = op.base_at().map_or(p.as_path(), |a| a.as_path());
             if let Some(Seen::Blocked { at }) = sim.parents_ok(p)? {
                 if force {
                     return Err(unsafe_path(
@@ -222,18 +251,21 @@ pub fn preflight(root: RawFd, plan: &[PlanOp], force: bool) -> Result<Vec<Guard>
                         "a parent directory is a symlink or file in the project; not following it",
                     ));
                 }
-                conflict(p, *base, Base::Present(at));
+                conflict(shown, *base, Base::Present(at));
                 continue;
             }
             if !force {
-                let (ok, found) = sim.holds(p, base)?;
+                let (ok, found) = match op.base_at() {
+                    Some(at) => sim.holds_at(at, base)?,
+                    None => sim.holds(p, base)?,
+                };
                 if !ok {
-                    conflict(p, *base, found);
+                    conflict(shown, *base, found);
                 }
             }
         }
         let guard = match op {
-            PlanOp::Delete { path, base } => {
+            PlanOp::Delete { path, base, .. } => {
                 Guard::Delete(if force { sim.observed(path)? } else { *base })
             }
             PlanOp::RenameDir {

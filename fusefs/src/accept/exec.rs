@@ -12,7 +12,7 @@
 //! a re-run). Trash and staging are removed only after the journal says `Applied`.
 
 use super::journal::{journal_path, trash_name, xdev_tmp_name, JOp, Journal, Phase};
-use super::safe_path::{base_matches, observe, open_dir, open_parent};
+use super::safe_path::{base_matches, observe, open_dir, open_parent, rebase};
 use super::{fault, stage, sys};
 use crate::fingerprint::{Base, Fingerprint};
 use crate::plan::Perms;
@@ -273,9 +273,19 @@ pub fn roll_forward_locked(root: OwnedFd, j: &mut Journal, dir: &Path) -> io::Re
 
 /// Remove every trash entry, the staging dir and then the journal.
 fn clean_up(root: &OwnedFd, j: &Journal, dir: &Path) -> io::Result<()> {
-    for op in &j.ops {
+    for (i, op) in j.ops.iter().enumerate() {
         let (n, p) = op.trash_parent();
-        let parent = match open_parent(root.as_raw_fd(), p, false) {
+        // Trash left inside a directory that a later op moved has moved with it (deletes
+        // run while moved directories sit at their temporary names).
+        let mut p = p.to_path_buf();
+        for later in &j.ops[i + 1..] {
+            if let JOp::RenameDir { from, to, .. } = later {
+                if let Some(q) = rebase(&p, from.path(), to.path()) {
+                    p = q;
+                }
+            }
+        }
+        let parent = match open_parent(root.as_raw_fd(), &p, false) {
             Ok((fd, _)) => fd,
             Err(e) if is_gone(&e) => continue, // an ancestor was trashed as a whole
             Err(e) => return Err(e),

@@ -122,6 +122,7 @@ impl Env {
             content,
             perms: perms(mode),
             base,
+            base_at: None,
         }
     }
 
