@@ -975,11 +975,9 @@ impl Filesystem for ShadeFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        match self.overlay.xattrs_of(ino.0) {
-            Ok(x) => match x.into_iter().find(|(n, _)| n == name) {
-                Some((_, v)) => xattr_reply(reply, &v, size),
-                None => reply.error(Errno::NO_XATTR),
-            },
+        match self.overlay.xattr_of(ino.0, name) {
+            Ok(Some(v)) => xattr_reply(reply, &v, size),
+            Ok(None) => reply.error(Errno::NO_XATTR),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -1134,6 +1132,21 @@ impl Overlay {
     }
 
     /// Extended attributes of whatever `ino` is, without copying anything up.
+    /// One xattr of the object `ino` stands for (`None`: it has no such attribute).
+    fn xattr_of(&self, ino: u64, name: &OsStr) -> Res<Option<Vec<u8>>> {
+        let t = self.tree();
+        match self.obj_of(&t, ino)? {
+            Obj::Node(n) => Ok(n.state().meta.xattrs.get(name).cloned()),
+            Obj::Dir(d) => Ok(d.meta.xattrs.get(name).cloned()),
+            Obj::Lower(lp, st) => {
+                drop(t);
+                self.lower
+                    .xattr(&lp, name, st.st_mode & libc::S_IFMT == libc::S_IFLNK)
+                    .map_err(errno)
+            }
+        }
+    }
+
     fn xattrs_of(&self, ino: u64) -> Res<Vec<(std::ffi::OsString, Vec<u8>)>> {
         let t = self.tree();
         Ok(match self.obj_of(&t, ino)? {

@@ -209,34 +209,44 @@ impl Lower {
         let Ok((_fd, p)) = self.proc_path(rel) else {
             return Vec::new();
         };
-        let mut names = vec![0u8; 65536];
-        // SAFETY: buffer valid for its length.
-        let n = unsafe { libc::listxattr(p.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
-        if n <= 0 {
+        // SAFETY (both calls): valid C string, buffer valid for `len` bytes.
+        let Ok(names) =
+            read_sized(|buf, len| unsafe { libc::listxattr(p.as_ptr(), buf.cast(), len) })
+        else {
             return Vec::new();
-        }
-        names.truncate(n as usize);
+        };
         let mut out = Vec::new();
         for name in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
             let Ok(cname) = CString::new(name) else {
                 continue;
             };
-            let mut val = vec![0u8; 65536];
-            // SAFETY: buffers valid for their lengths.
-            let n = unsafe {
-                libc::getxattr(
-                    p.as_ptr(),
-                    cname.as_ptr(),
-                    val.as_mut_ptr().cast(),
-                    val.len(),
-                )
-            };
-            if n >= 0 {
-                val.truncate(n as usize);
+            if let Ok(val) = read_sized(|buf, len| unsafe {
+                libc::getxattr(p.as_ptr(), cname.as_ptr(), buf, len)
+            }) {
                 out.push((OsStr::from_bytes(name).to_os_string(), val));
             }
         }
         out
+    }
+
+    /// One xattr of a lower object; `None` when it has no such attribute. `getxattr` is
+    /// frequent (`ls -l` asks for ACLs on every file): one system call, not a listing.
+    pub fn xattr(&self, rel: &Path, name: &OsStr, is_symlink: bool) -> io::Result<Option<Vec<u8>>> {
+        if is_symlink {
+            return Ok(None);
+        }
+        let (_fd, p) = self.proc_path(rel)?;
+        let cname = CString::new(name.as_bytes())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: valid C strings, buffer valid for `len` bytes.
+        match read_sized(|buf, len| unsafe { libc::getxattr(p.as_ptr(), cname.as_ptr(), buf, len) })
+        {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENODATA | libc::EOPNOTSUPP)) => {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// File system statistics of lower, forwarded by `statfs`.
@@ -246,5 +256,26 @@ impl Lower {
         // SAFETY: valid fd and out pointer.
         cvt(unsafe { libc::fstatvfs(self.fd.as_raw_fd(), &mut st) })?;
         Ok(st)
+    }
+}
+
+/// Call a size-probing xattr function (`call(null, 0)` gives the size) and return the
+/// bytes, retrying if the value grew in between.
+fn read_sized(call: impl Fn(*mut libc::c_void, usize) -> isize) -> io::Result<Vec<u8>> {
+    loop {
+        let size = call(std::ptr::null_mut(), 0);
+        if size < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut buf = vec![0u8; size as usize];
+        let n = call(buf.as_mut_ptr().cast(), buf.len());
+        if n >= 0 {
+            buf.truncate(n as usize);
+            return Ok(buf);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ERANGE) {
+            return Err(e);
+        }
     }
 }
