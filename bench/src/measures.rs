@@ -87,6 +87,9 @@ pub const M_TAR_WARM: &str = "warm tar";
 pub const M_WRITE: &str = "write files";
 pub const M_RM: &str = "rm files";
 pub const M_READ: &str = "sequential read";
+/// 1,000 calls that each cost a FUSE view exactly one request and the daemon next to no
+/// work: the per-request floor the write and rm measures are made of.
+pub const M_REQUEST: &str = "1000 requests";
 /// The same read right after dropping caches: what the first build or scan pays.
 pub const M_READ_FIRST: &str = "first sequential read";
 pub const M_CARGO: &str = "warm cargo check";
@@ -172,6 +175,20 @@ pub fn file_ops(
     for ((v, w), r) in views.iter().zip(ws).zip(rs) {
         res.push(M_WRITE, v.system.name(), "s", w);
         res.push(M_RM, v.system.name(), "s", r);
+    }
+
+    eprintln!("bench: request floor");
+    let mut floor = vec![Vec::new(); views.len()];
+    for run in 0..cfg.runs {
+        for (k, v) in rotated(views, run) {
+            check_interrupted()?;
+            let dir = v.root().join(TREE);
+            let (secs, ()) = time(|| missing_xattr_lookups(&dir, 1000))?;
+            floor[k].push(secs);
+        }
+    }
+    for (v, f) in views.iter().zip(floor) {
+        res.push(M_REQUEST, v.system.name(), "s", f);
     }
 
     for (measure, first) in [(M_READ_FIRST, true), (M_READ, false)] {
@@ -261,6 +278,26 @@ fn write_rm(dir: &Path, n: usize, data: &[u8]) -> Result<(f64, f64)> {
     })?;
     std::fs::remove_dir(dir)?;
     Ok((w, r))
+}
+
+/// `n` getxattr calls for an attribute `path` does not have. The kernel caches no xattrs
+/// for FUSE, so on a FUSE view each is one GETXATTR round trip to the daemon.
+fn missing_xattr_lookups(path: &Path, n: usize) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    let name = c"user.shade-bench-absent";
+    for _ in 0..n {
+        // SAFETY: valid C strings; a null buffer of size 0 only asks for the size.
+        let r = unsafe { libc::getxattr(c_path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+        let e = std::io::Error::last_os_error();
+        if r >= 0 || !matches!(e.raw_os_error(), Some(libc::ENODATA | libc::EOPNOTSUPP)) {
+            bail!(
+                "getxattr on {}: expected no such attribute, got {r} ({e})",
+                path.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Read a whole file in 1 MiB chunks; returns bytes read.

@@ -3,7 +3,7 @@
 
 use crate::measures::{
     m_abort, m_accept, Measurement, Results, M_CARGO, M_FIND_FIRST, M_FIND_WARM, M_MANY_CREATE,
-    M_MANY_RSS, M_READ, M_READ_FIRST, M_RM, M_TAR_FIRST, M_TAR_WARM, M_WRITE,
+    M_MANY_RSS, M_READ, M_READ_FIRST, M_REQUEST, M_RM, M_TAR_FIRST, M_TAR_WARM, M_WRITE,
 };
 use crate::systems::System;
 use std::fmt::Write;
@@ -105,7 +105,7 @@ pub fn markdown(res: &Results, title: &str) -> String {
 }
 
 fn file_ops_table(res: &Results, s: &mut String) {
-    let rows: [(&str, &str, Option<Goal>); 9] = [
+    let rows: [(&str, &str, Option<Goal>); 10] = [
         (
             M_FIND_FIRST,
             "first `find . -type f \\| wc -l`",
@@ -120,6 +120,11 @@ fn file_ops_table(res: &Results, s: &mut String) {
             Some(Goal::RatioMax(2.0)),
         ),
         (M_RM, "rm 1,000 files", Some(Goal::RatioMax(2.0))),
+        (
+            M_REQUEST,
+            "1,000 `getxattr` of a missing attribute (1 request each to the shade daemon)",
+            None,
+        ),
         (
             M_READ_FIRST,
             "first sequential read, unchanged file",
