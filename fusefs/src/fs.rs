@@ -1053,7 +1053,7 @@ impl Filesystem for ShadeFs {
                     o.add_handle(Handle::Node(n))
                 };
                 reply.created(
-                    &TTL_OWNED,
+                    &self.ttl(true),
                     &a,
                     Generation(0),
                     FileHandle(fh),
