@@ -130,103 +130,101 @@ pub fn file_ops(
         (M_TAR_WARM, TAR, false),
     ] {
         eprintln!("bench: {measure}");
-        let mut samples = vec![Vec::new(); views.len()];
-        let mut outputs = vec![String::new(); views.len()];
-        for run in 0..cfg.runs {
-            for (k, v) in rotated(views, run) {
-                check_interrupted()?;
-                let tree = v.root().join(TREE);
-                if first {
-                    cold(cfg)?;
-                } else {
-                    warm_up(|| sh(&tree, cmd).map(drop))?;
-                }
-                let (secs, out) = time(|| sh(&tree, cmd))?;
-                samples[k].push(secs);
-                outputs[k] = out;
+        let samples = rounds(views, cfg.runs, |_, v| {
+            let tree = v.root().join(TREE);
+            if first {
+                cold(cfg)?;
+            } else {
+                warm_up(|| sh(&tree, cmd).map(drop))?;
             }
-        }
-        for ((v, sm), out) in views.iter().zip(samples).zip(outputs) {
-            res.push(measure, v.system.name(), "s", sm);
+            time(|| sh(&tree, cmd))
+        })?;
+        for (v, sm) in views.iter().zip(samples) {
+            let out = sm.last().map(|(_, o)| o.clone()).unwrap_or_default();
+            res.push(
+                measure,
+                v.system.name(),
+                "s",
+                sm.into_iter().map(|(t, _)| t).collect(),
+            );
             res.push_output(out);
         }
     }
 
     eprintln!("bench: write/rm {} files", cfg.write_files);
     let data = vec![b'x'; 4096];
-    let mut ws = vec![Vec::new(); views.len()];
-    let mut rs = vec![Vec::new(); views.len()];
-    for run in 0..=cfg.runs {
-        for (k, v) in rotated(views, run) {
-            check_interrupted()?;
-            let base = if v.system == System::Native {
-                native_scratch
-            } else {
-                v.root()
-            };
-            let dir = base.join(format!("scratch-{k}-{run}"));
-            let (w, r) = write_rm(&dir, cfg.write_files, &data)?;
-            if run > 0 {
-                ws[k].push(w);
-                rs[k].push(r);
-            }
-        }
-    }
-    for ((v, w), r) in views.iter().zip(ws).zip(rs) {
+    // One more round than timed: the first pays one-time costs and is dropped.
+    let samples = rounds(views, cfg.runs + 1, |run, v| {
+        let base = if v.system == System::Native {
+            native_scratch
+        } else {
+            v.root()
+        };
+        let dir = base.join(format!(
+            "scratch-{}-{run}",
+            v.system.name().replace(' ', "-")
+        ));
+        write_rm(&dir, cfg.write_files, &data)
+    })?;
+    for (v, sm) in views.iter().zip(samples) {
+        let (w, r): (Vec<f64>, Vec<f64>) = sm.into_iter().skip(1).unzip();
         res.push(M_WRITE, v.system.name(), "s", w);
         res.push(M_RM, v.system.name(), "s", r);
     }
 
     eprintln!("bench: request floor");
-    let mut floor = vec![Vec::new(); views.len()];
-    for run in 0..cfg.runs {
-        for (k, v) in rotated(views, run) {
-            check_interrupted()?;
-            let dir = v.root().join(TREE);
-            let (secs, ()) = time(|| missing_xattr_lookups(&dir, 1000))?;
-            floor[k].push(secs);
-        }
-    }
+    let floor = rounds(views, cfg.runs, |_, v| {
+        let dir = v.root().join(TREE);
+        time(|| missing_xattr_lookups(&dir, 1000)).map(|(secs, ())| secs)
+    })?;
     for (v, f) in views.iter().zip(floor) {
         res.push(M_REQUEST, v.system.name(), "s", f);
     }
 
     for (measure, first) in [(M_READ_FIRST, true), (M_READ, false)] {
         eprintln!("bench: {measure}");
-        let mut rates = vec![Vec::new(); views.len()];
-        for run in 0..cfg.runs {
-            for (k, v) in rotated(views, run) {
-                check_interrupted()?;
-                let blob = v.root().join(BLOB);
-                if first {
-                    cold(cfg)?;
-                } else {
-                    warm_up(|| read_all(&blob).map(drop))?;
-                }
-                let (secs, bytes) = time(|| read_all(&blob))?;
-                rates[k].push(bytes as f64 / secs / 1e9);
+        let rates = rounds(views, cfg.runs, |_, v| {
+            let blob = v.root().join(BLOB);
+            if first {
+                cold(cfg)?;
+            } else {
+                warm_up(|| read_all(&blob).map(drop))?;
             }
-        }
+            let (secs, bytes) = time(|| read_all(&blob))?;
+            Ok(bytes as f64 / secs / 1e9)
+        })?;
         for (v, r) in views.iter().zip(rates) {
             res.push(measure, v.system.name(), "GB/s", r);
         }
     }
 
     eprintln!("bench: warm cargo check");
-    let mut checks = vec![Vec::new(); views.len()];
-    for run in 0..cfg.runs {
-        for (k, v) in rotated(views, run) {
-            check_interrupted()?;
-            let krate = v.root().join(CRATE);
-            warm_up(|| cargo_check(&krate))?;
-            let (secs, ()) = time(|| cargo_check(&krate))?;
-            checks[k].push(secs);
-        }
-    }
+    let checks = rounds(views, cfg.runs, |_, v| {
+        let krate = v.root().join(CRATE);
+        warm_up(|| cargo_check(&krate))?;
+        time(|| cargo_check(&krate)).map(|(secs, ())| secs)
+    })?;
     for (v, c) in views.iter().zip(checks) {
         res.push(M_CARGO, v.system.name(), "s", c);
     }
     Ok(())
+}
+
+/// `runs` rounds over every view, interleaved (run 1 on every view, then run 2, …) in
+/// rotating order; `sample(run, view)` takes one sample. Returns each view's samples.
+fn rounds<T>(
+    views: &[Instance],
+    runs: usize,
+    mut sample: impl FnMut(usize, &Instance) -> Result<T>,
+) -> Result<Vec<Vec<T>>> {
+    let mut out: Vec<Vec<T>> = views.iter().map(|_| Vec::new()).collect();
+    for run in 0..runs {
+        for (k, v) in rotated(views, run) {
+            check_interrupted()?;
+            out[k].push(sample(run, v)?);
+        }
+    }
+    Ok(out)
 }
 
 /// The views starting at a different one each round, so no system always runs right
