@@ -1,6 +1,7 @@
 //! What a branch changed, for people (the changeset, a unified diff) and for accept
 //! (an ordered plan of file system steps).
 
+use crate::content::read_full_at;
 use crate::fingerprint::Base;
 use crate::node::{Node, NodeKind};
 use crate::overlay::Overlay;
@@ -10,7 +11,6 @@ use serde::Serialize;
 use std::collections::HashSet;
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// Kind of one change, as `git status --short` letters.
@@ -125,8 +125,8 @@ fn same_bytes(a: &File, b: &File, size: u64) -> io::Result<bool> {
     let mut off = 0u64;
     while off < size {
         let want = ((size - off) as usize).min(ba.len());
-        let na = read_full(a, &mut ba[..want], off)?;
-        let nb = read_full(b, &mut bb[..want], off)?;
+        let na = read_full_at(a, &mut ba[..want], off)?;
+        let nb = read_full_at(b, &mut bb[..want], off)?;
         if na != nb || ba[..na] != bb[..nb] {
             return Ok(false);
         }
@@ -136,18 +136,6 @@ fn same_bytes(a: &File, b: &File, size: u64) -> io::Result<bool> {
         off += na as u64;
     }
     Ok(true)
-}
-
-fn read_full(f: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        let n = f.read_at(&mut buf[done..], off + done as u64)?;
-        if n == 0 {
-            break;
-        }
-        done += n;
-    }
-    Ok(done)
 }
 
 /// Whether this slot is skipped given `include_ignored`, and whether it is ignored.
@@ -175,6 +163,15 @@ fn renamed_from(t: &Tree, path: &Path, n: &Node) -> Option<PathBuf> {
     match t.slots.get(origin).map(|s| &s.entry) {
         Some(Entry::Whiteout) => Some(origin.clone()),
         _ => None,
+    }
+}
+
+/// Whether the node at `path` is a copy-up that left its lower original as it was (the
+/// same content and mode at the same place): no change to report or accept.
+fn unchanged_copy(o: &Overlay, t: &Tree, path: &Path, n: &Node) -> io::Result<bool> {
+    match (&n.origin, t.natural_lower(path)) {
+        (Some(origin), Some(nat)) if *origin == nat => same_as_lower(o, n, origin),
+        _ => Ok(false),
     }
 }
 
@@ -254,13 +251,7 @@ impl Overlay {
                     } else if slot.base == Base::Absent {
                         out.push(mk(ChangeKind::Added, None, false));
                     } else {
-                        let unchanged = match (&n.origin, t.natural_lower(path)) {
-                            (Some(o), Some(nat)) if *o == nat => {
-                                same_as_lower(self, n, o).unwrap_or(false)
-                            }
-                            _ => false,
-                        };
-                        if !unchanged {
+                        if !unchanged_copy(self, &t, path, n).unwrap_or(false) {
                             out.push(mk(ChangeKind::Modified, None, false));
                         }
                     }
@@ -367,12 +358,7 @@ impl Overlay {
                     // A renamed file is written afresh at its new path (there is no file
                     // move op), so its source's whiteout must still become a Delete: only
                     // RenameDir sources vanish by themselves.
-                    let unchanged = slot.base != Base::Absent
-                        && match (&n.origin, t.natural_lower(path)) {
-                            (Some(o), Some(nat)) if *o == nat => same_as_lower(self, n, o)?,
-                            _ => false,
-                        };
-                    if unchanged {
+                    if slot.base != Base::Absent && unchanged_copy(self, &t, path, n)? {
                         continue;
                     }
                     let replaces_other_type = match slot.base {
@@ -560,7 +546,7 @@ fn read_lower(o: &Overlay, lp: &Path) -> Option<Vec<u8>> {
     }
     let f = o.lower.open_file(lp).ok()?;
     let mut buf = vec![0u8; st.st_size as usize];
-    let n = read_full(&f, &mut buf, 0).ok()?;
+    let n = read_full_at(&f, &mut buf, 0).ok()?;
     buf.truncate(n);
     Some(buf)
 }
