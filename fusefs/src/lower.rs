@@ -93,17 +93,8 @@ impl Lower {
 
     /// Open a lower file for reading (never follows a final symlink).
     pub fn open_file(&self, rel: &Path) -> io::Result<File> {
-        let c = cpath(rel)?;
-        // SAFETY: valid dir fd and C string.
-        let fd = cvt(unsafe {
-            libc::openat(
-                self.fd.as_raw_fd(),
-                c.as_ptr(),
-                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK,
-            )
-        })?;
-        // SAFETY: fd just returned by openat.
-        let f = unsafe { File::from_raw_fd(fd) };
+        let f =
+            File::from(self.open_at(rel, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK)?);
         // O_NONBLOCK only to avoid hanging on a fifo; regular files ignore it. Clear it anyway.
         // SAFETY: fcntl on our own fd.
         unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFL, 0) };
@@ -112,15 +103,15 @@ impl Lower {
 
     /// Open a lower directory as an fd usable with `fdopendir`-like listing.
     fn open_dir(&self, rel: &Path) -> io::Result<OwnedFd> {
+        self.open_at(rel, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW)
+    }
+
+    /// `openat` below the lower root with `flags` (close-on-exec always).
+    fn open_at(&self, rel: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
         let c = cpath(rel)?;
         // SAFETY: valid dir fd and C string.
-        let fd = cvt(unsafe {
-            libc::openat(
-                self.fd.as_raw_fd(),
-                c.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            )
-        })?;
+        let fd =
+            cvt(unsafe { libc::openat(self.fd.as_raw_fd(), c.as_ptr(), flags | libc::O_CLOEXEC) })?;
         // SAFETY: fd just returned by openat.
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
@@ -185,17 +176,7 @@ impl Lower {
     /// Extended attributes of a lower object, read through `/proc/self/fd` so symlinks in
     /// the path are never followed (an `O_PATH` fd of the object itself).
     fn proc_path(&self, rel: &Path) -> io::Result<(OwnedFd, CString)> {
-        let c = cpath(rel)?;
-        // SAFETY: valid dir fd and C string.
-        let fd = cvt(unsafe {
-            libc::openat(
-                self.fd.as_raw_fd(),
-                c.as_ptr(),
-                libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            )
-        })?;
-        // SAFETY: fd just returned by openat.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let fd = self.open_at(rel, libc::O_PATH | libc::O_NOFOLLOW)?;
         let p = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))
             .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         Ok((fd, p))
