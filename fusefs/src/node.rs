@@ -132,6 +132,30 @@ pub(crate) struct Node {
 }
 
 impl Node {
+    /// A node with one link: copy-up and creation differ only in what they pass here.
+    pub fn new(
+        ino: u64,
+        kind: NodeKind,
+        meta: Meta,
+        size: u64,
+        data: Option<Content>,
+        target: OsString,
+        origin: Option<PathBuf>,
+    ) -> Node {
+        Node {
+            ino,
+            kind,
+            state: Mutex::new(NodeState {
+                meta,
+                size,
+                nlink: 1,
+            }),
+            data: RwLock::new(data),
+            target,
+            origin,
+        }
+    }
+
     pub fn state(&self) -> MutexGuard<'_, NodeState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }

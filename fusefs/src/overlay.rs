@@ -5,7 +5,7 @@
 use crate::content::{copy_range, Store};
 use crate::ignore_rules::IgnoreRules;
 use crate::lower::Lower;
-use crate::node::{DirOver, Meta, Node, NodeKind, NodeState};
+use crate::node::{DirOver, Meta, Node, NodeKind};
 use crate::tree::{split, Entry, InodeTarget, Obj, Tree};
 use fuser::{FileAttr, FileType, INodeNo};
 use rustc_hash::FxHashMap;
@@ -383,18 +383,7 @@ impl Overlay {
             Some(ino) => ino,
             None => t.alloc_ino(),
         };
-        let node = Arc::new(Node {
-            ino,
-            kind,
-            state: Mutex::new(NodeState {
-                meta,
-                size,
-                nlink: 1,
-            }),
-            data: std::sync::RwLock::new(data),
-            target,
-            origin: Some(lp),
-        });
+        let node = Arc::new(Node::new(ino, kind, meta, size, data, target, Some(lp)));
         if let Some(i) = t.inodes.get_mut(&ino) {
             i.target = InodeTarget::Node(node.clone());
         }
@@ -493,18 +482,10 @@ impl Overlay {
         } else {
             0
         };
-        Ok(Arc::new(Node {
-            ino: t.alloc_ino(),
-            kind,
-            state: Mutex::new(NodeState {
-                meta,
-                size,
-                nlink: 1,
-            }),
-            data: std::sync::RwLock::new(data),
-            target,
-            origin: None,
-        }))
+        let ino = t.alloc_ino();
+        Ok(Arc::new(Node::new(
+            ino, kind, meta, size, data, target, None,
+        )))
     }
 
     /// Put a freshly created object at `rel` and account for it in its parent.
