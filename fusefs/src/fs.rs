@@ -76,6 +76,14 @@ fn with_read_buf<R>(size: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
     })
 }
 
+/// Answer an op that returns nothing but success or an errno.
+fn reply_empty(reply: ReplyEmpty, res: Res<()>) {
+    match res {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(err(e)),
+    }
+}
+
 fn err(e: i32) -> Errno {
     Errno::from_i32(e)
 }
@@ -286,9 +294,6 @@ impl ShadeFs {
             t.set(&o.lower, &to, Entry::Node(node));
             t.remove(&o.lower, &from);
         }
-        let (fp, _) = split(&from);
-        let (tp, _) = split(&to);
-        let (fp, tp) = (fp.to_path_buf(), tp.to_path_buf());
         // Subdirectory counts: a moved directory leaves one parent and joins the other
         // (unless it replaced an empty directory there).
         let (left, joined) = match (src_dir, dst.is_some()) {
@@ -296,8 +301,8 @@ impl ShadeFs {
             (true, true) => (-1, 0),
             (false, _) => (0, 0),
         };
-        o.touch_dir(&mut t, &fp, left)?;
-        o.touch_dir(&mut t, &tp, joined)
+        o.touch_dir(&mut t, split(&from).0, left)?;
+        o.touch_dir(&mut t, split(&to).0, joined)
     }
 
     fn exchange(&self, t: &mut crate::tree::Tree, a: &Path, oa: Obj, b: &Path, ob: Obj) -> Res<()> {
@@ -307,11 +312,8 @@ impl ShadeFs {
         t.swap_subtrees(a, b);
         t.set(&o.lower, a, eb);
         t.set(&o.lower, b, ea);
-        let (pa, _) = split(a);
-        let (pb, _) = split(b);
-        let (pa, pb) = (pa.to_path_buf(), pb.to_path_buf());
-        o.touch_dir(t, &pa, 0)?;
-        o.touch_dir(t, &pb, 0)
+        o.touch_dir(t, split(a).0, 0)?;
+        o.touch_dir(t, split(b).0, 0)
     }
 }
 
@@ -525,16 +527,9 @@ impl Filesystem for ShadeFs {
                 st.nlink = st.nlink.saturating_sub(1);
                 st.meta.changed();
             }
-            o.detach(&mut t, &rel);
-            t.remove(&o.lower, &rel);
-            let (p, _) = split(&rel);
-            let p = p.to_path_buf();
-            o.touch_dir(&mut t, &p, 0)
+            o.remove_entry(&mut t, &rel, 0)
         });
-        match res {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(e)),
-        }
+        reply_empty(reply, res)
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -548,16 +543,9 @@ impl Filesystem for ShadeFs {
             if !o.is_empty_dir(&t, &rel)? {
                 return Err(libc::ENOTEMPTY);
             }
-            o.detach(&mut t, &rel);
-            t.remove(&o.lower, &rel);
-            let (p, _) = split(&rel);
-            let p = p.to_path_buf();
-            o.touch_dir(&mut t, &p, -1)
+            o.remove_entry(&mut t, &rel, -1)
         });
-        match res {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(e)),
-        }
+        reply_empty(reply, res)
     }
 
     fn symlink(
@@ -590,10 +578,10 @@ impl Filesystem for ShadeFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        match self.do_rename(parent.0, name, newparent.0, newname, flags) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(e)),
-        }
+        reply_empty(
+            reply,
+            self.do_rename(parent.0, name, newparent.0, newname, flags),
+        )
     }
 
     fn link(
@@ -624,9 +612,7 @@ impl Filesystem for ShadeFs {
                 st.meta.changed();
             }
             t.set(&o.lower, &rel, Entry::Node(node.clone()));
-            let (p, _) = split(&rel);
-            let p = p.to_path_buf();
-            o.touch_dir(&mut t, &p, 0)?;
+            o.touch_dir(&mut t, split(&rel).0, 0)?;
             Ok(o.entry(&mut t, &rel, &Obj::Node(node)))
         });
         match res {
@@ -797,10 +783,7 @@ impl Filesystem for ShadeFs {
             }
             Ok(())
         });
-        match res {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(e)),
-        }
+        reply_empty(reply, res)
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -968,10 +951,7 @@ impl Filesystem for ShadeFs {
             m.changed();
             Ok(())
         });
-        match res {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(e)),
-        }
+        reply_empty(reply, res)
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -1002,10 +982,7 @@ impl Filesystem for ShadeFs {
             m.changed();
             Ok(())
         });
-        match res {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(e)),
-        }
+        reply_empty(reply, res)
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
@@ -1106,10 +1083,7 @@ impl Filesystem for ShadeFs {
             }
             Ok(())
         });
-        match res {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(e)),
-        }
+        reply_empty(reply, res)
     }
 }
 

@@ -417,6 +417,14 @@ impl Overlay {
         }
     }
 
+    /// Unlink/rmdir: `rel` is gone from the branch (the kernel may still hold its inode)
+    /// and its parent lost an entry (`subdirs`: -1 for a directory).
+    pub fn remove_entry(&self, t: &mut Tree, rel: &Path, subdirs: i32) -> Res<()> {
+        self.detach(t, rel);
+        t.remove(&self.lower, rel);
+        self.touch_dir(t, crate::tree::split(rel).0, subdirs)
+    }
+
     /// Directory `dir` gained or lost an entry: bump its times and subdirectory count.
     pub fn touch_dir(&self, t: &mut Tree, dir: &Path, subdirs: i32) -> Res<()> {
         let d = self.dir_over(t, dir)?;
