@@ -89,6 +89,18 @@ impl PlanOp {
         }
     }
 
+    /// The base of a single-path op (a rename has two, see its fields).
+    pub fn base(&self) -> Option<Base> {
+        match self {
+            PlanOp::WriteFile { base, .. }
+            | PlanOp::Symlink { base, .. }
+            | PlanOp::Mkdir { base, .. }
+            | PlanOp::SetPerms { base, .. }
+            | PlanOp::Delete { base, .. } => Some(*base),
+            PlanOp::RenameDir { .. } => None,
+        }
+    }
+
     /// Where in lower the op's base was observed, if recorded.
     pub fn base_at(&self) -> Option<&RelPath> {
         match self {

@@ -201,14 +201,7 @@ pub fn preflight(root: RawFd, plan: &[PlanOp], force: bool) -> Result<Vec<Guard>
     let known = plan
         .iter()
         .filter(|op| op.base_at().is_some())
-        .filter_map(|op| match op {
-            PlanOp::WriteFile { base, .. }
-            | PlanOp::Symlink { base, .. }
-            | PlanOp::Mkdir { base, .. }
-            | PlanOp::SetPerms { base, .. }
-            | PlanOp::Delete { base, .. } => Some(*base),
-            PlanOp::RenameDir { .. } => None,
-        })
+        .filter_map(PlanOp::base)
         .filter(|b| *b != Base::Absent)
         .collect();
     let mut sim = Sim {
