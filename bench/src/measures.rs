@@ -135,7 +135,7 @@ pub fn file_ops(
             if first {
                 cold(cfg)?;
             } else {
-                warm_up(|| sh(&tree, cmd).map(drop))?;
+                sh(&tree, cmd)?; // warm-up: see `rounds`
             }
             time(|| sh(&tree, cmd))
         })?;
@@ -188,7 +188,7 @@ pub fn file_ops(
             if first {
                 cold(cfg)?;
             } else {
-                warm_up(|| read_all(&blob).map(drop))?;
+                read_all(&blob)?; // warm-up: see `rounds`
             }
             let (secs, bytes) = time(|| read_all(&blob))?;
             Ok(bytes as f64 / secs / 1e9)
@@ -201,7 +201,7 @@ pub fn file_ops(
     eprintln!("bench: warm cargo check");
     let checks = rounds(views, cfg.runs, |_, v| {
         let krate = v.root().join(CRATE);
-        warm_up(|| cargo_check(&krate))?;
+        cargo_check(&krate)?; // warm-up: see `rounds`
         time(|| cargo_check(&krate)).map(|(secs, ())| secs)
     })?;
     for (v, c) in views.iter().zip(checks) {
@@ -212,6 +212,11 @@ pub fn file_ops(
 
 /// `runs` rounds over every view, interleaved (run 1 on every view, then run 2, …) in
 /// rotating order; `sample(run, view)` takes one sample. Returns each view's samples.
+///
+/// Warm samples warm their view up inside `sample`, right before timing, not a round
+/// earlier: page cache left idle in between may be reclaimed (this VM runs a DAMON
+/// `pageout` scheme), which hits FUSE views, whose cache is reclaimable, but not tmpfs,
+/// whose pages are not without swap; "warm" then measured reclaim, not the view.
 fn rounds<T>(
     views: &[Instance],
     runs: usize,
@@ -235,14 +240,6 @@ fn rotated(views: &[Instance], run: usize) -> impl Iterator<Item = (usize, &Inst
         let k = (j + run) % n;
         (k, &views[k])
     })
-}
-
-/// An untimed run right before a timed warm one. Right before, not a round earlier: page
-/// cache left idle may be reclaimed in between (this VM runs a DAMON `pageout` scheme),
-/// which hits FUSE views, whose cache is reclaimable, but not tmpfs, whose pages are not
-/// without swap; "warm" then measured reclaim, not the view.
-fn warm_up(run: impl FnOnce() -> Result<()>) -> Result<()> {
-    run()
 }
 
 /// Make the next run a "first" one: drop caches, then reload the programs themselves
