@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::text::plural;
-use super::{blocking, parse_args, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
+use super::{parse_args, run_blocking, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
 use crate::llm::{BoxFuture, ToolSpec};
 
 /// The distinct ways an edit can fail.
@@ -97,11 +97,7 @@ impl Tool for Edit {
         ctx: &'a ToolContext,
         _cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
-        Box::pin(async move {
-            let p: Params = parse_args(args)?;
-            let ws = ctx.workspace.clone();
-            blocking(move || apply(&ws, p)).await
-        })
+        run_blocking(args, ctx, apply)
     }
 }
 

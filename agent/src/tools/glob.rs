@@ -6,8 +6,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::grep::walker;
 use super::text::plural;
-use super::{blocking, parse_args, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
+use super::{run_blocking, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
 use crate::llm::{BoxFuture, ToolSpec};
+use crate::workspace::Workspace;
 
 /// Paths returned at most.
 pub const MAX_RESULTS: usize = 500;
@@ -57,56 +58,54 @@ impl Tool for Glob {
         ctx: &'a ToolContext,
         cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
-        Box::pin(async move {
-            let p: Params = parse_args(args)?;
-            let ws = ctx.workspace.clone();
-            let cancel = cancel.clone();
-            blocking(move || {
-                let matcher = globset::GlobBuilder::new(&p.pattern)
-                    .literal_separator(true)
-                    .build()
-                    .map_err(|e| ToolError::InvalidArgs(format!("bad glob: {e}")))?
-                    .compile_matcher();
-                let start = ws.resolve(p.path.as_deref().unwrap_or("."))?;
-                let mut found = Vec::new();
-                let mut more = false;
-                for entry in walker(&start).flatten() {
-                    if cancel.is_cancelled() {
-                        return Err(ToolError::Cancelled);
-                    }
-                    if !entry.file_type().is_some_and(|t| t.is_file()) {
-                        continue;
-                    }
-                    let Ok(rel) = entry.path().strip_prefix(&start) else {
-                        continue;
-                    };
-                    if matcher.is_match(rel) {
-                        if found.len() >= MAX_RESULTS {
-                            more = true;
-                            break;
-                        }
-                        found.push(ws.display(entry.path()));
-                    }
-                }
-                if found.is_empty() {
-                    return Ok(ToolOutput {
-                        content: format!("No files match `{}`.", p.pattern),
-                        display: format!("glob {}: no files", p.pattern),
-                    });
-                }
-                let n = plural(found.len(), "file");
-                let mut content = found.join("\n");
-                if more {
-                    content.push_str(&format!(
-                        "\n[Stopped at {MAX_RESULTS} files; use a narrower pattern.]"
-                    ));
-                }
-                Ok(ToolOutput {
-                    content,
-                    display: format!("glob {}: {n}{}", p.pattern, if more { "+" } else { "" }),
-                })
-            })
-            .await
-        })
+        let cancel = cancel.clone();
+        run_blocking(args, ctx, move |ws, p| find(ws, p, &cancel))
     }
+}
+
+/// Walk from the search directory and keep the files whose relative path matches.
+fn find(ws: &Workspace, p: Params, cancel: &CancellationToken) -> Result<ToolOutput, ToolError> {
+    let matcher = globset::GlobBuilder::new(&p.pattern)
+        .literal_separator(true)
+        .build()
+        .map_err(|e| ToolError::InvalidArgs(format!("bad glob: {e}")))?
+        .compile_matcher();
+    let start = ws.resolve(p.path.as_deref().unwrap_or("."))?;
+    let mut found = Vec::new();
+    let mut more = false;
+    for entry in walker(&start).flatten() {
+        if cancel.is_cancelled() {
+            return Err(ToolError::Cancelled);
+        }
+        if !entry.file_type().is_some_and(|t| t.is_file()) {
+            continue;
+        }
+        let Ok(rel) = entry.path().strip_prefix(&start) else {
+            continue;
+        };
+        if matcher.is_match(rel) {
+            if found.len() >= MAX_RESULTS {
+                more = true;
+                break;
+            }
+            found.push(ws.display(entry.path()));
+        }
+    }
+    if found.is_empty() {
+        return Ok(ToolOutput {
+            content: format!("No files match `{}`.", p.pattern),
+            display: format!("glob {}: no files", p.pattern),
+        });
+    }
+    let n = plural(found.len(), "file");
+    let mut content = found.join("\n");
+    if more {
+        content.push_str(&format!(
+            "\n[Stopped at {MAX_RESULTS} files; use a narrower pattern.]"
+        ));
+    }
+    Ok(ToolOutput {
+        content,
+        display: format!("glob {}: {n}{}", p.pattern, if more { "+" } else { "" }),
+    })
 }

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::text::{cap_line, looks_binary, plural};
-use super::{blocking, parse_args, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
+use super::{run_blocking, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
 use crate::llm::{BoxFuture, ToolSpec};
 
 /// Matches returned when no limit is given.
@@ -68,12 +68,8 @@ impl Tool for Grep {
         ctx: &'a ToolContext,
         cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
-        Box::pin(async move {
-            let p: Params = parse_args(args)?;
-            let ws = ctx.workspace.clone();
-            let cancel = cancel.clone();
-            blocking(move || search(&ws, p, &cancel)).await
-        })
+        let cancel = cancel.clone();
+        run_blocking(args, ctx, move |ws, p| search(ws, p, &cancel))
     }
 }
 

@@ -5,8 +5,9 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::text::plural;
-use super::{blocking, parse_args, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
+use super::{run_blocking, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
 use crate::llm::{BoxFuture, ToolSpec};
+use crate::workspace::Workspace;
 
 /// Entries returned at most.
 pub const MAX_ENTRIES: usize = 1000;
@@ -54,56 +55,51 @@ impl Tool for Ls {
         ctx: &'a ToolContext,
         _cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
-        Box::pin(async move {
-            let p: Params = parse_args(args)?;
-            let ws = ctx.workspace.clone();
-            blocking(move || {
-                let dir = ws.resolve(p.path.as_deref().unwrap_or("."))?;
-                let shown = ws.display(&dir);
-                let rd = std::fs::read_dir(&dir).map_err(|e| match e.kind() {
-                    std::io::ErrorKind::NotFound => {
-                        ToolError::Failed(format!("directory not found: {shown}"))
-                    }
-                    _ => ToolError::Failed(format!("cannot list {shown}: {e}")),
-                })?;
-                let mut dirs = Vec::new();
-                let mut files = Vec::new();
-                for entry in rd.flatten() {
-                    let name = entry.file_name().to_string_lossy().into_owned();
-                    if name == ".git" {
-                        continue;
-                    }
-                    match entry.metadata() {
-                        Ok(m) if m.is_dir() => dirs.push(format!("{name}/")),
-                        Ok(m) => files.push((name, m.len())),
-                        Err(_) => files.push((name, 0)),
-                    }
-                }
-                dirs.sort();
-                files.sort();
-                let total = dirs.len() + files.len();
-                let mut lines: Vec<String> = dirs;
-                lines.extend(
-                    files
-                        .into_iter()
-                        .map(|(n, len)| format!("{n} ({len} bytes)")),
-                );
-                let more = lines.len() > MAX_ENTRIES;
-                lines.truncate(MAX_ENTRIES);
-                let mut content = if lines.is_empty() {
-                    format!("{shown} is empty.")
-                } else {
-                    lines.join("\n")
-                };
-                if more {
-                    content.push_str(&format!("\n[Showing {MAX_ENTRIES} of {total} entries.]"));
-                }
-                Ok(ToolOutput {
-                    content,
-                    display: format!("Listed {shown} ({})", plural(total, "entry")),
-                })
-            })
-            .await
-        })
+        run_blocking(args, ctx, list)
     }
+}
+
+fn list(ws: &Workspace, p: Params) -> Result<ToolOutput, ToolError> {
+    let dir = ws.resolve(p.path.as_deref().unwrap_or("."))?;
+    let shown = ws.display(&dir);
+    let rd = std::fs::read_dir(&dir).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => ToolError::Failed(format!("directory not found: {shown}")),
+        _ => ToolError::Failed(format!("cannot list {shown}: {e}")),
+    })?;
+    let mut dirs = Vec::new();
+    let mut files = Vec::new();
+    for entry in rd.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name == ".git" {
+            continue;
+        }
+        match entry.metadata() {
+            Ok(m) if m.is_dir() => dirs.push(format!("{name}/")),
+            Ok(m) => files.push((name, m.len())),
+            Err(_) => files.push((name, 0)),
+        }
+    }
+    dirs.sort();
+    files.sort();
+    let total = dirs.len() + files.len();
+    let mut lines: Vec<String> = dirs;
+    lines.extend(
+        files
+            .into_iter()
+            .map(|(n, len)| format!("{n} ({len} bytes)")),
+    );
+    let more = lines.len() > MAX_ENTRIES;
+    lines.truncate(MAX_ENTRIES);
+    let mut content = if lines.is_empty() {
+        format!("{shown} is empty.")
+    } else {
+        lines.join("\n")
+    };
+    if more {
+        content.push_str(&format!("\n[Showing {MAX_ENTRIES} of {total} entries.]"));
+    }
+    Ok(ToolOutput {
+        content,
+        display: format!("Listed {shown} ({})", plural(total, "entry")),
+    })
 }

@@ -148,6 +148,25 @@ where
         .map_err(|e| ToolError::Failed(format!("tool task failed: {e}")))?
 }
 
+/// The whole `run` of a tool that works on files: parse `args` into its parameters `P`, then
+/// call `work` with the workspace on the blocking pool. Written once so that every such tool
+/// reports bad arguments and task failures the same way.
+pub fn run_blocking<'a, P, F>(
+    args: Value,
+    ctx: &'a ToolContext,
+    work: F,
+) -> BoxFuture<'a, Result<ToolOutput, ToolError>>
+where
+    P: DeserializeOwned + Send + 'static,
+    F: FnOnce(&Workspace, P) -> Result<ToolOutput, ToolError> + Send + 'static,
+{
+    Box::pin(async move {
+        let p: P = parse_args(args)?;
+        let ws = ctx.workspace.clone();
+        blocking(move || work(&ws, p)).await
+    })
+}
+
 fn summarize_args(name: &str, args: &Value) -> String {
     for key in ["path", "command", "pattern", "url", "fact"] {
         if let Some(v) = args.get(key).and_then(Value::as_str) {

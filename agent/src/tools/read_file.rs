@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::text::{cap_line, looks_binary, plural};
-use super::{blocking, parse_args, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
+use super::{run_blocking, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
 use crate::llm::{BoxFuture, ToolSpec};
 
 /// Lines returned when no limit is given.
@@ -65,11 +65,7 @@ impl Tool for ReadFile {
         ctx: &'a ToolContext,
         _cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
-        Box::pin(async move {
-            let p: Params = parse_args(args)?;
-            let ws = ctx.workspace.clone();
-            blocking(move || read(&ws, p)).await
-        })
+        run_blocking(args, ctx, read)
     }
 }
 

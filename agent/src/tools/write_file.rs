@@ -5,8 +5,9 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::text::plural;
-use super::{blocking, parse_args, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
+use super::{parse_args, run_blocking, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
 use crate::llm::{BoxFuture, ToolSpec};
+use crate::workspace::Workspace;
 
 /// The tool.
 #[derive(Debug, Default)]
@@ -64,31 +65,28 @@ impl Tool for WriteFile {
         ctx: &'a ToolContext,
         _cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
-        Box::pin(async move {
-            let p: Params = parse_args(args)?;
-            let ws = ctx.workspace.clone();
-            blocking(move || {
-                let path = ws.resolve(&p.path)?;
-                let shown = ws.display(&path);
-                if path.is_dir() {
-                    return Err(ToolError::Failed(format!("{shown} is a directory")));
-                }
-                let existed = path.exists();
-                if let Some(parent) = path.parent() {
-                    std::fs::create_dir_all(parent).map_err(|e| {
-                        ToolError::Failed(format!("cannot create directories for {shown}: {e}"))
-                    })?;
-                }
-                std::fs::write(&path, &p.content)
-                    .map_err(|e| ToolError::Failed(format!("cannot write {shown}: {e}")))?;
-                let lines = plural(p.content.lines().count(), "line");
-                let what = if existed { "Overwrote" } else { "Created" };
-                Ok(ToolOutput {
-                    content: format!("{what} {shown} ({lines})."),
-                    display: format!("{what} {shown} ({lines})"),
-                })
-            })
-            .await
-        })
+        run_blocking(args, ctx, write)
     }
+}
+
+fn write(ws: &Workspace, p: Params) -> Result<ToolOutput, ToolError> {
+    let path = ws.resolve(&p.path)?;
+    let shown = ws.display(&path);
+    if path.is_dir() {
+        return Err(ToolError::Failed(format!("{shown} is a directory")));
+    }
+    let existed = path.exists();
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| {
+            ToolError::Failed(format!("cannot create directories for {shown}: {e}"))
+        })?;
+    }
+    std::fs::write(&path, &p.content)
+        .map_err(|e| ToolError::Failed(format!("cannot write {shown}: {e}")))?;
+    let lines = plural(p.content.lines().count(), "line");
+    let what = if existed { "Overwrote" } else { "Created" };
+    Ok(ToolOutput {
+        content: format!("{what} {shown} ({lines})."),
+        display: format!("{what} {shown} ({lines})"),
+    })
 }
