@@ -34,6 +34,7 @@
 #![warn(missing_docs)]
 
 pub mod approval;
+pub mod background;
 pub mod events;
 pub mod llm;
 pub mod prompt;

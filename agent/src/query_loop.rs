@@ -200,6 +200,7 @@ impl Agent {
                 temperature: self.options.temperature,
                 max_tokens: None,
                 background: false,
+                prompt_id: None,
             };
             let sink = |e: LlmEvent| match e {
                 LlmEvent::Text(text) => events(AgentEvent::TextDelta { text }),

@@ -46,6 +46,7 @@ fn request() -> ChatRequest {
         temperature: None,
         max_tokens: None,
         background: false,
+        prompt_id: None,
     }
 }
 

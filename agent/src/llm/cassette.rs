@@ -4,6 +4,11 @@
 //!
 //! Replay serves entries strictly in order and fails loudly when the conversation sent does
 //! not match the recorded one (system prompts are not compared: they may mention the machine).
+//!
+//! Background calls (requests with a prompt id: suggestions, speculation, repairs) never go
+//! into the main cassette: they are recorded beside it, in `NAME.background.jsonl`, and served
+//! on replay by prompt id and content rather than by position, because when they happen
+//! depends on timing (a suggestion may be cancelled by the user typing).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -36,6 +41,9 @@ pub struct RecordedRequest {
     /// Names of the tools offered (informational).
     #[serde(default)]
     pub tools: Vec<String>,
+    /// The internal prompt id of a background call (only in background cassettes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_id: Option<String>,
 }
 
 /// One streamed piece.
@@ -105,18 +113,36 @@ pub fn load(path: &Path) -> Result<Vec<CassetteEntry>, LlmError> {
         .collect()
 }
 
+/// Where background calls recorded beside the cassette `path` go: `run.jsonl` →
+/// `run.background.jsonl`.
+pub fn background_path(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let stem = name
+        .as_deref()
+        .map(|n| n.strip_suffix(".jsonl").unwrap_or(n))
+        .unwrap_or("cassette");
+    path.with_file_name(format!("{stem}.background.jsonl"))
+}
+
 /// Serves recorded responses in order.
 #[derive(Debug)]
 pub struct ReplayProvider {
     source: String,
     entries: Vec<CassetteEntry>,
     next: Mutex<usize>,
+    /// Background entries and whether each has been served.
+    background: Mutex<Vec<(CassetteEntry, bool)>>,
 }
 
 impl ReplayProvider {
-    /// Replay the cassette at `path`.
+    /// Replay the cassette at `path` (and its background cassette beside it, if any).
     pub fn open(path: &Path) -> Result<Self, LlmError> {
-        Ok(Self::from_entries(path.display().to_string(), load(path)?))
+        let mut replay = Self::from_entries(path.display().to_string(), load(path)?);
+        let side = background_path(path);
+        if side.exists() {
+            replay = replay.with_background(load(&side)?);
+        }
+        Ok(replay)
     }
 
     /// Replay entries already in memory (`source` names them in errors).
@@ -125,6 +151,38 @@ impl ReplayProvider {
             source,
             entries,
             next: Mutex::new(0),
+            background: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Also serve these background entries (matched by prompt id and conversation).
+    pub fn with_background(self, entries: Vec<CassetteEntry>) -> Self {
+        Self {
+            background: Mutex::new(entries.into_iter().map(|e| (e, false)).collect()),
+            ..self
+        }
+    }
+
+    /// The first unserved background entry recorded for this prompt id and conversation.
+    fn take_background(&self, request: &ChatRequest, id: &str) -> Result<CassetteEntry, LlmError> {
+        let mut entries = self
+            .background
+            .lock()
+            .map_err(|_| LlmError::Cassette("replay state poisoned".into()))?;
+        let found = entries.iter_mut().find(|(e, served)| {
+            !*served
+                && e.request.prompt_id.as_deref() == Some(id)
+                && mismatch(&e.request.messages, &request.messages).is_none()
+        });
+        match found {
+            Some((entry, served)) => {
+                *served = true;
+                Ok(entry.clone())
+            }
+            None => Err(LlmError::Cassette(format!(
+                "{}: no recorded `{id}` background call matches this conversation",
+                self.source
+            ))),
         }
     }
 
@@ -204,7 +262,10 @@ impl LlmProvider for ReplayProvider {
         cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, Result<Completion, LlmError>> {
         Box::pin(async move {
-            let entry = self.take(request)?;
+            let entry = match &request.prompt_id {
+                Some(id) => self.take_background(request, id)?,
+                None => self.take(request)?.clone(),
+            };
             for chunk in &entry.response.chunks {
                 if cancel.is_cancelled() {
                     return Err(LlmError::Cancelled);
@@ -223,22 +284,36 @@ impl LlmProvider for ReplayProvider {
     }
 }
 
-/// Wraps a provider and appends every successful call to a cassette file.
+/// Wraps a provider and appends every successful call to a cassette file (background calls
+/// to the background cassette beside it, created on first use).
 pub struct RecordingProvider<P> {
     inner: P,
     path: PathBuf,
     file: Mutex<std::fs::File>,
+    background: Mutex<Option<std::fs::File>>,
 }
 
 impl<P: LlmProvider> RecordingProvider<P> {
-    /// Record calls through `inner` into `path` (truncated first).
+    /// Record calls through `inner` into `path` (truncated first; a stale background cassette
+    /// beside it is removed).
     pub fn create(inner: P, path: &Path) -> Result<Self, LlmError> {
         let file = std::fs::File::create(path)
             .map_err(|e| LlmError::Cassette(format!("cannot create {}: {e}", path.display())))?;
+        let side = background_path(path);
+        match std::fs::remove_file(&side) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(LlmError::Cassette(format!(
+                    "cannot remove {}: {e}",
+                    side.display()
+                )))
+            }
+            _ => {}
+        }
         Ok(Self {
             inner,
             path: path.to_path_buf(),
             file: Mutex::new(file),
+            background: Mutex::new(None),
         })
     }
 
@@ -246,10 +321,25 @@ impl<P: LlmProvider> RecordingProvider<P> {
         let mut line = serde_json::to_string(entry)
             .map_err(|e| LlmError::Cassette(format!("cannot encode entry: {e}")))?;
         line.push('\n');
-        let mut f = self
-            .file
-            .lock()
-            .map_err(|_| LlmError::Cassette("recorder poisoned".into()))?;
+        let poisoned = || LlmError::Cassette("recorder poisoned".into());
+        if entry.request.prompt_id.is_some() {
+            let side = background_path(&self.path);
+            let mut slot = self.background.lock().map_err(|_| poisoned())?;
+            if slot.is_none() {
+                *slot = Some(std::fs::File::create(&side).map_err(|e| {
+                    LlmError::Cassette(format!("cannot create {}: {e}", side.display()))
+                })?);
+            }
+            if let Some(f) = slot.as_mut() {
+                f.write_all(line.as_bytes())
+                    .and_then(|_| f.flush())
+                    .map_err(|e| {
+                        LlmError::Cassette(format!("cannot write {}: {e}", side.display()))
+                    })?;
+            }
+            return Ok(());
+        }
+        let mut f = self.file.lock().map_err(|_| poisoned())?;
         f.write_all(line.as_bytes())
             .and_then(|_| f.flush())
             .map_err(|e| LlmError::Cassette(format!("cannot write {}: {e}", self.path.display())))
@@ -285,6 +375,7 @@ impl<P: LlmProvider> LlmProvider for RecordingProvider<P> {
                     model: request.model.clone(),
                     messages: request.messages.clone(),
                     tools: request.tools.iter().map(|t| t.name.clone()).collect(),
+                    prompt_id: request.prompt_id.clone(),
                 },
                 response: RecordedResponse {
                     chunks,
@@ -311,6 +402,7 @@ mod tests {
             temperature: None,
             max_tokens: None,
             background: false,
+            prompt_id: None,
         }
     }
 
@@ -322,6 +414,7 @@ mod tests {
                     content: user.into(),
                 }],
                 tools: vec![],
+                prompt_id: None,
             },
             response: RecordedResponse {
                 chunks: vec![Chunk::Text(answer.into())],
@@ -365,6 +458,74 @@ mod tests {
         assert_eq!(
             serde_json::from_str::<CassetteEntry>(&line).expect("decode"),
             e
+        );
+    }
+
+    #[tokio::test]
+    async fn background_calls_are_recorded_beside_and_replayed_by_content() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("run.jsonl");
+        let source = ReplayProvider::from_entries("src".into(), vec![entry("hi", "hello")])
+            .with_background(vec![
+                CassetteEntry {
+                    request: RecordedRequest {
+                        prompt_id: Some("prompt_suggestion".into()),
+                        ..entry("b", "").request
+                    },
+                    ..entry("b", "run the tests")
+                },
+                CassetteEntry {
+                    request: RecordedRequest {
+                        prompt_id: Some("prompt_suggestion".into()),
+                        ..entry("a", "").request
+                    },
+                    ..entry("a", "commit this")
+                },
+            ]);
+        let rec = RecordingProvider::create(source, &path).expect("recorder");
+        let cancel = CancellationToken::new();
+        let sink = |_e: LlmEvent| {};
+        let bg = |user: &str| ChatRequest {
+            prompt_id: Some("prompt_suggestion".into()),
+            background: true,
+            ..req(vec![Message::User {
+                content: user.into(),
+            }])
+        };
+        // Served by content, not position.
+        let a = rec.complete(&bg("a"), &sink, &cancel).await.expect("a");
+        assert_eq!(a.text, "commit this");
+        let main = req(vec![Message::User {
+            content: "hi".into(),
+        }]);
+        assert_eq!(
+            rec.complete(&main, &sink, &cancel)
+                .await
+                .expect("main")
+                .text,
+            "hello"
+        );
+        assert!(rec.complete(&bg("a"), &sink, &cancel).await.is_err());
+        // The main cassette holds only the conversation; the background one the rest.
+        assert_eq!(load(&path).expect("main").len(), 1);
+        let side = load(&background_path(&path)).expect("side");
+        assert_eq!(side.len(), 1);
+        assert_eq!(
+            side[0].request.prompt_id.as_deref(),
+            Some("prompt_suggestion")
+        );
+        let replay = ReplayProvider::open(&path).expect("open");
+        assert_eq!(
+            replay
+                .complete(&bg("a"), &sink, &cancel)
+                .await
+                .expect("re")
+                .text,
+            "commit this"
+        );
+        assert_eq!(
+            background_path(Path::new("/x/y.jsonl")),
+            Path::new("/x/y.background.jsonl")
         );
     }
 }

@@ -212,6 +212,7 @@ impl LlmConfig {
             temperature: None,
             max_tokens: None,
             background: true,
+            prompt_id: None,
         })
     }
 

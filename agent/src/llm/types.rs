@@ -61,7 +61,7 @@ pub struct ToolSpec {
 }
 
 /// Everything needed for one model call.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatRequest {
     /// Model name; the retry layer may switch it (see `ModelSwitch`).
     pub model: String,
@@ -79,6 +79,11 @@ pub struct ChatRequest {
     /// Background work (suggestions, summaries): uses the fast model and disables thinking.
     #[serde(default)]
     pub background: bool,
+    /// Internal prompt id of background work (`prompt_suggestion`, `speculation`, …; see
+    /// [`crate::background::prompt_id`]): such calls stay out of the transcript and of the main
+    /// conversation's cassette, but are counted in token statistics. `None`: the conversation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_id: Option<String>,
 }
 
 /// Why the model stopped.

@@ -84,6 +84,9 @@ pub struct ToolContext {
     pub global_memory: Option<PathBuf>,
     /// File name of the project memory file at the workspace root.
     pub memory_file_name: String,
+    /// Background model calls for tools that ask the model themselves (edit repair, output
+    /// summaries, web_fetch's prompt); `None`: those tools fall back to what needs no model.
+    pub background: Option<crate::background::BackgroundLlm>,
 }
 
 impl ToolContext {
@@ -94,6 +97,7 @@ impl ToolContext {
             todos: Arc::default(),
             global_memory: crate::llm::config::config_dir().map(|d| d.join(memory::FILE_NAME)),
             memory_file_name: memory::FILE_NAME.to_string(),
+            background: None,
         }
     }
 }
