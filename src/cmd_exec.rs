@@ -7,8 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use clap::Args;
 use shade_agent::approval::{Answer, ApprovalMode, ApprovalRequest, Approver, NoOneToAsk};
-use shade_agent::llm::cassette::{RecordingProvider, ReplayProvider};
-use shade_agent::llm::{BoxFuture, LlmConfig, LlmProvider, OpenAiClient, Overrides};
+use shade_agent::llm::BoxFuture;
 use shade_agent::{
     Agent, AgentEvent, AgentOptions, EventSink, StopReason, ToolContext, ToolRegistry, Workspace,
 };
@@ -47,6 +46,10 @@ pub struct ExecArgs {
     /// Model (overrides SHADE_MODEL and the config file).
     #[arg(long)]
     pub model: Option<String>,
+    /// Model for background work such as suggestions (overrides SHADE_FAST_MODEL and the
+    /// config file's `fast_model`; default: the main model).
+    #[arg(long)]
+    pub fast_model: Option<String>,
     /// Server base URL, e.g. http://127.0.0.1:8000/v1 (overrides OPENAI_BASE_URL).
     #[arg(long, value_name = "URL")]
     pub base_url: Option<String>,
@@ -93,8 +96,15 @@ async fn run(args: ExecArgs) -> i32 {
             ))
         }
     };
-    let (provider, model) = match provider(&args) {
-        Ok(p) => p,
+    let llm = match crate::llm_setup::setup(&crate::llm_setup::LlmChoice {
+        llm: args.llm.clone(),
+        record: args.record.clone(),
+        model: args.model.clone(),
+        fast_model: args.fast_model.clone(),
+        base_url: args.base_url.clone(),
+        config: args.config.clone(),
+    }) {
+        Ok(l) => l,
         Err(e) => return exit::fail(&e),
     };
     let approver: Arc<dyn Approver> = if std::io::stdin().is_terminal() && !args.json {
@@ -104,13 +114,15 @@ async fn run(args: ExecArgs) -> i32 {
             mode: args.approval,
         })
     };
+    let mut ctx = ToolContext::new(workspace);
+    ctx.background = Some(llm.background.clone());
     let agent = Agent::new(
-        provider,
+        llm.provider.clone(),
         ToolRegistry::standard(),
-        ToolContext::new(workspace),
+        ctx,
         approver,
         AgentOptions {
-            model,
+            model: llm.model.clone(),
             max_turns: args.max_turns,
             approval: args.approval,
             temperature: None,
@@ -155,36 +167,6 @@ async fn run(args: ExecArgs) -> i32 {
             }
             exit::SHADE_ERROR
         }
-    }
-}
-
-/// Build the provider chosen by `--llm` (and `--record`), and the model name to ask for.
-fn provider(args: &ExecArgs) -> anyhow::Result<(Arc<dyn LlmProvider>, String)> {
-    if let Some(file) = args.llm.strip_prefix("replay:") {
-        if args.record.is_some() {
-            anyhow::bail!("--record cannot be combined with --llm replay:");
-        }
-        let replay = ReplayProvider::open(std::path::Path::new(file))?;
-        let model = args.model.clone().unwrap_or_else(|| "replay".to_string());
-        return Ok((Arc::new(replay), model));
-    }
-    if args.llm != "openai" {
-        anyhow::bail!(
-            "unknown --llm `{}` (expected `openai` or `replay:FILE`)",
-            args.llm
-        );
-    }
-    let config = LlmConfig::load(&Overrides {
-        base_url: args.base_url.clone(),
-        model: args.model.clone(),
-        fast_model: None,
-        config_file: args.config.clone(),
-    })?;
-    let model = config.main_model()?.to_string();
-    let client = OpenAiClient::new(config)?;
-    match &args.record {
-        Some(path) => Ok((Arc::new(RecordingProvider::create(client, path)?), model)),
-        None => Ok((Arc::new(client), model)),
     }
 }
 

@@ -6,6 +6,7 @@ mod cmd_exec;
 mod cmd_recover;
 mod cmd_run;
 mod exit;
+mod llm_setup;
 mod runner;
 
 use clap::{Parser, Subcommand};

@@ -1,0 +1,82 @@
+//! The model side of a session, built the same way for `exec` and `chat`: which provider
+//! (`--llm openai` or `replay:FILE`, optionally `--record FILE`), which main and fast models,
+//! one token account for foreground and background calls.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use shade_agent::background::{BackgroundLlm, MeteredProvider, TokenStats};
+use shade_agent::llm::cassette::{RecordingProvider, ReplayProvider};
+use shade_agent::llm::{LlmConfig, LlmProvider, OpenAiClient, Overrides};
+
+/// The command-line choices that pick a provider and models.
+#[derive(Debug, Clone, Default)]
+pub struct LlmChoice {
+    /// `openai` or `replay:FILE`.
+    pub llm: String,
+    /// `--record FILE`.
+    pub record: Option<PathBuf>,
+    /// `--model`.
+    pub model: Option<String>,
+    /// `--fast-model`.
+    pub fast_model: Option<String>,
+    /// `--base-url`.
+    pub base_url: Option<String>,
+    /// `--config`.
+    pub config: Option<PathBuf>,
+}
+
+/// A ready model side.
+pub struct LlmSetup {
+    /// Every call goes through it (metered into `stats`).
+    pub provider: Arc<dyn LlmProvider>,
+    /// The main model.
+    pub model: String,
+    /// Background calls (fast model, thinking off, prompt ids).
+    pub background: BackgroundLlm,
+    /// Tokens per model, background apart.
+    #[allow(dead_code)] // read by `shade chat`'s /stats, which lands next
+    pub stats: TokenStats,
+}
+
+/// Build the provider chosen by `--llm` (and `--record`).
+pub fn setup(choice: &LlmChoice) -> anyhow::Result<LlmSetup> {
+    let (raw, model, fast): (Arc<dyn LlmProvider>, String, String) =
+        if let Some(file) = choice.llm.strip_prefix("replay:") {
+            if choice.record.is_some() {
+                anyhow::bail!("--record cannot be combined with --llm replay:");
+            }
+            let replay = ReplayProvider::open(Path::new(file))?;
+            let model = choice.model.clone().unwrap_or_else(|| "replay".to_string());
+            let fast = choice.fast_model.clone().unwrap_or_else(|| model.clone());
+            (Arc::new(replay), model, fast)
+        } else if choice.llm == "openai" {
+            let config = LlmConfig::load(&Overrides {
+                base_url: choice.base_url.clone(),
+                model: choice.model.clone(),
+                fast_model: choice.fast_model.clone(),
+                config_file: choice.config.clone(),
+            })?;
+            let model = config.main_model()?.to_string();
+            let fast = config.background_model()?.to_string();
+            let client = OpenAiClient::new(config)?;
+            let provider: Arc<dyn LlmProvider> = match &choice.record {
+                Some(path) => Arc::new(RecordingProvider::create(client, path)?),
+                None => Arc::new(client),
+            };
+            (provider, model, fast)
+        } else {
+            anyhow::bail!(
+                "unknown --llm `{}` (expected `openai` or `replay:FILE`)",
+                choice.llm
+            );
+        };
+    let stats = TokenStats::default();
+    let provider: Arc<dyn LlmProvider> = Arc::new(MeteredProvider::new(raw, stats.clone()));
+    Ok(LlmSetup {
+        background: BackgroundLlm::new(provider.clone(), fast),
+        provider,
+        model,
+        stats,
+    })
+}
