@@ -2,11 +2,11 @@
 //! project's real path, show what it changed, then accept or drop the branch.
 
 use crate::exit;
-use crate::runner::{self, Isolation, RunSpec, Termination};
 use anyhow::Context;
 use clap::Args;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use serde::Serialize;
+use shade_fusefs::sandbox::{self, Isolation, Output, RunSpec, Termination};
 use shade_fusefs::{AcceptError, AcceptFlags, Branch, BranchOptions, Change, StateDir};
 use std::ffi::OsString;
 use std::io::Write;
@@ -126,8 +126,14 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
         mount: branch.mountpoint().to_path_buf(),
         cwd,
         argv: args.command.clone(),
+        env: Vec::new(),
         timeout: args.timeout.map(Duration::from_secs_f64),
-        stdout_to_stderr: args.json,
+        output: if args.json {
+            Output::StdoutToStderr
+        } else {
+            Output::Inherit
+        },
+        foreground: true,
         isolation: Isolation {
             network: args.no_network,
             private_tmp: args.private_tmp,
@@ -137,7 +143,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     // forwards them to it). Outside that window they wait until shade has finished its own
     // work — changeset, accept, unmount — so an accept is never cut short.
     termination_signals(SigmaskHow::SIG_UNBLOCK);
-    let outcome = runner::run(&spec);
+    let outcome = sandbox::run(&spec);
     termination_signals(SigmaskHow::SIG_BLOCK);
     let outcome = outcome?;
     let code = outcome.exit_code();
@@ -241,6 +247,7 @@ fn describe(t: &Termination) -> String {
         Termination::Signaled(s) => format!("command killed by signal {s}"),
         Termination::TimedOut => "command timed out".into(),
         Termination::Interrupted(s) => format!("interrupted by signal {s}"),
+        Termination::Cancelled => "command cancelled".into(),
         Termination::CannotExec(m) => format!("command could not be started: {m}"),
     }
 }

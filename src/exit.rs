@@ -5,10 +5,8 @@
 pub const SHADE_ERROR: i32 = 125;
 /// Accept found conflicts with changes made to the real tree meanwhile; nothing was written.
 pub const CONFLICT: i32 = 124;
-/// The command could not be started (not found, not executable).
-pub const CANNOT_EXEC: i32 = 127;
-/// The command was killed by `--timeout`.
-pub const TIMED_OUT: i32 = 123;
+// A command that could not be started (127) or hit `--timeout` (123): see
+// `shade_fusefs::sandbox::{EXIT_CANNOT_EXEC, EXIT_TIMED_OUT}`.
 
 /// Print shade's own error as one clear line and return the exit status for it.
 pub fn fail(err: &anyhow::Error) -> i32 {

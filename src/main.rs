@@ -7,7 +7,6 @@ mod cmd_recover;
 mod cmd_run;
 mod exit;
 mod llm_setup;
-mod runner;
 
 use clap::{Parser, Subcommand};
 

@@ -16,6 +16,7 @@ mod lower;
 mod node;
 mod overlay;
 pub mod plan;
+pub mod sandbox;
 pub mod state;
 mod tree;
 mod watch;

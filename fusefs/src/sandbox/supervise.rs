@@ -1,27 +1,45 @@
 //! The parent side of a run: wait for the command while watching the clock and our
 //! signals, stop its process group when asked, and sweep up what it leaves behind.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
-
 use super::procs::Members;
-use super::{child, signals, RunOutcome, Running, Termination, GRACE};
+use super::{
+    child, signals, Cancel, Captured, Result, RunOutcome, Running, SandboxError, Termination, GRACE,
+};
 
-/// Upper bound on how late we notice a signal (the handler cannot wake the poll).
+/// Upper bound on how late a foreground run notices a signal (the handler cannot wake the
+/// poll), and how often we look when no pidfd or eventfd is available.
 const TICK: Duration = Duration::from_millis(50);
 
+/// What may stop a run besides the command ending.
+pub(crate) struct Control<'a> {
+    pub timeout: Option<Duration>,
+    /// Watch our signal handlers and the terminal (the CLI's foreground job).
+    pub foreground: bool,
+    pub cancel: Option<&'a Cancel>,
+}
+
+impl Control<'_> {
+    fn cancelled(&self) -> bool {
+        self.cancel.is_some_and(Cancel::is_cancelled)
+    }
+
+    /// During a stop's grace period: kill at once if the user insists (a further signal)
+    /// or the run is cancelled.
+    fn hurry(&self, signals_seen: usize) -> impl Fn() -> bool + '_ {
+        move || self.cancelled() || (self.foreground && signals::count() > signals_seen)
+    }
+}
+
 /// Waits for the command and everything it started to be gone.
-pub(crate) fn wait(
-    mut running: Running,
-    timeout: Option<Duration>,
-    namespaced: bool,
-) -> anyhow::Result<RunOutcome> {
-    let pid = i32::try_from(running.child.id()).context("child pid out of range")?;
+pub(crate) fn wait(mut running: Running, ctl: &Control, namespaced: bool) -> Result<RunOutcome> {
+    let pid = i32::try_from(running.child.id())
+        .map_err(|_| SandboxError::Invalid("child pid out of range".into()))?;
     let mnt_ns = running
         .mnt_ns
         .as_ref()
@@ -29,52 +47,88 @@ pub(crate) fn wait(
         .map(|m| m.ino());
     let members = Members { pgid: pid, mnt_ns };
     let pidfd = pidfd_open(pid);
-    let deadline = timeout.map(|t| Instant::now() + t);
+    let deadline = ctl.timeout.map(|t| Instant::now() + t);
+    let wake = ctl.cancel.and_then(Cancel::wake_fd);
 
     let stop_reason = loop {
-        if has_exited(pid).context("waiting for the command")? {
+        if has_exited(pid).map_err(SandboxError::io("waiting for the command"))? {
             child::restore_tty(running.tty_handed);
             // Reap only after the sweep: the zombie keeps its pid, and so the process
             // group id, from being reused by an unrelated process meanwhile.
-            let signals_seen = signals::count();
-            let seen = members.terminate(GRACE, || signals::count() > signals_seen);
-            let status = running.child.wait().context("reaping the command")?;
+            let seen = members.terminate(GRACE, ctl.hurry(signals::count()));
+            let status = running
+                .child
+                .wait()
+                .map_err(SandboxError::io("reaping the command"))?;
             let leftovers_killed = seen.iter().filter(|&&p| p != pid).count();
-            return Ok(RunOutcome {
-                termination: natural(status),
+            return Ok(finish(
+                running,
+                natural(status),
                 namespaced,
                 leftovers_killed,
-            });
+            ));
         }
         if running.tty_handed && has_stopped(pid) {
             suspend_with(pid);
         }
-        if let Some(sig) = signals::pending() {
-            break Termination::Interrupted(sig);
+        if ctl.foreground {
+            if let Some(sig) = signals::pending() {
+                break Termination::Interrupted(sig);
+            }
+        }
+        if ctl.cancelled() {
+            break Termination::Cancelled;
         }
         let now = Instant::now();
         if deadline.is_some_and(|d| now >= d) {
             break Termination::TimedOut;
         }
-        let nap = deadline.map_or(TICK, |d| TICK.min(d - now));
-        wait_exit(pidfd.as_ref(), nap);
+        // Without a signal to watch and with both fds, we sleep until something happens.
+        let tick = (ctl.foreground || pidfd.is_none() || (ctl.cancel.is_some() && wake.is_none()))
+            .then_some(TICK);
+        let nap = match (deadline, tick) {
+            (Some(d), Some(t)) => Some(t.min(d - now)),
+            (Some(d), None) => Some(d - now),
+            (None, t) => t,
+        };
+        wait_exit(pidfd.as_ref().map(AsRawFd::as_raw_fd), wake, nap);
     };
 
     // The signal that stopped us counts once; only a further one cuts the grace short.
-    let signals_seen = signals::count();
-    let seen = members.terminate(GRACE, || signals::count() > signals_seen);
+    let seen = members.terminate(GRACE, ctl.hurry(signals::count()));
     if running.child.try_wait().ok().flatten().is_none() {
         // It left its process group and has no namespace to find it by.
         let _ = running.child.kill();
     }
-    running.child.wait().context("reaping the command")?;
+    running
+        .child
+        .wait()
+        .map_err(SandboxError::io("reaping the command"))?;
     child::restore_tty(running.tty_handed);
     let leftovers_killed = seen.iter().filter(|&&p| p != pid).count();
-    Ok(RunOutcome {
-        termination: stop_reason,
+    Ok(finish(running, stop_reason, namespaced, leftovers_killed))
+}
+
+fn finish(
+    running: Running,
+    termination: Termination,
+    namespaced: bool,
+    leftovers_killed: usize,
+) -> RunOutcome {
+    let (stdout, stderr): (Option<Captured>, Option<Captured>) = match running.capture {
+        Some(readers) => {
+            let (o, e) = readers.finish();
+            (Some(o), Some(e))
+        }
+        None => (None, None),
+    };
+    RunOutcome {
+        termination,
         namespaced,
         leftovers_killed,
-    })
+        stdout,
+        stderr,
+    }
 }
 
 /// True once the command has exited, without reaping it.
@@ -139,20 +193,26 @@ fn pidfd_open(pid: i32) -> Option<OwnedFd> {
     Some(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn wait_exit(pidfd: Option<&OwnedFd>, nap: Duration) {
-    match pidfd {
-        Some(fd) => {
-            let mut pfd = libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let ms = libc::c_int::try_from(nap.as_millis())
-                .unwrap_or(libc::c_int::MAX)
-                .max(1);
-            // SAFETY: poll(2) on one valid pollfd; EINTR just ends the nap early.
-            unsafe { libc::poll(&mut pfd, 1, ms) };
-        }
-        None => std::thread::sleep(nap),
+/// Sleeps until the command exits, the cancel fd fires, or `nap` passes (`None`: no limit).
+fn wait_exit(pidfd: Option<RawFd>, wake: Option<RawFd>, nap: Option<Duration>) {
+    let mut fds: Vec<libc::pollfd> = [pidfd, wake]
+        .into_iter()
+        .flatten()
+        .map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = nap.map_or(-1, |nap| {
+        libc::c_int::try_from(nap.as_millis())
+            .unwrap_or(libc::c_int::MAX)
+            .max(1)
+    });
+    if fds.is_empty() {
+        std::thread::sleep(nap.unwrap_or(TICK));
+        return;
     }
+    // SAFETY: poll(2) on valid pollfds; EINTR just ends the nap early.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
 }

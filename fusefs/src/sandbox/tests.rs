@@ -27,7 +27,7 @@ fn fixture() -> Fixture {
     let lock = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     assert!(
         nix::unistd::geteuid().is_root(),
-        "the runner tests need root (they create mount namespaces); run `cargo test -p shade` as root"
+        "the runner tests need root (they create mount namespaces); run `cargo test -p shade-fusefs` as root"
     );
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().canonicalize().unwrap();
@@ -53,8 +53,10 @@ impl Fixture {
             mount: self.mnt.clone(),
             cwd: self.project.clone(),
             argv: ["sh", "-c", script].map(OsString::from).to_vec(),
+            env: Vec::new(),
             timeout: Some(Duration::from_secs(30)),
-            stdout_to_stderr: false,
+            output: Output::Inherit,
+            foreground: false,
             isolation: Isolation::default(),
         }
     }
@@ -152,7 +154,7 @@ fn timeout_kills_the_whole_process_group() {
     let start = Instant::now();
     let outcome = run(&spec).unwrap();
     assert_eq!(outcome.termination, Termination::TimedOut);
-    assert_eq!(outcome.exit_code(), crate::exit::TIMED_OUT);
+    assert_eq!(outcome.exit_code(), EXIT_TIMED_OUT);
     assert!(
         start.elapsed() < Duration::from_secs(5),
         "took {:?}",
@@ -208,7 +210,7 @@ fn missing_program_cannot_exec() {
         matches!(&outcome.termination, Termination::CannotExec(m) if m.contains("shade-no-such-program")),
         "{outcome:?}"
     );
-    assert_eq!(outcome.exit_code(), crate::exit::CANNOT_EXEC);
+    assert_eq!(outcome.exit_code(), EXIT_CANNOT_EXEC);
 }
 
 #[test]
@@ -224,10 +226,10 @@ fn stdout_goes_to_our_stderr_when_asked() {
         f.out.display()
     );
     let mut spec = f.spec(&script);
-    spec.stdout_to_stderr = true;
+    spec.output = Output::StdoutToStderr;
     assert_eq!(run(&spec).unwrap().exit_code(), 0);
     assert_eq!(f.out("fd1").trim(), ident(2));
-    spec.stdout_to_stderr = false;
+    spec.output = Output::Inherit;
     assert_eq!(run(&spec).unwrap().exit_code(), 0);
     assert_eq!(f.out("fd1").trim(), ident(1));
 }
@@ -236,7 +238,8 @@ fn stdout_goes_to_our_stderr_when_asked() {
 fn interrupt_stops_the_command() {
     let f = fixture();
     let ready = f.out.join("ready");
-    let spec = f.spec(&format!("touch {}; sleep 100", ready.display()));
+    let mut spec = f.spec(&format!("touch {}; sleep 100", ready.display()));
+    spec.foreground = true;
     let sender = std::thread::spawn(move || {
         while !ready.exists() {
             std::thread::sleep(Duration::from_millis(10));
@@ -327,10 +330,11 @@ fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
 fn a_second_signal_skips_the_grace_period() {
     let f = fixture();
     let ready = f.out.join("ready");
-    let spec = f.spec(&format!(
+    let mut spec = f.spec(&format!(
         "trap '' TERM; touch {}; sleep 100; true",
         ready.display()
     ));
+    spec.foreground = true;
     let sender = std::thread::spawn(move || {
         while !ready.exists() {
             std::thread::sleep(Duration::from_millis(10));
@@ -430,4 +434,101 @@ fn a_missing_mount_dir_is_a_clear_error() {
         err.contains("bind-mounting the branch") && err.contains("no-such-mount"),
         "{err}"
     );
+}
+
+#[test]
+fn captured_output_keeps_head_and_tail_and_stdin_is_empty() {
+    let f = fixture();
+    let mut spec = f.spec("cat; echo start; seq 1 100000; echo end; echo oops >&2; exit 5");
+    spec.output = Output::Capture { cap: 1000 };
+    let outcome = run(&spec).unwrap();
+    assert_eq!(outcome.termination, Termination::Exited(5));
+    let out = outcome.stdout.unwrap();
+    let text = out.text();
+    assert!(text.starts_with("start\n1\n2\n"), "{text:.40}");
+    assert!(
+        text.ends_with("99999\n100000\nend\n"),
+        "{}",
+        &text[text.len() - 40..]
+    );
+    assert_eq!(out.head.len(), 500);
+    assert_eq!(out.tail.len(), 500);
+    let total = 6
+        + (1..=100_000)
+            .map(|n: u32| n.to_string().len() + 1)
+            .sum::<usize>()
+        + 4;
+    assert_eq!(out.omitted as usize, total - 1000);
+    assert!(text.contains(&format!("[… {} bytes omitted …]", total - 1000)));
+    assert_eq!(outcome.stderr.unwrap().text(), "oops\n");
+}
+
+#[test]
+fn cancel_kills_the_group_and_the_namespace_leftovers_at_once() {
+    let f = fixture();
+    let marker = "shade-cancel-test";
+    let sleeper = f.out.join(marker);
+    fs::copy(which("sleep"), &sleeper).unwrap();
+    let ready = f.out.join("ready");
+    // One child in the group, one escaped by setsid, and a main process ignoring SIGTERM.
+    let mut spec = f.spec(&format!(
+        "trap '' TERM; {s} 100 & setsid {s} 100 & touch {r}; {s} 100; true",
+        s = sleeper.display(),
+        r = ready.display()
+    ));
+    spec.timeout = None;
+    let cancel = Cancel::new();
+    let canceller = {
+        let cancel = cancel.clone();
+        std::thread::spawn(move || {
+            while !ready.exists() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            cancel.cancel();
+        })
+    };
+    let outcome = run_cancellable(&spec, &cancel).unwrap();
+    canceller.join().unwrap();
+    assert_eq!(outcome.termination, Termination::Cancelled);
+    assert!(outcome.leftovers_killed >= 2, "{outcome:?}");
+    assert_eq!(
+        alive_with(marker),
+        0,
+        "a process of the cancelled run survived"
+    );
+    // A handle already cancelled starts nothing.
+    let spec = f.spec(&format!("touch {}/started", f.out.display()));
+    let outcome = run_cancellable(&spec, &cancel).unwrap();
+    assert_eq!(outcome.termination, Termination::Cancelled);
+    assert!(!f.out.join("started").exists());
+}
+
+/// Whether this process currently catches `sig` (SigCgt in /proc/self/status).
+fn catches(sig: i32) -> bool {
+    let status = fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("SigCgt:")).unwrap();
+    let mask = u64::from_str_radix(line["SigCgt:".len()..].trim(), 16).unwrap();
+    mask & (1 << (sig - 1)) != 0
+}
+
+#[test]
+fn only_foreground_runs_install_signal_handlers() {
+    let f = fixture();
+    let ready = f.out.join("ready");
+    for foreground in [false, true] {
+        let _ = fs::remove_file(&ready);
+        let mut spec = f.spec(&format!("touch {}; sleep 0.5", ready.display()));
+        spec.foreground = foreground;
+        let ready = ready.clone();
+        let probe = std::thread::spawn(move || {
+            while !ready.exists() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            catches(libc::SIGINT)
+        });
+        assert_eq!(run(&spec).unwrap().exit_code(), 0);
+        assert_eq!(probe.join().unwrap(), foreground, "foreground={foreground}");
+    }
+    assert!(!catches(libc::SIGINT), "the handlers outlived the run");
 }

@@ -71,7 +71,7 @@ struct TmpPlan {
 }
 
 impl Mode {
-    pub(crate) fn namespaced(spec: &RunSpec) -> anyhow::Result<Mode> {
+    pub(crate) fn namespaced(spec: &RunSpec) -> super::Result<Mode> {
         let euid = nix::unistd::geteuid();
         let user_maps = (!euid.is_root()).then(|| {
             let gid = nix::unistd::getegid();
@@ -86,7 +86,12 @@ impl Mode {
             let mut mkdirs = Vec::new();
             if rebind {
                 let mut dir = PathBuf::from(tmp);
-                for part in spec.project.strip_prefix(tmp)?.components() {
+                for part in spec
+                    .project
+                    .strip_prefix(tmp)
+                    .unwrap_or(&spec.project)
+                    .components()
+                {
                     dir.push(part);
                     mkdirs.push(cstring(&dir)?);
                 }

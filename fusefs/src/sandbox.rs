@@ -1,0 +1,409 @@
+//! Runs a command inside a branch mount, at the project's real absolute path.
+//!
+//! The command gets its own process group and a private mount namespace in which the
+//! branch mount is bind-mounted over the project path, so absolute paths baked into
+//! venvs, build caches and compile databases resolve into the branch and can never write
+//! through to the real tree. Without the privileges for namespaces it degrades to running
+//! in the mount directory and says so. This module knows nothing about how the overlay
+//! works: it only needs a directory to bind and the path to bind it over.
+//!
+//! It is a library: `shade run` calls it as the terminal's foreground job
+//! ([`RunSpec::foreground`]: signal handlers, terminal hand-over), while the agent, lint and
+//! speculation call it from async programs that handle Ctrl-C themselves, capture the output
+//! ([`Output::Capture`]) and stop a run through a [`Cancel`] handle.
+
+mod cancel;
+mod capture;
+mod child;
+mod procs;
+mod report;
+mod signals;
+mod supervise;
+#[cfg(test)]
+mod tests;
+
+use std::ffi::{CString, OsString};
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use nix::errno::Errno;
+
+pub use cancel::Cancel;
+pub use capture::Captured;
+use child::{ChildPlan, Mode};
+use report::{Report, Stage};
+
+/// Exit status for a command killed at its time limit (shell conventions leave it unused).
+pub const EXIT_TIMED_OUT: i32 = 123;
+/// Exit status for a command that could not be started, as shells use.
+pub const EXIT_CANNOT_EXEC: i32 = 127;
+
+/// Everything needed to run one command in a branch.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    /// Canonical real project path: the bind target, the path the command sees.
+    pub project: PathBuf,
+    /// The branch's mount point: what gets bound over `project`.
+    pub mount: PathBuf,
+    /// Absolute working directory inside `project`, entered after the bind.
+    pub cwd: PathBuf,
+    /// The command and its arguments; `argv[0]` is looked up in `PATH`.
+    pub argv: Vec<OsString>,
+    /// Environment changes on top of ours: `Some` sets a variable, `None` removes it.
+    pub env: Vec<(OsString, Option<OsString>)>,
+    /// Kill the command's process group after this long.
+    pub timeout: Option<Duration>,
+    /// Where the command's stdin, stdout and stderr go.
+    pub output: Output,
+    /// The CLI's foreground job: while it runs, SIGINT/SIGTERM/SIGHUP stop it (handlers are
+    /// installed process-wide) and it gets the terminal. Library callers leave this off and
+    /// stop a run with [`Cancel`] instead.
+    pub foreground: bool,
+    /// Extra isolation for speculative runs.
+    pub isolation: Isolation,
+}
+
+impl RunSpec {
+    /// A spec with defaults for everything but the paths and the command: inherited
+    /// stdio, no time limit, not foreground, no extra isolation.
+    pub fn new(project: PathBuf, mount: PathBuf, cwd: PathBuf, argv: Vec<OsString>) -> RunSpec {
+        RunSpec {
+            project,
+            mount,
+            cwd,
+            argv,
+            env: Vec::new(),
+            timeout: None,
+            output: Output::Inherit,
+            foreground: false,
+            isolation: Isolation::default(),
+        }
+    }
+}
+
+/// Where the command's standard streams go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Output {
+    /// Ours: stdin, stdout and stderr are shared with the command.
+    #[default]
+    Inherit,
+    /// For `--json`: the command's stdout goes to our stderr so our stdout stays parseable.
+    StdoutToStderr,
+    /// Pipes: stdin is /dev/null, stdout and stderr are read into memory, each keeping its
+    /// first and last `cap / 2` bytes (see [`Captured`]).
+    Capture {
+        /// Bytes kept per stream.
+        cap: usize,
+    },
+}
+
+/// Optional isolation on top of the mount namespace. All of it needs namespaces: when they
+/// are unavailable, `run` refuses instead of silently running without them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Isolation {
+    /// New network namespace with only the loopback interface, up.
+    pub network: bool,
+    /// A fresh tmpfs on /tmp, gone when the command ends.
+    pub private_tmp: bool,
+}
+
+/// How the command ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Termination {
+    /// Exited by itself with this status.
+    Exited(i32),
+    /// Died of this signal on its own (not sent by us).
+    Signaled(i32),
+    /// Killed by us because `timeout` passed.
+    TimedOut,
+    /// Killed by us because we received this signal (SIGINT, SIGTERM or SIGHUP); only
+    /// for [`RunSpec::foreground`] runs.
+    Interrupted(i32),
+    /// Killed by us because its [`Cancel`] handle was used.
+    Cancelled,
+    /// Could not be started; the message says why.
+    CannotExec(String),
+}
+
+/// What happened to a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOutcome {
+    pub termination: Termination,
+    /// False when we fell back to running in the mount directory without a namespace.
+    pub namespaced: bool,
+    /// Processes other than the command itself that were still alive when it ended (or
+    /// when we stopped it) and that we killed: background jobs, escaped daemons.
+    pub leftovers_killed: usize,
+    /// The command's stdout, with [`Output::Capture`].
+    pub stdout: Option<Captured>,
+    /// The command's stderr, with [`Output::Capture`].
+    pub stderr: Option<Captured>,
+}
+
+impl RunOutcome {
+    /// The status shade should exit with, following shell conventions so callers can treat
+    /// shade like the command itself: 128+signal for signal deaths.
+    pub fn exit_code(&self) -> i32 {
+        match &self.termination {
+            Termination::Exited(code) => *code,
+            Termination::Signaled(sig) | Termination::Interrupted(sig) => 128 + sig,
+            Termination::Cancelled => 128 + libc::SIGKILL,
+            Termination::TimedOut => EXIT_TIMED_OUT,
+            Termination::CannotExec(_) => EXIT_CANNOT_EXEC,
+        }
+    }
+}
+
+/// shade's own failures around a run (the command's own failures are a [`Termination`]).
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The spec cannot be run as given.
+    #[error("{0}")]
+    Invalid(String),
+    /// Isolation was asked for, but this process may not create namespaces.
+    #[error(
+        "isolation needs a private namespace, which this process may not create ({0}); \
+         run as root or enable unprivileged user namespaces"
+    )]
+    NoNamespaces(Errno),
+    /// Setting up, starting or supervising the command failed.
+    #[error("{what}: {err}")]
+    Io {
+        /// What we were doing, in the user's terms.
+        what: String,
+        /// Why it failed.
+        err: std::io::Error,
+    },
+}
+
+impl SandboxError {
+    pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> SandboxError {
+        let what = what.into();
+        move |err| SandboxError::Io { what, err }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, SandboxError>;
+
+/// How long a command gets between SIGTERM and SIGKILL when we stop it (timeout or signal;
+/// a [`Cancel`] kills at once).
+pub const GRACE: Duration = Duration::from_secs(2);
+
+/// Runs the command described by `spec` to completion and reports how it ended.
+///
+/// Errors are shade's own failures (bad spec, namespace set-up failed); anything the
+/// command does, including failing to start, is a [`Termination`]. Blocks the calling
+/// thread; from async code, call it in `spawn_blocking`.
+pub fn run(spec: &RunSpec) -> Result<RunOutcome> {
+    run_inner(spec, None)
+}
+
+/// [`run`], stoppable from another thread: `cancel.cancel()` kills the command's process
+/// group and every process left in its mount namespace, and the run returns
+/// [`Termination::Cancelled`]. A handle cancelled before the run starts nothing.
+pub fn run_cancellable(spec: &RunSpec, cancel: &Cancel) -> Result<RunOutcome> {
+    run_inner(spec, Some(cancel))
+}
+
+fn run_inner(spec: &RunSpec, cancel: Option<&Cancel>) -> Result<RunOutcome> {
+    check_spec(spec)?;
+    if cancel.is_some_and(Cancel::is_cancelled) {
+        return Ok(outcome(Termination::Cancelled, false));
+    }
+    let _signals = if spec.foreground {
+        Some(
+            signals::Guard::install()
+                .map_err(|e| SandboxError::io("installing signal handlers")(e.into()))?,
+        )
+    } else {
+        None
+    };
+    let ctl = supervise::Control {
+        timeout: spec.timeout,
+        foreground: spec.foreground,
+        cancel,
+    };
+    match spawn(spec, Mode::namespaced(spec)?)? {
+        Spawned::Running(running) => supervise::wait(running, &ctl, true),
+        Spawned::CannotExec(msg) => Ok(outcome(Termination::CannotExec(msg), true)),
+        Spawned::NoPrivileges(errno) => {
+            if spec.isolation != Isolation::default() {
+                return Err(SandboxError::NoNamespaces(errno));
+            }
+            let fallback_cwd = fallback_cwd(spec)?;
+            let warning = format!(
+                "no privileges for a mount namespace ({errno}); running in {} \
+                 — absolute paths to {} are NOT redirected to the branch",
+                fallback_cwd.display(),
+                spec.project.display()
+            );
+            if spec.foreground {
+                eprintln!("shade: warning: {warning}");
+            } else {
+                tracing::warn!("{warning}");
+            }
+            match spawn(
+                spec,
+                Mode::Fallback {
+                    cwd: cstring(&fallback_cwd)?,
+                },
+            )? {
+                Spawned::Running(running) => supervise::wait(running, &ctl, false),
+                Spawned::CannotExec(msg) => Ok(outcome(Termination::CannotExec(msg), false)),
+                Spawned::NoPrivileges(errno) => Err(SandboxError::Io {
+                    what: "starting the command".into(),
+                    err: errno.into(),
+                }),
+            }
+        }
+    }
+}
+
+fn outcome(termination: Termination, namespaced: bool) -> RunOutcome {
+    RunOutcome {
+        termination,
+        namespaced,
+        leftovers_killed: 0,
+        stdout: None,
+        stderr: None,
+    }
+}
+
+fn check_spec(spec: &RunSpec) -> Result<()> {
+    let invalid = |m: String| Err(SandboxError::Invalid(m));
+    if spec.argv.is_empty() {
+        return invalid("no command given".into());
+    }
+    for (what, path) in [
+        ("project", &spec.project),
+        ("mount", &spec.mount),
+        ("cwd", &spec.cwd),
+    ] {
+        if !path.is_absolute() {
+            return invalid(format!("{what} path {} is not absolute", path.display()));
+        }
+    }
+    if !spec.cwd.starts_with(&spec.project) {
+        return invalid(format!(
+            "working directory {} is outside the project {}",
+            spec.cwd.display(),
+            spec.project.display()
+        ));
+    }
+    Ok(())
+}
+
+/// The fallback runs without a bind, so the working directory is translated into the mount.
+fn fallback_cwd(spec: &RunSpec) -> Result<PathBuf> {
+    let rel = spec
+        .cwd
+        .strip_prefix(&spec.project)
+        .map_err(|_| SandboxError::Invalid("cwd outside the project".into()))?;
+    Ok(if rel.as_os_str().is_empty() {
+        spec.mount.clone()
+    } else {
+        spec.mount.join(rel)
+    })
+}
+
+pub(crate) fn cstring(path: &Path) -> Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| SandboxError::Invalid(format!("path {} contains a NUL byte", path.display())))
+}
+
+/// A started child, handed to the supervisor.
+pub(crate) struct Running {
+    pub child: std::process::Child,
+    /// The child's private mount namespace, to find processes that left its process group
+    /// (setsid daemons) but still live in the branch. Held open so its identity stays unique.
+    pub mnt_ns: Option<std::fs::File>,
+    /// Whether we gave the terminal's foreground to the child; restored afterwards.
+    pub tty_handed: bool,
+    /// Readers of the command's stdout and stderr, with [`Output::Capture`].
+    pub capture: Option<capture::Readers>,
+}
+
+enum Spawned {
+    Running(Running),
+    CannotExec(String),
+    /// Creating the namespace was refused: the caller falls back.
+    NoPrivileges(Errno),
+}
+
+fn spawn(spec: &RunSpec, mode: Mode) -> Result<Spawned> {
+    let (report_rd, report_wr) =
+        report::channel().map_err(SandboxError::io("creating a socket pair"))?;
+    let tty_handed = spec.foreground && child::can_hand_tty();
+    let plan = ChildPlan::new(mode, &report_wr, tty_handed);
+
+    let mut cmd = Command::new(&spec.argv[0]);
+    cmd.args(&spec.argv[1..]);
+    for (key, value) in &spec.env {
+        match value {
+            Some(v) => cmd.env(key, v),
+            None => cmd.env_remove(key),
+        };
+    }
+    // Shells trust an inherited $PWD that names their cwd; give them the right one.
+    cmd.env("PWD", plan.cwd_os());
+    match spec.output {
+        Output::Inherit => {}
+        Output::StdoutToStderr => {
+            let err = std::io::stderr()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(SandboxError::io("duplicating stderr"))?;
+            cmd.stdout(Stdio::from(err));
+        }
+        Output::Capture { .. } => {
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+        }
+    }
+    // SAFETY: the closure only makes async-signal-safe system calls on data prepared
+    // before the fork (see child.rs); it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || plan.enter());
+    }
+    let result = cmd.spawn();
+    drop(report_wr);
+    let report = Report::read(report_rd);
+    match result {
+        Ok(mut child) => {
+            let capture = match spec.output {
+                Output::Capture { cap } => Some(capture::Readers::start(&mut child, cap)),
+                _ => None,
+            };
+            Ok(Spawned::Running(Running {
+                child,
+                mnt_ns: report.mnt_ns,
+                tty_handed,
+                capture,
+            }))
+        }
+        Err(err) => {
+            child::restore_tty(tty_handed);
+            let errno = Errno::from_raw(err.raw_os_error().unwrap_or(0));
+            let program = spec.argv[0].to_string_lossy();
+            match report.last_stage {
+                Some(Stage::Exec) => Ok(Spawned::CannotExec(format!("{program}: {err}"))),
+                Some(Stage::Unshare | Stage::UserMaps) if child::is_no_privileges(errno) => {
+                    Ok(Spawned::NoPrivileges(errno))
+                }
+                Some(stage) => Err(SandboxError::Io {
+                    what: stage.describe(spec),
+                    err,
+                }),
+                None => Err(SandboxError::Io {
+                    what: format!("starting {program}"),
+                    err,
+                }),
+            }
+        }
+    }
+}
