@@ -137,7 +137,9 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
         isolation: Isolation {
             network: args.no_network,
             private_tmp: args.private_tmp,
+            ..Isolation::default()
         },
+        binds: Vec::new(),
     };
     // Only this thread takes Ctrl-C/SIGTERM, and only while the command runs (the runner
     // forwards them to it). Outside that window they wait until shade has finished its own

@@ -12,6 +12,7 @@
 //! speculation call it from async programs that handle Ctrl-C themselves, capture the output
 //! ([`Output::Capture`]) and stop a run through a [`Cancel`] handle.
 
+mod caches;
 mod cancel;
 mod capture;
 mod child;
@@ -32,6 +33,7 @@ use std::time::Duration;
 
 use nix::errno::Errno;
 
+pub use caches::{default_cache_dirs, CacheBranches};
 pub use cancel::Cancel;
 pub use capture::Captured;
 use child::{ChildPlan, Mode};
@@ -65,6 +67,9 @@ pub struct RunSpec {
     pub foreground: bool,
     /// Extra isolation for speculative runs.
     pub isolation: Isolation,
+    /// Directories bound over paths outside the project, writable even with
+    /// [`Isolation::read_only`]. Needs a namespace.
+    pub binds: Vec<Bind>,
 }
 
 impl RunSpec {
@@ -81,6 +86,15 @@ impl RunSpec {
             output: Output::Inherit,
             foreground: false,
             isolation: Isolation::default(),
+            binds: Vec::new(),
+        }
+    }
+
+    /// The time limit in force: the shorter of `timeout` and the isolation's.
+    fn limit(&self) -> Option<Duration> {
+        match (self.timeout, self.isolation.time_limit) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 }
@@ -101,14 +115,49 @@ pub enum Output {
     },
 }
 
-/// Optional isolation on top of the mount namespace. All of it needs namespaces: when they
-/// are unavailable, `run` refuses instead of silently running without them.
+/// Optional isolation on top of the mount namespace. Everything but `time_limit` needs
+/// namespaces: when they are unavailable, `run` refuses instead of silently running without.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Isolation {
-    /// New network namespace with only the loopback interface, up.
+    /// Network off: a new network namespace with only the loopback interface, up.
     pub network: bool,
     /// A fresh tmpfs on /tmp, gone when the command ends.
     pub private_tmp: bool,
+    /// Nothing outside the branch writable: every mount read-only except the branch at the
+    /// project path, the [`RunSpec::binds`] and a private /tmp and /dev/shm (implied).
+    /// Device nodes such as /dev/null stay usable. Needs Linux 5.12+ (mount_setattr).
+    pub read_only: bool,
+    /// Kill the command after this long, whatever [`RunSpec::timeout`] says (the shorter wins).
+    pub time_limit: Option<Duration>,
+}
+
+impl Isolation {
+    /// The sandbox of a speculative command: network off, private /tmp, the rest of the
+    /// file system read-only, killed after `time_limit`.
+    pub fn speculative(time_limit: Duration) -> Isolation {
+        Isolation {
+            network: true,
+            private_tmp: true,
+            read_only: true,
+            time_limit: Some(time_limit),
+        }
+    }
+
+    /// Whether this isolation needs a private namespace beyond the mount one.
+    fn needs_namespace(&self) -> bool {
+        self.network || self.private_tmp || self.read_only
+    }
+}
+
+/// A writable directory bound over a path outside the project, typically a throw-away
+/// branch of a build cache (see [`CacheBranches`]) so the command reads the real cache and
+/// its writes vanish with the branch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bind {
+    /// What gets bound (a branch's mount point).
+    pub source: PathBuf,
+    /// The absolute path it appears at for the command (the real cache directory).
+    pub target: PathBuf,
 }
 
 /// How the command ended.
@@ -223,7 +272,7 @@ fn run_inner(spec: &RunSpec, cancel: Option<&Cancel>) -> Result<RunOutcome> {
         None
     };
     let ctl = supervise::Control {
-        timeout: spec.timeout,
+        timeout: spec.limit(),
         foreground: spec.foreground,
         cancel,
     };
@@ -231,7 +280,7 @@ fn run_inner(spec: &RunSpec, cancel: Option<&Cancel>) -> Result<RunOutcome> {
         Spawned::Running(running) => supervise::wait(running, &ctl, true),
         Spawned::CannotExec(msg) => Ok(outcome(Termination::CannotExec(msg), true)),
         Spawned::NoPrivileges(errno) => {
-            if spec.isolation != Isolation::default() {
+            if spec.isolation.needs_namespace() || !spec.binds.is_empty() {
                 return Err(SandboxError::NoNamespaces(errno));
             }
             let fallback_cwd = fallback_cwd(spec)?;
@@ -293,6 +342,30 @@ fn check_spec(spec: &RunSpec) -> Result<()> {
             spec.cwd.display(),
             spec.project.display()
         ));
+    }
+    let private_tmp = spec.isolation.private_tmp || spec.isolation.read_only;
+    for b in &spec.binds {
+        let t = &b.target;
+        if !t.is_absolute() || !b.source.is_absolute() {
+            return invalid(format!(
+                "bind {} over {}: paths must be absolute",
+                b.source.display(),
+                t.display()
+            ));
+        }
+        if t.starts_with(&spec.project) || spec.project.starts_with(t) {
+            return invalid(format!(
+                "bind over {} overlaps the project {}",
+                t.display(),
+                spec.project.display()
+            ));
+        }
+        if private_tmp && t.starts_with("/tmp") {
+            return invalid(format!(
+                "bind over {}: the private /tmp would hide it",
+                t.display()
+            ));
+        }
     }
     Ok(())
 }

@@ -31,6 +31,17 @@ impl Stage {
             Stage::Private => "making the command's mount namespace private".into(),
             Stage::Bind => format!("bind-mounting the branch {mount} over {project}"),
             Stage::Tmp => "mounting a private /tmp".into(),
+            Stage::ReadOnly => {
+                "making the file system read-only outside the branch (needs Linux 5.12+)".into()
+            }
+            Stage::Scratch => format!(
+                "binding a throw-away cache branch ({})",
+                spec.binds
+                    .iter()
+                    .map(|b| b.target.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             Stage::Loopback => "bringing up the loopback interface in the private network".into(),
             Stage::Chdir => format!("entering the working directory {cwd}"),
             Stage::Exec => "starting the command".into(),
@@ -55,6 +66,10 @@ pub(crate) struct NsPlan {
     user_maps: Option<UserMaps>,
     network: bool,
     tmp: Option<TmpPlan>,
+    /// Make every mount read-only except the branch, `binds` and the private /tmp.
+    read_only: bool,
+    /// Writable directories bound over paths outside the project: (source, target).
+    binds: Vec<(CString, CString)>,
 }
 
 struct UserMaps {
@@ -80,7 +95,7 @@ impl Mode {
                 gid_map: format!("{gid} {gid} 1\n").into_bytes(),
             }
         });
-        let tmp = if spec.isolation.private_tmp {
+        let tmp = if spec.isolation.private_tmp || spec.isolation.read_only {
             let tmp = Path::new("/tmp");
             let rebind = spec.project.starts_with(tmp);
             let mut mkdirs = Vec::new();
@@ -107,6 +122,12 @@ impl Mode {
             user_maps,
             network: spec.isolation.network,
             tmp,
+            read_only: spec.isolation.read_only,
+            binds: spec
+                .binds
+                .iter()
+                .map(|b| Ok((cstring(&b.source)?, cstring(&b.target)?)))
+                .collect::<super::Result<_>>()?,
         })))
     }
 }
@@ -191,9 +212,26 @@ impl ChildPlan {
             ))?;
             self.stage(Stage::Bind);
             bind(&ns.mount, &ns.project)?;
+            if ns.read_only {
+                self.stage(Stage::ReadOnly);
+                // Binds copy the flags of their source, so the branch (and every scratch
+                // bind below) is made writable again after the whole tree went read-only.
+                set_read_only(c"/", true)?;
+                set_read_only(&ns.project, false)?;
+            }
+            for (source, target) in &ns.binds {
+                self.stage(Stage::Scratch);
+                bind(source, target)?;
+                if ns.read_only {
+                    set_read_only(target, false)?;
+                }
+            }
             if let Some(tmp) = &ns.tmp {
                 self.stage(Stage::Tmp);
                 private_tmp(&ns.project, tmp)?;
+                if ns.read_only {
+                    private_shm()?;
+                }
             }
             if ns.network {
                 self.stage(Stage::Loopback);
@@ -227,6 +265,53 @@ unsafe fn bind(source: &CStr, target: &CStr) -> io::Result<()> {
         libc::MS_BIND | libc::MS_REC,
         std::ptr::null(),
     ))
+}
+
+/// `struct mount_attr` of mount_setattr(2).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const AT_RECURSIVE: libc::c_int = 0x8000;
+
+/// Sets or clears read-only on the mount tree rooted at `path` (Linux 5.12+), in one call.
+unsafe fn set_read_only(path: &CStr, on: bool) -> io::Result<()> {
+    let attr = MountAttr {
+        attr_set: if on { MOUNT_ATTR_RDONLY } else { 0 },
+        attr_clr: if on { 0 } else { MOUNT_ATTR_RDONLY },
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let ret = libc::syscall(
+        libc::SYS_mount_setattr,
+        libc::AT_FDCWD,
+        path.as_ptr(),
+        AT_RECURSIVE,
+        &attr as *const MountAttr,
+        std::mem::size_of::<MountAttr>(),
+    );
+    check(if ret == -1 { -1 } else { 0 })
+}
+
+/// Shared memory (shm_open, Python's multiprocessing) needs a writable /dev/shm; under a
+/// read-only root it gets its own tmpfs, like /tmp. No /dev/shm: nothing to do.
+unsafe fn private_shm() -> io::Result<()> {
+    let ret = libc::mount(
+        c"tmpfs".as_ptr(),
+        c"/dev/shm".as_ptr(),
+        c"tmpfs".as_ptr(),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        c"mode=1777".as_ptr().cast(),
+    );
+    if ret == -1 && *libc::__errno_location() == libc::ENOENT {
+        return Ok(());
+    }
+    check(ret)
 }
 
 unsafe fn write_file(path: &CStr, data: &[u8]) -> io::Result<()> {

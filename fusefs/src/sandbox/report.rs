@@ -19,6 +19,8 @@ pub(crate) enum Stage {
     Private = b'p' as isize,
     Bind = b'b' as isize,
     Tmp = b't' as isize,
+    ReadOnly = b'r' as isize,
+    Scratch = b'k' as isize,
     Loopback = b'l' as isize,
     Chdir = b'c' as isize,
     Exec = b'x' as isize,
@@ -31,7 +33,8 @@ impl Stage {
     fn from_byte(b: u8) -> Option<Stage> {
         use Stage::*;
         [
-            Setpgid, Unshare, UserMaps, Private, Bind, Tmp, Loopback, Chdir, Exec,
+            Setpgid, Unshare, UserMaps, Private, Bind, Tmp, ReadOnly, Scratch, Loopback, Chdir,
+            Exec,
         ]
         .into_iter()
         .find(|s| *s as u8 == b)

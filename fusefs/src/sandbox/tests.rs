@@ -58,6 +58,7 @@ impl Fixture {
             output: Output::Inherit,
             foreground: false,
             isolation: Isolation::default(),
+            binds: Vec::new(),
         }
     }
 
@@ -531,4 +532,149 @@ fn only_foreground_runs_install_signal_handlers() {
         assert_eq!(probe.join().unwrap(), foreground, "foreground={foreground}");
     }
     assert!(!catches(libc::SIGINT), "the handlers outlived the run");
+}
+
+#[test]
+fn read_only_leaves_only_the_branch_tmp_and_devices_writable() {
+    let f = fixture();
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let var_tmp = format!("/var/tmp/shade-ro-test-{}", std::process::id());
+    let home_file = format!("{home}/shade-ro-test-{}", std::process::id());
+    // Evidence goes into the branch: it is the only place the command can write to.
+    let script = format!(
+        r#"try() {{ if sh -c "$2" 2>>errors; then echo "$1 ok" >> log; else echo "$1 refused" >> log; fi; }}
+try var-tmp 'touch {var_tmp}'
+try home 'touch {home_file}'
+try etc 'echo x >> /etc/hostname'
+try dev-null 'echo x > /dev/null'
+try tmp 'echo x > /tmp/t && cat /tmp/t'
+try shm 'echo x > /dev/shm/t'
+try branch 'echo x > sub-made'
+exit 0"#
+    );
+    let mut spec = f.spec(&script);
+    spec.isolation.read_only = true;
+    let outcome = run(&spec).unwrap();
+    assert_eq!(outcome.termination, Termination::Exited(0));
+    let log = fs::read_to_string(f.mnt.join("log")).unwrap();
+    for expected in [
+        "var-tmp refused",
+        "home refused",
+        "etc refused",
+        "dev-null ok",
+        "tmp ok",
+        "shm ok",
+        "branch ok",
+    ] {
+        assert!(log.contains(expected), "{expected} missing from:\n{log}");
+    }
+    let errors = fs::read_to_string(f.mnt.join("errors")).unwrap();
+    assert!(errors.contains("Read-only file system"), "{errors}");
+    assert!(!Path::new(&var_tmp).exists());
+    assert!(!Path::new(&home_file).exists());
+    assert!(!f.project.join("sub-made").exists());
+    assert!(!Path::new("/dev/shm/t").exists());
+}
+
+#[test]
+fn the_isolation_time_limit_kills_the_command() {
+    let f = fixture();
+    let mut spec = f.spec("sleep 100");
+    spec.timeout = None;
+    spec.isolation.time_limit = Some(Duration::from_millis(300));
+    assert_eq!(run(&spec).unwrap().termination, Termination::TimedOut);
+    // The shorter of the two wins.
+    spec.timeout = Some(Duration::from_millis(300));
+    spec.isolation.time_limit = Some(Duration::from_secs(100));
+    assert_eq!(run(&spec).unwrap().termination, Termination::TimedOut);
+}
+
+/// Whether anything is mounted at `path` in our namespace.
+fn mounted(path: &Path) -> bool {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let p = path.to_str().unwrap();
+    info.lines().any(|l| l.split(' ').nth(4) == Some(p))
+}
+
+#[test]
+fn a_cache_outside_the_project_gets_a_throw_away_branch() {
+    let f = fixture();
+    let cache_dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let cache = cache_dir.path().canonicalize().unwrap();
+    fs::write(cache.join("reg"), "real").unwrap();
+    fs::create_dir(cache.join("nested")).unwrap();
+    let state = tempfile::tempdir_in("/var/tmp").unwrap();
+    let opts = crate::BranchOptions {
+        state: crate::StateDir::at(state.path().to_path_buf()),
+        ..crate::BranchOptions::default()
+    };
+    // Missing and nested directories are skipped; only the outer cache gets a branch.
+    let caches = CacheBranches::create(
+        &f.project,
+        &[
+            cache.join("nested"),
+            cache.clone(),
+            cache.join("missing"),
+            f.project.clone(),
+        ],
+        &opts,
+    )
+    .unwrap();
+    assert_eq!(caches.dirs(), vec![cache.as_path()]);
+    let c = cache.display();
+    let mut spec = f.spec(&format!(
+        "cat {c}/reg > seen; echo new > {c}/reg; echo made > {c}/nested/file; cat {c}/reg > seen2; \
+         touch {c}/../shade-beside-cache 2>/dev/null; true"
+    ));
+    spec.isolation.read_only = true;
+    spec.binds = caches.binds();
+    assert_eq!(run(&spec).unwrap().exit_code(), 0);
+    assert_eq!(fs::read_to_string(f.mnt.join("seen")).unwrap(), "real");
+    assert_eq!(fs::read_to_string(f.mnt.join("seen2")).unwrap(), "new\n");
+    assert_eq!(fs::read_to_string(cache.join("reg")).unwrap(), "real");
+    assert!(!cache.join("nested/file").exists());
+    assert!(!cache.parent().unwrap().join("shade-beside-cache").exists());
+    let mnt = caches.binds()[0].source.clone();
+    assert!(mounted(&mnt));
+    drop(caches);
+    assert!(!mounted(&mnt), "the cache branch is still mounted");
+    assert_eq!(fs::read_dir(opts.state.branches()).unwrap().count(), 0);
+}
+
+#[test]
+fn binds_over_the_project_or_a_hidden_tmp_are_refused() {
+    let f = fixture();
+    let mut spec = f.spec("true");
+    spec.binds = vec![Bind {
+        source: f.mnt.clone(),
+        target: f.project.join("x"),
+    }];
+    assert!(
+        matches!(run(&spec), Err(SandboxError::Invalid(m)) if m.contains("overlaps the project"))
+    );
+    spec.binds[0].target = PathBuf::from("/tmp/shade-cache");
+    spec.isolation.private_tmp = true;
+    assert!(matches!(run(&spec), Err(SandboxError::Invalid(m)) if m.contains("private /tmp")));
+}
+
+#[test]
+fn network_isolation_cannot_reach_a_server_on_the_host() {
+    let f = fixture();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut spec = f.spec("");
+    spec.argv = ["bash", "-c", &format!("exec 3<>/dev/tcp/127.0.0.1/{port}")]
+        .map(OsString::from)
+        .to_vec();
+    assert_eq!(
+        run(&spec).unwrap().exit_code(),
+        0,
+        "the host server is not reachable at all"
+    );
+    spec.isolation.network = true;
+    assert_ne!(
+        run(&spec).unwrap().exit_code(),
+        0,
+        "reached the host's network"
+    );
 }
