@@ -97,6 +97,14 @@ pub struct FileConfig {
     pub idle_timeout_secs: Option<u64>,
     /// See `LlmConfig::thinking_param`.
     pub thinking_param: Option<ThinkingParam>,
+    /// Prompt suggestions after answers (default true; see `followup::FollowupSettings`).
+    pub enable_followup_suggestions: Option<bool>,
+    /// Suggestions and speculation fork the conversation's cached prefix (default true).
+    pub enable_cache_sharing: Option<bool>,
+    /// Speculate on a shown suggestion (default true).
+    pub enable_speculation: Option<bool>,
+    /// Local telemetry in the state dir's `telemetry.jsonl` (default true).
+    pub telemetry: Option<bool>,
 }
 
 /// Values given on the command line; they win over everything else.
@@ -134,12 +142,7 @@ impl LlmConfig {
     /// Load with the usual precedence; a missing default file is fine, a broken one is not.
     pub fn load(overrides: &Overrides) -> Result<Self, LlmError> {
         let mut cfg = Self::default();
-        let explicit = overrides.config_file.is_some();
-        if let Some(path) = overrides.config_file.clone().or_else(default_config_path) {
-            if explicit || path.exists() {
-                cfg.apply_file(&read_file_config(&path)?);
-            }
-        }
+        cfg.apply_file(&load_file_config(overrides)?);
         cfg.apply_env(|k| std::env::var(k).ok().filter(|v| !v.is_empty()));
         cfg.apply_overrides(overrides);
         Ok(cfg)
@@ -219,6 +222,16 @@ impl LlmConfig {
     /// Is the server Alibaba Cloud DashScope (prefix-cache markers, `enable_thinking`)?
     pub fn is_dashscope(&self) -> bool {
         host_of(&self.base_url).is_some_and(|h| h.contains("dashscope"))
+    }
+}
+
+/// The config file `--config` names, or the default one; a missing default file reads as
+/// empty, a broken or missing explicit one is an error.
+pub fn load_file_config(overrides: &Overrides) -> Result<FileConfig, LlmError> {
+    let explicit = overrides.config_file.is_some();
+    match overrides.config_file.clone().or_else(default_config_path) {
+        Some(path) if explicit || path.exists() => read_file_config(&path),
+        _ => Ok(FileConfig::default()),
     }
 }
 
