@@ -36,6 +36,7 @@
 pub mod approval;
 pub mod background;
 pub mod events;
+pub mod followup;
 pub mod llm;
 pub mod prompt;
 pub mod query_loop;

@@ -60,6 +60,8 @@ impl Scripted {
 pub struct MockServer {
     pub base_url: String,
     pub requests: Arc<Mutex<Vec<serde_json::Value>>>,
+    /// The request bodies as sent, byte for byte.
+    pub raw: Arc<Mutex<Vec<Vec<u8>>>>,
 }
 
 impl MockServer {
@@ -78,12 +80,15 @@ impl MockServer {
         let addr = listener.local_addr().unwrap();
         let requests = Arc::new(Mutex::new(Vec::new()));
         let reqs = requests.clone();
+        let raw = Arc::new(Mutex::new(Vec::new()));
+        let raws = raw.clone();
         thread::spawn(move || {
             let mut script = script.into_iter();
             for conn in listener.incoming() {
                 let Ok(mut conn) = conn else { return };
-                let body = read_request(&mut conn, chat);
+                let (body, bytes) = read_request(&mut conn, chat);
                 reqs.lock().unwrap().push(body);
+                raws.lock().unwrap().push(bytes);
                 let resp = script.next().unwrap_or_else(|| {
                     Scripted::status("599 Unscripted", &[], "no more scripted responses")
                 });
@@ -101,6 +106,7 @@ impl MockServer {
         Self {
             base_url: format!("http://{addr}/v1"),
             requests,
+            raw,
         }
     }
 
@@ -113,14 +119,14 @@ impl MockServer {
     }
 }
 
-fn read_request(conn: &mut TcpStream, chat: bool) -> serde_json::Value {
+fn read_request(conn: &mut TcpStream, chat: bool) -> (serde_json::Value, Vec<u8>) {
     let mut reader = BufReader::new(conn.try_clone().unwrap());
     let mut len = 0usize;
     let mut first = true;
     loop {
         let mut line = String::new();
         if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return serde_json::Value::Null;
+            return (serde_json::Value::Null, Vec::new());
         }
         if first && chat {
             assert!(
@@ -141,7 +147,8 @@ fn read_request(conn: &mut TcpStream, chat: bool) -> serde_json::Value {
     }
     let mut body = vec![0; len];
     reader.read_exact(&mut body).unwrap();
-    serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null)
+    let value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+    (value, body)
 }
 
 /// `data: {json}\n\n` for each chunk, then `data: [DONE]`.
