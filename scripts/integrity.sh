@@ -27,13 +27,15 @@ chmod 755 "$work"
 trap 'if (($?)); then echo "integrity: logs kept in $work" >&2; else rm -rf "$work"; fi' EXIT
 export SHADE_STATE_DIR=$work/state
 
-# fsx's operation mix: everything fsx-rs can do except hole punching (shade answers
-# FALLOC_FL_PUNCH_HOLE with EOPNOTSUPP, which fsx-rs treats as fatal) and posix_fallocate
-# (fsx-rs 0.3.2 sometimes asks for 0 bytes, which Linux refuses with EINVAL on every file
-# system: seed 3 fails at op 68949 on plain ext4 too).
+# fsx's operation mix: everything fsx-rs can do, hole punching and posix_fallocate
+# included. fsx-rs 0.3.2 draws operation sizes from `opsize.min` (default 0) up, and a
+# 0-byte posix_fallocate is EINVAL on every Linux file system (seed 3 failed so at op 68949
+# on plain ext4), so sizes start at 1.
 write_fsx_conf() {
     cat >"$1" <<'EOF'
 flen = 1048576
+[opsize]
+min = 1
 [weights]
 close_open = 2
 read = 10
@@ -44,19 +46,22 @@ invalidate = 1
 truncate = 5
 fsync = 1
 fdatasync = 1
-posix_fallocate = 0
-punch_hole = 0
+posix_fallocate = 2
+punch_hole = 2
 sendfile = 1
 posix_fadvise = 1
 copy_file_range = 1
 EOF
 }
 
-# Block mode keeps the file's size, so the file stays the copied-up lower file.
+# Block mode keeps the file's size, so the file stays the copied-up lower file (fsx-rs
+# refuses posix_fallocate in block mode; hole punching keeps the size).
 write_fsx_block_conf() {
     cat >"$1" <<'EOF'
 blockmode = true
 nosizechecks = true
+[opsize]
+min = 1
 [weights]
 close_open = 0
 read = 10
@@ -68,7 +73,7 @@ truncate = 0
 fsync = 1
 fdatasync = 1
 posix_fallocate = 0
-punch_hole = 0
+punch_hole = 2
 sendfile = 1
 posix_fadvise = 1
 copy_file_range = 1

@@ -73,7 +73,7 @@ chmod 0755 "$testdir"
 for entry in "${USERS[@]}"; do
     user=${entry%%:*} group=${entry##*:}
     if ! setpriv --reuid="$user" --regid="$group" --clear-groups -- test -x "$testdir" 2>/dev/null; then
-        die "user $user cannot reach $testdir: make every parent directory of $DIR searchable (chmod o+x), and mount branches with allow_other"
+        die "user $user cannot reach $testdir: make every parent directory of $DIR searchable (chmod o+x)"
     fi
 done
 

@@ -20,6 +20,7 @@ declare -A APT_PROBE=(
     [procps]=ps                       # ps/pgrep for leftover-process checks
     [iproute2]=ip                     # network-namespace checks
     [attr]=setfattr                   # xattr tests
+    [python3]=python3                 # fidelity tests: xattrs and a unix socket from a script
     [util-linux]=setpriv              # pjdfstest.sh checks access as other users; setsid in tests
     [hyperfine]=hyperfine             # benchmarks
 )

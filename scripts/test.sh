@@ -25,7 +25,8 @@ cargo build --locked -q -p shade
 proj=$(mktemp -d /var/tmp/pjd.XXXXXX)
 trap 'rm -rf "$proj"' EXIT
 chmod 755 "$proj"
-target/debug/shade run --allow-other -C "$proj" -- "$PWD/scripts/pjdfstest.sh" "$proj"
+# Default flags: every uid of the command gets what a real directory gives it.
+target/debug/shade run -C "$proj" -- "$PWD/scripts/pjdfstest.sh" "$proj"
 
 echo "== integrity and fault suite (fsx, stress-ng, crash, concurrent edits, bad input)"
 scripts/integrity.sh all

@@ -36,8 +36,9 @@ pub struct RunArgs {
     /// Accept even over paths the user changed meanwhile.
     #[arg(long)]
     pub force: bool,
-    /// Let other users use the branch mount (kernel permission checks still apply).
-    #[arg(long)]
+    /// Accepted for compatibility: every uid of the command can use the branch by default
+    /// (users outside the command still cannot reach it).
+    #[arg(long, hide = true)]
     pub allow_other: bool,
     /// Run the command without network (loopback only).
     #[arg(long)]
@@ -117,7 +118,6 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
 
     let opts = BranchOptions {
         state,
-        allow_other: args.allow_other,
         ..BranchOptions::default()
     };
     let branch = Branch::create(&project, &opts)?;

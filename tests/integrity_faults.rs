@@ -631,61 +631,6 @@ mod integrity {
     );
     }
 
-    /// Another uid cannot read a branch mount unless the branch was made with --allow-other.
-    #[test]
-    fn other_users_cannot_read_a_branch_unless_allowed() {
-        let fx = Fixture::new();
-        fx.write("secret.txt", "s\n");
-        use std::os::unix::fs::PermissionsExt;
-        // Let nobody reach the mount point, so only the FUSE access rule can stop it.
-        for p in [fx.tmp.path(), &fx.project] {
-            fs::set_permissions(p, fs::Permissions::from_mode(0o755)).unwrap();
-        }
-        fs::create_dir_all(fx.state.branches()).unwrap();
-        for p in [fx.state.root(), &fx.state.branches()] {
-            fs::set_permissions(p, fs::Permissions::from_mode(0o755)).unwrap();
-        }
-        let mut results = Vec::new();
-        for allow in [false, true] {
-            let mut args = vec!["run"];
-            if allow {
-                args.push("--allow-other");
-            }
-            args.extend(["--", "sleep", "3"]);
-            let mut child = fx
-                .shade()
-                .args(&args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap();
-            wait_for("the branch mount", Duration::from_secs(30), || {
-                branches(&fx)
-                    .iter()
-                    .any(|b| b.join("mnt/secret.txt").exists())
-            });
-            let b = branches(&fx)[0].clone();
-            fs::set_permissions(&b, fs::Permissions::from_mode(0o755)).unwrap();
-            let o = as_nobody(&format!("cat {}/mnt/secret.txt", b.display()));
-            let read = o.status.success() && o.stdout == b"s\n";
-            results.push((
-                allow,
-                read,
-                String::from_utf8_lossy(&o.stderr).trim().to_string(),
-            ));
-            child.wait().unwrap();
-        }
-        assert!(!results[0].1, "nobody read a branch without --allow-other");
-        assert!(
-            results[1].1,
-            "nobody could not read with --allow-other: {results:?}"
-        );
-        println!(
-        "isolation: uid nobody reading a branch: default -> denied ({}); --allow-other -> allowed",
-        results[0].2
-    );
-    }
-
     /// A branch replaces a directory with a symlink to a directory outside the project and
     /// writes "into" it (with a private /tmp, so the write itself stays private). Accept
     /// must create the symlink and never write through it; a real directory the user swaps

@@ -23,8 +23,11 @@ pub struct BranchOptions {
     pub state: StateDir,
     /// File contents held in memory before spilling to the disk store (bytes).
     pub memory_budget: u64,
-    /// Let other users (e.g. a test suite switching uids) use the mount; permissions
-    /// are still checked by the kernel against the shown modes.
+    /// Let every uid use the mount (`allow_other`), so a command that switches users (a
+    /// test suite, `su`, a package build) gets the permissions a real directory gives; the
+    /// kernel checks them against the shown modes. Users outside the command are kept out
+    /// by the mount point's parent, a 0700 directory of shade's user. On by default where
+    /// the system permits it: as root, or with `user_allow_other` in /etc/fuse.conf.
     pub allow_other: bool,
     /// FUSE worker threads.
     pub threads: usize,
@@ -35,10 +38,18 @@ impl Default for BranchOptions {
         BranchOptions {
             state: StateDir::from_env(),
             memory_budget: memory_budget_from_env(),
-            allow_other: false,
+            allow_other: other_users_permitted(),
             threads: 2,
         }
     }
+}
+
+/// Whether this process may mount with `allow_other`: root may; anyone else only where
+/// /etc/fuse.conf says `user_allow_other` (fusermount3 refuses the mount otherwise).
+fn other_users_permitted() -> bool {
+    nix::unistd::geteuid().is_root()
+        || std::fs::read_to_string("/etc/fuse.conf")
+            .is_ok_and(|c| c.lines().any(|l| l.trim() == "user_allow_other"))
 }
 
 /// The memory budget: `SHADE_MEMORY_BUDGET` (bytes) if set and valid, else 256 MiB.
@@ -142,14 +153,24 @@ impl Branch {
         let dir = opts.state.branches().join(&id);
         let store_dir = dir.join("store");
         let mountpoint = dir.join("mnt");
-        let mk = |p: &Path| {
-            std::fs::create_dir_all(p).map_err(|source| BranchError::State {
-                path: p.to_path_buf(),
-                source,
-            })
+        let mk = |p: &Path, mode: u32| {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(mode)
+                .create(p)
+                .map_err(|source| BranchError::State {
+                    path: p.to_path_buf(),
+                    source,
+                })
         };
-        mk(&store_dir)?;
-        mk(&mountpoint)?;
+        mk(&opts.state.branches(), 0o755)?;
+        // The mount admits every uid (allow_other): this 0700 directory is what keeps
+        // users outside the command away from it. The command reaches the branch through
+        // its bind mount over the project's path, which needs no path through here.
+        mk(&dir, 0o700)?;
+        mk(&store_dir, 0o700)?;
+        mk(&mountpoint, 0o755)?;
         let owner = dir.join("owner");
         std::fs::write(
             &owner,

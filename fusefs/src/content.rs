@@ -158,6 +158,19 @@ impl Content {
         self.file.set_len(size)
     }
 
+    /// Free `len` bytes at `offset` (`fallocate -p`): they read as zeros, the size stays.
+    pub fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        let (off, len) = (offset.min(i64::MAX as u64), len.min(i64::MAX as u64));
+        // SAFETY: fallocate only reads its scalar arguments; the fd is ours and open.
+        let r = unsafe { libc::fallocate(self.file.as_raw_fd(), mode, off as i64, len as i64) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
     /// A second fd on the same bytes, read by accept after the branch is unmounted.
     pub fn reopen(&self) -> io::Result<File> {
         let path = format!("/proc/self/fd/{}", self.file.as_raw_fd());

@@ -95,6 +95,14 @@ fn creds(req: &Request) -> Creds {
     }
 }
 
+fn caller(req: &Request) -> crate::privs::Caller {
+    crate::privs::Caller {
+        pid: req.pid(),
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
 fn to_time(t: TimeOrNow) -> SystemTime {
     match t {
         TimeOrNow::SpecificTime(t) => t,
@@ -130,6 +138,8 @@ struct AttrChange {
     atime: Option<TimeOrNow>,
     mtime: Option<TimeOrNow>,
     ctime: Option<SystemTime>,
+    /// Who asks: a truncate by a process without CAP_FSETID drops setuid.
+    caller: crate::privs::Caller,
 }
 
 /// The filesystem served for one branch.
@@ -176,6 +186,7 @@ impl ShadeFs {
             atime,
             mtime,
             ctime,
+            caller,
         } = change;
         let o = &self.overlay;
         if let Some(size) = size {
@@ -200,6 +211,9 @@ impl ShadeFs {
             let mut st = node.state();
             st.size = size;
             st.meta.modified();
+            if crate::privs::has_privs(&st.meta) && !crate::privs::may_keep(caller) {
+                crate::privs::kill(&mut st.meta, caller);
+            }
         }
         if mode.is_some()
             || uid.is_some()
@@ -208,9 +222,15 @@ impl ShadeFs {
             || mtime.is_some()
             || ctime.is_some()
         {
-            o.with_meta(ino, |m, _| {
+            o.with_meta(ino, |m, node| {
                 if let Some(mode) = mode {
                     m.perm = mode & 0o7777;
+                }
+                // A chown of a non-directory drops setuid/setgid, whoever does it (the
+                // kernel leaves that to us under FUSE_HANDLE_KILLPRIV_V2); judged on the
+                // group the file had.
+                if (uid.is_some() || gid.is_some()) && mode.is_none() && node.is_some() {
+                    crate::privs::kill(m, caller);
                 }
                 if let Some(uid) = uid {
                     m.uid = uid;
@@ -349,6 +369,9 @@ impl Filesystem for ShadeFs {
         // Listings carry attributes: a first `ls -l`, `tar` or build scan needs no lookups.
         let _ = config
             .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
+        // We drop setuid/setgid on writes, truncates and chowns ourselves (`privs.rs`), so
+        // the kernel stops asking for `security.capability` before every write.
+        let _ = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
         Ok(())
     }
 
@@ -401,7 +424,7 @@ impl Filesystem for ShadeFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -425,6 +448,7 @@ impl Filesystem for ShadeFs {
             atime,
             mtime,
             ctime,
+            caller: caller(req),
         };
         match self.do_setattr(ino.0, change) {
             Ok(a) => reply.attr(&self.ttl(false), &a),
@@ -621,7 +645,7 @@ impl Filesystem for ShadeFs {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let o = &self.overlay;
         if o.caching() {
             // No-open mode: the kernel stops sending open/release, keeps the page cache
@@ -632,6 +656,12 @@ impl Filesystem for ShadeFs {
         let acc = flags.0 & libc::O_ACCMODE;
         let writes = acc == libc::O_WRONLY || acc == libc::O_RDWR;
         let trunc = flags.0 & libc::O_TRUNC != 0;
+        // An O_TRUNC open truncates here (FUSE_ATOMIC_O_TRUNC): setuid goes as on truncate.
+        let kill = |st: &mut crate::node::NodeState| {
+            if crate::privs::has_privs(&st.meta) && !crate::privs::may_keep(caller(req)) {
+                crate::privs::kill(&mut st.meta, caller(req));
+            }
+        };
         let res = (|| -> Res<Handle> {
             let mut t = o.tree();
             match o.obj_of(&t, ino.0)? {
@@ -645,6 +675,7 @@ impl Filesystem for ShadeFs {
                         let mut st = n.state();
                         st.size = 0;
                         st.meta.modified();
+                        kill(&mut st);
                     }
                     Ok(Handle::Node(n))
                 }
@@ -658,7 +689,9 @@ impl Filesystem for ShadeFs {
                     let keep = if trunc { 0 } else { u64::MAX };
                     let n = o.copy_up(&mut t, &rel, keep)?;
                     if trunc {
-                        n.state().meta.modified();
+                        let mut st = n.state();
+                        st.meta.modified();
+                        kill(&mut st);
                     }
                     Ok(Handle::Node(n))
                 }
@@ -704,12 +737,12 @@ impl Filesystem for ShadeFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -724,6 +757,9 @@ impl Filesystem for ShadeFs {
             let mut st = n.state();
             st.size = st.size.max(end);
             st.meta.modified();
+            if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+                crate::privs::kill(&mut st.meta, caller(req));
+            }
             Ok(data.len() as u32)
         });
         match res {
@@ -1068,14 +1104,19 @@ impl Filesystem for ShadeFs {
     ) {
         let o = &self.overlay;
         let res = o.node_for_io(ino.0, fh.0, true).and_then(|n| {
-            if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
+            let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            if mode != 0 && mode != libc::FALLOC_FL_KEEP_SIZE && mode != punch {
                 return Err(libc::EOPNOTSUPP);
             }
-            let end = offset + length;
+            let end = offset.checked_add(length).ok_or(libc::EFBIG)?;
             let mut guard = n.data_mut();
             let content = guard.as_mut().ok_or(libc::ENODEV)?;
             let mut st = n.state();
-            if mode & libc::FALLOC_FL_KEEP_SIZE == 0 && end > st.size {
+            if mode == punch {
+                // The content file (memfd or tmpfile) frees the range and reads it as zeros.
+                content.punch_hole(offset, length).map_err(errno)?;
+                st.meta.modified();
+            } else if mode & libc::FALLOC_FL_KEEP_SIZE == 0 && end > st.size {
                 o.store.grow(content, end).map_err(errno)?;
                 content.set_len(end).map_err(errno)?;
                 st.size = end;

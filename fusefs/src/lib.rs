@@ -16,6 +16,7 @@ mod lower;
 mod node;
 mod overlay;
 pub mod plan;
+mod privs;
 pub mod sandbox;
 pub mod state;
 mod tree;

@@ -1,0 +1,198 @@
+//! Fidelity (issue 13): a branch, and a branch after accept, must be what a real directory
+//! is. Each test runs the same shell script on a plain copy of the project and through
+//! `shade run` on the project, and compares what the two show.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::Fixture;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn out(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A fixture whose project (and its parents) other users can reach, like a checkout.
+fn open_fixture() -> Fixture {
+    let fx = Fixture::new();
+    for p in [fx.tmp.path(), &fx.project] {
+        fs::set_permissions(p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    fx
+}
+
+/// A plain copy of the project (mtimes, modes, owners, xattrs and hard links kept).
+fn plain_copy(fx: &Fixture) -> PathBuf {
+    let plain = fx.tmp.path().join("plain");
+    let o = Command::new("cp")
+        .arg("-a")
+        .arg(&fx.project)
+        .arg(&plain)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "cp -a: {}", out(&o));
+    plain
+}
+
+fn sh_in(dir: &Path, script: &str) -> Output {
+    Command::new("sh")
+        .args(["-c", script])
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
+fn shade_run(fx: &Fixture, extra: &[&str], script: &str) -> Output {
+    let mut args = vec!["run"];
+    args.extend_from_slice(extra);
+    args.extend(["--", "sh", "-c", script]);
+    fx.shade().args(&args).output().unwrap()
+}
+
+/// Run `script` on a plain copy and in a branch (dropped); both outputs must be equal.
+fn same_output(fx: &Fixture, script: &str) -> String {
+    let plain = plain_copy(fx);
+    let p = sh_in(&plain, script);
+    let b = shade_run(fx, &[], script);
+    assert!(p.status.success(), "plain run failed: {}", out(&p));
+    assert_eq!(
+        String::from_utf8_lossy(&b.stdout),
+        String::from_utf8_lossy(&p.stdout),
+        "the branch differs from a plain directory.\nbranch: {}\nplain: {}",
+        out(&b),
+        out(&p)
+    );
+    String::from_utf8_lossy(&p.stdout).into_owned()
+}
+
+/// `as USER CMD`: the shell snippet that runs CMD as another user.
+const AS_NOBODY: &str = "setpriv --reuid=nobody --regid=nogroup --clear-groups";
+
+#[test]
+fn other_users_in_the_command_get_what_a_real_directory_gives() {
+    let fx = open_fixture();
+    fx.write("pub.txt", "public\n");
+    fx.write("secret.txt", "secret\n");
+    fx.write("shared/open.txt", "o\n");
+    fs::set_permissions(
+        fx.project.join("secret.txt"),
+        fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    fs::set_permissions(fx.project.join("shared"), fs::Permissions::from_mode(0o777)).unwrap();
+    let script = format!(
+        "{AS_NOBODY} cat pub.txt; \
+         {AS_NOBODY} cat secret.txt 2>/dev/null || echo secret denied; \
+         {AS_NOBODY} sh -c 'echo mine > shared/nobody.txt' && stat -c '%U %a' shared/nobody.txt; \
+         {AS_NOBODY} sh -c 'echo x >> pub.txt' 2>/dev/null || echo write denied; \
+         {AS_NOBODY} ls shared | sort; \
+         setpriv --reuid=daemon --regid=daemon --clear-groups mkdir shared/d 2>/dev/null && stat -c '%U %G' shared/d"
+    );
+    let shown = same_output(&fx, &script);
+    assert!(
+        shown.starts_with("public\nsecret denied\nnobody "),
+        "{shown}"
+    );
+    println!("fidelity: other uids inside the branch see what a plain directory gives:\n{shown}");
+}
+
+#[test]
+fn users_outside_the_command_cannot_reach_the_branch() {
+    let fx = open_fixture();
+    fx.write("pub.txt", "public\n");
+    let mut child = fx
+        .shade()
+        .args(["run", "--", "sleep", "3"])
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mnt = loop {
+        let found = fs::read_dir(fx.state.branches())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path().join("mnt"))
+            .find(|m| m.join("pub.txt").exists());
+        if let Some(m) = found {
+            break m;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no branch mount appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mode = fs::metadata(mnt.parent().unwrap()).unwrap().mode() & 0o7777;
+    let o = Command::new("sh")
+        .args(["-c", &format!("{AS_NOBODY} cat {}/pub.txt", mnt.display())])
+        .output()
+        .unwrap();
+    child.wait().unwrap();
+    assert_eq!(mode, 0o700, "the mount point's parent is not private");
+    assert!(!o.status.success(), "nobody read the branch from outside");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("Permission denied"), "{}", out(&o));
+    println!("isolation: nobody outside the command -> {}", err.trim());
+}
+
+#[test]
+fn setuid_and_setgid_are_dropped_as_a_local_file_system_drops_them() {
+    let fx = open_fixture();
+    for f in [
+        "low-write",
+        "low-trunc",
+        "low-root",
+        "low-chown",
+        "low-lock",
+    ] {
+        fx.write(f, "lower\n");
+    }
+    for (f, m) in [
+        ("low-write", 0o6777),
+        ("low-trunc", 0o6777),
+        ("low-root", 0o6777),
+        ("low-chown", 0o6755),
+        ("low-lock", 0o2767),
+    ] {
+        fs::set_permissions(fx.project.join(f), fs::Permissions::from_mode(m)).unwrap();
+    }
+    // Lower files (copied up by the change) and files made in the branch, each changed by
+    // nobody (no CAP_FSETID), by root, by chown, by truncate and by an O_TRUNC open.
+    let script = format!(
+        "for f in new-write new-trunc new-otrunc new-root; do echo new > $f; chmod 6777 $f; done; \
+         echo new > new-chown; chmod 6755 new-chown; \
+         {AS_NOBODY} sh -c 'echo more >> low-write; echo more >> new-write'; \
+         {AS_NOBODY} truncate -s 2 low-trunc new-trunc; \
+         {AS_NOBODY} sh -c ': > new-otrunc'; \
+         echo root >> low-root; echo root >> new-root; \
+         chown daemon low-chown new-chown; \
+         {AS_NOBODY} sh -c 'echo more >> low-lock'; \
+         stat -c '%n %a %s' low-* new-*"
+    );
+    let shown = same_output(&fx, &script);
+    assert!(shown.contains("low-write 777 "), "{shown}");
+    assert!(shown.contains("low-root 6777 "), "{shown}");
+    println!("fidelity: setuid/setgid after writes, truncates and chowns:\n{shown}");
+}
+
+#[test]
+fn hole_punching_frees_a_range_and_keeps_the_size() {
+    let fx = open_fixture();
+    fs::write(fx.project.join("low.bin"), "abcdefgh".repeat(4096)).unwrap();
+    let script = "yes 0123456789 | head -c 40000 > new.bin; \
+         fallocate -p -o 4096 -l 8192 new.bin; fallocate -p -o 100 -l 5000 low.bin; \
+         fallocate -p -o 30000 -l 50000 new.bin; \
+         for f in new.bin low.bin; do stat -c '%n %s' $f; od -An -c $f | md5sum; done";
+    let shown = same_output(&fx, script);
+    assert!(shown.contains("new.bin 40000"), "{shown}");
+    println!("fidelity: fallocate -p in a branch:\n{shown}");
+}
+
