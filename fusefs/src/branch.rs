@@ -261,6 +261,16 @@ impl Branch {
     /// Stop serving the mount (processes using it get errors from now on).
     pub fn unmount(&mut self) {
         if let Some(s) = self.session.take() {
+            // A mount namespace made while the branch was mounted (another `shade run`,
+            // any `unshare`) holds a copy of the mount that our unmount does not reach, and
+            // the kernel keeps the connection — and our FUSE threads, which the join below
+            // waits for — alive as long as that namespace lives. Detach ours, then abort the
+            // connection if anything still holds it.
+            let conn = connection_id(&self.mountpoint);
+            lazy_unmount(&self.mountpoint);
+            if let Some(id) = conn {
+                abort_connection(id);
+            }
             if let Err(e) = s.umount_and_join() {
                 tracing::warn!("unmounting {}: {e}", self.mountpoint.display());
                 lazy_unmount(&self.mountpoint);
@@ -330,6 +340,34 @@ fn keep_big_buffers_unresident() {
     });
     #[cfg(not(target_env = "gnu"))]
     ONCE.call_once(|| {});
+}
+
+/// The FUSE connection number of the mount at `mountpoint` (its device minor).
+fn connection_id(mountpoint: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(mountpoint).ok()?.dev();
+    (libc::major(dev) == 0).then(|| libc::minor(dev))
+}
+
+/// Abort FUSE connection `id` if it is still alive (through fusectl, mounted on demand).
+fn abort_connection(id: u32) {
+    let ctl = Path::new("/sys/fs/fuse/connections");
+    const FUSECTL_MAGIC: i64 = 0x6573_5543;
+    let mounted = nix::sys::statfs::statfs(ctl).is_ok_and(|s| s.filesystem_type().0 as i64 == FUSECTL_MAGIC);
+    if !mounted {
+        let _ = nix::mount::mount(
+            Some("fusectl"),
+            ctl,
+            Some("fusectl"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        );
+    }
+    let abort = ctl.join(id.to_string()).join("abort");
+    if abort.exists() {
+        tracing::debug!("aborting FUSE connection {id}: a copy of the mount outlived ours");
+        let _ = std::fs::write(abort, "1");
+    }
 }
 
 /// Detach a mount even if processes still use it.
