@@ -196,3 +196,52 @@ fn hole_punching_frees_a_range_and_keeps_the_size() {
     println!("fidelity: fallocate -p in a branch:\n{shown}");
 }
 
+/// A mount namespace made while a branch is mounted (a concurrent `shade run`, a linter's
+/// sandbox) keeps a copy of the branch mount. Unmounting the branch must still finish, and
+/// the copy must be dead, not serving a dropped branch.
+#[test]
+fn a_branch_unmounts_while_another_namespace_holds_a_copy() {
+    let fx = open_fixture();
+    fx.write("f.txt", "f\n");
+    let b = fx.branch();
+    let mnt = b.mountpoint().to_path_buf();
+    let mut holder = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sleep", "60"])
+        .spawn()
+        .unwrap();
+    let pid = holder.id().to_string();
+    let seen = |what: &str| {
+        Command::new("nsenter")
+            .args(["-t", &pid, "-m", "cat"])
+            .arg(mnt.join(what))
+            .output()
+            .unwrap()
+    };
+    // The copy is there (retried: unshare needs a moment to make its namespace).
+    let mut copy = seen("f.txt");
+    for _ in 0..100 {
+        if copy.status.success() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        copy = seen("f.txt");
+    }
+    assert_eq!(copy.stdout, b"f\n", "no copy of the mount: {}", out(&copy));
+    // Before the fix this drop never returned (the FUSE threads waited for the copy).
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(b);
+        let _ = tx.send(());
+    });
+    let done = rx.recv_timeout(std::time::Duration::from_secs(120));
+    let after = seen("f.txt");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert!(done.is_ok(), "unmounting the branch hung behind the copy");
+    // The copy is dead (aborted), or gone with its removed mount point.
+    assert!(!after.status.success(), "the copy still serves the branch");
+    println!(
+        "unmount with a copy in another namespace: done; the copy says {}",
+        String::from_utf8_lossy(&after.stderr).trim()
+    );
+}

@@ -353,7 +353,8 @@ fn connection_id(mountpoint: &Path) -> Option<u32> {
 fn abort_connection(id: u32) {
     let ctl = Path::new("/sys/fs/fuse/connections");
     const FUSECTL_MAGIC: i64 = 0x6573_5543;
-    let mounted = nix::sys::statfs::statfs(ctl).is_ok_and(|s| s.filesystem_type().0 as i64 == FUSECTL_MAGIC);
+    let mounted =
+        nix::sys::statfs::statfs(ctl).is_ok_and(|s| s.filesystem_type().0 == FUSECTL_MAGIC);
     if !mounted {
         let _ = nix::mount::mount(
             Some("fusectl"),
