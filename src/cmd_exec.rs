@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use clap::Args;
 use shade_agent::approval::{Answer, ApprovalMode, ApprovalRequest, Approver, NoOneToAsk};
-use shade_agent::llm::BoxFuture;
+use shade_agent::followup::FollowupSettings;
+use shade_agent::llm::{BoxFuture, Overrides};
 use shade_agent::{
     Agent, AgentEvent, AgentOptions, EventSink, StopReason, ToolContext, ToolRegistry, Workspace,
 };
@@ -24,7 +25,8 @@ const INTERRUPTED: i32 = 130;
 #[command(after_help = "\
 Model settings come from $XDG_CONFIG_HOME/shade/config.toml (base_url, api_key, model, \
 fast_model, large_context_model, backup_model, stream, max_retries, base_delay_ms, \
-idle_timeout_secs, thinking_param), then OPENAI_BASE_URL, OPENAI_API_KEY, SHADE_MODEL, \
+idle_timeout_secs, thinking_param, enable_followup_suggestions, enable_cache_sharing, \
+enable_speculation, telemetry), then OPENAI_BASE_URL, OPENAI_API_KEY, SHADE_MODEL, \
 SHADE_FAST_MODEL, then the flags.
 
 Exit status: 0 answered, 2 turn limit reached, 130 interrupted, 125 shade or model error.")]
@@ -59,6 +61,11 @@ pub struct ExecArgs {
     /// Stop after this many model calls.
     #[arg(long, default_value_t = 50)]
     pub max_turns: u32,
+    /// After the answer, print the prompt suggestion `shade chat` would show (`suggestion:
+    /// TEXT`, or a `{"type":"suggestion",…}` line with --json) and log it to the state dir's
+    /// telemetry.jsonl.
+    #[arg(long)]
+    pub suggest: bool,
     /// Project directory (default: the current directory).
     #[arg(short = 'C', long = "directory", value_name = "DIR")]
     pub directory: Option<PathBuf>,
@@ -114,11 +121,22 @@ async fn run(args: ExecArgs) -> i32 {
             mode: args.approval,
         })
     };
+    let settings = match args.suggest.then(|| {
+        FollowupSettings::load(&Overrides {
+            config_file: args.config.clone(),
+            ..Overrides::default()
+        })
+    }) {
+        Some(Err(e)) => return exit::fail(&e.into()),
+        Some(Ok(s)) => s,
+        None => FollowupSettings::default(),
+    };
+    let tools = ToolRegistry::standard();
     let mut ctx = ToolContext::new(workspace);
     ctx.background = Some(llm.background.clone());
     let agent = Agent::new(
         llm.provider.clone(),
-        ToolRegistry::standard(),
+        tools.clone(),
         ctx,
         approver,
         AgentOptions {
@@ -152,7 +170,7 @@ async fn run(args: ExecArgs) -> i32 {
         })
     };
     let mut conversation = agent.start_conversation(&args.prompt);
-    match agent.run(&mut conversation, &sink, &cancel).await {
+    let status = match agent.run(&mut conversation, &sink, &cancel).await {
         Ok(outcome) => match outcome.stop {
             StopReason::Completed => 0,
             StopReason::TurnLimit => TURN_LIMIT,
@@ -167,7 +185,18 @@ async fn run(args: ExecArgs) -> i32 {
             }
             exit::SHADE_ERROR
         }
+    };
+    if args.suggest && status != INTERRUPTED {
+        let finished = crate::exec_suggest::Finished {
+            conversation: &conversation,
+            tools: &tools.specs(),
+            model: &llm.model,
+            approval: args.approval,
+            failed: status == exit::SHADE_ERROR,
+        };
+        crate::exec_suggest::suggest(&llm.background, settings, finished, args.json, &cancel).await;
     }
+    status
 }
 
 fn print_json(e: AgentEvent) {

@@ -5,6 +5,7 @@
 mod cmd_exec;
 mod cmd_recover;
 mod cmd_run;
+mod exec_suggest;
 mod exit;
 mod llm_setup;
 
