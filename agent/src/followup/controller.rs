@@ -529,6 +529,30 @@ mod tests {
     }
 
     #[test]
+    fn shareable_with_the_repl_tasks() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<FollowupController>();
+        send_sync::<Telemetry>();
+        send_sync::<super::super::SessionPrefix>();
+        send_sync::<super::super::CacheSafeParams>();
+    }
+
+    #[test]
+    fn typing_then_enter_does_not_accept() {
+        // The peer's #2872: Enter raced the input buffer. Here a typed key dismisses first, so
+        // the Enter that follows submits what was typed, not the suggestion.
+        let mut f = fixture();
+        let t0 = Instant::now();
+        f.ctl.set_suggestion(Some("run the tests".into()), t0);
+        f.ctl.tick(at(t0, 300));
+        f.ctl.keystroke(at(t0, 400));
+        f.ctl.dismiss(at(t0, 400));
+        f.ctl.keystroke(at(t0, 401));
+        assert_eq!(f.ctl.accept(AcceptMethod::Enter, at(t0, 401)), None);
+        assert_eq!(f.events()[0]["outcome"], "ignored");
+    }
+
+    #[test]
     fn disabled_telemetry_still_drives_the_hooks() {
         let mut ctl = FollowupController::new(FollowupHooks::default(), Telemetry::disabled());
         let t0 = Instant::now();

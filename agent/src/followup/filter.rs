@@ -90,18 +90,19 @@ pub fn normalize(text: &str) -> &str {
 
 /// Why `text` must not be shown as a suggestion (the rule's name), or `None` when it may.
 ///
-/// `text` is first [`normalize`]d. Rules, first match wins: `control_chars` (any control or
-/// bidi-override character other than a newline — the newline is `has_formatting`'s), `empty`,
+/// `text` is first [`normalize`]d (so a trailing `\r\n` is no control character). Rules, first
+/// match wins: `control_chars` (any control or bidi-override character other than a newline —
+/// the newline is `has_formatting`'s), `empty`,
 /// then the seed's 12 in the peer's order: `done`, `meta_text`, `meta_wrapped`,
 /// `error_message`, `prefixed_label`, `too_few_words` (a single `/command` is allowed at once,
 /// skipping the later rules), `too_many_words`, `too_long`, `multiple_sentences`,
 /// `has_formatting`, `evaluative`, `ai_voice`. Text with CJK characters is measured in
 /// characters (fewer than 2 or more than 30 rejected) instead of words.
 pub fn filter_reason(text: &str) -> Option<&'static str> {
-    if text.chars().any(is_control) {
+    let s = normalize(text);
+    if s.chars().any(is_control) {
         return Some("control_chars");
     }
-    let s = normalize(text);
     if s.is_empty() {
         return Some("empty");
     }
@@ -239,7 +240,8 @@ mod tests {
         );
         // A newline alone is formatting, not a control character.
         blocked("has_formatting", &["run tests\nthen commit"]);
-        allowed(&["run the tests"]);
+        // Line ends and tabs around the text are trimmed, not rejected.
+        allowed(&["run the tests", "run the tests\r\n", "\tcommit this\r"]);
     }
 
     #[test]
