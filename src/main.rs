@@ -2,6 +2,7 @@
 //!
 //! A thin CLI over the `shade-fusefs` (overlay) and `shade-agent` (LLM agent) libraries.
 
+mod cmd_check;
 mod cmd_exec;
 mod cmd_recover;
 mod cmd_run;
@@ -30,15 +31,19 @@ enum Command {
     Exec(cmd_exec::ExecArgs),
     /// Finish interrupted accepts from their journals and clean up stale branches and mounts.
     Recover(cmd_recover::RecoverArgs),
+    /// Say whether the agent treats a shell command as read-only, and if not, why.
+    #[command(name = "check-command")]
+    Check(cmd_check::CheckArgs),
 }
 
 fn main() {
     init_tracing();
-    let cli = Cli::parse();
+    let cli = Cli::try_parse().unwrap_or_else(|e| cmd_check::exit_on_usage_error(e));
     let code = match cli.command {
         Command::Run(args) => cmd_run::main(args),
         Command::Exec(args) => cmd_exec::main(args),
         Command::Recover(args) => cmd_recover::main(args),
+        Command::Check(args) => cmd_check::main(args),
     };
     std::process::exit(code);
 }

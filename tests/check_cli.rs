@@ -1,0 +1,213 @@
+//! `shade check-command` through the built binary: output, exit statuses, JSON, usage
+//! errors, and git commands judged against real repositories whose configuration does (and,
+//! when run, demonstrably does) make them run programs.
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+/// Run `shade check-command ARGS` in `dir`, with no user or system git configuration.
+fn check_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_shade"))
+        .arg("check-command")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env_remove("GIT_EXTERNAL_DIFF")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn git(dir: &Path, args: &[&str]) -> Output {
+    let o = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@example.com")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@example.com")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "git {args:?}: {o:?}");
+    o
+}
+
+/// A repository with one committed file, then modified so `git diff` has work to do.
+fn repo() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    git(dir.path(), &["init", "-q"]);
+    std::fs::write(dir.path().join("a.txt"), "one\n").unwrap();
+    git(dir.path(), &["add", "a.txt"]);
+    git(dir.path(), &["commit", "-qm", "a"]);
+    std::fs::write(dir.path().join("a.txt"), "two\n").unwrap();
+    dir
+}
+
+/// An executable script that records that it ran by creating `marker`.
+fn marker_program(dir: &Path, name: &str, marker: &Path) -> String {
+    let path = dir.join(name);
+    std::fs::write(
+        &path,
+        format!("#!/bin/sh\ntouch '{}'\nexit 0\n", marker.display()),
+    )
+    .unwrap();
+    Command::new("chmod").arg("+x").arg(&path).status().unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn read_only_and_not_with_reasons_and_exit_statuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = check_in(dir.path(), &["grep -rn TODO src | sort | head -5"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stdout(&o), "read-only\n");
+
+    for (script, reason) in [
+        ("sed -i s/a/b/ f", "`sed -i` edits files in place"),
+        ("cat a > out.txt", "output redirection to `out.txt`"),
+        (
+            "curl https://example.com",
+            "`curl` is not on the read-only list",
+        ),
+        (
+            "ls && /bin/rm -rf x",
+            "`/bin/rm` is not on the read-only list",
+        ),
+        (
+            "FOO=$(id) ls",
+            "command substitution `$(id)` runs another command",
+        ),
+    ] {
+        let o = check_in(dir.path(), &[script]);
+        assert_eq!(o.status.code(), Some(1), "{script}");
+        assert_eq!(stdout(&o), format!("not read-only: {reason}\n"), "{script}");
+    }
+}
+
+#[test]
+fn json_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = check_in(dir.path(), &["--json", "ls -la"]);
+    assert_eq!(o.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({"read_only": true, "reason": null, "needs_network": false})
+    );
+
+    let o = check_in(dir.path(), &["--json", "git fetch origin && git log"]);
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["read_only"], false);
+    assert_eq!(v["needs_network"], true);
+    assert!(v["reason"].as_str().unwrap().contains("`git fetch`"), "{v}");
+}
+
+#[test]
+fn usage_errors_exit_125() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [&[][..], &["--bogus", "ls"][..], &["ls", "extra"][..]] {
+        let o = check_in(dir.path(), args);
+        assert_eq!(o.status.code(), Some(125), "{args:?}: {o:?}");
+        assert!(o.stdout.is_empty());
+    }
+    let o = check_in(dir.path(), &["-C", "/nonexistent/dir", "ls"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/dir"));
+    let o = check_in(dir.path(), &["--help"]);
+    assert_eq!(o.status.code(), Some(0));
+}
+
+/// In a repository with no program-running configuration, git's read commands are read-only.
+#[test]
+fn git_reads_in_a_clean_repository() {
+    let r = repo();
+    for script in [
+        "git status",
+        "git diff",
+        "git log --oneline",
+        "git show HEAD",
+    ] {
+        let o = check_in(r.path(), &[script]);
+        assert_eq!(stdout(&o), "read-only\n", "{script}");
+        let o = check_in(Path::new("/"), &["-C", r.path().to_str().unwrap(), script]);
+        assert_eq!(stdout(&o), "read-only\n", "-C {script}");
+    }
+    // Options that make git write or run something stay refused.
+    let o = check_in(r.path(), &["git -c diff.external=x diff"]);
+    assert_eq!(o.status.code(), Some(1));
+}
+
+/// `core.fsmonitor` names a program that `git status` runs: the classifier refuses it, and
+/// running the command really does run the program.
+#[test]
+fn git_status_with_fsmonitor_is_refused_and_really_runs_it() {
+    let r = repo();
+    let bin = tempfile::tempdir().unwrap();
+    let marker = bin.path().join("ran");
+    let prog = marker_program(bin.path(), "monitor", &marker);
+    git(r.path(), &["config", "core.fsmonitor", &prog]);
+
+    let o = check_in(r.path(), &["git status"]);
+    assert_eq!(o.status.code(), Some(1));
+    let out = stdout(&o);
+    assert!(out.contains("core.fsmonitor"), "{out}");
+    assert!(!marker.exists(), "classifying must not run anything");
+
+    git(r.path(), &["status", "--short"]);
+    assert!(
+        marker.exists(),
+        "git status ran the configured fsmonitor program"
+    );
+}
+
+/// `diff.external` names a program that `git diff` runs.
+#[test]
+fn git_diff_with_external_diff_is_refused_and_really_runs_it() {
+    let r = repo();
+    let bin = tempfile::tempdir().unwrap();
+    let marker = bin.path().join("ran");
+    let prog = marker_program(bin.path(), "extdiff", &marker);
+    git(r.path(), &["config", "diff.external", &prog]);
+
+    let o = check_in(r.path(), &["--json", "git diff"]);
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["read_only"], false);
+    assert!(
+        v["reason"].as_str().unwrap().contains("diff.external"),
+        "{v}"
+    );
+    // Commands that never consult it are still read-only there.
+    assert_eq!(
+        stdout(&check_in(r.path(), &["git rev-parse HEAD"])),
+        "read-only\n"
+    );
+    assert!(!marker.exists());
+
+    git(r.path(), &["diff"]);
+    assert!(marker.exists(), "git diff ran the configured external diff");
+}
+
+/// A `post-index-change` hook runs when `git status` refreshes and writes the index.
+#[test]
+fn git_status_with_an_index_hook_is_refused() {
+    let r = repo();
+    let hooks = r.path().join(".git/hooks");
+    std::fs::create_dir_all(&hooks).unwrap();
+    let marker = r.path().join(".git/ran");
+    marker_program(&hooks, "post-index-change", &marker);
+
+    let o = check_in(r.path(), &["git status"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).contains("post-index-change"), "{}", stdout(&o));
+}
