@@ -17,7 +17,7 @@ pub mod prompt;
 pub mod settings;
 pub mod telemetry;
 
-pub use cache::{CacheSafeParams, SessionPrefix, MAX_HISTORY_FOR_CACHE};
+pub use cache::{new_session_id, CacheSafeParams, SessionPrefix, MAX_HISTORY_FOR_CACHE};
 pub use controller::{
     AcceptMethod, FollowupController, FollowupHooks, ACCEPT_DEBOUNCE_MS, SUGGESTION_DELAY_MS,
 };

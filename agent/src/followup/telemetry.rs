@@ -70,6 +70,11 @@ impl PromptSuggestionEvent {
         }
     }
 
+    /// Append it to `telemetry` (same as [`Telemetry::record_suggestion`]).
+    pub fn record(&self, telemetry: &Telemetry) {
+        telemetry.record_suggestion(self);
+    }
+
     /// A suggestion dropped by filter rule (or guard) `reason`.
     pub fn suppressed(reason: &str, prompt_id: &str) -> Self {
         Self {
@@ -115,6 +120,11 @@ pub struct SpeculationEvent {
 }
 
 impl SpeculationEvent {
+    /// Append it to `telemetry` (same as [`Telemetry::record_speculation`]).
+    pub fn record(&self, telemetry: &Telemetry) {
+        telemetry.record_speculation(self);
+    }
+
     /// An event with the outcome set and every count zero.
     pub fn new(outcome: SpeculationEventOutcome) -> Self {
         Self {
@@ -287,7 +297,7 @@ mod tests {
         t.record_suggestion(&accepted);
         let mut spec = SpeculationEvent::new(SpeculationEventOutcome::Aborted);
         spec.boundary_type = Some("shell:rm -rf build".into());
-        t.record_speculation(&spec);
+        spec.record(&t);
         let got = lines(&state.join(TELEMETRY_FILE));
         assert_eq!(got.len(), 3);
         assert_eq!(got[0]["event"], "prompt_suggestion");
