@@ -62,3 +62,16 @@ for tool in pjdfstest fsx; do
             cargo install --locked --quiet "$tool" </dev/null
     fi
 done
+
+# Checkers for `shade lint` tests: ruff (a batch linter with JSON output, and `ruff server`,
+# the language server the warm-checker tests drive), pinned so its messages stay the same.
+RUFF_VERSION=0.17.6
+if [[ "$(ruff --version 2>/dev/null)" != "ruff $RUFF_VERSION" ]]; then
+    echo "setup: pip install ruff==$RUFF_VERSION"
+    python3 -m pip install --quiet --disable-pip-version-check "ruff==$RUFF_VERSION" </dev/null \
+        2> >(grep -v 'Running pip as the .root. user' >&2)
+    command -v pyenv >/dev/null 2>&1 && pyenv rehash
+fi
+# The lint tests' example crate checks offline: fetch its dependency while the registry is
+# reachable (a no-op when it is already in cargo's cache).
+cargo fetch --locked --quiet --manifest-path "$(dirname "$0")/../examples/lint-demo/Cargo.toml" </dev/null

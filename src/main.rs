@@ -4,6 +4,7 @@
 
 mod cmd_check;
 mod cmd_exec;
+mod cmd_lint;
 mod cmd_recover;
 mod cmd_run;
 mod exec_suggest;
@@ -29,6 +30,8 @@ enum Command {
     Run(cmd_run::RunArgs),
     /// One-shot agent run in the current project (non-interactive).
     Exec(cmd_exec::ExecArgs),
+    /// Check an edit (unified diff) in a branch and print the diagnostics it introduced.
+    Lint(cmd_lint::LintArgs),
     /// Finish interrupted accepts from their journals and clean up stale branches and mounts.
     Recover(cmd_recover::RecoverArgs),
     /// Say whether the agent treats a shell command as read-only, and if not, why.
@@ -42,6 +45,7 @@ fn main() {
     let code = match cli.command {
         Command::Run(args) => cmd_run::main(args),
         Command::Exec(args) => cmd_exec::main(args),
+        Command::Lint(args) => cmd_lint::main(args),
         Command::Recover(args) => cmd_recover::main(args),
         Command::Check(args) => cmd_check::main(args),
     };

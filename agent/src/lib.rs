@@ -37,6 +37,7 @@ pub mod approval;
 pub mod background;
 pub mod events;
 pub mod followup;
+pub mod lint;
 pub mod llm;
 pub mod prompt;
 pub mod query_loop;

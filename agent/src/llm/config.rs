@@ -105,6 +105,8 @@ pub struct FileConfig {
     pub enable_speculation: Option<bool>,
     /// Local telemetry in the state dir's `telemetry.jsonl` (default true).
     pub telemetry: Option<bool>,
+    /// The `[lint]` section (checkers, language servers, the post-edit budget).
+    pub lint: Option<crate::lint::LintConfig>,
 }
 
 /// Values given on the command line; they win over everything else.

@@ -97,7 +97,8 @@ impl Tool for Edit {
         ctx: &'a ToolContext,
         _cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
-        run_blocking(args, ctx, apply)
+        let path = crate::lint::tool::path_arg(&args);
+        crate::lint::tool::with_diagnostics(ctx, path, run_blocking(args, ctx, apply))
     }
 }
 

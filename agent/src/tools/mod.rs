@@ -87,6 +87,9 @@ pub struct ToolContext {
     /// Background model calls for tools that ask the model themselves (edit repair, output
     /// summaries, web_fetch's prompt); `None`: those tools fall back to what needs no model.
     pub background: Option<crate::background::BackgroundLlm>,
+    /// Lints of a branch: new diagnostics after `edit`/`write_file` and the `diagnostics`
+    /// tool. `None` (the default) leaves edits as they were.
+    pub lint: Option<Arc<crate::lint::tool::LintHook>>,
 }
 
 impl ToolContext {
@@ -98,6 +101,7 @@ impl ToolContext {
             global_memory: crate::llm::config::config_dir().map(|d| d.join(memory::FILE_NAME)),
             memory_file_name: memory::FILE_NAME.to_string(),
             background: None,
+            lint: None,
         }
     }
 }

@@ -65,7 +65,8 @@ impl Tool for WriteFile {
         ctx: &'a ToolContext,
         _cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
-        run_blocking(args, ctx, write)
+        let path = crate::lint::tool::path_arg(&args);
+        crate::lint::tool::with_diagnostics(ctx, path, run_blocking(args, ctx, write))
     }
 }
 

@@ -1,0 +1,192 @@
+//! Running a checker inside a branch, at the project's real path: each process gets a
+//! private mount namespace in which the branch mount is bound over the project directory,
+//! so absolute paths (compile databases, venvs, cargo's target dir) resolve into the
+//! branch and nothing can write through to the real tree. Output is captured; a deadline
+//! kills the whole process group.
+
+use std::ffi::CString;
+use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A branch as a checker needs it: the real project path and where the branch is mounted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BranchView {
+    /// Canonical real project directory (what processes see).
+    pub project: PathBuf,
+    /// The branch's mount point (what is bound over `project`).
+    pub mount: PathBuf,
+}
+
+impl BranchView {
+    /// The view of a live branch.
+    pub fn of(branch: &shade_fusefs::Branch) -> BranchView {
+        BranchView {
+            project: branch.project().to_path_buf(),
+            mount: branch.mountpoint().to_path_buf(),
+        }
+    }
+
+    /// Where project-relative `rel` is in the branch, for reading and writing it from here.
+    pub fn in_branch(&self, rel: &str) -> PathBuf {
+        self.mount.join(rel)
+    }
+}
+
+/// What a finished checker process left.
+#[derive(Debug, Clone)]
+pub struct Output {
+    /// Exit status (`None`: killed by a signal).
+    pub status: Option<i32>,
+    /// Its standard output.
+    pub stdout: String,
+    /// Its standard error.
+    pub stderr: String,
+    /// Killed because the deadline passed.
+    pub timed_out: bool,
+}
+
+/// A command prepared to start inside `view` at `cwd` (an absolute path in the project).
+/// Stdio is left to the caller.
+pub fn command(view: &BranchView, argv: &[String], cwd: &Path) -> std::io::Result<Command> {
+    let (prog, args) = argv
+        .split_first()
+        .ok_or_else(|| std::io::Error::other("empty command"))?;
+    let c = |p: &Path| {
+        CString::new(p.as_os_str().as_bytes()).map_err(|_| std::io::Error::other("NUL in path"))
+    };
+    let mount = c(&view.mount)?;
+    let project = c(&view.project)?;
+    let cwd_c = c(cwd)?;
+    let fallback_cwd = c(&match cwd.strip_prefix(&view.project) {
+        Ok(rel) => view.mount.join(rel),
+        Err(_) => view.mount.clone(),
+    })?;
+    let root = c(Path::new("/"))?;
+    let mut cmd = Command::new(prog);
+    cmd.args(args).process_group(0);
+    for k in UNSET {
+        cmd.env_remove(k);
+    }
+    // SAFETY: only async-signal-safe system calls on data prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            let bound = libc::unshare(libc::CLONE_NEWNS) == 0
+                && libc::mount(
+                    std::ptr::null(),
+                    root.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ) == 0
+                && libc::mount(
+                    mount.as_ptr(),
+                    project.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND | libc::MS_REC,
+                    std::ptr::null(),
+                ) == 0;
+            // Without the privilege for namespaces the checker runs in the mount
+            // directory: its paths then name the mount, which normalisation strips.
+            let dir = if bound { &cwd_c } else { &fallback_cwd };
+            if libc::chdir(dir.as_ptr()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(cmd)
+}
+
+/// Variables never passed to a checker: `CARGO_TARGET_DIR` would send the branch's build
+/// output out of the branch (into the user's own target directory).
+const UNSET: &[&str] = &["CARGO_TARGET_DIR", "CARGO_BUILD_TARGET_DIR"];
+
+/// Run `argv` in `view` at `cwd` with `env` added, capture its output, kill it (and its
+/// process group) at `deadline`.
+pub fn run(
+    view: &BranchView,
+    argv: &[String],
+    cwd: &Path,
+    env: &[(String, String)],
+    deadline: Option<Instant>,
+) -> std::io::Result<Output> {
+    let mut cmd = command(view, argv, cwd)?;
+    cmd.envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn()?;
+    let out = reader(child.stdout.take());
+    let err = reader(child.stderr.take());
+    let (status, timed_out) = wait(&mut child, deadline)?;
+    Ok(Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+        timed_out,
+    })
+}
+
+fn reader<R: Read + Send + 'static>(r: Option<R>) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut r) = r {
+            let _ = r.read_to_end(&mut buf);
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    })
+}
+
+/// Wait for `child`; at the deadline kill its process group. Returns (exit code, timed out).
+fn wait(child: &mut Child, deadline: Option<Instant>) -> std::io::Result<(Option<i32>, bool)> {
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    // A watchdog that kills the group at the deadline unless the child finished first.
+    let watchdog = deadline.map(|d| {
+        std::thread::spawn(move || {
+            let left = d.saturating_duration_since(Instant::now());
+            if rx.recv_timeout(left) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+                // SAFETY: signalling a process group we created.
+                unsafe { libc::kill(-pid, libc::SIGKILL) };
+                return true;
+            }
+            false
+        })
+    });
+    let status = child.wait()?;
+    // Anything the checker left running in its group goes too.
+    // SAFETY: as above.
+    unsafe { libc::kill(-pid, libc::SIGKILL) };
+    drop(tx);
+    let timed_out = watchdog.is_some_and(|w| w.join().unwrap_or(false));
+    Ok((status.code(), timed_out))
+}
+
+/// Whether `prog` can be found on `PATH` (or is a path to an executable).
+pub fn on_path(prog: &str) -> bool {
+    which(prog).is_some()
+}
+
+/// Where `prog` is on `PATH`.
+pub fn which(prog: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let exec = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if prog.contains('/') {
+        return exec(Path::new(prog)).then(|| PathBuf::from(prog));
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(prog))
+        .find(|p| exec(p))
+}
+
+/// A deadline `secs` from now, if given.
+pub fn deadline(timeout: Option<Duration>) -> Option<Instant> {
+    timeout.map(|t| Instant::now() + t)
+}

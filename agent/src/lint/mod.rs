@@ -1,0 +1,487 @@
+//! Lints in the shadow: the diagnostics an edit introduces, from the project's own checkers
+//! run inside a branch at the project's real path (so checkers that read the disk see the
+//! edit, and the user's build cache reads through while new build output stays in the
+//! branch).
+//!
+//! - [`Linter`]: one project's checkers ([`checker::choose`]), their cached baselines
+//!   ([`baseline`]) and warm language servers ([`lsp`]); [`Linter::new_diagnostics`] is
+//!   the post-edit hook for agents working in a branch.
+//! - [`Session`]: a long-lived branch into which patches are replayed in turn (restore the
+//!   previous state, apply the patch, check), as `shade lint` and its warm daemon
+//!   ([`daemon`]) use it.
+//! - [`tool`]: the model's `diagnostics` tool and the hook's settings in a `ToolContext`.
+
+pub mod baseline;
+pub mod checker;
+pub mod daemon;
+pub mod diag;
+pub mod exec;
+pub mod lsp;
+pub mod matching;
+pub mod parse;
+pub mod patch;
+pub mod tool;
+
+pub use checker::{Checker, LintConfig};
+pub use diag::{Diagnostic, Severity};
+pub use exec::BranchView;
+
+use checker::{DetectError, Kind};
+use diag::PathBase;
+use matching::LineMap;
+use patch::{FileEdit, PatchError};
+use shade_fusefs::{Branch, BranchError, BranchOptions, StateDir};
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Why linting failed (all of them are shade's own errors: exit 125).
+#[derive(Debug, thiserror::Error)]
+pub enum LintError {
+    /// The patch was refused; nothing was changed.
+    #[error(transparent)]
+    Patch(#[from] PatchError),
+    /// No usable checker.
+    #[error(transparent)]
+    Detect(#[from] DetectError),
+    /// The branch could not be made.
+    #[error(transparent)]
+    Branch(#[from] BranchError),
+    /// A checker ran but failed without diagnostics.
+    #[error("checker {name} failed{status}: {line}")]
+    CheckerFailed {
+        /// Checker.
+        name: String,
+        /// ` (exit N)` or empty.
+        status: String,
+        /// Its most telling line of stderr.
+        line: String,
+    },
+    /// The time limit passed.
+    #[error("{0} did not finish in time")]
+    Timeout(String),
+    /// A language server failed.
+    #[error(transparent)]
+    Lsp(#[from] lsp::LspError),
+    /// Reading or writing files.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// One project's checkers, baselines and language servers.
+pub struct Linter {
+    project: PathBuf,
+    state: StateDir,
+    checkers: Vec<Checker>,
+    cache: baseline::Cache,
+    /// Running language servers by (checker name, branch mount).
+    servers: Mutex<HashMap<(String, PathBuf), lsp::Server>>,
+    /// LSP baselines by (checker, path, hash of the unedited text).
+    lsp_baselines: Mutex<HashMap<(String, String, String), Vec<Diagnostic>>>,
+}
+
+impl Linter {
+    /// The linter of `project` with the checkers `only` (a `--checker` name), the config's
+    /// list, or the detected ones.
+    pub fn new(
+        project: &Path,
+        state: StateDir,
+        config: &LintConfig,
+        only: Option<&str>,
+    ) -> Result<Linter, LintError> {
+        let project = std::fs::canonicalize(project)
+            .map_err(|e| LintError::Io(format!("project directory {}: {e}", project.display())))?;
+        let checkers = checker::choose(&project, config, only)?;
+        Ok(Linter {
+            cache: baseline::Cache::new(state.root()),
+            project,
+            state,
+            checkers,
+            servers: Mutex::default(),
+            lsp_baselines: Mutex::default(),
+        })
+    }
+
+    /// The real project directory.
+    pub fn project(&self) -> &Path {
+        &self.project
+    }
+
+    /// The checkers in use.
+    pub fn checkers(&self) -> &[Checker] {
+        &self.checkers
+    }
+
+    /// A fresh branch of the project.
+    pub fn branch(&self) -> Result<Branch, LintError> {
+        Ok(Branch::create(
+            &self.project,
+            &BranchOptions {
+                state: self.state.clone(),
+                ..BranchOptions::default()
+            },
+        )?)
+    }
+
+    /// Check the state of `view`, in which `edits` are the files that differ from the
+    /// project, and mark the diagnostics the edits introduced. Batch checkers' baselines come
+    /// from the cache, else from `lower` (a view of the unedited project) or a fresh branch.
+    pub fn check(
+        &self,
+        view: &BranchView,
+        edits: &[FileEdit],
+        lower: Option<&BranchView>,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<Diagnostic>, LintError> {
+        let maps: HashMap<String, LineMap> = edits
+            .iter()
+            .map(|e| {
+                let m = LineMap::between(
+                    e.old.as_deref().unwrap_or(""),
+                    e.new.as_deref().unwrap_or(""),
+                );
+                (e.path.clone(), m)
+            })
+            .collect();
+        let mut all = Vec::new();
+        for c in &self.checkers {
+            let (before, mut after) = match &c.kind {
+                Kind::Batch { .. } => {
+                    let before = self.baseline(c, lower, deadline)?;
+                    (before, self.run_batch(view, c, deadline)?)
+                }
+                Kind::Lsp {
+                    command,
+                    extensions,
+                } => self.run_lsp(view, c, command, extensions, edits, deadline)?,
+            };
+            matching::mark_new(&before, &mut after, &maps);
+            all.extend(after);
+        }
+        diag::sort(&mut all);
+        Ok(all)
+    }
+
+    /// The post-edit hook: new diagnostics in `touched` (project-relative paths) of the
+    /// branch `view`, compared with the unedited project, within `budget`.
+    pub fn new_diagnostics(
+        &self,
+        view: &BranchView,
+        touched: &[String],
+        budget: Duration,
+    ) -> Result<Vec<Diagnostic>, LintError> {
+        let deadline = Some(Instant::now() + budget);
+        let read = |p: PathBuf| std::fs::read_to_string(p).ok();
+        let edits: Vec<FileEdit> = touched
+            .iter()
+            .map(|rel| FileEdit {
+                path: rel.clone(),
+                old: read(self.project.join(rel)),
+                new: read(view.in_branch(rel)),
+            })
+            .collect();
+        let all = self.check(view, &edits, None, deadline)?;
+        Ok(all
+            .into_iter()
+            .filter(|d| d.new && touched.contains(&d.path))
+            .collect())
+    }
+
+    /// The checker's diagnostics on the unedited project: cached by fingerprint, else run in
+    /// `lower` or a fresh branch and stored.
+    fn baseline(
+        &self,
+        c: &Checker,
+        lower: Option<&BranchView>,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<Diagnostic>, LintError> {
+        let key = baseline::fingerprint(&self.project, &c.identity());
+        if let Some(b) = self.cache.get(&key) {
+            return Ok(b);
+        }
+        let diags = match lower {
+            Some(v) => self.run_batch(v, c, deadline)?,
+            None => {
+                let b = self.branch()?;
+                self.run_batch(&BranchView::of(&b), c, deadline)?
+            }
+        };
+        // Only store it if the project did not change while the checker ran.
+        if baseline::fingerprint(&self.project, &c.identity()) == key {
+            self.cache.put(&key, &diags);
+        }
+        Ok(diags)
+    }
+
+    fn run_batch(
+        &self,
+        view: &BranchView,
+        c: &Checker,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<Diagnostic>, LintError> {
+        let Kind::Batch {
+            runs,
+            format,
+            default_severity,
+        } = &c.kind
+        else {
+            return Ok(Vec::new());
+        };
+        let mut out: Vec<Diagnostic> = Vec::new();
+        for inv in runs {
+            let cwd = self.project.join(&inv.cwd);
+            let o = exec::run(view, &inv.argv, &cwd, &inv.env, deadline).map_err(|e| {
+                LintError::CheckerFailed {
+                    name: c.name.clone(),
+                    status: String::new(),
+                    line: format!("cannot run `{}`: {e}", inv.argv.join(" ")),
+                }
+            })?;
+            if o.timed_out {
+                return Err(LintError::Timeout(format!("checker {}", c.name)));
+            }
+            let raws = parse::parse(*format, &o.stdout, &o.stderr);
+            if raws.is_empty() && o.status != Some(0) {
+                return Err(LintError::CheckerFailed {
+                    name: c.name.clone(),
+                    status: o.status.map(|s| format!(" (exit {s})")).unwrap_or_default(),
+                    line: telling_line(&o.stderr, &o.stdout),
+                });
+            }
+            let base = PathBase {
+                project: &self.project,
+                cwd: &cwd,
+                mount: Some(&view.mount),
+            };
+            for r in raws {
+                let d = r.normalise(&base, &c.name, *default_severity);
+                if !out.contains(&d) {
+                    out.push(d);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn run_lsp(
+        &self,
+        view: &BranchView,
+        c: &Checker,
+        command: &[String],
+        extensions: &[String],
+        edits: &[FileEdit],
+        deadline: Option<Instant>,
+    ) -> Result<(Vec<Diagnostic>, Vec<Diagnostic>), LintError> {
+        let left = || {
+            deadline
+                .map(|d| d.saturating_duration_since(Instant::now()))
+                .unwrap_or(Duration::from_secs(60))
+        };
+        let mut servers = self.servers.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (c.name.clone(), view.mount.clone());
+        if let Some(s) = servers.get_mut(&key) {
+            if !s.alive() {
+                servers.remove(&key);
+            }
+        }
+        if !servers.contains_key(&key) {
+            let s = lsp::Server::start(&c.name, view, command, left())?;
+            servers.insert(key.clone(), s);
+        }
+        let server = servers
+            .get_mut(&key)
+            .ok_or_else(|| LintError::Io("language server vanished".into()))?;
+        let base = PathBase {
+            project: &self.project,
+            cwd: &self.project,
+            mount: Some(&view.mount),
+        };
+        let norm = |raws: Vec<diag::Raw>| -> Vec<Diagnostic> {
+            raws.into_iter()
+                .map(|r| r.normalise(&base, &c.name, Severity::Error))
+                .collect()
+        };
+        let mut before = Vec::new();
+        let mut after = Vec::new();
+        for e in edits {
+            let handled = Path::new(&e.path)
+                .extension()
+                .is_some_and(|x| extensions.iter().any(|h| x == h.as_str()));
+            let Some(new) = e.new.as_deref().filter(|_| handled) else {
+                continue;
+            };
+            if let Some(old) = &e.old {
+                let bkey = (
+                    c.name.clone(),
+                    e.path.clone(),
+                    baseline::digest(old.as_bytes()),
+                );
+                let cached = self
+                    .lsp_baselines
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&bkey)
+                    .cloned();
+                let b = match cached {
+                    Some(b) => b,
+                    None => {
+                        let b = norm(server.diagnostics(&e.path, old, left())?);
+                        self.lsp_baselines
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(bkey, b.clone());
+                        b
+                    }
+                };
+                before.extend(b);
+            }
+            after.extend(norm(server.diagnostics(&e.path, new, left())?));
+        }
+        Ok((before, after))
+    }
+
+    /// Tell the language servers of `view` that `rel` holds `text` again (a replayed state),
+    /// without waiting for their diagnostics.
+    fn lsp_reset(&self, view: &BranchView, rel: &str, text: &str) {
+        let mut servers = self.servers.lock().unwrap_or_else(|e| e.into_inner());
+        for ((_, mount), s) in servers.iter_mut() {
+            if mount == &view.mount {
+                let _ = s.diagnostics(rel, text, Duration::ZERO);
+            }
+        }
+    }
+
+    /// Stop language servers idle for longer than `idle`; returns how many remain.
+    pub fn stop_idle_servers(&self, idle: Duration) -> usize {
+        let mut servers = self.servers.lock().unwrap_or_else(|e| e.into_inner());
+        let stale: Vec<_> = servers
+            .iter()
+            .filter(|(_, s)| s.last_used().elapsed() >= idle)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in stale {
+            if let Some(s) = servers.remove(&k) {
+                s.stop();
+            }
+        }
+        servers.len()
+    }
+
+    /// Stop every language server.
+    pub fn stop_servers(&self) {
+        self.stop_idle_servers(Duration::ZERO);
+    }
+}
+
+impl Drop for Linter {
+    fn drop(&mut self) {
+        self.stop_servers();
+    }
+}
+
+/// The most useful line of a failed checker's output: the first `error` line, else the
+/// last non-empty one.
+fn telling_line(stderr: &str, stdout: &str) -> String {
+    let lines = || {
+        stderr
+            .lines()
+            .chain(stdout.lines())
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+    };
+    lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("error"))
+        .or_else(|| lines().next_back())
+        .unwrap_or("no output")
+        .to_string()
+}
+
+/// A long-lived branch into which patches are replayed in turn: each request first
+/// restores every file an earlier request wrote to the project's current content, then
+/// applies its patch and checks. Several callers share its checkers (and their warm
+/// state) this way, one state at a time.
+pub struct Session {
+    linter: Linter,
+    branch: Branch,
+    view: BranchView,
+    written: BTreeSet<String>,
+}
+
+impl Session {
+    /// A session over a fresh branch.
+    pub fn new(linter: Linter) -> Result<Session, LintError> {
+        let branch = linter.branch()?;
+        let view = BranchView::of(&branch);
+        Ok(Session {
+            linter,
+            branch,
+            view,
+            written: BTreeSet::new(),
+        })
+    }
+
+    /// The linter.
+    pub fn linter(&self) -> &Linter {
+        &self.linter
+    }
+
+    /// Apply `patch` (a unified diff; empty = none) in the branch and return every
+    /// diagnostic, the new ones marked. A patch that does not apply changes nothing.
+    pub fn lint_patch(
+        &mut self,
+        patch_text: &str,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<Diagnostic>, LintError> {
+        let files = patch::parse(patch_text)?;
+        self.restore()?;
+        let edits = patch::plan(&self.view.mount, &files)?;
+        // Baselines first, while the branch still shows the unedited project.
+        for c in self.linter.checkers() {
+            if matches!(c.kind, Kind::Batch { .. }) {
+                self.linter.baseline(c, Some(&self.view), deadline)?;
+            }
+        }
+        for e in &edits {
+            self.written.insert(e.path.clone());
+            let dst = self.view.in_branch(&e.path);
+            let res = match &e.new {
+                Some(text) => dst
+                    .parent()
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|()| std::fs::write(&dst, text)),
+                None => std::fs::remove_file(&dst),
+            };
+            res.map_err(|err| LintError::Io(format!("writing {} in the branch: {err}", e.path)))?;
+        }
+        self.linter
+            .check(&self.view, &edits, Some(&self.view), deadline)
+    }
+
+    /// Put every file an earlier patch wrote back to the project's current content.
+    fn restore(&mut self) -> Result<(), LintError> {
+        for rel in &self.written {
+            let lower = std::fs::read(self.linter.project.join(rel)).ok();
+            let dst = self.view.in_branch(rel);
+            let now = std::fs::read(&dst).ok();
+            if lower == now {
+                continue;
+            }
+            let res = match &lower {
+                Some(b) => std::fs::write(&dst, b),
+                None => std::fs::remove_file(&dst),
+            };
+            res.map_err(|e| LintError::Io(format!("restoring {rel} in the branch: {e}")))?;
+            if let Some(b) = lower {
+                self.linter
+                    .lsp_reset(&self.view, rel, &String::from_utf8_lossy(&b));
+            }
+        }
+        Ok(())
+    }
+
+    /// The branch the session works in.
+    pub fn branch(&self) -> &Branch {
+        &self.branch
+    }
+}

@@ -1,0 +1,131 @@
+//! The agent's lints in a branch: `edit`/`write_file` append the new diagnostics of the file
+//! they touched when the tool context has a `LintHook`, and the `diagnostics` tool lists
+//! them. Real FUSE branch, real ruff (batch) and `ruff server` (language server).
+#![allow(clippy::unwrap_used)]
+
+use serde_json::json;
+use shade_agent::lint::tool::{Diagnostics, LintHook};
+use shade_agent::lint::{BranchView, LintConfig, Linter};
+use shade_agent::tools::{Tool, ToolContext, ToolRegistry};
+use shade_agent::workspace::Workspace;
+use shade_fusefs::{Branch, BranchOptions, StateDir};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+fn require_fuse_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test mounts FUSE branches and must run as root"
+    );
+    assert!(
+        std::path::Path::new("/dev/fuse").exists(),
+        "this test needs /dev/fuse"
+    );
+}
+
+const PY: &str = "import os\n\n\ndef add(a, b):\n    return a + b\n";
+
+async fn edit_in_branch(checker: &str) {
+    require_fuse_root();
+    let tmp = tempfile::Builder::new()
+        .prefix("shade-lint-hook-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let project = tmp.path().join("project");
+    std::fs::create_dir(&project).unwrap();
+    std::fs::write(project.join("calc.py"), PY).unwrap();
+    let state = StateDir::at(tmp.path().join("state"));
+    let branch = Branch::create(
+        &project,
+        &BranchOptions {
+            state: state.clone(),
+            ..BranchOptions::default()
+        },
+    )
+    .unwrap();
+    let cfg = LintConfig::default();
+    let linter = Arc::new(Linter::new(&project, state, &cfg, Some(checker)).unwrap());
+    let mut ctx = ToolContext::new(Workspace::new(branch.mountpoint()).unwrap());
+    let plain = ctx.clone();
+    ctx.lint = Some(Arc::new(LintHook::new(
+        linter.clone(),
+        BranchView::of(&branch),
+        Duration::from_secs(60),
+    )));
+    let tools = ToolRegistry::standard();
+    let cancel = CancellationToken::new();
+    let edit = tools.get("edit").unwrap();
+
+    let out = edit
+        .run(
+            json!({"path": "calc.py", "old_string": "a + b", "new_string": "a + c"}),
+            &ctx,
+            &cancel,
+        )
+        .await
+        .unwrap();
+    assert!(
+        out.content.ends_with(&format!(
+            "New diagnostics in calc.py:\ncalc.py:5:16: error: Undefined name `c` [F821] ({checker})"
+        )),
+        "{}",
+        out.content
+    );
+    // The unused `os` import was there before: never reported as new.
+    assert!(!out.content.contains("F401"), "{}", out.content);
+
+    let out = tools
+        .get("write_file")
+        .unwrap()
+        .run(json!({"path": "calc.py", "content": PY}), &ctx, &cancel)
+        .await
+        .unwrap();
+    assert!(
+        out.content.ends_with("No new diagnostics in calc.py."),
+        "{}",
+        out.content
+    );
+
+    // Without a hook, an edit is what it always was.
+    let out = edit
+        .run(
+            json!({"path": "calc.py", "old_string": "a + b", "new_string": "a + d"}),
+            &plain,
+            &cancel,
+        )
+        .await
+        .unwrap();
+    assert!(!out.content.contains("diagnostics"), "{}", out.content);
+
+    // The model asks: every file edited through the hook so far.
+    let diags = Diagnostics;
+    assert!(diags.is_read_only(&json!({})));
+    let out = diags.run(json!({}), &ctx, &cancel).await.unwrap();
+    assert_eq!(
+        out.content,
+        format!("calc.py:5:16: error: Undefined name `d` [F821] ({checker})")
+    );
+    let out = diags
+        .run(json!({"paths": ["../escape.py"]}), &ctx, &cancel)
+        .await;
+    assert!(out.is_err());
+
+    assert_eq!(
+        std::fs::read_to_string(project.join("calc.py")).unwrap(),
+        PY
+    );
+    drop(ctx);
+    drop(linter);
+    drop(branch);
+}
+
+#[tokio::test]
+async fn edits_in_a_branch_come_back_with_ruff_findings() {
+    edit_in_branch("ruff").await;
+}
+
+#[tokio::test]
+async fn edits_in_a_branch_come_back_with_language_server_findings() {
+    edit_in_branch("ruff-server").await;
+}

@@ -1,0 +1,317 @@
+//! `shade lint` end to end: the real binary, real branches, real checkers (cargo on a
+//! crate with a registry dependency, ruff, the `ruff server` language server).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{assert_no_shade_mounts, snapshot, Fixture};
+use std::io::Write;
+use std::path::Path;
+use std::process::{Output, Stdio};
+
+fn out(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Copy a directory tree (the example crate, without its build output).
+fn copy_tree(from: &Path, to: &Path) {
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name();
+        if name == "target" {
+            continue;
+        }
+        let dst = to.join(&name);
+        if e.file_type().unwrap().is_dir() {
+            std::fs::create_dir_all(&dst).unwrap();
+            copy_tree(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), &dst).unwrap();
+        }
+    }
+}
+
+/// `shade lint` with `args`, the patch on stdin.
+fn lint(fx: &Fixture, args: &[&str], patch: &str) -> Output {
+    let mut child = fx
+        .shade()
+        .arg("lint")
+        .args(args)
+        .env_remove("CARGO_TARGET_DIR")
+        .env("SHADE_CONFIG", fx.tmp.path().join("no-config.toml"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(patch.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// Stop the fixture's warm daemons (any checker choice) and check nothing is left.
+fn stop_daemons(fx: &Fixture, checkers: &[Option<&str>]) {
+    for c in checkers {
+        let mut cmd = fx.shade();
+        cmd.args(["lint", "--stop"]);
+        if let Some(c) = c {
+            cmd.args(["--checker", c]);
+        }
+        let o = cmd.output().unwrap();
+        assert!(o.status.success(), "{}", out(&o));
+    }
+    // The daemon unmounts its branch on its way out.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        if !mounts.contains(&*fx.state.root().to_string_lossy()) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_no_shade_mounts(&fx.state);
+}
+
+fn lines(o: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+const RUST_PATCH: &str = "\
+--- a/src/stats.rs
++++ b/src/stats.rs
+@@ -3,5 +3,6 @@
+ /// Number of newline bytes.
+ pub fn count_lines(data: &[u8]) -> usize {
++    let scratch = 7;
+     memchr::memchr_iter(b'\\n', data).count()
+ }
+ 
+@@ -9,3 +10,7 @@
+ pub fn longest_line(data: &[u8]) -> usize {
+     data.split(|b| *b == b'\\n').map(|l| l.len()).max().unwrap_or(0)
+ }
++
++pub fn width() -> u32 {
++    \"wide\"
++}
+";
+
+fn rust_fixture() -> Fixture {
+    let fx = Fixture::new();
+    copy_tree(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/lint-demo"),
+        &fx.project,
+    );
+    fx
+}
+
+#[test]
+fn cargo_reports_exactly_the_errors_the_patch_added() {
+    let fx = rust_fixture();
+    let before = snapshot(&fx.project);
+    for mode in [&["--cold"][..], &[][..], &[][..]] {
+        let o = lint(&fx, mode, RUST_PATCH);
+        assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+        assert_eq!(
+            lines(&o),
+            [
+                "src/stats.rs:5:9: warning: unused variable: `scratch` [unused_variables] (cargo)",
+                "src/stats.rs:15:5: error: mismatched types [E0308] (cargo)",
+            ],
+            "mode {mode:?}: {}",
+            out(&o)
+        );
+    }
+    // --all adds the warning the project already had, marked not new, in JSON.
+    let o = lint(&fx, &["--all", "--json"], RUST_PATCH);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let old: Vec<_> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["new"] == false)
+        .map(|d| (d["path"].clone(), d["line"].clone(), d["code"].clone()))
+        .collect();
+    assert_eq!(
+        old,
+        [("src/main.rs".into(), 6.into(), "unused_variables".into())],
+        "{}",
+        out(&o)
+    );
+    // No patch: the project as it is adds nothing.
+    let o = lint(&fx, &[], "");
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    assert!(lines(&o).is_empty(), "{}", out(&o));
+    stop_daemons(&fx, &[None]);
+    // The real project was never written: no target/, no Cargo.lock change, no edit.
+    assert_eq!(snapshot(&fx.project), before);
+}
+
+#[test]
+fn a_patch_that_does_not_apply_is_one_line_and_changes_nothing() {
+    let fx = rust_fixture();
+    let before = snapshot(&fx.project);
+    let bad = RUST_PATCH.replace(" pub fn count_lines", " pub fn count_words");
+    for mode in [&["--cold"][..], &[][..]] {
+        let o = lint(&fx, mode, &bad);
+        assert_eq!(o.status.code(), Some(125), "{}", out(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(err.lines().count(), 1, "{}", out(&o));
+        assert!(
+            err.starts_with("shade: patch does not apply: src/stats.rs: hunk 1"),
+            "{}",
+            out(&o)
+        );
+    }
+    let o = lint(&fx, &["--cold"], "this is not a diff\n");
+    assert_eq!(o.status.code(), Some(125), "{}", out(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not a valid unified diff"));
+    let escape = "--- a/../x\n+++ b/../x\n@@ -0,0 +1 @@\n+x\n";
+    let o = lint(&fx, &["--cold"], escape);
+    assert_eq!(o.status.code(), Some(125), "{}", out(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("leads outside the project"));
+    // After a refused patch the warm branch still checks the next one correctly.
+    let o = lint(&fx, &[], RUST_PATCH);
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+    assert_eq!(lines(&o).len(), 2, "{}", out(&o));
+    stop_daemons(&fx, &[None]);
+    assert_eq!(snapshot(&fx.project), before);
+}
+
+const PY: &str = "import os\n\n\ndef add(a, b):\n    return a + b\n";
+const PY_PATCH: &str = "\
+--- a/calc.py
++++ b/calc.py
+@@ -1,5 +1,9 @@
+ import os
++import sys
+ 
+ 
+ def add(a, b):
+     return a + b
++
++def total(xs):
++    return sum(xs) + missing
+";
+
+fn py_fixture() -> Fixture {
+    let fx = Fixture::new();
+    fx.write("calc.py", PY);
+    fx.write(
+        "pyproject.toml",
+        "[project]\nname = \"calc\"\nversion = \"0.1\"\n",
+    );
+    fx
+}
+
+#[test]
+fn ruff_reports_new_findings_and_not_the_old_unused_import() {
+    let fx = py_fixture();
+    let before = snapshot(&fx.project);
+    let o = lint(&fx, &["--cold"], PY_PATCH);
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+    assert_eq!(
+        lines(&o),
+        [
+            "calc.py:2:8: warning: `sys` imported but unused [F401] (ruff)",
+            "calc.py:9:22: error: Undefined name `missing` [F821] (ruff)",
+        ],
+        "{}",
+        out(&o)
+    );
+    // A warning-only patch exits 0.
+    let warn_only = "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,3 @@\n import os\n+import sys\n \n";
+    let o = lint(&fx, &["--cold"], warn_only);
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    assert_eq!(lines(&o).len(), 1, "{}", out(&o));
+    assert_eq!(snapshot(&fx.project), before);
+    assert_no_shade_mounts(&fx.state);
+}
+
+/// Pids of `ruff server` processes whose parent is `parent`.
+fn servers_of(parent: u32) -> Vec<u32> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid: u32 = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().nth(1))
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if ppid == parent && cmd.contains("server") {
+            v.push(pid);
+        }
+    }
+    v
+}
+
+/// Pid of the fixture's lint daemon (a `shade lint --serve` naming its project).
+fn daemon_pid(fx: &Fixture) -> u32 {
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains("lint --serve") && cmd.contains(&*fx.project.to_string_lossy()) {
+            return pid;
+        }
+    }
+    panic!("no lint daemon for {}", fx.project.display());
+}
+
+#[test]
+fn a_warm_language_server_serves_successive_edits() {
+    let fx = py_fixture();
+    let before = snapshot(&fx.project);
+    let args = ["--checker", "ruff-server"];
+    let o = lint(&fx, &args, PY_PATCH);
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+    assert_eq!(
+        lines(&o),
+        [
+            "calc.py:2:8: warning: `sys` imported but unused [F401] (ruff-server)",
+            "calc.py:9:22: error: Undefined name `missing` [F821] (ruff-server)",
+        ],
+        "{}",
+        out(&o)
+    );
+    let daemon = daemon_pid(&fx);
+    let servers = servers_of(daemon);
+    assert_eq!(servers.len(), 1, "one language server under the daemon");
+    // A second, different edit: the same server answers, the first edit is gone.
+    let fix = "--- a/calc.py\n+++ b/calc.py\n@@ -4,2 +4,2 @@\n def add(a, b):\n-    return a + b\n+    return a + c\n";
+    let o = lint(&fx, &args, fix);
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+    assert_eq!(
+        lines(&o),
+        ["calc.py:5:16: error: Undefined name `c` [F821] (ruff-server)"],
+        "{}",
+        out(&o)
+    );
+    // And an empty patch replays the unedited state: nothing new.
+    let o = lint(&fx, &args, "");
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    assert_eq!(servers_of(daemon), servers, "the server was reused");
+    stop_daemons(&fx, &[Some("ruff-server")]);
+    assert!(servers_of(daemon).is_empty());
+    assert_eq!(snapshot(&fx.project), before);
+}
