@@ -315,3 +315,24 @@ fn a_warm_language_server_serves_successive_edits() {
     assert!(servers_of(daemon).is_empty());
     assert_eq!(snapshot(&fx.project), before);
 }
+
+#[test]
+fn the_users_build_cache_reads_through_and_is_not_written() {
+    let fx = rust_fixture();
+    // The user has built: target/ is warm.
+    let o = std::process::Command::new("cargo")
+        .args(["check", "--offline", "--quiet"])
+        .current_dir(&fx.project)
+        .env_remove("CARGO_TARGET_DIR")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", out(&o));
+    assert!(fx.project.join("target/debug").is_dir());
+    let before = snapshot(&fx.project);
+    let o = lint(&fx, &["--cold"], RUST_PATCH);
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+    assert_eq!(lines(&o).len(), 2, "{}", out(&o));
+    // The branch's cargo wrote new fingerprints and metadata, all of it in the branch.
+    assert_eq!(snapshot(&fx.project), before);
+    assert_no_shade_mounts(&fx.state);
+}

@@ -1,15 +1,15 @@
 //! Running a checker inside a branch, at the project's real path: each process gets a
 //! private mount namespace in which the branch mount is bound over the project directory,
 //! so absolute paths (compile databases, venvs, cargo's target dir) resolve into the
-//! branch and nothing can write through to the real tree. Output is captured; a deadline
-//! kills the whole process group.
+//! branch and nothing can write through to the real tree. Batch checkers run through the
+//! sandbox runner ([`shade_fusefs::sandbox`]); language servers, which live on and speak
+//! over their stdio, are started by [`command`].
 
 use std::ffi::CString;
-use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// A branch as a checker needs it: the real project path and where the branch is mounted.
@@ -106,65 +106,48 @@ pub fn command(view: &BranchView, argv: &[String], cwd: &Path) -> std::io::Resul
 /// output out of the branch (into the user's own target directory).
 const UNSET: &[&str] = &["CARGO_TARGET_DIR", "CARGO_BUILD_TARGET_DIR"];
 
-/// Run `argv` in `view` at `cwd` with `env` added, capture its output, kill it (and its
-/// process group) at `deadline`.
+/// Bytes of each output stream kept (cargo's JSON for a large workspace is many MiB; the
+/// parsers need all of it).
+const CAPTURE_CAP: usize = 512 << 20;
+
+/// Run `argv` in `view` at `cwd` with `env` added, through the sandbox runner: captured
+/// output, the whole process group (and anything left in the mount namespace) killed at
+/// `deadline`.
 pub fn run(
     view: &BranchView,
     argv: &[String],
     cwd: &Path,
     env: &[(String, String)],
     deadline: Option<Instant>,
-) -> std::io::Result<Output> {
-    let mut cmd = command(view, argv, cwd)?;
-    cmd.envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn()?;
-    let out = reader(child.stdout.take());
-    let err = reader(child.stderr.take());
-    let (status, timed_out) = wait(&mut child, deadline)?;
+) -> Result<Output, String> {
+    use shade_fusefs::sandbox::{self, Output as Streams, RunSpec, Termination};
+    let mut spec = RunSpec::new(
+        view.project.clone(),
+        view.mount.clone(),
+        cwd.to_path_buf(),
+        argv.iter().map(Into::into).collect(),
+    );
+    spec.output = Streams::Capture { cap: CAPTURE_CAP };
+    spec.timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+    spec.env = UNSET
+        .iter()
+        .map(|k| (k.into(), None))
+        .chain(env.iter().map(|(k, v)| (k.into(), Some(v.into()))))
+        .collect();
+    let o = sandbox::run(&spec).map_err(|e| e.to_string())?;
+    let text = |c: &Option<sandbox::Captured>| c.as_ref().map(|c| c.text()).unwrap_or_default();
+    let (status, timed_out) = match &o.termination {
+        Termination::Exited(c) => (Some(*c), false),
+        Termination::TimedOut => (None, true),
+        Termination::CannotExec(m) => return Err(m.clone()),
+        _ => (None, false),
+    };
     Ok(Output {
         status,
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
+        stdout: text(&o.stdout),
+        stderr: text(&o.stderr),
         timed_out,
     })
-}
-
-fn reader<R: Read + Send + 'static>(r: Option<R>) -> std::thread::JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        if let Some(mut r) = r {
-            let _ = r.read_to_end(&mut buf);
-        }
-        String::from_utf8_lossy(&buf).into_owned()
-    })
-}
-
-/// Wait for `child`; at the deadline kill its process group. Returns (exit code, timed out).
-fn wait(child: &mut Child, deadline: Option<Instant>) -> std::io::Result<(Option<i32>, bool)> {
-    let pid = child.id() as i32;
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    // A watchdog that kills the group at the deadline unless the child finished first.
-    let watchdog = deadline.map(|d| {
-        std::thread::spawn(move || {
-            let left = d.saturating_duration_since(Instant::now());
-            if rx.recv_timeout(left) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
-                // SAFETY: signalling a process group we created.
-                unsafe { libc::kill(-pid, libc::SIGKILL) };
-                return true;
-            }
-            false
-        })
-    });
-    let status = child.wait()?;
-    // Anything the checker left running in its group goes too.
-    // SAFETY: as above.
-    unsafe { libc::kill(-pid, libc::SIGKILL) };
-    drop(tx);
-    let timed_out = watchdog.is_some_and(|w| w.join().unwrap_or(false));
-    Ok((status.code(), timed_out))
 }
 
 /// Whether `prog` can be found on `PATH` (or is a path to an executable).
