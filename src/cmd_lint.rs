@@ -78,9 +78,15 @@ fn run(args: LintArgs) -> anyhow::Result<i32> {
         return Ok(0);
     }
     if args.serve {
-        crate::cmd_run::startup_recovery(&state);
-        let linter = Linter::new(&project, state, &config, args.checker.as_deref())?;
-        daemon::serve(Session::new(linter)?, &socket, config.idle())?;
+        daemon::serve(&socket, config.idle(), || {
+            crate::cmd_run::startup_recovery(&state);
+            Session::new(Linter::new(
+                &project,
+                state,
+                &config,
+                args.checker.as_deref(),
+            )?)
+        })?;
         return Ok(0);
     }
     let text = read_patch(args.patch.as_deref())?;

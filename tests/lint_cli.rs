@@ -38,12 +38,31 @@ fn copy_tree(from: &Path, to: &Path) {
 
 /// `shade lint` with `args`, the patch on stdin.
 fn lint(fx: &Fixture, args: &[&str], patch: &str) -> Output {
+    lint_idle(fx, args, patch, 30)
+}
+
+/// A config file setting the daemon's idle time, written once (concurrent callers must not
+/// see it half-written).
+fn config(fx: &Fixture, idle_secs: u32) -> std::path::PathBuf {
+    let path = fx.tmp.path().join(format!("config-{idle_secs}.toml"));
+    if !path.exists() {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, format!("[lint]\nidle_secs = {idle_secs}\n")).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+    path
+}
+
+/// [`lint`] with the daemon's idle time (a daemon a failed test leaves behind goes away
+/// soon by itself).
+fn lint_idle(fx: &Fixture, args: &[&str], patch: &str, idle_secs: u32) -> Output {
+    let config = config(fx, idle_secs);
     let mut child = fx
         .shade()
         .arg("lint")
         .args(args)
         .env_remove("CARGO_TARGET_DIR")
-        .env("SHADE_CONFIG", fx.tmp.path().join("no-config.toml"))
+        .env("SHADE_CONFIG", &config)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -335,4 +354,73 @@ fn the_users_build_cache_reads_through_and_is_not_written() {
     // The branch's cargo wrote new fingerprints and metadata, all of it in the branch.
     assert_eq!(snapshot(&fx.project), before);
     assert_no_shade_mounts(&fx.state);
+}
+
+/// Pids of every lint daemon serving the fixture's project.
+fn daemons(fx: &Fixture) -> Vec<u32> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains("lint --serve") && cmd.contains(&*fx.project.to_string_lossy()) {
+            v.push(pid);
+        }
+    }
+    v
+}
+
+#[test]
+fn concurrent_first_calls_share_one_daemon_which_exits_when_idle() {
+    let fx = py_fixture();
+    let patches = [
+        (
+            "a + x",
+            "calc.py:5:16: error: Undefined name `x` [F821] (ruff)",
+        ),
+        (
+            "a + y",
+            "calc.py:5:16: error: Undefined name `y` [F821] (ruff)",
+        ),
+        (
+            "a + z",
+            "calc.py:5:16: error: Undefined name `z` [F821] (ruff)",
+        ),
+    ];
+    config(&fx, 2);
+    std::thread::scope(|s| {
+        let runs: Vec<_> = patches
+            .iter()
+            .map(|(new, want)| {
+                let fx = &fx;
+                s.spawn(move || {
+                    let p = format!(
+                        "--- a/calc.py\n+++ b/calc.py\n@@ -4,2 +4,2 @@\n def add(a, b):\n-    return a + b\n+    return {new}\n"
+                    );
+                    let o = lint_idle(fx, &[], &p, 2);
+                    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+                    assert_eq!(lines(&o), [want.to_string()], "{}", out(&o));
+                })
+            })
+            .collect();
+        for r in runs {
+            r.join().unwrap();
+        }
+    });
+    // Daemons started by the losing clients found the socket taken and left at once.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while daemons(&fx).len() > 1 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(daemons(&fx).len() <= 1, "one daemon serves the project");
+    // Idle for its 2 s: it unmounts its branch and exits by itself.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !daemons(&fx).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(daemons(&fx).is_empty(), "the idle daemon exited");
+    assert_no_shade_mounts(&fx.state);
+    assert_eq!(fx.read("calc.py"), PY);
 }

@@ -51,9 +51,14 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
 }
 
-/// Serve `session` on `socket` until idle for `idle` (or told to stop, or SIGTERM/SIGINT/
-/// SIGHUP). Returns at once when another daemon already serves this socket.
-pub fn serve(session: Session, socket: &Path, idle: Duration) -> Result<(), LintError> {
+/// Serve the session `open` makes on `socket` until idle for `idle` (or told to stop, or
+/// SIGTERM/SIGINT/SIGHUP). Returns at once, before opening anything, when another daemon
+/// already serves this socket.
+pub fn serve(
+    socket: &Path,
+    idle: Duration,
+    open: impl FnOnce() -> Result<Session, LintError>,
+) -> Result<(), LintError> {
     let io = |e: std::io::Error| LintError::Io(format!("lint daemon {}: {e}", socket.display()));
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir).map_err(io)?;
@@ -65,16 +70,17 @@ pub fn serve(session: Session, socket: &Path, idle: Duration) -> Result<(), Lint
         .write(true)
         .open(socket.with_extension("lock"))
         .map_err(io)?;
-    if nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err() {
+    let Ok(_held) = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock)
+    else {
         return Ok(());
-    }
+    };
+    let mut session = open()?;
     let _ = std::fs::remove_file(socket);
     let listener = UnixListener::bind(socket).map_err(io)?;
     for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
         // SAFETY: the handler only stores to an atomic.
         unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
     }
-    let mut session = session;
     let mut last = Instant::now();
     let result = loop {
         if STOP.load(Ordering::SeqCst) || last.elapsed() >= idle {
