@@ -23,6 +23,7 @@ declare -A APT_PROBE=(
     [python3]=python3                 # fidelity tests: xattrs and a unix socket from a script
     [util-linux]=setpriv              # pjdfstest.sh checks access as other users; setsid in tests
     [hyperfine]=hyperfine             # benchmarks
+    [ripgrep]=rg                      # benchmark: `rg` over the tree (agent workloads)
 )
 
 have() {
@@ -75,3 +76,20 @@ fi
 # The lint tests' example crate checks offline: fetch its dependency while the registry is
 # reachable (a no-op when it is already in cargo's cache).
 cargo fetch --locked --quiet --manifest-path "$(dirname "$0")/../examples/lint-demo/Cargo.toml" </dev/null
+
+# The benchmark's npm workload installs bench/npm's lock file with `npm ci --offline`:
+# fill npm's cache once per lock file (needs the npm registry; skipped without npm).
+if command -v npm >/dev/null 2>&1; then
+    repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+    lock=$repo/bench/npm/package-lock.json
+    stamp="$HOME/.npm/shade-bench-$(sha256sum "$lock" | cut -c1-16)"
+    if [[ ! -e $stamp ]]; then
+        echo "setup: filling the npm cache for the benchmark (bench/npm)"
+        tmp=$(mktemp -d)
+        cp "$repo/bench/npm/package.json" "$lock" "$tmp/"
+        (cd "$tmp" && npm ci --prefer-offline --ignore-scripts --no-audit --no-fund \
+            --loglevel=error </dev/null >/dev/null)
+        rm -rf "$tmp"
+        touch "$stamp"
+    fi
+fi

@@ -6,9 +6,11 @@
 //! `/var/tmp/shade-bench/<pid>/` and is unmounted and removed at the end, on error and on
 //! Ctrl-C too.
 
+mod agent;
 mod measures;
 mod mounts;
 mod report;
+mod requests;
 mod systems;
 mod timing;
 mod tree;
@@ -42,12 +44,12 @@ struct Args {
     /// FUSE worker threads per shade branch.
     #[arg(long, default_value_t = 2)]
     threads: usize,
-    /// Only these sections (comma-separated): fileops, create, accept, many.
+    /// Only these sections (comma-separated): fileops, requests, agent, create, accept, many.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
 
-const SECTIONS: [&str; 4] = ["fileops", "create", "accept", "many"];
+const SECTIONS: [&str; 6] = ["fileops", "requests", "agent", "create", "accept", "many"];
 
 fn main() {
     let args = Args::parse();
@@ -129,10 +131,10 @@ fn run(args: &Args) -> Result<()> {
     let rundir = RunDir::create()?;
     let layout = Layout::new(&rundir.tmpfs());
     eprintln!("bench: building trees in {}", layout.base.display());
-    let info = tree::build(&layout, &sizes, want("create"))?;
+    let info = tree::build(&layout, &sizes, want("create"), want("agent"))?;
 
     let mut res = Results::default();
-    if want("fileops") {
+    if want("fileops") || want("requests") || want("agent") {
         eprintln!("bench: native warm-up build of the bench crate (cargo check --offline)");
         let (build, ()) = timing::time(|| measures::cargo_check(&layout.lower.join(tree::CRATE)))?;
         res.notes.push(format!(
@@ -153,7 +155,16 @@ fn run(args: &Args) -> Result<()> {
             }
         }
         let native_scratch = systems::scratch(&layout, "native-writes")?;
-        let r = measures::file_ops(&views, &native_scratch, &cfg, &mut res);
+        let mut r = Ok(());
+        if want("fileops") {
+            r = measures::file_ops(&views, &native_scratch, &cfg, &mut res);
+        }
+        if r.is_ok() && want("requests") {
+            r = measures::request_counts(&views, &cfg, &mut res);
+        }
+        if r.is_ok() && want("agent") {
+            r = agent::workloads(&views, &layout, &cfg, &mut res);
+        }
         for v in views {
             v.close()?;
         }

@@ -46,12 +46,29 @@ pub struct Measurement {
 #[derive(Debug, Default, Serialize)]
 pub struct Results {
     pub items: Vec<Measurement>,
+    /// FUSE requests per operation (the `requests` section).
+    pub requests: Vec<RequestCount>,
     /// Things the reader must know (skipped measures, mismatches).
     pub notes: Vec<String>,
 }
 
+/// FUSE requests one operation sent to one FUSE view.
+#[derive(Clone, Debug, Serialize)]
+pub struct RequestCount {
+    pub operation: String,
+    pub system: String,
+    #[serde(flatten)]
+    pub counts: crate::requests::Counts,
+}
+
 impl Results {
-    fn push(&mut self, measure: &str, system: &str, unit: &'static str, samples: Vec<f64>) {
+    pub(crate) fn push(
+        &mut self,
+        measure: &str,
+        system: &str,
+        unit: &'static str,
+        samples: Vec<f64>,
+    ) {
         self.items.push(Measurement {
             measure: measure.into(),
             system: system.into(),
@@ -61,7 +78,7 @@ impl Results {
         });
     }
 
-    fn push_output(&mut self, output: String) {
+    pub(crate) fn push_output(&mut self, output: String) {
         if let Some(last) = self.items.last_mut() {
             last.output = Some(output.trim().to_string());
         }
@@ -210,6 +227,63 @@ pub fn file_ops(
     Ok(())
 }
 
+/// Operations whose FUSE requests the `requests` section counts, in order: each runs once
+/// on each FUSE view, in the state the previous one left (the tree walked cold, then warm).
+pub const REQUEST_OPS: [&str; 8] = [
+    M_FIND_FIRST,
+    M_FIND_WARM,
+    M_TAR_FIRST,
+    M_TAR_WARM,
+    M_WRITE,
+    M_RM,
+    M_READ_FIRST,
+    M_READ,
+];
+
+/// Count the FUSE requests each operation of [`REQUEST_OPS`] sends to each FUSE view
+/// (shade and fuse-overlayfs), from the kernel's tracepoint.
+pub fn request_counts(views: &[Instance], cfg: &Config, res: &mut Results) -> Result<()> {
+    let data = vec![b'x'; 4096];
+    for v in views
+        .iter()
+        .filter(|v| matches!(v.system, System::Shade | System::FuseOverlayfs))
+    {
+        eprintln!("bench: {}: requests per operation", v.system.name());
+        let tracer = crate::requests::Tracer::new(v.root())?;
+        let tree = v.root().join(TREE);
+        let blob = v.root().join(BLOB);
+        let dir = v.root().join("scratch-requests");
+        std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let names: Vec<_> = (0..cfg.write_files)
+            .map(|i| dir.join(format!("w{i:04}.txt")))
+            .collect();
+        for op in REQUEST_OPS {
+            check_interrupted()?;
+            if op == M_FIND_FIRST || op == M_TAR_FIRST || op == M_READ_FIRST {
+                cold(cfg)?;
+            }
+            let counts = tracer.count(|| match op {
+                M_FIND_FIRST | M_FIND_WARM => sh(&tree, FIND).map(drop),
+                M_TAR_FIRST | M_TAR_WARM => sh(&tree, TAR).map(drop),
+                M_WRITE => names.iter().try_for_each(|n| {
+                    std::fs::write(n, &data).with_context(|| format!("writing {}", n.display()))
+                }),
+                M_RM => names.iter().try_for_each(|n| {
+                    std::fs::remove_file(n).with_context(|| format!("removing {}", n.display()))
+                }),
+                _ => read_all(&blob).map(drop),
+            })?;
+            res.requests.push(RequestCount {
+                operation: op.into(),
+                system: v.system.name().into(),
+                counts,
+            });
+        }
+        std::fs::remove_dir(&dir)?;
+    }
+    Ok(())
+}
+
 /// `runs` rounds over every view, interleaved (run 1 on every view, then run 2, …) in
 /// rotating order; `sample(run, view)` takes one sample. Returns each view's samples.
 ///
@@ -217,7 +291,7 @@ pub fn file_ops(
 /// earlier: page cache left idle in between may be reclaimed (this VM runs a DAMON
 /// `pageout` scheme), which hits FUSE views, whose cache is reclaimable, but not tmpfs,
 /// whose pages are not without swap; "warm" then measured reclaim, not the view.
-fn rounds<T>(
+pub(crate) fn rounds<T>(
     views: &[Instance],
     runs: usize,
     mut sample: impl FnMut(usize, &Instance) -> Result<T>,
@@ -244,7 +318,7 @@ fn rotated(views: &[Instance], run: usize) -> impl Iterator<Item = (usize, &Inst
 
 /// Make the next run a "first" one: drop caches, then reload the programs themselves
 /// (sh, find, tar, wc live on disk; reading them back is not what "first" measures).
-fn cold(cfg: &Config) -> Result<()> {
+pub(crate) fn cold(cfg: &Config) -> Result<()> {
     if cfg.drop_caches {
         drop_caches()?;
         sh(

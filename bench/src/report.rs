@@ -1,9 +1,13 @@
 //! The markdown report (ratios to native, absolute medians, issue 4's targets as a column
 //! of met/missed marks — goals, never failures of the run) and the JSON document.
 
+use crate::agent::{
+    M_CARGO_BUILD, M_GIT_CHECKOUT, M_GIT_STATUS, M_GIT_STATUS_FIRST, M_NPM, M_RG, M_RG_FIRST,
+};
 use crate::measures::{
     m_abort, m_accept, Measurement, Results, M_CARGO, M_FIND_FIRST, M_FIND_WARM, M_MANY_CREATE,
     M_MANY_RSS, M_READ, M_READ_FIRST, M_REQUEST, M_RM, M_TAR_FIRST, M_TAR_WARM, M_WRITE,
+    REQUEST_OPS,
 };
 use crate::systems::System;
 use std::fmt::Write;
@@ -91,6 +95,8 @@ pub fn markdown(res: &Results, title: &str) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "## {title}\n");
     file_ops_table(res, &mut s);
+    requests_table(res, &mut s);
+    agent_table(res, &mut s);
     creation_table(res, &mut s);
     accept_table(res, &mut s);
     many_table(res, &mut s);
@@ -105,7 +111,7 @@ pub fn markdown(res: &Results, title: &str) -> String {
 }
 
 fn file_ops_table(res: &Results, s: &mut String) {
-    let rows: [(&str, &str, Option<Goal>); 10] = [
+    let rows = [
         (
             M_FIND_FIRST,
             "first `find . -type f \\| wc -l`",
@@ -141,22 +147,70 @@ fn file_ops_table(res: &Results, s: &mut String) {
             Some(Goal::RatioMax(1.15)),
         ),
     ];
-    if res.get(M_FIND_FIRST, System::Native.name()).is_none() {
+    ratio_table(
+        res,
+        s,
+        "File operations: median; ratio to native (time ratio, lower is better; for the \
+         read, throughput ratio, higher is better)",
+        &rows,
+    );
+}
+
+fn agent_table(res: &Results, s: &mut String) {
+    let rows = [
+        (
+            M_CARGO_BUILD,
+            "clean `cargo build --offline` (anyhow, globset, serde_json)",
+            Some(Goal::RatioMax(1.3)),
+        ),
+        (
+            M_GIT_STATUS_FIRST,
+            "first `git status` in the view (1 run)",
+            None,
+        ),
+        (
+            M_GIT_STATUS,
+            "warm `git status` (the tree as a git repository)",
+            None,
+        ),
+        (
+            M_GIT_CHECKOUT,
+            "`git checkout` of a branch changing a tenth of the files",
+            Some(Goal::RatioMax(2.0)),
+        ),
+        (M_RG_FIRST, "first `rg` over the tree", None),
+        (M_RG, "warm `rg` over the tree", None),
+        (
+            M_NPM,
+            "`npm ci --offline` (4,795 files from the local cache)",
+            None,
+        ),
+    ];
+    ratio_table(
+        res,
+        s,
+        "Agent workloads: median; time ratio to native (lower is better)",
+        &rows,
+    );
+}
+
+/// One row per measure: native's median, each view's ratio to it, shade's goal.
+fn ratio_table(res: &Results, s: &mut String, heading: &str, rows: &[(&str, &str, Option<Goal>)]) {
+    if !rows
+        .iter()
+        .any(|(m, _, _)| res.get(m, System::Native.name()).is_some())
+    {
         return;
     }
     let views = [System::Shade, System::KernelOverlay, System::FuseOverlayfs];
-    let _ = writeln!(
-        s,
-        "File operations: median; ratio to native (time ratio, lower is better; for the \
-         read, throughput ratio, higher is better)\n"
-    );
+    let _ = writeln!(s, "{heading}\n");
     let _ = write!(s, "| measure | native |");
     for v in views {
         let _ = write!(s, " {} |", v.name());
     }
     let _ = writeln!(s, " target (shade) | shade |");
     let _ = writeln!(s, "|---|---|---|---|---|---|---|");
-    for (measure, label, goal) in rows {
+    for &(measure, label, goal) in rows {
         let Some(native) = res.get(measure, System::Native.name()) else {
             continue;
         };
@@ -306,4 +360,34 @@ fn many_table(res: &Results, s: &mut String) {
         goal.label(),
         mark(goal.met(None, r.stats.median))
     );
+}
+
+fn requests_table(res: &Results, s: &mut String) {
+    if res.requests.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "FUSE requests per operation (kernel tracepoint `fuse:fuse_request_send`, one run each)\n"
+    );
+    let systems: Vec<&str> = [System::Shade, System::FuseOverlayfs]
+        .iter()
+        .map(|s| s.name())
+        .filter(|name| res.requests.iter().any(|r| r.system == *name))
+        .collect();
+    let _ = writeln!(s, "| operation | {} |", systems.join(" | "));
+    let _ = writeln!(s, "|---|{}", "---|".repeat(systems.len()));
+    for op in REQUEST_OPS {
+        let cells: Vec<String> = systems
+            .iter()
+            .map(|sys| {
+                res.requests
+                    .iter()
+                    .find(|r| r.operation == op && r.system == *sys)
+                    .map_or("—".into(), |r| r.counts.describe())
+            })
+            .collect();
+        let _ = writeln!(s, "| {op} | {} |", cells.join(" | "));
+    }
+    let _ = writeln!(s);
 }

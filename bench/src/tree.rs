@@ -39,6 +39,10 @@ pub const TREE: &str = "tree";
 pub const BLOB: &str = "big/blob.bin";
 pub const CRATE: &str = "crate";
 pub const ACCEPT: &str = "accept";
+/// A git repository of the tree's files with a second branch, for `git status`/`checkout`.
+pub const REPO: &str = "repo";
+/// An npm project whose lock file `npm ci --offline` installs from the local cache.
+pub const NPM: &str = "npm";
 
 /// How big to make things.
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -82,7 +86,12 @@ impl Layout {
 
 /// Build everything under `layout.base`; the generated tree and the git repos only when
 /// branch creation is measured (`with_creation`), as they take the longest to make.
-pub fn build(layout: &Layout, sizes: &Sizes, with_creation: bool) -> Result<TreeInfo> {
+pub fn build(
+    layout: &Layout,
+    sizes: &Sizes,
+    with_creation: bool,
+    with_agent: bool,
+) -> Result<TreeInfo> {
     for d in [&layout.lower, &layout.work, &layout.state] {
         mkdir(d)?;
     }
@@ -107,6 +116,20 @@ pub fn build(layout: &Layout, sizes: &Sizes, with_creation: bool) -> Result<Tree
     mkdir(&acc)?;
     for i in 0..sizes.accept_files {
         std::fs::write(acc.join(format!("f{i:04}.txt")), source_text(i, 2048))?;
+    }
+    if with_agent {
+        eprintln!("bench: agent workloads: git repository and npm project");
+        agent_repo(&layout.lower.join(REPO), &layout.tree())?;
+        let npm = layout.lower.join(NPM);
+        mkdir(&npm)?;
+        std::fs::write(
+            npm.join("package.json"),
+            include_str!("../npm/package.json"),
+        )?;
+        std::fs::write(
+            npm.join("package-lock.json"),
+            include_str!("../npm/package-lock.json"),
+        )?;
     }
     if with_creation {
         generate(&layout.gen, sizes.gen_files)?;
@@ -321,5 +344,26 @@ fn git_repo(git_dir: &Path, work_tree: &Path) -> Result<()> {
     if !git_dir.join("HEAD").exists() {
         bail!("git repo {} not created", git_dir.display());
     }
+    Ok(())
+}
+
+/// A git repository at `dir` holding a copy of `src` on branch `main`, and a branch
+/// `other` that changes every 10th file, deletes every 97th and adds 100: what switching
+/// to a colleague's branch looks like. Left on `main`, clean.
+fn agent_repo(dir: &Path, src: &Path) -> Result<()> {
+    copy_dir(src, dir)?;
+    let git = "git -c user.name=bench -c user.email=bench@localhost";
+    sh(
+        dir,
+        &format!(
+            "git init -q -b main . && {git} add -A -f && {git} commit -q --no-verify -m main \
+             && git checkout -q -b other \
+             && git ls-files | awk 'NR % 10 == 0' | while IFS= read -r f; do echo '// changed on other' >> \"$f\"; done \
+             && git ls-files | awk 'NR % 97 == 0' | xargs -d '\\n' git rm -q -f -- \
+             && mkdir -p added && for i in $(seq 100); do echo \"// added $i\" > added/f$i.rs; done \
+             && {git} add -A -f && {git} commit -q --no-verify -m other && git checkout -q main"
+        ),
+    )
+    .with_context(|| format!("building the git repository in {}", dir.display()))?;
     Ok(())
 }
