@@ -6,7 +6,10 @@
 mod common;
 
 use common::Fixture;
+use std::collections::BTreeMap;
+use std::ffi::CString;
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -243,5 +246,233 @@ fn a_branch_unmounts_while_another_namespace_holds_a_copy() {
     println!(
         "unmount with a copy in another namespace: done; the copy says {}",
         String::from_utf8_lossy(&after.stderr).trim()
+    );
+}
+/// Everything `ls -l`, `stat` and `getfattr` show of a tree, by path.
+#[derive(Debug, PartialEq, Eq, Clone)]
+struct Seen {
+    kind: u32,
+    mode: u32,
+    nlink: u64,
+    uid: u32,
+    gid: u32,
+    /// The first path (in walk order) of the same inode: hard links name the same file.
+    same_as: PathBuf,
+    mtime: Option<(i64, i64)>,
+    target: Option<PathBuf>,
+    xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    content: Option<Vec<u8>>,
+}
+
+fn xattrs_of(p: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    let mut names = vec![0u8; 65536];
+    // SAFETY: the buffers are valid for their given lengths.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+    assert!(n >= 0, "llistxattr {}", p.display());
+    let mut out = BTreeMap::new();
+    for name in names[..n as usize]
+        .split(|b| *b == 0)
+        .filter(|n| !n.is_empty())
+    {
+        let cn = CString::new(name).unwrap();
+        let mut v = vec![0u8; 65536];
+        // SAFETY: as above.
+        let m = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+        assert!(m >= 0, "lgetxattr {}", p.display());
+        out.insert(name.to_vec(), v[..m as usize].to_vec());
+    }
+    out
+}
+
+/// The whole tree under `root`; `mtimes` says whose mtimes to keep (by relative path).
+fn seen(root: &Path, mtimes: &dyn Fn(&Path, u32) -> bool) -> BTreeMap<PathBuf, Seen> {
+    let mut out = BTreeMap::new();
+    let mut first: BTreeMap<(u64, u64), PathBuf> = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    let mut all = Vec::new();
+    while let Some(d) = stack.pop() {
+        let mut names: Vec<_> = fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        names.sort();
+        for p in names {
+            let m = fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                stack.push(p.clone());
+            }
+            all.push((p, m));
+        }
+    }
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    for (p, m) in all {
+        let rel = p.strip_prefix(root).unwrap().to_path_buf();
+        let same_as = first
+            .entry((m.dev(), m.ino()))
+            .or_insert_with(|| rel.clone())
+            .clone();
+        let kind = m.mode() & libc::S_IFMT;
+        out.insert(
+            rel.clone(),
+            Seen {
+                kind,
+                mode: m.mode() & 0o7777,
+                nlink: if m.is_dir() { 0 } else { m.nlink() },
+                uid: m.uid(),
+                gid: m.gid(),
+                same_as,
+                mtime: mtimes(&rel, kind).then(|| (m.mtime(), m.mtime_nsec())),
+                target: m
+                    .file_type()
+                    .is_symlink()
+                    .then(|| fs::read_link(&p).unwrap()),
+                xattrs: xattrs_of(&p),
+                content: m.is_file().then(|| fs::read(&p).unwrap()),
+            },
+        );
+    }
+    out
+}
+
+/// The differences between two tree views, one line each.
+fn differences(a: &BTreeMap<PathBuf, Seen>, b: &BTreeMap<PathBuf, Seen>) -> Vec<String> {
+    let mut d = Vec::new();
+    for (p, x) in a {
+        match b.get(p) {
+            None => d.push(format!("{}: only in the first", p.display())),
+            Some(y) if x != y => d.push(format!("{}: {x:?} != {y:?}", p.display())),
+            _ => {}
+        }
+    }
+    for p in b.keys().filter(|p| !a.contains_key(*p)) {
+        d.push(format!("{}: only in the second", p.display()));
+    }
+    d
+}
+
+/// Accept must carry what the branch did. The script sets times explicitly (so the plain
+/// run and the branch agree on them), makes hard links, sets and removes xattrs, changes
+/// directory modes and creates a fifo and a socket.
+#[test]
+fn accept_gives_the_tree_the_command_gives_a_plain_directory() {
+    let fx = open_fixture();
+    fx.write("a.txt", "a\n");
+    fx.write("keep.txt", "k\n");
+    fx.write("touched.txt", "t\n");
+    fx.write("attrs.txt", "x\n");
+    fx.write("dir/inner.txt", "i\n");
+    fx.write("srcdir/f1", "1\n");
+    fx.write("srcdir/sub/f2", "2\n");
+    fx.write("tight/f", "f\n");
+    let set = |p: &str, k: &str, v: &str| {
+        let c = CString::new(fx.project.join(p).as_os_str().as_bytes()).unwrap();
+        let k = CString::new(k).unwrap();
+        // SAFETY: valid C strings and buffer.
+        let r = unsafe { libc::setxattr(c.as_ptr(), k.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+        assert_eq!(r, 0, "setxattr");
+    };
+    set("attrs.txt", "user.drop", "1");
+    set("attrs.txt", "user.change", "old");
+    set("dir", "user.dir", "d");
+    let o = Command::new("touch")
+        .args(["-d", "2010-01-01 00:00:00"])
+        .arg(fx.project.join("touched.txt"))
+        .arg(fx.project.join("srcdir/f1"))
+        .arg(fx.project.join("srcdir/sub/f2"))
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    // The archive the script extracts: entries with their own old times.
+    let o = sh_in(
+        fx.tmp.path(),
+        "mkdir -p arc/pkg/deep && echo one > arc/pkg/one && echo two > arc/pkg/deep/two && \
+         touch -d '2005-05-05 05:05:05' arc/pkg/one arc/pkg/deep/two arc/pkg/deep arc/pkg && \
+         tar -C arc -cf arc.tar pkg",
+    );
+    assert!(o.status.success(), "{}", out(&o));
+    let tar = fx.tmp.path().join("arc.tar");
+    let script = format!(
+        "set -e; \
+         ln a.txt a-link.txt; echo made > new.txt; ln new.txt new-link.txt; \
+         mkdir linked && ln new.txt linked/third.txt; \
+         echo more >> a.txt; \
+         touch -d '2001-02-03 04:05:06.5' touched.txt keep.txt; \
+         cp -p srcdir/f1 copied-p.txt; cp -rp srcdir copied-dir; \
+         touch -d '2002-02-02 02:02:02' copied-dir; \
+         tar -xf {tar}; \
+         python3 -c \"import os; os.setxattr('attrs.txt','user.new',b'n'); \
+os.setxattr('attrs.txt','user.change',b'new'); os.removexattr('attrs.txt','user.drop'); \
+os.setxattr('dir','user.dir',b'changed'); os.setxattr('dir/inner.txt','user.i',b'i')\"; \
+         chmod 700 tight; chmod 1777 dir; mkdir -m 2750 made; \
+         mkfifo -m 640 pipe; \
+         python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.bind('sock')\"",
+        tar = tar.display()
+    );
+    let plain = plain_copy(&fx);
+    let p = sh_in(&plain, &script);
+    assert!(p.status.success(), "plain run: {}", out(&p));
+    // In the branch: the same script, then what the branch shows, for the mtimes check.
+    let shown_at = fx.tmp.path().join("branch-view");
+    let b = shade_run(
+        &fx,
+        &["--accept"],
+        &format!(
+            "{script}; cp -a --no-preserve=links . {v} 2>/dev/null || true; \
+             find . -printf '%P %T@ %y\\n' | sort > {v}.times",
+            v = shown_at.display()
+        ),
+    );
+    assert!(b.status.success(), "branch run: {}", out(&b));
+
+    // Times the script set explicitly agree with the plain run; every other time is now.
+    let explicit = |rel: &Path, kind: u32| {
+        let s = rel.to_string_lossy();
+        kind != libc::S_IFLNK
+            && (s == "touched.txt"
+                || s == "keep.txt"
+                || s == "copied-p.txt"
+                || s.starts_with("copied-dir")
+                || s.starts_with("pkg"))
+    };
+    let want = seen(&plain, &explicit);
+    let got = seen(&fx.project, &explicit);
+    let diff = differences(&want, &got);
+    assert!(
+        diff.is_empty(),
+        "after accept, the real tree differs from the plain run:\n{}",
+        diff.join("\n")
+    );
+
+    // And every mtime the branch showed (files and directories) is what accept left.
+    let times = fs::read_to_string(format!("{}.times", shown_at.display())).unwrap();
+    let now = String::from_utf8(
+        Command::new("find")
+            .args([".", "-printf", "%P %T@ %y\\n"])
+            .current_dir(&fx.project)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let mut now: Vec<&str> = now.lines().collect();
+    now.sort();
+    let shown: Vec<&str> = times.lines().collect();
+    let wrong: Vec<String> = shown
+        .iter()
+        .zip(&now)
+        .filter(|(a, b)| a != b && !a.starts_with(' ') && !a.ends_with(" l"))
+        .map(|(a, b)| format!("branch showed {a}, accept left {b}"))
+        .collect();
+    assert_eq!(shown.len(), now.len(), "{times}\n---\n{}", now.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "mtimes not carried:\n{}",
+        wrong.join("\n")
+    );
+    println!(
+        "fidelity: accept == plain run over {} paths (names, types, modes, owners, links, targets, xattrs, contents, explicit mtimes); all {} branch mtimes carried",
+        want.len(),
+        shown.len()
     );
 }

@@ -3,14 +3,16 @@
 
 use crate::content::read_full_at;
 use crate::fingerprint::Base;
-use crate::node::{Node, NodeKind};
+use crate::node::{DirOver, Node, NodeKind};
 use crate::overlay::Overlay;
 use crate::plan::{Perms, PlanOp};
 use crate::tree::{Entry, Tree};
 use serde::Serialize;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::OsString;
 use std::fs::File;
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 /// Kind of one change, as `git status --short` letters.
@@ -96,11 +98,18 @@ fn same_as_lower(o: &Overlay, n: &Node, lower: &Path) -> io::Result<bool> {
     let Some(st) = o.lower.stat(lower)? else {
         return Ok(false);
     };
-    let (perm, size) = {
+    let (perm, size, mtime, xattrs) = {
         let s = n.state();
-        (s.meta.perm, s.size)
+        (s.meta.perm, s.size, s.meta.mtime, s.meta.xattrs.clone())
     };
     if NodeKind::from_mode(st.st_mode) != Some(n.kind) || (st.st_mode & 0o7777) != perm {
+        return Ok(false);
+    }
+    // Times and attributes the branch set are changes too (`touch -d`, `setfattr`).
+    if n.kind != NodeKind::Symlink
+        && (mtime != crate::node::time(st.st_mtime, st.st_mtime_nsec)
+            || !same_xattrs(&xattrs, &o.lower.xattrs(lower, false)))
+    {
         return Ok(false);
     }
     match n.kind {
@@ -116,6 +125,44 @@ fn same_as_lower(o: &Overlay, n: &Node, lower: &Path) -> io::Result<bool> {
         }
         NodeKind::Symlink => Ok(o.lower.read_link(lower)? == n.target),
         _ => Ok(st.st_rdev as u32 == n.state().meta.rdev),
+    }
+}
+
+fn same_xattrs(ours: &BTreeMap<OsString, Vec<u8>>, lower: &[(OsString, Vec<u8>)]) -> bool {
+    ours.len() == lower.len() && lower.iter().all(|(k, v)| ours.get(k) == Some(v))
+}
+
+/// A directory's metadata as accept should leave it: mode, owner, times, and its
+/// attributes when they differ from `lower_xattrs` (`None`: a new directory, set all).
+fn dir_perms(d: &DirOver, lower_xattrs: Option<&[(OsString, Vec<u8>)]>) -> Perms {
+    let changed = lower_xattrs.is_none_or(|l| !same_xattrs(&d.meta.xattrs, l));
+    Perms {
+        mode: d.meta.perm,
+        uid: Some(d.meta.uid),
+        gid: Some(d.meta.gid),
+        times: Some((stamp(d.meta.atime), stamp(d.meta.mtime))),
+        xattrs: changed.then(|| xattr_list(&d.meta.xattrs)),
+    }
+}
+
+fn xattr_list(x: &BTreeMap<OsString, Vec<u8>>) -> Vec<(Vec<u8>, Vec<u8>)> {
+    x.iter()
+        .map(|(k, v)| (k.as_bytes().to_vec(), v.clone()))
+        .collect()
+}
+
+fn stamp(t: std::time::SystemTime) -> crate::plan::Timestamp {
+    match t.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => (d.as_secs() as i64, i64::from(d.subsec_nanos())),
+        Err(e) => {
+            let d = e.duration();
+            let (mut s, mut ns) = (-(d.as_secs() as i64), -i64::from(d.subsec_nanos()));
+            if ns < 0 {
+                s -= 1;
+                ns += 1_000_000_000;
+            }
+            (s, ns)
+        }
     }
 }
 
@@ -238,8 +285,10 @@ impl Overlay {
                             out.push(mk(ChangeKind::Added, None, true));
                         }
                     } else if let Base::Present(fp) = slot.base {
-                        let now = d.meta.perm;
-                        if fp.mode & 0o7777 != now {
+                        let xattrs_changed = d.lower.as_ref().is_some_and(|lp| {
+                            !same_xattrs(&d.meta.xattrs, &self.lower.xattrs(lp, false))
+                        });
+                        if fp.mode & 0o7777 != d.meta.perm || xattrs_changed {
                             out.push(mk(ChangeKind::Modified, None, true));
                         }
                     }
@@ -273,7 +322,9 @@ impl Overlay {
         // Directories to create or move into place, parent first (slot order).
         let mut structure: Vec<Placement> = Vec::new();
         let mut writes = Vec::new();
+        let mut links = Vec::new();
         let mut setperms = Vec::new();
+        let primaries = self.link_primaries(&t, include_ignored)?;
         let mut rename_sources: HashSet<PathBuf> = HashSet::new();
         // Where a lower path is in the real tree once earlier directory renames are done.
         let mut moved: Vec<(PathBuf, PathBuf)> = Vec::new();
@@ -304,11 +355,8 @@ impl Overlay {
                     }
                 }
                 Entry::Dir(d) => {
-                    let perms = Perms {
-                        mode: d.meta.perm,
-                        uid: Some(d.meta.uid),
-                        gid: Some(d.meta.gid),
-                    };
+                    let lower_xattrs = d.lower.as_ref().map(|lp| self.lower.xattrs(lp, false));
+                    let perms = dir_perms(d, lower_xattrs.as_deref());
                     if let Some(src) = moved_from(&t, path, &slot.entry) {
                         if slot.base != Base::Absent {
                             deletes.push(PlanOp::Delete {
@@ -321,14 +369,13 @@ impl Overlay {
                         structure.push(Placement::Move(moves.len()));
                         rename_sources.insert(src.clone());
                         moves.push((src, path.clone(), base_from));
-                        if d.lower_fp.is_some_and(|fp| fp.mode & 0o7777 != d.meta.perm) {
-                            setperms.push(PlanOp::SetPerms {
-                                path: path.clone(),
-                                perms,
-                                base: Base::Absent,
-                                base_at: None,
-                            });
-                        }
+                        // Mode, attributes and times as the branch shows them.
+                        setperms.push(PlanOp::SetPerms {
+                            path: path.clone(),
+                            perms,
+                            base: Base::Absent,
+                            base_at: None,
+                        });
                     } else if d.lower.is_none() {
                         if slot.base != Base::Absent {
                             deletes.push(PlanOp::Delete {
@@ -343,22 +390,26 @@ impl Overlay {
                             base: Base::Absent,
                             base_at: None,
                         }));
-                    } else if let Base::Present(fp) = slot.base {
-                        if fp.mode & 0o7777 != d.meta.perm {
-                            setperms.push(PlanOp::SetPerms {
-                                path: path.clone(),
-                                perms,
-                                base: slot.base,
-                                base_at: slot.base_at.clone(),
-                            });
-                        }
+                    } else if let Base::Present(_) = slot.base {
+                        // The branch touched it: at least its times changed with its entries.
+                        setperms.push(PlanOp::SetPerms {
+                            path: path.clone(),
+                            perms,
+                            base: slot.base,
+                            base_at: slot.base_at.clone(),
+                        });
                     }
                 }
                 Entry::Node(n) => {
                     // A renamed file is written afresh at its new path (there is no file
                     // move op), so its source's whiteout must still become a Delete: only
                     // RenameDir sources vanish by themselves.
-                    if slot.base != Base::Absent && unchanged_copy(self, &t, path, n)? {
+                    // A second name of a file the plan writes (or leaves) elsewhere: a link.
+                    let primary = primaries.get(&n.ino).filter(|p| *p != path);
+                    if primary.is_none()
+                        && slot.base != Base::Absent
+                        && unchanged_copy(self, &t, path, n)?
+                    {
                         continue;
                     }
                     let replaces_other_type = match slot.base {
@@ -379,11 +430,22 @@ impl Overlay {
                         base = Base::Absent;
                         base_at = None;
                     }
+                    if let Some(target) = primary {
+                        links.push(PlanOp::Link {
+                            path: path.clone(),
+                            target: target.clone(),
+                            base,
+                            base_at,
+                        });
+                        continue;
+                    }
                     let st = n.state();
                     let perms = Perms {
                         mode: st.meta.perm,
                         uid: Some(st.meta.uid),
                         gid: Some(st.meta.gid),
+                        times: Some((stamp(st.meta.atime), stamp(st.meta.mtime))),
+                        xattrs: Some(xattr_list(&st.meta.xattrs)),
                     };
                     match n.kind {
                         NodeKind::File => {
@@ -406,9 +468,19 @@ impl Overlay {
                             base,
                             base_at,
                         }),
-                        _ => {
-                            tracing::warn!(path = %path.display(), "special file not accepted");
-                        }
+                        kind => writes.push(PlanOp::Special {
+                            path: path.clone(),
+                            mode: match kind {
+                                NodeKind::Fifo => libc::S_IFIFO,
+                                NodeKind::Socket => libc::S_IFSOCK,
+                                NodeKind::CharDevice => libc::S_IFCHR,
+                                _ => libc::S_IFBLK,
+                            } | st.meta.perm,
+                            rdev: u64::from(st.meta.rdev),
+                            perms,
+                            base,
+                            base_at,
+                        }),
                     }
                 }
             }
@@ -472,8 +544,48 @@ impl Overlay {
             });
         }
         plan.extend(writes);
+        plan.extend(links);
         plan.extend(setperms);
         Ok(plan)
+    }
+
+    /// For every file the branch shows under more than one accepted name (hard links), the
+    /// name accept writes it at, by node inode; the other names become links to it. A name
+    /// that is still the unchanged lower file is preferred: nothing needs writing there.
+    fn link_primaries(&self, t: &Tree, include_ignored: bool) -> io::Result<HashMap<u64, PathBuf>> {
+        let mut names: HashMap<u64, Vec<&PathBuf>> = HashMap::new();
+        for (path, slot) in &t.slots {
+            if let Entry::Node(n) = &slot.entry {
+                if n.kind != NodeKind::Symlink
+                    && !path.as_os_str().is_empty()
+                    && !skipped(self, path, &slot.entry, include_ignored).0
+                {
+                    names.entry(n.ino).or_default().push(path);
+                }
+            }
+        }
+        let mut out = HashMap::new();
+        for (ino, paths) in names {
+            if paths.len() < 2 {
+                continue;
+            }
+            let mut primary = paths[0];
+            for p in &paths {
+                let unchanged = match (t.slots.get(*p), p) {
+                    (Some(slot), p) if slot.base != Base::Absent => match &slot.entry {
+                        Entry::Node(n) => unchanged_copy(self, t, p, n)?,
+                        _ => false,
+                    },
+                    _ => false,
+                };
+                if unchanged {
+                    primary = p;
+                    break;
+                }
+            }
+            out.insert(ino, primary.clone());
+        }
+        Ok(out)
     }
 
     /// A unified diff of the changes (text files; binary files are named only).

@@ -975,6 +975,12 @@ impl Filesystem for ShadeFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        // POSIX ACLs are not plain attributes: stored as such they would never change the
+        // mode bits they stand for (`cp -p` sets the mode through one). Refused as on a file
+        // system without ACLs, so tools fall back to chmod.
+        if name.as_bytes().starts_with(b"system.posix_acl_") {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
         let res = self.overlay.with_meta(ino.0, |m, _| {
             let exists = m.xattrs.contains_key(name);
             if flags & libc::XATTR_CREATE != 0 && exists {

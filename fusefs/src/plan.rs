@@ -12,14 +12,23 @@ use std::path::PathBuf;
 /// empty (the root itself is never replaced).
 pub type RelPath = PathBuf;
 
-/// Ownership and permission bits to give a created object.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A time as `stat` gives it: seconds and nanoseconds since the epoch.
+pub type Timestamp = (i64, i64);
+
+/// Ownership, permission bits, times and extended attributes to give an object, so the
+/// real tree shows what the branch showed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Perms {
     /// Permission bits (`st_mode & 0o7777`).
     pub mode: u32,
     /// Owner to set when running as root; `None` keeps the creating process's.
     pub uid: Option<u32>,
     pub gid: Option<u32>,
+    /// Access and modification times to set; `None` leaves what the write made.
+    pub times: Option<(Timestamp, Timestamp)>,
+    /// The complete set of extended attributes (names as bytes); `None` leaves them alone.
+    /// On an existing directory, `user.` and `trusted.` attributes not listed are removed.
+    pub xattrs: Option<Vec<(Vec<u8>, Vec<u8>)>>,
 }
 
 /// One step of an accept.
@@ -46,6 +55,23 @@ pub enum PlanOp {
         base: Base,
         base_at: Option<RelPath>,
     },
+    /// Make `path` one more name of the file at `target` (a hard link made in the branch).
+    /// Done after every write and placement, so `target` is the file the branch showed.
+    Link {
+        path: RelPath,
+        target: RelPath,
+        base: Base,
+        base_at: Option<RelPath>,
+    },
+    /// Create a fifo, socket or device node (`mode` includes the type bits).
+    Special {
+        path: RelPath,
+        mode: u32,
+        rdev: u64,
+        perms: Perms,
+        base: Base,
+        base_at: Option<RelPath>,
+    },
     /// Create a directory (its parent exists by then, or is created by an earlier op).
     Mkdir {
         path: RelPath,
@@ -53,7 +79,7 @@ pub enum PlanOp {
         base: Base,
         base_at: Option<RelPath>,
     },
-    /// Change the permissions of an existing directory.
+    /// Change the permissions, times or extended attributes of an existing directory.
     SetPerms {
         path: RelPath,
         perms: Perms,
@@ -82,6 +108,8 @@ impl PlanOp {
         match self {
             PlanOp::WriteFile { path, .. }
             | PlanOp::Symlink { path, .. }
+            | PlanOp::Link { path, .. }
+            | PlanOp::Special { path, .. }
             | PlanOp::Mkdir { path, .. }
             | PlanOp::SetPerms { path, .. }
             | PlanOp::Delete { path, .. } => path,
@@ -94,6 +122,8 @@ impl PlanOp {
         match self {
             PlanOp::WriteFile { base, .. }
             | PlanOp::Symlink { base, .. }
+            | PlanOp::Link { base, .. }
+            | PlanOp::Special { base, .. }
             | PlanOp::Mkdir { base, .. }
             | PlanOp::SetPerms { base, .. }
             | PlanOp::Delete { base, .. } => Some(*base),
@@ -106,6 +136,8 @@ impl PlanOp {
         match self {
             PlanOp::WriteFile { base_at, .. }
             | PlanOp::Symlink { base_at, .. }
+            | PlanOp::Link { base_at, .. }
+            | PlanOp::Special { base_at, .. }
             | PlanOp::Mkdir { base_at, .. }
             | PlanOp::SetPerms { base_at, .. }
             | PlanOp::Delete { base_at, .. } => base_at.as_ref(),

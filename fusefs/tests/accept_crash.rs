@@ -19,7 +19,7 @@ mod accept_common;
 
 use accept_common::{materialize, snapshot, Entry, Env, Snap};
 use shade_fusefs::accept::{apply, recover, AcceptOptions, KILL_AT_STEP_ENV};
-use shade_fusefs::{Base, PlanOp};
+use shade_fusefs::{Base, Perms, PlanOp};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -36,6 +36,8 @@ enum Abs {
     Mkdir(PathBuf, u32),
     Write(PathBuf, Vec<u8>, u32),
     Link(PathBuf, PathBuf),
+    /// A second name of a file written earlier in the plan.
+    HardLink(PathBuf, PathBuf),
     SetPerms(PathBuf, u32),
 }
 
@@ -149,6 +151,8 @@ fn changes() -> Vec<Abs> {
     v.push(Abs::Write(p("f2t/a"), content("f2t-a", 3), 0o644));
     v.push(Abs::Link(p("d00/l0"), p("f01")));
     v.push(Abs::Link(p("d01/lnew"), p("../d00/f00")));
+    v.push(Abs::HardLink(p("d03/hard"), p("newdir/sub/m0")));
+    v.push(Abs::HardLink(p("ren_b/hard"), p("d00/n0")));
     v.push(Abs::SetPerms(p("d02"), 0o750));
     for d in 0..20 {
         for f in 0..15 {
@@ -190,6 +194,10 @@ fn model(old: &Snap, changes: &[Abs]) -> Snap {
             }
             Abs::Link(at, t) => {
                 s.insert(at.clone(), Entry::Link(t.clone()));
+            }
+            Abs::HardLink(at, t) => {
+                let e = s.get(t).cloned().expect("hard link target in the model");
+                s.insert(at.clone(), e);
             }
         }
     }
@@ -239,7 +247,17 @@ fn plan(env: &mut Env, changes: &[Abs]) -> Vec<PlanOp> {
             },
             Abs::SetPerms(at, mode) => PlanOp::SetPerms {
                 path: at.clone(),
-                perms: accept_common::perms(*mode),
+                // Times are set last, in clean-up: a re-run must set them again.
+                perms: Perms {
+                    times: Some(((1_000_000_000, 5), (1_000_000_000, 7))),
+                    ..accept_common::perms(*mode)
+                },
+                base: base(env, &deleted, at),
+                base_at: None,
+            },
+            Abs::HardLink(at, t) => PlanOp::Link {
+                path: at.clone(),
+                target: t.clone(),
                 base: base(env, &deleted, at),
                 base_at: None,
             },

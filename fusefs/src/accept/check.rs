@@ -228,6 +228,8 @@ pub fn preflight(root: RawFd, plan: &[PlanOp], force: bool) -> Result<Vec<Guard>
                 base_to,
             } => (vec![from, to], vec![*base_from, *base_to]),
             PlanOp::WriteFile { path, base, .. }
+            | PlanOp::Link { path, base, .. }
+            | PlanOp::Special { path, base, .. }
             | PlanOp::Symlink { path, base, .. }
             | PlanOp::Mkdir { path, base, .. }
             | PlanOp::SetPerms { path, base, .. }
@@ -290,7 +292,9 @@ pub fn preflight(root: RawFd, plan: &[PlanOp], force: bool) -> Result<Vec<Guard>
         };
         guards.push(guard);
         match op {
-            PlanOp::WriteFile { path, .. } => sim.set(path, Planned::File),
+            PlanOp::WriteFile { path, .. }
+            | PlanOp::Link { path, .. }
+            | PlanOp::Special { path, .. } => sim.set(path, Planned::File),
             PlanOp::Symlink { path, .. } => sim.set(path, Planned::Link),
             PlanOp::Mkdir { path, .. } => sim.set(path, Planned::Mkdir),
             PlanOp::SetPerms { .. } => {}

@@ -70,16 +70,21 @@ impl Exec<'_> {
                 mode,
                 uid,
                 gid,
+                xattrs,
                 ..
             } => self.dir(
                 *n,
                 path.path(),
+                // Times come last (`set_dir_times`): entries placed later would move them.
                 &Perms {
                     mode: *mode,
                     uid: *uid,
                     gid: *gid,
+                    times: None,
+                    xattrs: xattrs.clone(),
                 },
             ),
+            JOp::Link { n, path, target } => self.link(*n, path.path(), target.path()),
             JOp::RenameDir {
                 n,
                 from,
@@ -135,6 +140,12 @@ impl Exec<'_> {
         let tmp = xdev_tmp_name(&self.j.id, n);
         let tmp = OsStr::new(&tmp);
         sys::remove_tree_at(parent.as_raw_fd(), tmp)?;
+        let st = sys::lstat_at(self.staging.as_raw_fd(), staged)?
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let times = Some((
+            (st.st_atime, st.st_atime_nsec),
+            (st.st_mtime, st.st_mtime_nsec),
+        ));
         if symlink {
             let target = sys::readlink_at(self.staging.as_raw_fd(), staged)?;
             sys::symlink_at(
@@ -142,15 +153,30 @@ impl Exec<'_> {
                 parent.as_raw_fd(),
                 tmp,
             )?;
+        } else if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            sys::mknod_at(parent.as_raw_fd(), tmp, st.st_mode, st.st_rdev)?;
+            let (uid, gid) = (Some(st.st_uid), Some(st.st_gid));
+            sys::chown_chmod_at(parent.as_raw_fd(), tmp, uid, gid, st.st_mode & 0o7777)?;
+            if let Some((a, m)) = times {
+                sys::set_times_at(parent.as_raw_fd(), tmp, a, m)?;
+            }
         } else {
             let mut src = sys::open_file_at(self.staging.as_raw_fd(), staged)?;
-            let st = sys::fstat(src.as_raw_fd())?;
             let mut out = sys::create_file_at(parent.as_raw_fd(), tmp, false)?;
             io::copy(&mut src, &mut out)?;
+            let xattrs = sys::list_xattrs(src.as_raw_fd())?
+                .into_iter()
+                .filter_map(|n| {
+                    let v = sys::get_xattr(src.as_raw_fd(), &n).ok()?;
+                    Some((n, v))
+                })
+                .collect();
             let perms = Perms {
                 mode: st.st_mode & 0o7777,
                 uid: Some(st.st_uid),
                 gid: Some(st.st_gid),
+                times,
+                xattrs: Some(xattrs),
             };
             stage::set_perms(&out, &perms)?;
             sys::fsync(&out)?;
@@ -179,6 +205,31 @@ impl Exec<'_> {
         }
         let d = sys::open_dir_at(parent.as_raw_fd(), &name)?;
         stage::set_perms(&d, perms)
+    }
+
+    /// Make `path` a hard link to `target`: linked under a temporary name beside `path`,
+    /// then renamed over it, so `path` is always the old or the new file.
+    fn link(&mut self, n: usize, path: &Path, target: &Path) -> io::Result<()> {
+        let (tp, tname) = open_parent(self.root.as_raw_fd(), target, false)?;
+        let tst = sys::lstat_at(tp.as_raw_fd(), &tname)?
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let (parent, name) = open_parent(self.root.as_raw_fd(), path, true)?;
+        if let Some(st) = sys::lstat_at(parent.as_raw_fd(), &name)? {
+            if st.st_dev == tst.st_dev && st.st_ino == tst.st_ino {
+                return Ok(()); // linked by an earlier run
+            }
+            if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                self.trash(parent.as_raw_fd(), &name, n)?;
+            }
+        }
+        let tmp = xdev_tmp_name(&self.j.id, n);
+        let tmp = OsStr::new(&tmp);
+        sys::remove_tree_at(parent.as_raw_fd(), tmp)?;
+        fault::step();
+        sys::link_at(tp.as_raw_fd(), &tname, parent.as_raw_fd(), tmp)?;
+        sys::rename_at(parent.as_raw_fd(), tmp, parent.as_raw_fd(), &name, false)?;
+        self.touched.insert(parent_of(path));
+        Ok(())
     }
 
     fn rename_dir(
@@ -298,9 +349,31 @@ fn clean_up(root: &OwnedFd, j: &Journal, dir: &Path) -> io::Result<()> {
     }
     fault::step();
     sys::remove_tree_at(root.as_raw_fd(), OsStr::new(&j.staging))?;
+    set_dir_times(root, j)?;
     sys::fsync(root)?;
     fault::step();
     j.remove(dir)
+}
+
+/// Give every directory the plan touched the times the branch showed, now that nothing
+/// more changes inside it (trash and staging are gone). Idempotent.
+fn set_dir_times(root: &OwnedFd, j: &Journal) -> io::Result<()> {
+    for op in j.ops.iter().rev() {
+        let JOp::Dir {
+            path,
+            times: Some((atime, mtime)),
+            ..
+        } = op
+        else {
+            continue;
+        };
+        match open_dir(root.as_raw_fd(), path.path()) {
+            Ok(fd) => sys::set_times_at(fd.as_raw_fd(), OsStr::new(""), *atime, *mtime)?,
+            Err(e) if is_gone(&e) => {}
+            Err(e) => return Err(ctx(path.path(), e)),
+        }
+    }
+    Ok(())
 }
 
 /// Undo an accept that never reached its commit point: the real tree was never touched,

@@ -7,6 +7,7 @@
 
 use super::sys;
 use crate::fingerprint::Base;
+use crate::plan::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::ffi::OsStr;
 use std::io::{self, Write};
@@ -74,7 +75,8 @@ pub enum JOp {
         path: JPath,
         symlink: bool,
     },
-    /// Make sure a directory exists at `path` with these permissions.
+    /// Make sure a directory exists at `path` with these permissions (and extended
+    /// attributes; its times are set last, once nothing else changes inside it).
     Dir {
         n: usize,
         path: JPath,
@@ -82,6 +84,17 @@ pub enum JOp {
         uid: Option<u32>,
         gid: Option<u32>,
         created: bool,
+        #[serde(default)]
+        times: Option<(Timestamp, Timestamp)>,
+        #[serde(default)]
+        xattrs: Option<Vec<(Vec<u8>, Vec<u8>)>>,
+    },
+    /// Make `path` a hard link to `target` (through a temporary name beside `path`, renamed
+    /// over it), unless it already is one.
+    Link {
+        n: usize,
+        path: JPath,
+        target: JPath,
     },
     /// Move `from` to `to` while `from` is still `base_from`; a `to` matching `base_to` is
     /// trashed first.
@@ -100,9 +113,10 @@ impl JOp {
     /// Where this op may have left trash: the parent dir of the path it replaced.
     pub fn trash_parent(&self) -> (usize, &Path) {
         match self {
-            JOp::Place { n, path, .. } | JOp::Dir { n, path, .. } | JOp::Delete { n, path, .. } => {
-                (*n, path.path())
-            }
+            JOp::Place { n, path, .. }
+            | JOp::Dir { n, path, .. }
+            | JOp::Link { n, path, .. }
+            | JOp::Delete { n, path, .. } => (*n, path.path()),
             JOp::RenameDir { n, to, .. } => (*n, to.path()),
         }
     }

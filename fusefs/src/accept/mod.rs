@@ -201,6 +201,29 @@ pub fn apply(
                         symlink: false,
                     }
                 }
+                PlanOp::Special {
+                    path,
+                    mode,
+                    rdev,
+                    perms,
+                    ..
+                } => {
+                    stage::special(&staging, n, *mode, *rdev, perms).map_err(io_err(path))?;
+                    report.written += 1;
+                    JOp::Place {
+                        n,
+                        path: JPath::new(path),
+                        symlink: false,
+                    }
+                }
+                PlanOp::Link { path, target, .. } => {
+                    report.written += 1;
+                    JOp::Link {
+                        n,
+                        path: JPath::new(path),
+                        target: JPath::new(target),
+                    }
+                }
                 PlanOp::Symlink { path, target, .. } => {
                     stage::symlink(&staging, n, target).map_err(io_err(path))?;
                     report.written += 1;
@@ -219,6 +242,8 @@ pub fn apply(
                         uid: perms.uid,
                         gid: perms.gid,
                         created,
+                        times: perms.times,
+                        xattrs: perms.xattrs.clone(),
                     }
                 }
                 PlanOp::RenameDir { from, to, .. } => {

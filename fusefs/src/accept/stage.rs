@@ -55,11 +55,45 @@ pub fn symlink(staging: &OwnedFd, n: usize, target: &Path) -> io::Result<()> {
     )
 }
 
-/// Give an open file or directory its mode (and owner, when running as root).
-pub fn set_perms(f: &impl AsRawFd, perms: &Perms) -> io::Result<()> {
-    if sys::is_root() && (perms.uid.is_some() || perms.gid.is_some()) {
-        sys::fchown(f.as_raw_fd(), perms.uid, perms.gid)?;
+/// Stage a fifo, socket or device node (`mode` with its type bits) with its owner, mode
+/// and times. A device node needs root (CAP_MKNOD): without it this fails, before the
+/// commit point, naming the path.
+pub fn special(staging: &OwnedFd, n: usize, mode: u32, rdev: u64, perms: &Perms) -> io::Result<()> {
+    fault::step();
+    let name = n.to_string();
+    let name = OsStr::new(&name);
+    sys::mknod_at(staging.as_raw_fd(), name, mode & libc::S_IFMT | 0o600, rdev)?;
+    sys::chown_chmod_at(staging.as_raw_fd(), name, perms.uid, perms.gid, perms.mode)?;
+    if let Some((atime, mtime)) = perms.times {
+        sys::set_times_at(staging.as_raw_fd(), name, atime, mtime)?;
     }
-    // chown clears setuid/setgid bits, so the mode goes last.
-    sys::fchmod(f.as_raw_fd(), perms.mode)
+    Ok(())
+}
+
+/// Give an open file or directory its owner (when running as root), mode, extended
+/// attributes and times.
+pub fn set_perms(f: &impl AsRawFd, perms: &Perms) -> io::Result<()> {
+    let fd = f.as_raw_fd();
+    if sys::is_root() && (perms.uid.is_some() || perms.gid.is_some()) {
+        sys::fchown(fd, perms.uid, perms.gid)?;
+    }
+    if let Some(want) = &perms.xattrs {
+        // Only names we may have set ourselves are removed: a file system's own
+        // attributes (security.selinux, system.*) stay.
+        for name in sys::list_xattrs(fd)? {
+            let ours = name.starts_with(b"user.") || name.starts_with(b"trusted.");
+            if ours && !want.iter().any(|(n, _)| *n == name) {
+                sys::remove_xattr(fd, &name)?;
+            }
+        }
+        for (name, value) in want {
+            sys::set_xattr(fd, name, value)?;
+        }
+    }
+    // chown clears setuid/setgid bits (and so may a file capability), so the mode goes last.
+    sys::fchmod(fd, perms.mode)?;
+    if let Some((atime, mtime)) = perms.times {
+        sys::set_times_at(fd, OsStr::new(""), atime, mtime)?;
+    }
+    Ok(())
 }

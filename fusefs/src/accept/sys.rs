@@ -92,15 +92,6 @@ pub fn lstat_at(dir: RawFd, name: &OsStr) -> io::Result<Option<libc::stat>> {
     }
 }
 
-/// `fstat` of an open fd.
-pub fn fstat(fd: RawFd) -> io::Result<libc::stat> {
-    // SAFETY: zeroed stat is a valid out buffer.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid fd and out buffer.
-    retry(|| unsafe { libc::fstat(fd, &mut st) })?;
-    Ok(st)
-}
-
 /// `mkdirat`.
 pub fn mkdir_at(dir: RawFd, name: &OsStr, mode: u32) -> io::Result<()> {
     let c = cstr(name)?;
@@ -262,4 +253,113 @@ pub fn remove_tree_at(dir: RawFd, name: &OsStr) -> io::Result<()> {
             r => r,
         }
     }
+}
+
+/// Create the fifo, socket or device node `name` in `dir` (`mode` includes the type bits).
+pub fn mknod_at(dir: RawFd, name: &OsStr, mode: u32, rdev: u64) -> io::Result<()> {
+    let c = cstr(name)?;
+    // SAFETY: valid dirfd and C string.
+    retry(|| unsafe { libc::mknodat(dir, c.as_ptr(), mode, rdev as libc::dev_t) }).map(drop)
+}
+
+/// Make `new_name` in `new_dir` one more name of `old_name` in `old_dir` (no symlink followed).
+pub fn link_at(
+    old_dir: RawFd,
+    old_name: &OsStr,
+    new_dir: RawFd,
+    new_name: &OsStr,
+) -> io::Result<()> {
+    let (o, n) = (cstr(old_name)?, cstr(new_name)?);
+    // SAFETY: valid dirfds and C strings.
+    retry(|| unsafe { libc::linkat(old_dir, o.as_ptr(), new_dir, n.as_ptr(), 0) }).map(drop)
+}
+
+/// Owner and mode of `name` in `dir` itself (a special file cannot be opened to fchmod it).
+pub fn chown_chmod_at(
+    dir: RawFd,
+    name: &OsStr,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    mode: u32,
+) -> io::Result<()> {
+    let c = cstr(name)?;
+    if is_root() && (uid.is_some() || gid.is_some()) {
+        let (u, g) = (uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX));
+        // SAFETY: valid dirfd and C string.
+        retry(|| unsafe { libc::fchownat(dir, c.as_ptr(), u, g, libc::AT_SYMLINK_NOFOLLOW) })?;
+    }
+    // SAFETY: valid dirfd and C string.
+    retry(|| unsafe { libc::fchmodat(dir, c.as_ptr(), mode, 0) }).map(drop)
+}
+
+/// Set access and modification times (`(seconds, nanoseconds)`) of `name` in `dir`, or of
+/// `dir` itself when `name` is empty; a symlink's own times, never its target's.
+pub fn set_times_at(
+    dir: RawFd,
+    name: &OsStr,
+    atime: (i64, i64),
+    mtime: (i64, i64),
+) -> io::Result<()> {
+    let ts = [
+        libc::timespec {
+            tv_sec: atime.0,
+            tv_nsec: atime.1,
+        },
+        libc::timespec {
+            tv_sec: mtime.0,
+            tv_nsec: mtime.1,
+        },
+    ];
+    if name.is_empty() {
+        // SAFETY: valid fd and a two-element timespec array.
+        return retry(|| unsafe { libc::futimens(dir, ts.as_ptr()) }).map(drop);
+    }
+    let c = cstr(name)?;
+    // SAFETY: valid dirfd, C string and a two-element timespec array.
+    retry(|| unsafe { libc::utimensat(dir, c.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) })
+        .map(drop)
+}
+
+/// Names of the extended attributes of an open file or directory.
+pub fn list_xattrs(fd: RawFd) -> io::Result<Vec<Vec<u8>>> {
+    let mut buf = vec![0u8; 64 * 1024];
+    // SAFETY: buf is valid for its length.
+    let n = retry(|| unsafe {
+        libc::flistxattr(fd, buf.as_mut_ptr().cast(), buf.len()) as libc::c_int
+    })?;
+    Ok(buf[..n as usize]
+        .split(|b| *b == 0)
+        .filter(|n| !n.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect())
+}
+
+/// Set extended attribute `name` of an open file or directory.
+pub fn set_xattr(fd: RawFd, name: &[u8], value: &[u8]) -> io::Result<()> {
+    let c = cstr(OsStr::from_bytes(name))?;
+    // SAFETY: valid fd, C string and value buffer.
+    retry(|| unsafe { libc::fsetxattr(fd, c.as_ptr(), value.as_ptr().cast(), value.len(), 0) })
+        .map(drop)
+}
+
+/// Remove extended attribute `name` of an open file or directory (absent is fine).
+pub fn remove_xattr(fd: RawFd, name: &[u8]) -> io::Result<()> {
+    let c = cstr(OsStr::from_bytes(name))?;
+    // SAFETY: valid fd and C string.
+    match retry(|| unsafe { libc::fremovexattr(fd, c.as_ptr()) }) {
+        Err(e) if e.raw_os_error() == Some(libc::ENODATA) => Ok(()),
+        r => r.map(drop),
+    }
+}
+
+/// The value of extended attribute `name` of an open file.
+pub fn get_xattr(fd: RawFd, name: &[u8]) -> io::Result<Vec<u8>> {
+    let c = cstr(OsStr::from_bytes(name))?;
+    let mut buf = vec![0u8; 64 * 1024];
+    // SAFETY: valid fd, C string and buffer of the given length.
+    let n = retry(|| unsafe {
+        libc::fgetxattr(fd, c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) as libc::c_int
+    })?;
+    buf.truncate(n as usize);
+    Ok(buf)
 }

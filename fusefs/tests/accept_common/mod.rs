@@ -145,8 +145,7 @@ impl Env {
 pub fn perms(mode: u32) -> Perms {
     Perms {
         mode,
-        uid: None,
-        gid: None,
+        ..Perms::default()
     }
 }
 
