@@ -476,3 +476,57 @@ os.setxattr('dir','user.dir',b'changed'); os.setxattr('dir/inner.txt','user.i',b
         shown.len()
     );
 }
+
+/// Poll `f` for up to 3 s: lower changes reach the kernel's caches asynchronously
+/// (inotify), within milliseconds; a stale cache entry would live 30 s.
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while !f() {
+        assert!(std::time::Instant::now() < end, "stale after 3 s: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Entries under a directory renamed in the branch read their lower originals; when the
+/// user changes those, the branch must show it as it does for unrenamed paths.
+#[test]
+fn lower_changes_show_through_a_directory_renamed_in_the_branch() {
+    let fx = open_fixture();
+    fx.write("d2/f", "v1");
+    fx.write("d2/gone", "g");
+    fx.write("d2/sub/deep", "d1");
+    let b = fx.branch();
+    let m = b.mountpoint();
+    fs::rename(m.join("d2"), m.join("d3")).unwrap();
+    // Let the kernel cache all of it: contents, sizes, listings, a negative entry.
+    assert_eq!(fs::read_to_string(m.join("d3/f")).unwrap(), "v1");
+    assert_eq!(fs::read_to_string(m.join("d3/sub/deep")).unwrap(), "d1");
+    assert_eq!(fs::read_dir(m.join("d3")).unwrap().count(), 3);
+    assert!(!m.join("d3/appeared").exists());
+    fx.write("d2/f", "v2, longer");
+    fx.write("d2/sub/deep", "d2, longer");
+    fx.write("d2/appeared", "new");
+    fs::remove_file(fx.project.join("d2/gone")).unwrap();
+    eventually("new size of a file under the renamed directory", || {
+        fs::metadata(m.join("d3/f")).unwrap().len() == 10
+    });
+    assert_eq!(fs::read_to_string(m.join("d3/f")).unwrap(), "v2, longer");
+    eventually("a file two levels under the renamed directory", || {
+        fs::read_to_string(m.join("d3/sub/deep")).unwrap() == "d2, longer"
+    });
+    eventually("a file created in lower", || m.join("d3/appeared").exists());
+    eventually("a file deleted in lower", || !m.join("d3/gone").exists());
+    eventually("the listing", || {
+        let mut names: Vec<_> = fs::read_dir(m.join("d3"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names == ["appeared", "f", "sub"]
+    });
+    assert!(
+        !m.join("d2").exists(),
+        "the old name stays gone in the branch"
+    );
+    println!("fidelity: lower changes under a directory renamed in the branch show through");
+}

@@ -229,25 +229,53 @@ fn invalidations(
 ) -> Vec<(Option<u64>, Option<OsString>, Option<u64>)> {
     let t = overlay.tree();
     let mut out = Vec::new();
-    for (dir, name) in changed {
-        if t.lower_of(dir).as_deref() != Some(dir.as_path()) {
-            continue;
-        }
-        let dir_ino = t.path_ino.get(dir).copied();
-        match name {
-            Some(n) => {
-                let child = dir.join(n);
-                if matches!(
-                    t.slots.get(&child).map(|s| &s.entry),
-                    Some(Entry::Node(_) | Entry::Whiteout)
-                ) {
-                    continue;
+    for (lower_dir, name) in changed {
+        for dir in shown_at(&t, lower_dir) {
+            let dir_ino = t.path_ino.get(&dir).copied();
+            match name {
+                Some(n) => {
+                    let child = dir.join(n);
+                    if matches!(
+                        t.slots.get(&child).map(|s| &s.entry),
+                        Some(Entry::Node(_) | Entry::Whiteout)
+                    ) {
+                        continue;
+                    }
+                    out.push((dir_ino, Some(n.clone()), t.path_ino.get(&child).copied()));
+                    out.push((None, None, dir_ino));
                 }
-                out.push((dir_ino, Some(n.clone()), t.path_ino.get(&child).copied()));
-                out.push((None, None, dir_ino));
+                None => out.push((None, None, dir_ino)),
             }
-            None => out.push((None, None, dir_ino)),
         }
     }
     out
+}
+
+/// The branch directories whose entries come from lower directory `lower_dir`: itself
+/// where the branch left it in place, or its place under a directory the branch renamed
+/// (a moved directory keeps reading its children from its old lower path).
+fn shown_at(t: &crate::tree::Tree, lower_dir: &Path) -> Vec<PathBuf> {
+    if t.lower_of(lower_dir).as_deref() == Some(lower_dir) {
+        return vec![lower_dir.to_path_buf()];
+    }
+    let mut dirs: Vec<PathBuf> = t
+        .slots
+        .iter()
+        .filter_map(|(path, slot)| {
+            let Entry::Dir(d) = &slot.entry else {
+                return None;
+            };
+            let rest = lower_dir.strip_prefix(d.lower.as_ref()?).ok()?;
+            let dir = if rest.as_os_str().is_empty() {
+                path.clone()
+            } else {
+                path.join(rest)
+            };
+            (t.lower_of(&dir).as_deref() == Some(lower_dir)).then_some(dir)
+        })
+        .collect();
+    // A moved directory and a slot below it can name the same place.
+    dirs.sort();
+    dirs.dedup();
+    dirs
 }
