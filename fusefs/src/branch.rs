@@ -261,20 +261,29 @@ impl Branch {
     /// Stop serving the mount (processes using it get errors from now on).
     pub fn unmount(&mut self) {
         if let Some(s) = self.session.take() {
+            let conn = connection_id(&self.mountpoint);
+            // Dropping the session's other parts unmounts (fuser's way, fusermount3 for
+            // a user); only the thread handle is kept, to join.
+            let guard = {
+                let s = s;
+                s.guard
+            };
             // A mount namespace made while the branch was mounted (another `shade run`,
             // any `unshare`) holds a copy of the mount that our unmount does not reach, and
-            // the kernel keeps the connection — and our FUSE threads, which the join below
-            // waits for — alive as long as that namespace lives. Detach ours, then abort the
-            // connection if anything still holds it.
-            let conn = connection_id(&self.mountpoint);
-            lazy_unmount(&self.mountpoint);
+            // the kernel keeps the connection — and our FUSE threads — alive as long as
+            // that namespace lives. Abort the connection if anything still holds it.
             if let Some(id) = conn {
                 abort_connection(id);
             }
-            if let Err(e) = s.umount_and_join() {
-                tracing::warn!("unmounting {}: {e}", self.mountpoint.display());
-                lazy_unmount(&self.mountpoint);
+            match guard.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!("serving {}: {e}", self.mountpoint.display()),
+                Err(_) => {
+                    tracing::warn!("the FUSE thread of {} panicked", self.mountpoint.display())
+                }
             }
+            // Still mounted here if it was busy (now dead): detach it.
+            lazy_unmount(&self.mountpoint);
         }
     }
 
