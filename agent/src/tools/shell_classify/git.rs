@@ -117,9 +117,13 @@ pub(super) fn check(args: &[Arg], walker: &mut Walker) -> Check {
     };
     // Arguments after the subcommand: fixed up to `--`; pathspecs after it may be dynamic.
     let mut rest: Vec<&str> = Vec::new();
+    let mut after_dashes = false;
     for a in &args[i + 1..] {
         match a.value.as_deref() {
-            Some("--") => break,
+            Some("--") => {
+                after_dashes = true;
+                break;
+            }
             Some(v) => rest.push(v),
             None => {
                 return Err(format!(
@@ -131,6 +135,17 @@ pub(super) fn check(args: &[Arg], walker: &mut Walker) -> Check {
     }
     if let Some(reason) = risky_option(sub, &rest) {
         return Err(reason);
+    }
+    // `git branch -- NAME` creates NAME: for these, what follows `--` is not a pathspec.
+    if after_dashes
+        && matches!(
+            sub,
+            "branch" | "tag" | "remote" | "config" | "worktree" | "stash"
+        )
+    {
+        return Err(format!(
+            "`git {sub} --` is not a listing form of `git {sub}`"
+        ));
     }
     match sub {
         s if PLAIN_READS.contains(&s) => Ok(()),
@@ -176,6 +191,8 @@ fn risky_option(sub: &str, rest: &[&str]) -> Option<String> {
                 "runs the textconv or filter programs of the configuration"
             } else if long_is(name, "dirty") || long_is(name, "broken") {
                 "refreshes the index, which can run configured programs"
+            } else if long_is(name, "help") {
+                "opens the manual in a pager or browser"
             } else if long_is(name, "exec") || long_is(name, "upload-pack") {
                 "runs another program"
             } else {

@@ -216,8 +216,18 @@ impl Walker<'_, '_> {
         let children: Vec<Node> = node.children(&mut cursor).collect();
         for child in children {
             if !child.is_named() {
-                if child.kind() == "&" {
-                    return Err("`&` starts a background job that outlives the command".into());
+                match child.kind() {
+                    "&" => {
+                        return Err(
+                            "`&` runs a command in the background, which this check does not allow"
+                                .into(),
+                        )
+                    }
+                    ";" | "&&" | "||" | "|" | "|&" | "\n" | "{" | "}" | "(" | ")" | "do"
+                    | "done" => {}
+                    other => {
+                        return Err(format!("`{other}` is not understood here"));
+                    }
                 }
                 continue;
             }

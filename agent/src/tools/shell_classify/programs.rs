@@ -11,7 +11,6 @@ const PLAIN: &[&str] = &[
     ":",
     "b2sum",
     "base32",
-    "base64",
     "basename",
     "break",
     "cat",
@@ -47,6 +46,7 @@ const PLAIN: &[&str] = &[
     "md5sum",
     "nl",
     "nproc",
+    "numfmt",
     "od",
     "paste",
     "pgrep",
@@ -127,6 +127,7 @@ pub(super) fn check(program: &str, shown: &str, args: &[Arg], walker: &mut Walke
         "date" => date(args),
         "file" => file(args),
         "rg" => rg(args),
+        "base64" => base64(args),
         "fd" | "fdfind" => fd(program, args),
         "less" | "more" | "most" | "man" | "vi" | "vim" | "view" | "nano" | "emacs" => Err(
             format!("`{program}` is interactive and can run shell commands from its prompt"),
@@ -495,18 +496,47 @@ fn file(args: &[Arg]) -> Check {
 }
 
 fn rg(args: &[Arg]) -> Check {
-    for a in fixed("rg", args)? {
-        if a == "--" {
-            break;
+    let args = fixed("rg", args)?;
+    let spec = OptSpec {
+        short_arg: "ABCEMTdefgjmrt",
+        short_optarg: "",
+        long_arg: &["pre", "hostname-bin"],
+    };
+    for o in options(&args, &spec) {
+        match o {
+            Opt::Long(n, _) if long_is(n, "pre") => {
+                return Err("`rg --pre` runs a program on every file it searches".into())
+            }
+            Opt::Long(n, _) if long_is(n, "hostname-bin") => {
+                return Err("`rg --hostname-bin` runs a program".into())
+            }
+            Opt::Short('z', _) => {
+                return Err("`rg -z` runs decompression programs on the files it searches".into())
+            }
+            Opt::Long(n, _) if long_is(n, "search-zip") => {
+                return Err("`rg --search-zip` runs decompression programs".into())
+            }
+            _ => {}
         }
-        if let Some(long) = a.strip_prefix("--") {
-            let name = long.split_once('=').map(|(n, _)| n).unwrap_or(long);
-            if long_is(name, "pre") {
-                return Err("`rg --pre` runs a program on every file it searches".into());
+    }
+    Ok(())
+}
+
+/// GNU `base64` only prints; BSD `base64 -o FILE` writes FILE.
+fn base64(args: &[Arg]) -> Check {
+    let args = fixed("base64", args)?;
+    let spec = OptSpec {
+        short_arg: "wio",
+        short_optarg: "",
+        long_arg: &["wrap", "input", "output"],
+    };
+    for o in options(&args, &spec) {
+        match o {
+            Opt::Short('o', _) => return Err("`base64 -o` writes to a file".into()),
+            Opt::Long(n, _) if long_is(n, "output") => {
+                return Err("`base64 --output` writes to a file".into())
             }
-            if long_is(name, "hostname-bin") {
-                return Err("`rg --hostname-bin` runs a program".into());
-            }
+            _ => {}
         }
     }
     Ok(())

@@ -11,7 +11,7 @@ pub(super) fn check(args: &[Arg]) -> Check {
     let args = fixed("sed", args)?;
     let spec = OptSpec {
         short_arg: "efl",
-        short_optarg: "i",
+        short_optarg: "iI",
         long_arg: &["expression", "file", "line-length"],
     };
     let mut scripts = Vec::new();
@@ -19,6 +19,8 @@ pub(super) fn check(args: &[Arg]) -> Check {
     for o in options(&args, &spec) {
         match o {
             Opt::Short('i', _) => return Err("`sed -i` edits files in place".into()),
+            // BSD sed's in-place flag; GNU sed rejects it, but no need to rely on that.
+            Opt::Short('I', _) => return Err("`sed -I` edits files in place".into()),
             Opt::Long(n, _) if long_is(n, "in-place") => {
                 return Err("`sed --in-place` edits files in place".into())
             }
@@ -120,10 +122,10 @@ fn address(c: &[char], mut i: usize) -> Result<usize, String> {
             }
             Ok(i)
         }
-        Some('/') => regex_flags(c, delimited(c, i + 1, '/')?),
+        Some('/') => regex_flags(c, regex_end(c, i + 1, '/')?),
         Some('\\') => {
             let delim = *c.get(i + 1).ok_or("`sed` address ends after `\\`")?;
-            regex_flags(c, delimited(c, i + 2, delim)?)
+            regex_flags(c, regex_end(c, i + 2, delim)?)
         }
         _ => Ok(i),
     }
@@ -142,7 +144,7 @@ fn substitute(c: &[char], i: usize) -> Result<usize, String> {
     if delim == '\n' || delim == '\\' {
         return Err("`sed s` delimiter is not understood".into());
     }
-    let mut i = delimited(c, i + 1, delim)?;
+    let mut i = regex_end(c, i + 1, delim)?;
     i = delimited(c, i, delim)?;
     while let Some(&f) = c.get(i) {
         match f {
@@ -155,6 +157,53 @@ fn substitute(c: &[char], i: usize) -> Result<usize, String> {
         }
     }
     Ok(i)
+}
+
+/// The index just past the `delim` that ends a regex: like [`delimited`], but a bracket
+/// expression (`[/]`, `[]/]`, `[[:alpha:]/]`) does not end at a `delim` inside it, as in GNU
+/// sed. Reading `s/[/]/…` as ending at the first `/` would misplace everything after it.
+fn regex_end(c: &[char], mut i: usize, delim: char) -> Result<usize, String> {
+    while i < c.len() {
+        match c[i] {
+            '\\' => i += 2,
+            '\n' => break,
+            '[' => {
+                i += 1;
+                if c.get(i) == Some(&'^') {
+                    i += 1;
+                }
+                if c.get(i) == Some(&']') {
+                    i += 1;
+                }
+                loop {
+                    match c.get(i) {
+                        None | Some('\n') => {
+                            return Err("`sed` script has an unterminated `[…]`".into())
+                        }
+                        Some(']') => {
+                            i += 1;
+                            break;
+                        }
+                        // `[:alpha:]`, `[.x.]`, `[=e=]` end at their own `:]`, `.]`, `=]`.
+                        Some('[') if matches!(c.get(i + 1), Some(':' | '.' | '=')) => {
+                            let kind = c[i + 1];
+                            i += 2;
+                            while i + 1 < c.len() && !(c[i] == kind && c[i + 1] == ']') {
+                                i += 1;
+                            }
+                            i += 2;
+                        }
+                        Some(_) => i += 1,
+                    }
+                }
+            }
+            ch if ch == delim => return Ok(i + 1),
+            _ => i += 1,
+        }
+    }
+    Err(format!(
+        "`sed` script has an unterminated `{delim}…{delim}`"
+    ))
 }
 
 /// The index just past the next unescaped `delim`.

@@ -176,8 +176,9 @@ fn shell_state_is_not_read_only() {
         ),
         ("f() { ls; }", "defining a function (`f`)"),
         ("function cat { rm -rf x; }; cat", "defining a function"),
-        ("ls &", "background job"),
-        ("sleep 100 & ls", "background job"),
+        ("ls &", "in the background"),
+        ("sleep 100 & ls", "in the background"),
+        ("ls ;; pwd", "`;;` is not understood here"),
         ("eval ls", "`eval` is not on the read-only list"),
         ("source x.sh", "`source` is not on the read-only list"),
         (". x.sh", "`.` is not on the read-only list"),
@@ -291,6 +292,7 @@ fn find() {
         ("find . $ACTION", "`$ACTION` is only known"),
         ("find *", "`*` is only known"),
         ("find . -name x -o -delete", "deletes"),
+        ("find . {-delete,}", "only known"),
     ]);
 }
 
@@ -309,6 +311,8 @@ fn sed() {
         "sed -ne 's/x/y/p' f",
         "sed '/^#/a\\\nappended' f",
         "sed 'i\\header' f",
+        "sed 's/[0-9]\\+/N/g; s/[^a-z]//' f",
+        "sed -n '/[/]/p' f",
     ]);
     refused(&[
         ("sed -i 's/a/b/' f", "`sed -i` edits files in place"),
@@ -317,6 +321,8 @@ fn sed() {
         ("sed 's/a/b/' -i f", "`sed -i`"),
         ("sed --in-place 's/a/b/' f", "`sed --in-place`"),
         ("sed --in-pl 's/a/b/' f", "`sed --in-place`"),
+        ("sed -I.bak 's/a/b/' f", "`sed -I` edits files in place"),
+        ("sed -nI .bak 's/a/b/' f", "`sed -I`"),
         (
             "sed -f script.sed f",
             "`sed -f` reads its script from a file",
@@ -332,6 +338,12 @@ fn sed() {
         ("sed -n p *.txt", "`*.txt` is only known"),
         ("sed 's/a/b' f", "unterminated"),
         ("sed 'k' f", "command `k` is not understood"),
+        // GNU sed reads `[/]` as a bracket: the regex ends at the third `/`, and `w` follows.
+        ("sed 's/[/]/g;s|/w out|x|' f", "`sed s///w` writes"),
+        ("sed -n '/[/]/w out' f", "command `w` writes"),
+        ("sed 's/[[:alpha:]/]/x/w out' f", "`sed s///w`"),
+        ("sed 's/[]/]/x/w out' f", "`sed s///w`"),
+        ("sed 's/[/x/' f", "unterminated"),
     ]);
 }
 
@@ -391,6 +403,10 @@ fn output_options_of_other_programs() {
         "file -b Cargo.toml",
         "rg -n 'fn main' src",
         "rg --pre-glob '*.gz' x",
+        "rg -e -z x",
+        "rg -- -z x",
+        "base64 -d f",
+        "base64 -w0 f",
         "fd -e rs",
         "fd -t x",
         "xargs",
@@ -407,6 +423,8 @@ fn output_options_of_other_programs() {
         ("sort --output=out f", "`sort --output`"),
         ("sort --out out f", "`sort --output`"),
         ("sort --compress-program=sh f", "runs another program"),
+        ("sort {-o,output} input", "only known when the command runs"),
+        ("sort -{o,} x", "only known"),
         (
             "uniq in.txt out.txt",
             "`uniq IN OUT` writes its output to `out.txt`",
@@ -424,6 +442,11 @@ fn output_options_of_other_programs() {
         ("rg --pre ./x foo", "`rg --pre` runs a program"),
         ("rg --pre=sh foo", "`rg --pre`"),
         ("rg --hostname-bin=./x foo", "`rg --hostname-bin`"),
+        ("rg -iz foo a.gz", "`rg -z` runs decompression programs"),
+        ("rg --search-zip foo", "`rg --search-zip`"),
+        ("base64 -o out in", "`base64 -o` writes"),
+        ("base64 -oout in", "`base64 -o`"),
+        ("base64 --output=out in", "`base64 --output`"),
         ("tree -R -H . ", "`tree -R`"),
         ("printf -v PATH /tmp", "`printf -v PATH`"),
         ("printf \"$fmt\" x", "only known"),
@@ -528,6 +551,13 @@ fn git() {
         ("git help log", "`git help`"),
         ("git worktree add x", "`git worktree`"),
         ("git reflog expire --all", "`git reflog`"),
+        (
+            "git branch -- --list",
+            "`git branch --` is not a listing form",
+        ),
+        ("git branch --list -- -d", "not a listing form"),
+        ("git --help commit", "`git --help`"),
+        ("git rev-parse --help", "opens the manual"),
     ]);
 }
 
@@ -735,4 +765,67 @@ fn option_parsing() {
             Opt::Operand("-o"),
         ]
     );
+}
+
+/// The classes other agents' read-only checks test, in this project's own cases.
+#[test]
+fn classes_other_agents_test() {
+    refused(&[
+        // A second command on another line (or after CR LF) is still a command.
+        ("grep -n TODO notes.md\nwget http://x/y", "`wget`"),
+        ("head README\r\nwget http://x/y", "`wget`"),
+        ("cat a\n\nrm b", "`rm`"),
+        // A quoted program name is that whole name.
+        ("'git status'", "`git status` is not on the read-only list"),
+        // Broken lists and pipelines.
+        ("cat a | | wc", "does not understand"),
+        ("&& ls", "does not understand"),
+        ("(pwd ||)", "does not understand"),
+        ("{ ; ls; }", "does not understand"),
+        // Variables glued to option values, and substitutions inside them.
+        ("rg -g\"$GLOB\" needle", "only known"),
+        ("rg -g\"$(echo x)\" needle", "command substitution"),
+        // Here-documents and here-strings feeding programs that are not allowed.
+        ("python3 <<'PY'\nprint(1)\nPY", "`python3`"),
+        (
+            "PATH=/tmp/x:$PATH cat <<'EOF'\nhi\nEOF",
+            "sets an environment variable",
+        ),
+        ("wc -l <<< \"$(rm -rf /)\"", "command substitution"),
+        // awk calling functions by name, and getline in any form.
+        ("awk 'BEGIN { f = \"sys\" \"tem\"; @f(\"id\") }'", "`@…`"),
+        ("awk '{ getline line; print line }' f", "`getline`"),
+        // sed options hidden in clusters or after `--`.
+        ("sed -e -i f", "command `-` is not understood"),
+        ("sed -- -i f", "not understood"),
+        ("sed -nEewout f", "command `w` writes"),
+        ("sed -es/a/b/e", "`sed s///e`"),
+        // Writers among ordinary readers.
+        ("uniq - copy.txt", "`uniq IN OUT`"),
+        ("uniq -- -c copy.txt", "`uniq IN OUT`"),
+        ("tree -Cofile .", "`tree -o`"),
+        ("sort --co=sh f", "runs another program"),
+        ("find . -name x -fprint0 list", "`find -fprint0`"),
+        // Forced deletes however they are spelled.
+        ("/bin/rm -fr /tmp/x", "`/bin/rm`"),
+        ("sudo rm -rf /tmp/x", "`sudo`"),
+        ("printf x | rm -rf y", "`rm`"),
+        ("if test -d d; then rm --force d; fi", "`rm`"),
+    ]);
+    read_only(&[
+        // A backslash-newline joins one command.
+        "grep -n needle \\\nnotes.md",
+        // Text inserted by sed's `i` command, not a flag.
+        "sed -einsert f",
+        // Replacement text that merely contains the letter w.
+        "sed 's/a/new text/' f",
+        "sed 's/a/;w out/' f",
+        // awk's close() releases a stream; it neither writes nor runs anything.
+        "awk '{ close(\"f\") }' f",
+        // An operand after the program is a file name, not code.
+        "awk '{ print }' 'print > x'",
+        // Escaped braces are literal.
+        "git rev-parse \\{\\{",
+        "echo '/usr'\"/\"'local'/bin",
+    ]);
 }

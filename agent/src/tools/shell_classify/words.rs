@@ -50,8 +50,15 @@ pub(super) fn is_word(kind: &str) -> bool {
 /// The static value of a word node, or `None` if it depends on the running shell
 /// (variables, globs, brace lists, `$'…'` escapes, or kinds not modelled here).
 pub(super) fn value(node: Node, src: &[u8]) -> Option<String> {
+    value_of(node, src, false)
+}
+
+/// `braces_checked`: an enclosing concatenation already looked for brace lists across its
+/// parts (a part alone, such as the `{` of `{}`, would look like one).
+fn value_of(node: Node, src: &[u8], braces_checked: bool) -> Option<String> {
     let text = node.utf8_text(src).ok()?;
     match node.kind() {
+        "word" if !braces_checked && has_brace_list(text) => None,
         "word" => unescape_word(text),
         "number" => Some(text.to_string()),
         "raw_string" => text
@@ -70,10 +77,14 @@ pub(super) fn value(node: Node, src: &[u8]) -> Option<String> {
             Some(out)
         }
         "concatenation" => {
+            // A brace list can span several word nodes (`{-o,out}`), so look at the whole.
+            if has_brace_list(text) {
+                return None;
+            }
             let mut out = String::new();
             let mut cursor = node.walk();
             for child in node.children(&mut cursor) {
-                out.push_str(&value(child, src)?);
+                out.push_str(&value_of(child, src, true)?);
             }
             Some(out)
         }
@@ -84,13 +95,6 @@ pub(super) fn value(node: Node, src: &[u8]) -> Option<String> {
 /// An unquoted word: backslashes quote the next character; glob and brace characters make
 /// the value unknown.
 fn unescape_word(text: &str) -> Option<String> {
-    // `{a,b}` and `{1..3}` expand to several words; a lone `{}` (find, xargs) does not.
-    if let Some(open) = text.find('{') {
-        let inner = &text[open..];
-        if inner.contains('}') && (inner.contains(',') || inner.contains("..")) {
-            return None;
-        }
-    }
     let mut out = String::new();
     let mut chars = text.chars();
     while let Some(c) = chars.next() {
@@ -104,6 +108,12 @@ fn unescape_word(text: &str) -> Option<String> {
         }
     }
     Some(out)
+}
+
+/// `{a,b}` and `{1..3}` expand to several words; an empty `{}` (find, xargs) does not. Any
+/// other `{` counts as a possible brace list, quoted or not: erring towards "unknown".
+fn has_brace_list(text: &str) -> bool {
+    text.replace("\\{", "").replace("{}", "").contains('{')
 }
 
 /// Inside double quotes a backslash only quotes `$`, `` ` ``, `"`, `\` and a newline.
