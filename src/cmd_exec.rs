@@ -172,7 +172,7 @@ async fn run(args: ExecArgs) -> i32 {
     let mut conversation = agent.start_conversation(&args.prompt);
     let status = match agent.run(&mut conversation, &sink, &cancel).await {
         Ok(outcome) => match outcome.stop {
-            StopReason::Completed => 0,
+            StopReason::Completed | StopReason::Boundary => 0,
             StopReason::TurnLimit => TURN_LIMIT,
             StopReason::Cancelled => INTERRUPTED,
             StopReason::Error => exit::SHADE_ERROR,
@@ -209,13 +209,13 @@ fn print_json(e: AgentEvent) {
 
 /// Readable transcript: answer text as it streams, one line per tool call, notices on stderr.
 #[derive(Default)]
-struct Renderer {
+pub(crate) struct Renderer {
     /// The last thing written to stdout did not end with a newline.
     mid_line: bool,
 }
 
 impl Renderer {
-    fn line(&mut self, s: &str) {
+    pub(crate) fn line(&mut self, s: &str) {
         let mut out = std::io::stdout().lock();
         if self.mid_line {
             let _ = writeln!(out);
@@ -225,7 +225,7 @@ impl Renderer {
         let _ = out.flush();
     }
 
-    fn end_line(&mut self) {
+    pub(crate) fn end_line(&mut self) {
         if self.mid_line {
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out);
@@ -234,7 +234,7 @@ impl Renderer {
         }
     }
 
-    fn render(&mut self, e: &AgentEvent) {
+    pub(crate) fn render(&mut self, e: &AgentEvent) {
         match e {
             AgentEvent::TextDelta { text } => {
                 let mut out = std::io::stdout().lock();

@@ -16,6 +16,9 @@ pub enum StopReason {
     Cancelled,
     /// A model call failed for good.
     Error,
+    /// A call gate (speculation) stopped the run before a call it may not make; the calls
+    /// before it ran and have their results.
+    Boundary,
 }
 
 /// One event of a run.

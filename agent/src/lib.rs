@@ -35,6 +35,7 @@
 
 pub mod approval;
 pub mod background;
+pub mod compact;
 pub mod events;
 pub mod followup;
 pub mod lint;
@@ -46,6 +47,8 @@ pub mod workspace;
 
 pub use approval::{ApprovalMode, Approver};
 pub use events::{AgentEvent, StopReason};
-pub use query_loop::{Agent, AgentError, AgentOptions, EventSink, RunOutcome};
+pub use query_loop::{
+    Agent, AgentError, AgentOptions, Boundary, CallGate, EventSink, GateCall, RunOutcome,
+};
 pub use tools::{ToolContext, ToolRegistry};
 pub use workspace::Workspace;

@@ -42,11 +42,51 @@ impl Default for AgentOptions {
     }
 }
 
+/// Decides, call by call, whether a run may go on: the speculation engine's tool gate. A
+/// call the gate refuses is a *boundary*: the run stops before it, keeping the calls of the
+/// same reply that came before it (by position) with their results, and dropping it and
+/// every call after it.
+pub trait CallGate: Send + Sync {
+    /// `None`: the call may run; `Some(reason)`: stop here (`reason` names the boundary, e.g.
+    /// `web_fetch` or `shell: curl …`).
+    fn check(&self, call: &GateCall<'_>) -> Option<String>;
+
+    /// Stop (as a boundary) once the run has added this many messages.
+    fn message_limit(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// What a gate sees of one call.
+pub struct GateCall<'a> {
+    /// Tool name as the model wrote it.
+    pub name: &'a str,
+    /// The tool, if it exists.
+    pub tool: Option<&'a Arc<dyn Tool>>,
+    /// Parsed arguments (`None` when not valid JSON).
+    pub args: Option<&'a Value>,
+    /// The tool's verdict on these arguments.
+    pub read_only: bool,
+    /// The context the call would run in.
+    pub ctx: &'a ToolContext,
+}
+
+/// Where and why a gated run stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Boundary {
+    /// The gate's reason.
+    pub reason: String,
+    /// Calls of the last reply that ran before it.
+    pub kept_calls: usize,
+}
+
 /// How a run ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunOutcome {
     /// Why it stopped.
     pub stop: StopReason,
+    /// Set when `stop` is `Boundary`.
+    pub boundary: Option<Boundary>,
     /// Model calls made.
     pub turns: u32,
     /// The last assistant text.
@@ -71,6 +111,9 @@ pub struct Agent {
     ctx: ToolContext,
     approver: Arc<dyn Approver>,
     options: AgentOptions,
+    /// Internal prompt id of a background agent (speculation): its requests are tagged as
+    /// background work (thinking off, kept out of the main cassette, counted apart).
+    request_tag: Option<String>,
 }
 
 struct Planned {
@@ -104,6 +147,7 @@ impl Agent {
             ctx,
             approver,
             options,
+            request_tag: None,
         }
     }
 
@@ -115,6 +159,32 @@ impl Agent {
     /// The options in use.
     pub fn options(&self) -> &AgentOptions {
         &self.options
+    }
+
+    /// Switch the conversation's model (`/model NAME`); later turns use it.
+    pub fn set_model(&mut self, model: impl Into<String>) {
+        self.options.model = model.into();
+    }
+
+    /// Model calls per run at most.
+    pub fn set_max_turns(&mut self, turns: u32) {
+        self.options.max_turns = turns;
+    }
+
+    /// Make this agent background work: its requests carry `prompt_id` (see
+    /// [`crate::background::prompt_id`]) and ask for thinking off.
+    pub fn tag_requests(&mut self, prompt_id: &str) {
+        self.request_tag = Some(prompt_id.to_string());
+    }
+
+    /// Switch the approval mode (`/approval MODE`).
+    pub fn set_approval(&mut self, mode: ApprovalMode) {
+        self.options.approval = mode;
+    }
+
+    /// The tool specs offered to the model, in the order sent (part of the cacheable prefix).
+    pub fn tool_specs(&self) -> Vec<crate::llm::ToolSpec> {
+        self.tools.specs()
     }
 
     /// The same agent (provider, tools, model, memory paths) working in another workspace —
@@ -155,7 +225,20 @@ impl Agent {
         events: &EventSink,
         cancel: &CancellationToken,
     ) -> Result<RunOutcome, AgentError> {
+        self.run_gated(conversation, events, cancel, None).await
+    }
+
+    /// [`Agent::run`] with a [`CallGate`] deciding each call before approval; stops with
+    /// `StopReason::Boundary` at the first call the gate refuses.
+    pub async fn run_gated(
+        &self,
+        conversation: &mut Vec<Message>,
+        events: &EventSink,
+        cancel: &CancellationToken,
+        gate: Option<&dyn CallGate>,
+    ) -> Result<RunOutcome, AgentError> {
         let specs = self.tools.specs();
+        let start_len = conversation.len();
         let mut usage = Usage::default();
         let mut final_text = String::new();
         let mut turns = 0;
@@ -163,17 +246,21 @@ impl Agent {
         // model instead of failing over again on every call.
         let mut model = self.options.model.clone();
         let switched: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
-        let finish = |stop, turns, final_text: String, usage: Usage| {
+        let finish_at = |stop, boundary, turns, final_text: String, usage: Usage| {
             events(AgentEvent::Done {
                 reason: stop,
                 turns,
             });
             Ok(RunOutcome {
                 stop,
+                boundary,
                 turns,
                 final_text,
                 usage,
             })
+        };
+        let finish = |stop, turns, final_text: String, usage: Usage| {
+            finish_at(stop, None, turns, final_text, usage)
         };
         loop {
             if cancel.is_cancelled() {
@@ -199,8 +286,8 @@ impl Agent {
                 tools: specs.clone(),
                 temperature: self.options.temperature,
                 max_tokens: None,
-                background: false,
-                prompt_id: None,
+                background: self.request_tag.is_some(),
+                prompt_id: self.request_tag.clone(),
             };
             let sink = |e: LlmEvent| match e {
                 LlmEvent::Text(text) => events(AgentEvent::TextDelta { text }),
@@ -252,10 +339,46 @@ impl Agent {
                 });
             }
             final_text = completion.text.clone();
-            conversation.push(Message::Assistant {
-                content: completion.text.clone(),
-                tool_calls: completion.tool_calls.clone(),
-            });
+            // The gate decides before anything runs: the calls up to the first refused one
+            // run, the rest are dropped from the reply (by position: names repeat).
+            let mut calls = completion.tool_calls.clone();
+            let mut boundary = None;
+            if let Some(gate) = gate {
+                let over_limit = gate
+                    .message_limit()
+                    .is_some_and(|max| conversation.len() + 1 + calls.len() - start_len > max);
+                let refused = if over_limit {
+                    Some((0, "message_limit".to_string()))
+                } else {
+                    calls.iter().enumerate().find_map(|(i, c)| {
+                        let p = self.plan(c);
+                        gate.check(&GateCall {
+                            name: &c.name,
+                            tool: p.tool.as_ref(),
+                            args: p.args.as_ref().ok(),
+                            read_only: p.read_only,
+                            ctx: &self.ctx,
+                        })
+                        .map(|reason| (i, reason))
+                    })
+                };
+                if let Some((i, reason)) = refused {
+                    calls.truncate(i);
+                    boundary = Some(Boundary {
+                        reason,
+                        kept_calls: i,
+                    });
+                }
+            }
+            if !(completion.text.is_empty() && calls.is_empty() && boundary.is_some()) {
+                conversation.push(Message::Assistant {
+                    content: completion.text.clone(),
+                    tool_calls: calls.clone(),
+                });
+            }
+            if calls.is_empty() && boundary.is_some() {
+                return finish_at(StopReason::Boundary, boundary, turns, final_text, usage);
+            }
             if completion.tool_calls.is_empty() {
                 if completion.finish_reason == FinishReason::Length {
                     events(AgentEvent::Error {
@@ -264,12 +387,15 @@ impl Agent {
                 }
                 return finish(StopReason::Completed, turns, final_text, usage);
             }
-            let results = self.run_tools(&completion.tool_calls, events, cancel).await;
-            for (call, outcome) in completion.tool_calls.iter().zip(results) {
+            let results = self.run_tools(&calls, events, cancel).await;
+            for (call, outcome) in calls.iter().zip(results) {
                 conversation.push(Message::Tool {
                     tool_call_id: call.id.clone(),
                     content: outcome.content,
                 });
+            }
+            if boundary.is_some() {
+                return finish_at(StopReason::Boundary, boundary, turns, final_text, usage);
             }
         }
     }

@@ -983,3 +983,104 @@ async fn after_a_model_switch_later_turns_stay_on_the_new_model() {
         .iter()
         .any(|e| matches!(e, AgentEvent::TurnStart { turn: 2, model } if model == "big")));
 }
+
+// ---------- call gates (speculation boundaries) ----------
+
+/// Refuses web_fetch and any call to a tool named in `refuse`.
+struct RefuseFetch;
+
+impl shade_agent::CallGate for RefuseFetch {
+    fn check(&self, call: &shade_agent::GateCall<'_>) -> Option<String> {
+        (call.name == "web_fetch").then(|| "web_fetch".to_string())
+    }
+}
+
+#[tokio::test]
+async fn a_gate_keeps_the_calls_before_the_boundary_by_position_and_strips_the_rest() {
+    let dir = project();
+    let provider = Scripted2::new(vec![
+        calls(&[("c1", "read_file", r#"{"path":"add.sh"}"#)]),
+        Completion {
+            text: "Reading again, then fetching docs.".into(),
+            ..calls(&[
+                ("c2", "read_file", r#"{"path":"add.sh"}"#),
+                ("c3", "web_fetch", r#"{"url":"http://example.com"}"#),
+                ("c4", "read_file", r#"{"path":"test.sh"}"#),
+            ])
+        },
+    ]);
+    let agent = agent(
+        dir.path(),
+        provider.clone(),
+        ApprovalMode::Yolo,
+        ToolRegistry::standard(),
+    );
+    let (sink, events) = collector();
+    let mut conv = agent.start_conversation("look around");
+    let out = agent
+        .run_gated(
+            &mut conv,
+            &sink,
+            &CancellationToken::new(),
+            Some(&RefuseFetch),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.stop, StopReason::Boundary);
+    let b = out.boundary.unwrap();
+    assert_eq!((b.reason.as_str(), b.kept_calls), ("web_fetch", 1));
+    assert_well_formed(&conv);
+    // The last reply keeps its text and only the call before the boundary (c2), with its
+    // result; c3 and c4 never ran.
+    let Message::Assistant {
+        content,
+        tool_calls,
+    } = &conv[conv.len() - 2]
+    else {
+        panic!("expected the trimmed reply, got {:?}", conv[conv.len() - 2]);
+    };
+    assert_eq!(content, "Reading again, then fetching docs.");
+    assert_eq!(tool_calls.len(), 1);
+    assert_eq!(tool_calls[0].id, "c2");
+    assert!(
+        matches!(conv.last(), Some(Message::Tool { tool_call_id, .. }) if tool_call_id == "c2")
+    );
+    let ran: Vec<String> = tool_ends(&events.lock().unwrap())
+        .into_iter()
+        .map(|(n, ..)| n)
+        .collect();
+    assert_eq!(ran, vec!["read_file", "read_file"]);
+}
+
+#[tokio::test]
+async fn a_boundary_on_the_first_call_keeps_only_the_text() {
+    let dir = project();
+    let provider = Scripted2::new(vec![Completion {
+        text: "Let me check the docs.".into(),
+        ..calls(&[("c1", "web_fetch", r#"{"url":"http://example.com"}"#)])
+    }]);
+    let agent = agent(
+        dir.path(),
+        provider,
+        ApprovalMode::Yolo,
+        ToolRegistry::standard(),
+    );
+    let (sink, _events) = collector();
+    let mut conv = agent.start_conversation("docs?");
+    let out = agent
+        .run_gated(
+            &mut conv,
+            &sink,
+            &CancellationToken::new(),
+            Some(&RefuseFetch),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.stop, StopReason::Boundary);
+    assert_eq!(out.boundary.unwrap().kept_calls, 0);
+    assert!(
+        matches!(conv.last(), Some(Message::Assistant { content, tool_calls })
+        if content == "Let me check the docs." && tool_calls.is_empty())
+    );
+    assert_well_formed(&conv);
+}

@@ -50,6 +50,11 @@ pub struct LlmConfig {
     pub idle_timeout: Duration,
     /// How to disable thinking.
     pub thinking_param: ThinkingParam,
+    /// The main model's context window in tokens: `shade chat` compacts older turns when a
+    /// request's prompt passes `compact_threshold` of it.
+    pub context_window: u64,
+    /// Fraction of the context window that triggers compaction.
+    pub compact_threshold: f64,
 }
 
 impl Default for LlmConfig {
@@ -67,6 +72,8 @@ impl Default for LlmConfig {
             max_delay: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(120),
             thinking_param: ThinkingParam::Auto,
+            context_window: 128_000,
+            compact_threshold: 0.8,
         }
     }
 }
@@ -107,6 +114,10 @@ pub struct FileConfig {
     pub telemetry: Option<bool>,
     /// The `[lint]` section (checkers, language servers, the post-edit budget).
     pub lint: Option<crate::lint::LintConfig>,
+    /// See `LlmConfig::context_window`.
+    pub context_window: Option<u64>,
+    /// See `LlmConfig::compact_threshold`.
+    pub compact_threshold: Option<f64>,
 }
 
 /// Values given on the command line; they win over everything else.
@@ -169,6 +180,8 @@ impl LlmConfig {
             f.idle_timeout_secs.map(Duration::from_secs),
         );
         set(&mut self.thinking_param, f.thinking_param);
+        set(&mut self.context_window, f.context_window);
+        set(&mut self.compact_threshold, f.compact_threshold);
     }
 
     /// Merge environment variables (`get` abstracts `std::env` for tests).
