@@ -287,6 +287,20 @@ impl Branch {
         }
     }
 
+    /// Would [`Branch::accept`] be refused now (conflicts, unsafe paths)? Writes nothing and
+    /// keeps the branch mounted, so an interactive caller can report and let the user decide.
+    /// (The accept checks again: the project may change in between.)
+    pub fn check_accept(&self, flags: AcceptFlags) -> Result<(), AcceptError> {
+        let plan = self
+            .overlay
+            .plan(flags.include_ignored)
+            .map_err(|source| AcceptError::Io {
+                path: self.project.clone(),
+                source,
+            })?;
+        accept::check_plan(&self.project, &plan, flags.force)
+    }
+
     /// Apply the branch's changes to the project: all or nothing, conflict-checked.
     /// The branch is unmounted first so nothing changes under the accept.
     pub fn accept(mut self, flags: AcceptFlags) -> Result<AcceptReport, AcceptError> {

@@ -145,6 +145,15 @@ fn new_id() -> String {
     format!("{:x}-{:x}", std::process::id(), nanos)
 }
 
+/// Would [`apply`] refuse `plan` now? The same validation and conflict check, writing
+/// nothing: a caller that keeps its branch on a refusal (an interactive session) asks first.
+pub fn check_plan(root: &Path, plan: &[PlanOp], force: bool) -> Result<(), AcceptError> {
+    check::validate(plan)?;
+    let root = std::fs::canonicalize(root).map_err(io_err(root))?;
+    let root_fd = sys::open_dir_path(&root).map_err(io_err(&root))?;
+    check::preflight(root_fd.as_raw_fd(), plan, force).map(|_| ())
+}
+
 /// Apply `plan` (in the given order) to the project at `root`, all or nothing.
 ///
 /// Refusals (`Unsafe`, `Conflicts`) and failures before the commit point leave the project
