@@ -35,13 +35,14 @@ pub struct LlmSetup {
     /// Background calls (fast model, thinking off, prompt ids).
     pub background: BackgroundLlm,
     /// Tokens per model, background apart.
-    #[allow(dead_code)] // read by `shade chat`'s /stats, which lands next
     pub stats: TokenStats,
+    /// The settings in force (defaults when replaying a cassette).
+    pub config: LlmConfig,
 }
 
 /// Build the provider chosen by `--llm` (and `--record`).
 pub fn setup(choice: &LlmChoice) -> anyhow::Result<LlmSetup> {
-    let (raw, model, fast): (Arc<dyn LlmProvider>, String, String) =
+    let (raw, model, fast, config): (Arc<dyn LlmProvider>, String, String, LlmConfig) =
         if let Some(file) = choice.llm.strip_prefix("replay:") {
             if choice.record.is_some() {
                 anyhow::bail!("--record cannot be combined with --llm replay:");
@@ -49,7 +50,7 @@ pub fn setup(choice: &LlmChoice) -> anyhow::Result<LlmSetup> {
             let replay = ReplayProvider::open(Path::new(file))?;
             let model = choice.model.clone().unwrap_or_else(|| "replay".to_string());
             let fast = choice.fast_model.clone().unwrap_or_else(|| model.clone());
-            (Arc::new(replay), model, fast)
+            (Arc::new(replay), model, fast, LlmConfig::default())
         } else if choice.llm == "openai" {
             let config = LlmConfig::load(&Overrides {
                 base_url: choice.base_url.clone(),
@@ -59,12 +60,12 @@ pub fn setup(choice: &LlmChoice) -> anyhow::Result<LlmSetup> {
             })?;
             let model = config.main_model()?.to_string();
             let fast = config.background_model()?.to_string();
-            let client = OpenAiClient::new(config)?;
+            let client = OpenAiClient::new(config.clone())?;
             let provider: Arc<dyn LlmProvider> = match &choice.record {
                 Some(path) => Arc::new(RecordingProvider::create(client, path)?),
                 None => Arc::new(client),
             };
-            (provider, model, fast)
+            (provider, model, fast, config)
         } else {
             anyhow::bail!(
                 "unknown --llm `{}` (expected `openai` or `replay:FILE`)",
@@ -78,5 +79,6 @@ pub fn setup(choice: &LlmChoice) -> anyhow::Result<LlmSetup> {
         provider,
         model,
         stats,
+        config,
     })
 }

@@ -2,6 +2,7 @@
 //!
 //! A thin CLI over the `shade-fusefs` (overlay) and `shade-agent` (LLM agent) libraries.
 
+mod chat;
 mod cmd_check;
 mod cmd_exec;
 mod cmd_lint;
@@ -32,6 +33,8 @@ enum Command {
     Exec(cmd_exec::ExecArgs),
     /// Check an edit (unified diff) in a branch and print the diagnostics it introduced.
     Lint(cmd_lint::LintArgs),
+    /// Interactive agent session with next-input suggestions (reads stdin without a terminal).
+    Chat(chat::ChatArgs),
     /// Finish interrupted accepts from their journals and clean up stale branches and mounts.
     Recover(cmd_recover::RecoverArgs),
     /// Say whether the agent treats a shell command as read-only, and if not, why.
@@ -46,6 +49,7 @@ fn main() {
         Command::Run(args) => cmd_run::main(args),
         Command::Exec(args) => cmd_exec::main(args),
         Command::Lint(args) => cmd_lint::main(args),
+        Command::Chat(args) => chat::main(args),
         Command::Recover(args) => cmd_recover::main(args),
         Command::Check(args) => cmd_check::main(args),
     };

@@ -123,3 +123,5 @@ pub fn assert_no_shade_mounts(state: &StateDir) {
     let left: Vec<&str> = mounts.lines().filter(|l| l.contains(&root)).collect();
     assert!(left.is_empty(), "mounts left behind: {left:#?}");
 }
+pub mod chat;
+pub mod tty;

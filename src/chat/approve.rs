@@ -1,0 +1,168 @@
+//! Inline approvals in the chat: the diff an edit would make, then one key — y (yes), n or Esc
+//! (no), a (always, for this tool, for the rest of the session). Ctrl-C cancels the turn.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crossterm::event::{self, Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use shade_agent::approval::{Answer, ApprovalRequest, Approver};
+use shade_agent::llm::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+/// Asks on the terminal; remembers "always" per tool.
+#[derive(Default)]
+pub(crate) struct ChatApprover {
+    always: Mutex<HashSet<String>>,
+    /// The running turn's token: Ctrl-C at the question cancels the turn.
+    turn: Mutex<Option<CancellationToken>>,
+}
+
+impl ChatApprover {
+    /// Called when a turn starts.
+    pub fn set_turn(&self, cancel: CancellationToken) {
+        if let Ok(mut t) = self.turn.lock() {
+            *t = Some(cancel);
+        }
+    }
+
+    fn turn(&self) -> CancellationToken {
+        self.turn
+            .lock()
+            .ok()
+            .and_then(|t| t.clone())
+            .unwrap_or_default()
+    }
+
+    /// Has the user said "always" for this tool?
+    fn always_allows(&self, tool: &str) -> bool {
+        self.always.lock().is_ok_and(|a| a.contains(tool))
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Yes,
+    No,
+    Always,
+    Cancel,
+}
+
+impl Approver for ChatApprover {
+    fn ask<'a>(&'a self, request: ApprovalRequest<'a>) -> BoxFuture<'a, Answer> {
+        let tool = request.tool.to_string();
+        if self.always_allows(&tool) {
+            return Box::pin(async { Answer::Yes });
+        }
+        let mut question = String::new();
+        if let Some(diff) = request.preview {
+            question.push_str(&colour_diff(diff));
+            if !diff.ends_with('\n') {
+                question.push('\n');
+            }
+        }
+        question.push_str(&format!(
+            "\x1b[1mallow the agent to {}?\x1b[0m [y]es / [n]o / [a]lways for {tool} ",
+            request.what
+        ));
+        let cancel = self.turn();
+        Box::pin(async move {
+            let waiter = cancel.clone();
+            let key = tokio::task::spawn_blocking(move || read_key(&question, &waiter))
+                .await
+                .unwrap_or(Key::No);
+            match key {
+                Key::Yes => Answer::Yes,
+                Key::Always => {
+                    if let Ok(mut a) = self.always.lock() {
+                        a.insert(tool);
+                    }
+                    Answer::Yes
+                }
+                Key::No => Answer::No(
+                    "The user declined this tool call. Do not retry it; ask or continue without it."
+                        .into(),
+                ),
+                Key::Cancel => {
+                    cancel.cancel();
+                    Answer::No("The user cancelled the turn.".into())
+                }
+            }
+        })
+    }
+}
+
+/// Ask a yes/no question about `shown` (a changeset and diff) outside a turn.
+#[allow(dead_code)] // used by speculation's accept, next
+pub(crate) fn confirm(shown: &str, what: &str) -> bool {
+    let question = format!("{}\x1b[1m{what}?\x1b[0m [y]es / [n]o ", colour_diff(shown));
+    matches!(
+        read_key(&question, &CancellationToken::new()),
+        Key::Yes | Key::Always
+    )
+}
+
+/// Show the question and wait for one of the answer keys (raw mode, so no Enter needed).
+fn read_key(question: &str, cancel: &CancellationToken) -> Key {
+    let mut err = std::io::stderr();
+    let _ = write!(err, "\n{question}");
+    let _ = err.flush();
+    if crossterm::terminal::enable_raw_mode().is_err() {
+        return Key::No;
+    }
+    let key = loop {
+        if cancel.is_cancelled() {
+            break Key::Cancel;
+        }
+        match event::poll(Duration::from_millis(50)) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(_) => break Key::No,
+        }
+        let Ok(Event::Key(KeyEvent {
+            code,
+            modifiers,
+            kind: KeyEventKind::Press,
+            ..
+        })) = event::read()
+        else {
+            continue;
+        };
+        match (code, modifiers) {
+            (KeyCode::Char('c'), KeyModifiers::CONTROL) => break Key::Cancel,
+            (KeyCode::Char('y' | 'Y'), _) => break Key::Yes,
+            (KeyCode::Char('a' | 'A'), _) => break Key::Always,
+            (KeyCode::Char('n' | 'N'), _) | (KeyCode::Esc, _) => break Key::No,
+            _ => {}
+        }
+    };
+    let _ = crossterm::terminal::disable_raw_mode();
+    let word = match key {
+        Key::Yes => "yes",
+        Key::No => "no",
+        Key::Always => "always",
+        Key::Cancel => "cancelled",
+    };
+    let _ = writeln!(err, "{word}");
+    key
+}
+
+/// Red removals, green additions, like `git diff` on a terminal.
+fn colour_diff(diff: &str) -> String {
+    diff.lines()
+        .map(|l| {
+            if l.starts_with("+++") || l.starts_with("---") {
+                format!("\x1b[1m{l}\x1b[0m\n")
+            } else if l.starts_with('+') {
+                format!("\x1b[32m{l}\x1b[0m\n")
+            } else if l.starts_with('-') {
+                format!("\x1b[31m{l}\x1b[0m\n")
+            } else if l.starts_with("@@") {
+                format!("\x1b[36m{l}\x1b[0m\n")
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect()
+}

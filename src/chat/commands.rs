@@ -1,0 +1,211 @@
+//! Slash commands: parsing, help, and the list the completer offers.
+
+use shade_agent::approval::ApprovalMode;
+
+/// Every command with a one-line description (for /help and completion).
+pub(crate) const COMMANDS: &[(&str, &str)] = &[
+    ("/help", "list the commands and keys"),
+    (
+        "/model",
+        "show the model, or switch: /model NAME; the fast model: /model --fast [NAME]",
+    ),
+    (
+        "/approval",
+        "show the approval mode, or switch: /approval default|auto-edit|yolo|plan",
+    ),
+    ("/compact", "summarise older turns into one message now"),
+    ("/clear", "start a new conversation"),
+    (
+        "/stats",
+        "tokens per model, cached tokens, background work counted apart",
+    ),
+    ("/exit", "leave (also Ctrl-D)"),
+];
+
+/// A parsed command line.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Command {
+    Help,
+    Model { fast: bool, name: Option<String> },
+    Approval(Option<ApprovalMode>),
+    Compact,
+    Clear,
+    Stats,
+    Exit,
+}
+
+/// Parse a line that starts with `/`; the error is the message to show.
+pub(crate) fn parse(line: &str) -> Result<Command, String> {
+    let mut words = line.split_whitespace();
+    let name = words.next().unwrap_or("");
+    let rest: Vec<&str> = words.collect();
+    let no_args = |c: Command| {
+        if rest.is_empty() {
+            Ok(c)
+        } else {
+            Err(format!("{name} takes no arguments"))
+        }
+    };
+    match name {
+        "/help" | "/?" => no_args(Command::Help),
+        "/model" => {
+            let (fast, args) = match rest.first() {
+                Some(&"--fast") => (true, &rest[1..]),
+                _ => (false, &rest[..]),
+            };
+            match args {
+                [] => Ok(Command::Model { fast, name: None }),
+                [m] => Ok(Command::Model {
+                    fast,
+                    name: Some(m.to_string()),
+                }),
+                _ => Err("usage: /model [--fast] [NAME]".into()),
+            }
+        }
+        "/approval" => match rest.as_slice() {
+            [] => Ok(Command::Approval(None)),
+            [m] => m.parse().map(|m| Command::Approval(Some(m))),
+            _ => Err("usage: /approval [default|auto-edit|yolo|plan]".into()),
+        },
+        "/compact" => no_args(Command::Compact),
+        "/clear" => no_args(Command::Clear),
+        "/stats" => no_args(Command::Stats),
+        "/exit" | "/quit" => no_args(Command::Exit),
+        other => Err(format!("unknown command {other} (try /help)")),
+    }
+}
+
+/// The /help text.
+pub(crate) fn help() -> String {
+    let mut s = String::from("Commands:\n");
+    for (c, d) in COMMANDS {
+        s.push_str(&format!("  {c:<10} {d}\n"));
+    }
+    s.push_str(
+        "Keys: Enter submits; Alt-Enter or a trailing \\ continues on a new line; Ctrl-C cancels \
+         a running turn (twice on an empty line exits); Ctrl-D exits.\n\
+         A suggestion in dim text: Tab or Right fills it in, Enter submits it, typing dismisses it.",
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_commands_and_rejects_bad_ones() {
+        assert_eq!(parse("/help"), Ok(Command::Help));
+        assert_eq!(
+            parse("/model --fast small"),
+            Ok(Command::Model {
+                fast: true,
+                name: Some("small".into())
+            })
+        );
+        assert_eq!(
+            parse("/model big"),
+            Ok(Command::Model {
+                fast: false,
+                name: Some("big".into())
+            })
+        );
+        assert_eq!(
+            parse("/approval yolo"),
+            Ok(Command::Approval(Some(ApprovalMode::Yolo)))
+        );
+        assert!(parse("/approval nope").is_err());
+        assert!(parse("/clear now").is_err());
+        assert!(parse("/frobnicate").is_err());
+        assert_eq!(parse("/exit"), Ok(Command::Exit));
+    }
+}
+
+/// What the loop does after a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flow {
+    Continue,
+    Exit,
+}
+
+/// Run a command against the session, printing its output.
+pub(crate) fn apply(session: &mut super::session::Session, cmd: Command) -> Flow {
+    match cmd {
+        Command::Help => println!("{}", help()),
+        Command::Model { fast: false, name } => match name {
+            None => println!("model: {}", session.agent.options().model),
+            Some(m) => {
+                session.agent.set_model(&m);
+                println!("model: {m} (from the next turn)");
+            }
+        },
+        Command::Model { fast: true, name } => match name {
+            None => println!("fast model: {}", session.llm.background.model()),
+            Some(m) => {
+                session.llm.background = session.llm.background.with_model(&m);
+                println!("fast model: {m}");
+            }
+        },
+        Command::Approval(None) => println!("approval mode: {}", session.agent.options().approval),
+        Command::Approval(Some(mode)) => {
+            session.agent.set_approval(mode);
+            println!("approval mode: {mode}");
+        }
+        Command::Compact => {
+            let cancel = tokio_util::sync::CancellationToken::new();
+            let runtime = session.runtime.clone();
+            match runtime.block_on(session.compact(&cancel)) {
+                Ok(r) => println!(
+                    "compacted: {} older messages summarised into one, {} kept",
+                    r.summarised, r.kept
+                ),
+                Err(e) => println!("not compacted: {e}"),
+            }
+        }
+        Command::Clear => {
+            session.clear();
+            println!("new conversation");
+        }
+        Command::Stats => print!("{}", stats(session)),
+        Command::Exit => return Flow::Exit,
+    }
+    Flow::Continue
+}
+
+/// The /stats table.
+fn stats(session: &super::session::Session) -> String {
+    let snap = session.llm.stats.snapshot();
+    if snap.is_empty() {
+        return "no model calls yet\n".into();
+    }
+    let mut s = format!(
+        "{:<28} {:>6} {:>10} {:>10} {:>10}\n",
+        "model", "calls", "prompt", "cached", "output"
+    );
+    let mut bg_total = 0;
+    for (model, t) in &snap {
+        for (who, u, calls) in [
+            ("", &t.foreground, t.foreground_calls),
+            (" (background)", &t.background, t.background_calls),
+        ] {
+            if calls == 0 {
+                continue;
+            }
+            if !who.is_empty() {
+                bg_total += u.prompt_tokens + u.completion_tokens;
+            }
+            s.push_str(&format!(
+                "{:<28} {:>6} {:>10} {:>10} {:>10}\n",
+                format!("{model}{who}"),
+                calls,
+                u.prompt_tokens,
+                u.cached_tokens,
+                u.completion_tokens
+            ));
+        }
+    }
+    s.push_str(&format!(
+        "background work (suggestions, speculation, summaries): {bg_total} tokens\n"
+    ));
+    s
+}

@@ -1,0 +1,214 @@
+//! The interactive loop: read a line, run a turn (or a slash command), then compute the next
+//! suggestion in the background and show it as ghost text once it is due.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use reedline::Signal;
+use shade_agent::approval::ApprovalMode;
+use shade_agent::followup::cache::CacheSafeParams;
+use shade_agent::followup::controller::{FollowupController, FollowupHooks};
+use shade_agent::followup::generate::{generate_suggestion, SuggestionOutcome, SuggestionSource};
+use shade_agent::followup::guards::{count_model_turns, SuggestionGuards};
+use shade_agent::followup::telemetry::Telemetry;
+use shade_agent::llm::Message;
+use shade_agent::{EventSink, StopReason};
+use tokio_util::sync::CancellationToken;
+
+use super::commands::{self, Command, Flow};
+use super::editor::{self, ChatPrompt, Ghost};
+use super::session::{describe_error, Session};
+use crate::cmd_exec::Renderer;
+use crate::exit;
+
+pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i32 {
+    let _guard = runtime.enter();
+    let telemetry = if session.settings.telemetry {
+        Telemetry::from_env(session.id)
+    } else {
+        Telemetry::disabled()
+    };
+    let wake = Arc::new(AtomicBool::new(false));
+    let hooks = FollowupHooks::default();
+    let ghost = Arc::new(Ghost::new(FollowupController::new(
+        hooks,
+        telemetry.clone(),
+    )));
+    let history = shade_fusefs::StateDir::from_env()
+        .root()
+        .join("chat_history");
+    if let Some(dir) = history.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let mut editor = editor::build(Some(&history), ghost.clone(), wake.clone());
+    println!(
+        "shade chat in {} — model {}, approval {}. /help for commands, Ctrl-D to leave.",
+        session.agent.context().workspace.root().display(),
+        session.agent.options().model,
+        session.agent.options().approval
+    );
+    let renderer = Arc::new(Mutex::new(Renderer::default()));
+    let r = renderer.clone();
+    let sink: EventSink = Arc::new(move |e| {
+        if let Ok(mut r) = r.lock() {
+            r.render(&e);
+        }
+    });
+    let mut prefix: Option<CacheSafeParams> = None;
+    let mut pending: Option<CancellationToken> = None;
+    let mut ctrl_c_armed = false;
+    loop {
+        let mode = session.agent.options().approval;
+        let prompt = ChatPrompt {
+            label: match mode {
+                ApprovalMode::Default => "shade".into(),
+                other => format!("shade [{other}]"),
+            },
+        };
+        let signal = match editor.read_line(&prompt) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("shade: the terminal failed: {e}");
+                return exit::SHADE_ERROR;
+            }
+        };
+        let line = match signal {
+            Signal::Success(line) => line,
+            Signal::CtrlC => {
+                let empty = ghost.line_empty.load(Ordering::SeqCst);
+                if empty && ctrl_c_armed {
+                    break;
+                }
+                ctrl_c_armed = empty;
+                if empty {
+                    println!("(press Ctrl-C again to exit)");
+                }
+                continue;
+            }
+            Signal::CtrlD => break,
+            // The suggestion became visible: reading again repaints the prompt with it.
+            _ => continue,
+        };
+        ctrl_c_armed = false;
+        if let Some(c) = pending.take() {
+            c.cancel();
+        }
+        let text = editor::submitted_text(&line);
+        let text = text.trim().to_string();
+        let text = text.as_str();
+        // Take the speculation before the controller is reset (which would drop it): it is
+        // used only when the submitted text is exactly the suggestion it ran.
+        let _accepted = ghost.accepted.lock().ok().and_then(|mut a| a.take());
+        if let Ok(mut ctl) = ghost.ctl.lock() {
+            ctl.clear(Instant::now());
+        }
+        if text.is_empty() {
+            continue;
+        }
+        if text.starts_with('/') {
+            match commands::parse(text) {
+                Ok(cmd) => {
+                    if cmd == Command::Clear {
+                        prefix = None;
+                    }
+                    if commands::apply(&mut session, cmd) == Flow::Exit {
+                        break;
+                    }
+                }
+                Err(msg) => println!("{msg}"),
+            }
+            continue;
+        }
+        let result = session.turn_until_ctrl_c(text, &sink);
+        if let Ok(mut r) = renderer.lock() {
+            r.end_line();
+        }
+        match &result {
+            Ok(o) if o.stop == StopReason::Cancelled => println!("(cancelled)"),
+            Ok(_) => {}
+            Err(e) => eprintln!("shade: the turn failed: {}", describe_error(e)),
+        }
+        let tools = session.agent.tool_specs();
+        prefix = CacheSafeParams::capture(
+            session.id,
+            &session.conversation,
+            &tools,
+            &session.agent.options().model,
+            prefix.as_ref(),
+        );
+        let guards = SuggestionGuards {
+            enabled: session.suggest,
+            interactive: true,
+            plan_mode: mode == ApprovalMode::Plan,
+            last_answer_error: session.last_turn_failed,
+            dialog_open: false,
+            model_turns: count_model_turns(&session.conversation),
+        };
+        if guards.blocked_by().is_none() {
+            pending = Some(spawn_suggestion(
+                &session,
+                prefix.clone(),
+                ghost.clone(),
+                wake.clone(),
+            ));
+        }
+    }
+    if let Some(c) = pending.take() {
+        c.cancel();
+    }
+    if let Ok(mut ctl) = ghost.ctl.lock() {
+        ctl.clear(Instant::now());
+    }
+    0
+}
+
+/// Ask the fast model for the next input; when it arrives, hand it to the controller and wake
+/// the editor once it is due (300 ms later), so it repaints with the ghost text.
+fn spawn_suggestion(
+    session: &Session,
+    prefix: Option<CacheSafeParams>,
+    ghost: Arc<Ghost>,
+    wake: Arc<AtomicBool>,
+) -> CancellationToken {
+    let cancel = CancellationToken::new();
+    let token = cancel.clone();
+    let background = session.llm.background.clone();
+    let cached = prefix.filter(|_| session.settings.cache_sharing);
+    let conversation: Vec<Message> = session.conversation.clone();
+    session.runtime.spawn(async move {
+        let source = match &cached {
+            Some(p) => SuggestionSource::Cached(p),
+            None => SuggestionSource::Standalone(&conversation),
+        };
+        match generate_suggestion(&background, source, &token).await {
+            SuggestionOutcome::Suggested(text) => {
+                let due = ghost.ctl.lock().ok().and_then(|mut ctl| {
+                    ctl.set_suggestion(Some(text), Instant::now());
+                    ctl.due()
+                });
+                if let Some(due) = due {
+                    tokio::time::sleep_until(due.into()).await;
+                }
+                if token.is_cancelled() {
+                    return;
+                }
+                let shown = ghost
+                    .ctl
+                    .lock()
+                    .map(|mut ctl| ctl.tick(Instant::now()))
+                    .unwrap_or(false);
+                if shown {
+                    wake.store(true, Ordering::SeqCst);
+                }
+            }
+            SuggestionOutcome::Suppressed(rule) => {
+                if let Ok(ctl) = ghost.ctl.lock() {
+                    ctl.suppressed(rule, shade_agent::background::prompt_id::PROMPT_SUGGESTION);
+                }
+            }
+            SuggestionOutcome::Failed(e) => tracing::debug!("no suggestion: {e}"),
+        }
+    });
+    cancel
+}

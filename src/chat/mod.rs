@@ -1,0 +1,92 @@
+//! `shade chat`: the interactive agent. A line editor (reedline) with history, multi-line input
+//! and slash commands; answers stream as they arrive; after each answer the user's likely next
+//! input appears as ghost text (prompt suggestions). Without a terminal it reads prompts line
+//! by line from stdin, one turn each, sharing one conversation.
+
+mod approve;
+mod commands;
+mod editor;
+mod interactive;
+mod script;
+mod session;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use clap::Args;
+use shade_agent::approval::ApprovalMode;
+
+use crate::exit;
+
+#[derive(Args)]
+#[command(after_help = "\
+Keys: Enter submits, Alt-Enter (or a line ending in \\) continues on a new line, Ctrl-C \
+cancels a running turn (twice on an empty line exits), Ctrl-D exits. When a suggestion is \
+shown as dim text: Tab or Right fills it in, Enter submits it, typing dismisses it.
+
+Slash commands: /help, /model [NAME], /model --fast [NAME], /approval [MODE], /compact, \
+/clear, /stats, /exit.
+
+Settings (config file, see `shade exec --help`): enable_followup_suggestions, \
+enable_cache_sharing, fast_model, telemetry, context_window, compact_threshold.")]
+pub struct ChatArgs {
+    /// What may run without asking: default, auto-edit, yolo, plan.
+    #[arg(long, default_value = "default", value_parser = parse_mode)]
+    pub approval: ApprovalMode,
+    /// Model provider: `openai` (default) or `replay:FILE`.
+    #[arg(long, default_value = "openai", value_name = "SPEC")]
+    pub llm: String,
+    /// Record the conversation's model calls into this cassette (background calls go beside
+    /// it, in NAME.background.jsonl).
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
+    /// Model (overrides SHADE_MODEL and the config file).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Model for suggestions and other background work (default: the main model).
+    #[arg(long)]
+    pub fast_model: Option<String>,
+    /// Server base URL, e.g. http://127.0.0.1:8000/v1.
+    #[arg(long, value_name = "URL")]
+    pub base_url: Option<String>,
+    /// Config file (default: $XDG_CONFIG_HOME/shade/config.toml).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Do not suggest the next input.
+    #[arg(long)]
+    pub no_suggest: bool,
+    /// Do not run a shown suggestion ahead in a branch.
+    #[arg(long)]
+    pub no_speculate: bool,
+    /// Model calls per turn at most.
+    #[arg(long, default_value_t = 50)]
+    pub max_turns: u32,
+    /// Project directory (default: the current directory).
+    #[arg(short = 'C', long = "directory", value_name = "DIR")]
+    pub directory: Option<PathBuf>,
+}
+
+fn parse_mode(s: &str) -> Result<ApprovalMode, String> {
+    s.parse()
+}
+
+pub fn main(args: ChatArgs) -> i32 {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return exit::fail(&anyhow::anyhow!("cannot start the async runtime: {e}")),
+    };
+    let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
+    let session = match session::Session::new(&args, interactive, runtime.handle().clone()) {
+        Ok(s) => s,
+        Err(e) => return exit::fail(&e),
+    };
+    if interactive {
+        interactive::run(session, &runtime)
+    } else {
+        script::run(session, &runtime)
+    }
+}

@@ -1,0 +1,281 @@
+//! One chat session: the agent, the conversation it extends turn after turn, the model side,
+//! and the bookkeeping that suggestions and compaction need.
+
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use shade_agent::approval::{Approver, NoOneToAsk};
+use shade_agent::compact::{compact, CompactError, CompactReport};
+use shade_agent::followup::cache::new_session_id;
+use shade_agent::followup::FollowupSettings;
+use shade_agent::llm::{LlmError, Message, Overrides};
+use shade_agent::{
+    Agent, AgentError, AgentEvent, AgentOptions, EventSink, RunOutcome, StopReason, ToolContext,
+    ToolRegistry, Workspace,
+};
+use tokio_util::sync::CancellationToken;
+
+use super::approve::ChatApprover;
+use super::ChatArgs;
+use crate::llm_setup::{self, LlmChoice, LlmSetup};
+
+/// Turns kept verbatim when older ones are summarised.
+const KEEP_TURNS: usize = 2;
+
+/// The session's state.
+pub(crate) struct Session {
+    pub agent: Agent,
+    /// The conversation, system prompt first; empty before the first turn.
+    pub conversation: Vec<Message>,
+    pub llm: LlmSetup,
+    /// Interactive approvals (None without a terminal).
+    pub approver: Option<Arc<ChatApprover>>,
+    /// Suggestions wanted (flag and setting).
+    pub suggest: bool,
+    /// Speculation wanted (flag, setting, and not in a shadow session).
+    #[allow(dead_code)] // read by speculation, next
+    pub speculate: bool,
+    /// The config file's suggestion, cache-sharing, speculation and telemetry switches.
+    pub settings: FollowupSettings,
+    /// Did the last turn end with a model error?
+    pub last_turn_failed: bool,
+    /// Prompt tokens of the last model call: how full the context is.
+    pub last_prompt_tokens: Arc<Mutex<u64>>,
+    /// Identifies this session's saved prefixes (never used by another session).
+    pub id: u64,
+    pub runtime: tokio::runtime::Handle,
+}
+
+impl Session {
+    pub fn new(
+        args: &ChatArgs,
+        interactive: bool,
+        runtime: tokio::runtime::Handle,
+    ) -> anyhow::Result<Session> {
+        let dir = args
+            .directory
+            .clone()
+            .unwrap_or_else(|| std::path::PathBuf::from("."));
+        let workspace = Workspace::new(&dir)
+            .with_context(|| format!("cannot use {} as the project", dir.display()))?;
+        let llm = llm_setup::setup(&LlmChoice {
+            llm: args.llm.clone(),
+            record: args.record.clone(),
+            model: args.model.clone(),
+            fast_model: args.fast_model.clone(),
+            base_url: args.base_url.clone(),
+            config: args.config.clone(),
+        })?;
+        let settings = FollowupSettings::load(&Overrides {
+            config_file: args.config.clone(),
+            ..Overrides::default()
+        })?;
+        let approver = interactive.then(|| Arc::new(ChatApprover::default()));
+        let approver_dyn: Arc<dyn Approver> = match &approver {
+            Some(a) => a.clone(),
+            None => Arc::new(NoOneToAsk {
+                mode: args.approval,
+            }),
+        };
+        let mut ctx = ToolContext::new(workspace);
+        ctx.background = Some(llm.background.clone());
+        let agent = Agent::new(
+            llm.provider.clone(),
+            ToolRegistry::standard(),
+            ctx,
+            approver_dyn,
+            AgentOptions {
+                model: llm.model.clone(),
+                max_turns: args.max_turns,
+                approval: args.approval,
+                temperature: None,
+            },
+        );
+        Ok(Session {
+            agent,
+            conversation: Vec::new(),
+            llm,
+            approver,
+            suggest: !args.no_suggest && settings.suggestions,
+            speculate: !args.no_speculate && settings.speculation,
+            settings,
+            last_turn_failed: false,
+            last_prompt_tokens: Arc::new(Mutex::new(0)),
+            id: new_session_id(),
+            runtime,
+        })
+    }
+
+    /// Add the user's prompt and run the agent until it answers. Compacts first when the last
+    /// request filled the context past the threshold, and once more (then retries) when the
+    /// server says the context is too long.
+    pub async fn turn(
+        &mut self,
+        prompt: &str,
+        sink: &EventSink,
+        cancel: &CancellationToken,
+    ) -> Result<RunOutcome, AgentError> {
+        if self.conversation.is_empty() {
+            self.conversation = self.agent.start_conversation(prompt);
+        } else {
+            if self.context_nearly_full() {
+                self.compact_reporting(sink, cancel).await;
+            }
+            self.conversation.push(Message::User {
+                content: prompt.to_string(),
+            });
+        }
+        let tokens = self.last_prompt_tokens.clone();
+        let inner = sink.clone();
+        let metered: EventSink = Arc::new(move |e: AgentEvent| {
+            if let AgentEvent::Usage { prompt_tokens, .. } = &e {
+                if let Ok(mut t) = tokens.lock() {
+                    *t = *prompt_tokens;
+                }
+            }
+            inner(e)
+        });
+        let mut result = self
+            .agent
+            .run(&mut self.conversation, &metered, cancel)
+            .await;
+        if matches!(&result, Err(AgentError::Llm(e)) if e.is_context_too_long())
+            && self.compact_reporting(sink, cancel).await.is_some()
+        {
+            result = self
+                .agent
+                .run(&mut self.conversation, &metered, cancel)
+                .await;
+        }
+        self.last_turn_failed = match &result {
+            Ok(o) => o.stop == StopReason::Error,
+            Err(_) => true,
+        };
+        result
+    }
+
+    /// Run a turn to its end on the session's runtime; Ctrl-C (SIGINT: the terminal is in
+    /// cooked mode during a turn) cancels the model call and running tools, and the turn
+    /// ends with the conversation still well-formed.
+    pub fn turn_until_ctrl_c(
+        &mut self,
+        prompt: &str,
+        sink: &EventSink,
+    ) -> Result<RunOutcome, AgentError> {
+        let cancel = self.new_turn();
+        let runtime = self.runtime.clone();
+        until_ctrl_c(&runtime, &cancel, self.turn(prompt, sink, &cancel))
+    }
+
+    /// Go on with the turn the conversation ends in (after a speculation accepted at a
+    /// boundary): the model continues from the results it has.
+    #[allow(dead_code)] // used by speculation, next
+    pub fn continue_until_ctrl_c(&mut self, sink: &EventSink) -> Result<RunOutcome, AgentError> {
+        let cancel = self.new_turn();
+        let runtime = self.runtime.clone();
+        let result = until_ctrl_c(
+            &runtime,
+            &cancel,
+            self.agent.run(&mut self.conversation, sink, &cancel),
+        );
+        self.last_turn_failed = !matches!(&result, Ok(o) if o.stop != StopReason::Error);
+        result
+    }
+
+    /// A token for a new turn, known to the approver (Ctrl-C at a question cancels it).
+    fn new_turn(&self) -> CancellationToken {
+        let cancel = CancellationToken::new();
+        if let Some(a) = &self.approver {
+            a.set_turn(cancel.clone());
+        }
+        cancel
+    }
+
+    /// A speculated turn was accepted in place of a live one.
+    #[allow(dead_code)] // used by speculation, next
+    pub fn after_speculated_turn(&mut self) {
+        self.last_turn_failed = false;
+    }
+
+    fn context_nearly_full(&self) -> bool {
+        let used = self.last_prompt_tokens.lock().map(|t| *t).unwrap_or(0);
+        let window = self.llm.config.context_window as f64;
+        used as f64 >= window * self.llm.config.compact_threshold
+    }
+
+    /// Compact now (`/compact`, or automatically).
+    pub async fn compact(
+        &mut self,
+        cancel: &CancellationToken,
+    ) -> Result<CompactReport, CompactError> {
+        let report = compact(
+            &self.llm.background,
+            &mut self.conversation,
+            KEEP_TURNS,
+            cancel,
+        )
+        .await?;
+        if let Ok(mut t) = self.last_prompt_tokens.lock() {
+            *t = 0;
+        }
+        Ok(report)
+    }
+
+    async fn compact_reporting(
+        &mut self,
+        sink: &EventSink,
+        cancel: &CancellationToken,
+    ) -> Option<CompactReport> {
+        match self.compact(cancel).await {
+            Ok(r) => {
+                eprintln!(
+                    "shade: context nearly full: summarised {} older messages, kept the last {}",
+                    r.summarised, r.kept
+                );
+                Some(r)
+            }
+            Err(e) => {
+                sink(AgentEvent::Error {
+                    message: format!("could not compact the conversation: {e}"),
+                });
+                None
+            }
+        }
+    }
+
+    /// Forget the conversation (`/clear`).
+    pub fn clear(&mut self) {
+        self.conversation.clear();
+        self.last_turn_failed = false;
+        if let Ok(mut t) = self.last_prompt_tokens.lock() {
+            *t = 0;
+        }
+    }
+}
+
+/// Drive `work` on `runtime`, cancelling `cancel` on Ctrl-C meanwhile.
+fn until_ctrl_c<F: std::future::Future>(
+    runtime: &tokio::runtime::Handle,
+    cancel: &CancellationToken,
+    work: F,
+) -> F::Output {
+    runtime.block_on(async {
+        let on_ctrl_c = cancel.clone();
+        let watcher = tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                on_ctrl_c.cancel();
+            }
+        });
+        let result = work.await;
+        watcher.abort();
+        result
+    })
+}
+
+/// A model error that ended a turn, as one line.
+pub(crate) fn describe_error(e: &AgentError) -> String {
+    match e {
+        AgentError::Llm(LlmError::Cancelled) => "cancelled".into(),
+        AgentError::Llm(e) => e.to_string(),
+    }
+}

@@ -1,0 +1,225 @@
+//! `shade chat` the way a person uses it: the real binary in a real terminal (tmux), keys in,
+//! the screen read back, against a local OpenAI-compatible server that streams its answers
+//! and suggests the next input. Telemetry lines are checked after each outcome.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::chat::{ghost_shown, prompt_line, read_jsonl, wait_ghost, Chat};
+use serde_json::Value;
+use shade_testkit::{is_suggestion_request, last_real_user, Reply};
+
+/// The model: answers by the user's last input, suggests by the same.
+fn router(body: &Value) -> Reply {
+    let user = last_real_user(body);
+    if is_suggestion_request(body) {
+        let next = match user.as_str() {
+            "what is in here?" => "run the tests",
+            "run the tests" => "commit this",
+            "commit this" => "push it",
+            _ => "",
+        };
+        return Reply::text(next).after(Duration::from_millis(50));
+    }
+    match user.as_str() {
+        "hello" => Reply::text("Hello! Ask me about the project."),
+        "what is in here?" => {
+            Reply::text("There is a README. Tip: type run the tests to check it.")
+        }
+        "run the tests" => Reply::text("All 3 tests pass."),
+        "commit this" => Reply::text("Committed as abc123."),
+        "push it" => Reply::text("Pushed."),
+        "tell me a long story" => {
+            Reply::text(&"once upon a time ".repeat(40)).streamed_every(Duration::from_millis(150))
+        }
+        other => Reply::text(&format!("You said: {other}")),
+    }
+}
+
+#[test]
+fn ghost_text_tab_fills_enter_submits_right_fills_typing_dismisses() {
+    let chat = Chat::new(router);
+    let cassette = chat.state.with_file_name("session.jsonl");
+    let tty = chat.start(&["--no-speculate", "--record", cassette.to_str().unwrap()]);
+
+    // First exchange: only one model turn so far, so no suggestion yet (the 2-turn guard).
+    tty.type_text("hello");
+    tty.keys(&["Enter"]);
+    tty.wait_text("Ask me about the project.", 20);
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(
+        !chat.llm.requests().iter().any(is_suggestion_request),
+        "a suggestion was requested after a single model turn"
+    );
+
+    // Second exchange: the suggestion appears as dim text in the empty prompt.
+    tty.type_text("what is in here?");
+    tty.keys(&["Enter"]);
+    tty.wait_text("Tip: type run the tests", 20);
+    wait_ghost(&tty, "run the tests");
+
+    // Tab fills the input without submitting.
+    tty.keys(&["Tab"]);
+    let s = tty.wait_for("the filled prompt", 10, |s| {
+        prompt_line(s).contains("run the tests")
+    });
+    assert!(
+        !s.contains("All 3 tests pass."),
+        "Tab must not submit:\n{s}"
+    );
+    assert!(
+        !ghost_shown(&tty, "run the tests") || prompt_line(&tty.screen()).contains("run the tests")
+    );
+    // Enter submits what was filled.
+    tty.keys(&["Enter"]);
+    tty.wait_text("All 3 tests pass.", 20);
+    let ev = chat.wait_suggestion_events(1);
+    assert_eq!(ev[0]["outcome"], "accepted", "{ev:?}");
+    assert_eq!(ev[0]["accept_method"], "tab");
+    assert_eq!(ev[0]["similarity"], 1.0);
+    assert_eq!(ev[0]["suggestion_length"], "run the tests".len());
+    assert!(ev[0]["time_to_accept_ms"].is_number());
+    assert!(ev[0]["prompt_id"].is_string());
+
+    // The next suggestion: Enter on the empty prompt fills and submits it at once.
+    wait_ghost(&tty, "commit this");
+    tty.keys(&["Enter"]);
+    tty.wait_text("Committed as abc123.", 20);
+    let ev = chat.wait_suggestion_events(2);
+    assert_eq!(ev[1]["outcome"], "accepted");
+    assert_eq!(ev[1]["accept_method"], "enter");
+
+    // Right fills too.
+    wait_ghost(&tty, "push it");
+    tty.keys(&["Right"]);
+    tty.wait_for("the prompt filled by Right", 10, |s| {
+        prompt_line(s).contains("push it")
+    });
+    let ev = chat.wait_suggestion_events(3);
+    assert_eq!(ev[2]["accept_method"], "right");
+    // Clear the line (Ctrl-U) and type something else instead.
+    tty.keys(&["C-u"]);
+    tty.type_text("something else");
+    tty.keys(&["Enter"]);
+    tty.wait_text("You said: something else", 20);
+    assert!(tty.alive());
+
+    // The main cassette holds the conversation only; suggestion calls went beside it.
+    let main = read_jsonl(&cassette);
+    assert_eq!(main.len(), 5, "one entry per conversation turn");
+    assert!(main.iter().all(|e| e["request"]["prompt_id"].is_null()));
+    let side = read_jsonl(&cassette.with_file_name("session.background.jsonl"));
+    assert!(side.len() >= 3, "{side:?}");
+    assert!(side
+        .iter()
+        .all(|e| e["request"]["prompt_id"] == "prompt_suggestion"));
+    // Suggestion requests went to the fast model.
+    assert!(chat
+        .llm
+        .requests()
+        .iter()
+        .filter(|r| is_suggestion_request(r))
+        .all(|r| r["model"] == "fast-model"));
+}
+
+#[test]
+fn typing_dismisses_and_shift_tab_does_not_accept() {
+    let chat = Chat::new(router);
+    let tty = chat.start(&["--no-speculate"]);
+    for q in ["hello", "what is in here?"] {
+        tty.type_text(q);
+        tty.keys(&["Enter"]);
+    }
+    tty.wait_text("Tip: type run the tests", 20);
+    wait_ghost(&tty, "run the tests");
+    // Shift+Tab is not Tab (a bug the peer had): nothing is filled, nothing accepted.
+    tty.keys(&["BTab"]);
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(
+        !prompt_line(&tty.screen()).contains("run the tests") || ghost_shown(&tty, "run the tests"),
+        "Shift+Tab filled the suggestion:\n{}",
+        tty.screen_styled()
+    );
+    assert!(
+        chat.suggestion_events().is_empty(),
+        "{:?}",
+        chat.suggestion_events()
+    );
+    // Typing dismisses: the ghost text goes away and the outcome is `ignored`.
+    tty.type_text("x");
+    let ev = chat.wait_suggestion_events(1);
+    assert_eq!(ev[0]["outcome"], "ignored", "{ev:?}");
+    assert_eq!(ev[0]["similarity"], 0.0);
+    assert!(ev[0]["time_to_ignore_ms"].is_number());
+    assert!(!ghost_shown(&tty, "run the tests"));
+    // An Enter right after the typed character submits the typed text, not the suggestion
+    // (the peer's Enter race).
+    tty.type_text("yz");
+    tty.keys(&["Enter"]);
+    tty.wait_text("You said: xyz", 20);
+}
+
+#[test]
+fn ctrl_c_cancels_a_streaming_turn_and_the_session_goes_on() {
+    let chat = Chat::new(router);
+    let tty = chat.start(&["--no-speculate"]);
+    tty.type_text("tell me a long story");
+    tty.keys(&["Enter"]);
+    tty.wait_text("once upon a time once upon", 20);
+    tty.keys(&["C-c"]);
+    tty.wait_text("(cancelled)", 10);
+    assert!(tty.alive(), "Ctrl-C during a turn must not end the session");
+    tty.type_text("hello");
+    tty.keys(&["Enter"]);
+    tty.wait_text("Ask me about the project.", 20);
+    // Ctrl-C twice on an empty line leaves.
+    tty.keys(&["C-c"]);
+    tty.wait_text("press Ctrl-C again to exit", 10);
+    tty.keys(&["C-c"]);
+    for _ in 0..100 {
+        if !tty.alive() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!(
+        "two Ctrl-C on an empty line did not exit:\n{}",
+        tty.screen()
+    );
+}
+
+#[test]
+fn slash_commands_complete_and_work() {
+    let chat = Chat::new(router);
+    let tty = chat.start(&["--no-speculate"]);
+    tty.type_text("/sta");
+    tty.keys(&["Tab"]);
+    tty.wait_for("/stats completed", 10, |s| {
+        prompt_line(s).contains("/stats")
+    });
+    tty.keys(&["Enter"]);
+    tty.wait_text("no model calls yet", 10);
+    tty.type_text("hello");
+    tty.keys(&["Enter"]);
+    tty.wait_text("Ask me about the project.", 20);
+    tty.type_text("/stats");
+    tty.keys(&["Enter"]);
+    tty.wait_text("main-model", 10);
+    tty.type_text("/approval yolo");
+    tty.keys(&["Enter"]);
+    tty.wait_text("shade [yolo]", 10);
+    tty.type_text("/model --fast tiny");
+    tty.keys(&["Enter"]);
+    tty.wait_text("fast model: tiny", 10);
+    tty.type_text("/exit");
+    tty.keys(&["Enter"]);
+    for _ in 0..100 {
+        if !tty.alive() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("/exit did not exit");
+}

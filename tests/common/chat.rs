@@ -1,0 +1,124 @@
+//! A `shade chat` session in a real terminal against the local fake model.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use shade_testkit::{FakeLlm, Reply};
+
+use super::tty::Tty;
+
+/// A project, a config/state home, and the fake model.
+pub struct Chat {
+    pub _home: tempfile::TempDir,
+    pub project: PathBuf,
+    pub state: PathBuf,
+    pub llm: FakeLlm,
+}
+
+impl Chat {
+    pub fn new(router: impl Fn(&Value) -> Reply + Send + Sync + 'static) -> Chat {
+        let home = tempfile::tempdir().unwrap();
+        let project = home.path().join("project");
+        std::fs::create_dir(&project).unwrap();
+        std::fs::write(project.join("README"), "a project\n").unwrap();
+        let state = home.path().join("state");
+        let llm = FakeLlm::start(Arc::new(router)).unwrap();
+        Chat {
+            project,
+            state,
+            llm,
+            _home: home,
+        }
+    }
+
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        let home = self.project.parent().unwrap().display().to_string();
+        vec![
+            ("HOME", home.clone()),
+            ("XDG_CONFIG_HOME", format!("{home}/config")),
+            ("SHADE_STATE_DIR", self.state.display().to_string()),
+            ("OPENAI_BASE_URL", self.llm.base_url.clone()),
+            ("OPENAI_API_KEY", "test-key".into()),
+            ("SHADE_MODEL", "main-model".into()),
+            ("SHADE_FAST_MODEL", "fast-model".into()),
+            ("SHADE_LOG", "warn".into()),
+        ]
+    }
+
+    pub fn start(&self, extra: &[&str]) -> Tty {
+        let bin = env!("CARGO_BIN_EXE_shade");
+        let mut argv = vec![bin, "chat"];
+        argv.extend_from_slice(extra);
+        let tty = Tty::start(&argv, &self.project, &self.env());
+        tty.wait_text("/help for commands", 20);
+        tty
+    }
+
+    /// Telemetry events so far.
+    pub fn telemetry(&self) -> Vec<Value> {
+        read_jsonl(&self.state.join("telemetry.jsonl"))
+    }
+
+    pub fn suggestion_events(&self) -> Vec<Value> {
+        self.telemetry()
+            .into_iter()
+            .filter(|e| e["event"] == "prompt_suggestion")
+            .collect()
+    }
+
+    pub fn wait_suggestion_events(&self, n: usize) -> Vec<Value> {
+        for _ in 0..200 {
+            let ev = self.suggestion_events();
+            if ev.len() >= n {
+                return ev;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "expected {n} prompt_suggestion telemetry lines, got {:?}",
+            self.suggestion_events()
+        );
+    }
+}
+
+pub fn read_jsonl(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The dim (SGR 2) ghost text on the prompt line.
+pub fn ghost_shown(tty: &Tty, text: &str) -> bool {
+    let styled = tty.screen_styled();
+    styled
+        .lines()
+        .any(|l| l.contains("shade") && l.contains(text) && l.contains("\x1b[2m"))
+}
+
+pub fn wait_ghost(tty: &Tty, text: &str) {
+    for _ in 0..200 {
+        if ghost_shown(tty, text) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!(
+        "ghost text {text:?} never appeared; the screen:\n{}",
+        tty.screen_styled()
+    );
+}
+
+/// The last prompt line of the screen.
+pub fn prompt_line(screen: &str) -> String {
+    screen
+        .lines()
+        .rfind(|l| l.starts_with("shade"))
+        .unwrap_or("")
+        .to_string()
+}

@@ -1,0 +1,120 @@
+//! Drive a real program in a real terminal: tmux runs it, `send-keys` types, `capture-pane`
+//! reads the screen. Each terminal has its own tmux server (socket), killed on drop.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// One tmux server with one window running the program.
+pub struct Tty {
+    socket: String,
+}
+
+fn tmux(socket: &str) -> Command {
+    let mut c = Command::new("tmux");
+    c.args(["-L", socket, "-f", "/dev/null"]);
+    c
+}
+
+impl Tty {
+    /// Run `argv` in `cwd` with `env` on a 120×40 terminal.
+    pub fn start(argv: &[&str], cwd: &Path, env: &[(&str, String)]) -> Tty {
+        let socket = format!("shade-test-{}-{}", std::process::id(), fastrand::u32(..));
+        let mut c = tmux(&socket);
+        c.args(["new-session", "-d", "-x", "120", "-y", "40", "-c"])
+            .arg(cwd)
+            .env("TERM", "xterm-256color");
+        for (k, v) in env {
+            c.args(["-e", &format!("{k}={v}")]);
+        }
+        c.arg("--");
+        c.args(argv);
+        let out = c
+            .output()
+            .expect("tmux must be installed (scripts/setup.sh installs it)");
+        assert!(
+            out.status.success(),
+            "tmux new-session failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Keep the pane (and its last screen) if the program exits, so a failure shows why.
+        let _ = tmux(&socket)
+            .args(["set-option", "-g", "remain-on-exit", "on"])
+            .output();
+        Tty { socket }
+    }
+
+    /// Press keys by tmux name (`Enter`, `Tab`, `Right`, `C-c`, `BTab`, …).
+    pub fn keys(&self, keys: &[&str]) {
+        let out = tmux(&self.socket)
+            .args(["send-keys", "-t", "0"])
+            .args(keys)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "send-keys {keys:?} failed");
+    }
+
+    /// Type literal text.
+    pub fn type_text(&self, text: &str) {
+        let out = tmux(&self.socket)
+            .args(["send-keys", "-t", "0", "-l", text])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "send-keys -l failed");
+    }
+
+    /// The visible screen as text.
+    pub fn screen(&self) -> String {
+        self.capture(false)
+    }
+
+    /// The visible screen with colour and attribute escapes (to tell dim ghost text apart).
+    pub fn screen_styled(&self) -> String {
+        self.capture(true)
+    }
+
+    fn capture(&self, escapes: bool) -> String {
+        let mut c = tmux(&self.socket);
+        c.args(["capture-pane", "-p", "-t", "0"]);
+        if escapes {
+            c.arg("-e");
+        }
+        String::from_utf8_lossy(&c.output().unwrap().stdout).into_owned()
+    }
+
+    /// Wait until `pred(screen)` holds; panic with the screen after `secs`.
+    pub fn wait_for(&self, what: &str, secs: u64, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let s = self.screen();
+            if pred(&s) {
+                return s;
+            }
+            if Instant::now() > deadline {
+                panic!("timed out waiting for {what}; the screen:\n{s}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Wait until the screen shows `text`.
+    pub fn wait_text(&self, text: &str, secs: u64) -> String {
+        self.wait_for(&format!("{text:?}"), secs, |s| s.contains(text))
+    }
+
+    /// Is the program still running?
+    pub fn alive(&self) -> bool {
+        let out = tmux(&self.socket)
+            .args(["display-message", "-p", "-t", "0", "#{pane_dead}"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim() == "0"
+    }
+}
+
+impl Drop for Tty {
+    fn drop(&mut self) {
+        let _ = tmux(&self.socket).arg("kill-server").output();
+    }
+}
