@@ -24,6 +24,7 @@ declare -A APT_PROBE=(
     [util-linux]=setpriv              # pjdfstest.sh checks access as other users; setsid in tests
     [hyperfine]=hyperfine             # benchmarks
     [ripgrep]=rg                      # benchmark: `rg` over the tree (agent workloads)
+    [tmux]=tmux                       # interactive tests drive `shade chat` in a real terminal
 )
 
 have() {
