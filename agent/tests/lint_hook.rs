@@ -129,3 +129,60 @@ async fn edits_in_a_branch_come_back_with_ruff_findings() {
 async fn edits_in_a_branch_come_back_with_language_server_findings() {
     edit_in_branch("ruff-server").await;
 }
+
+#[tokio::test]
+async fn a_baseline_slower_than_the_budget_finishes_for_the_next_edit() {
+    require_fuse_root();
+    let tmp = tempfile::Builder::new()
+        .prefix("shade-lint-hook-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let project = tmp.path().join("project");
+    std::fs::create_dir(&project).unwrap();
+    std::fs::write(project.join("calc.py"), PY).unwrap();
+    let state = StateDir::at(tmp.path().join("state"));
+    let branch = Branch::create(
+        &project,
+        &BranchOptions {
+            state: state.clone(),
+            ..BranchOptions::default()
+        },
+    )
+    .unwrap();
+    let linter = Arc::new(
+        Linter::new(
+            &project,
+            state.clone(),
+            &LintConfig::default(),
+            Some("ruff"),
+        )
+        .unwrap(),
+    );
+    let hook = LintHook::new(linter, BranchView::of(&branch), Duration::ZERO);
+    std::fs::write(
+        branch.mountpoint().join("calc.py"),
+        PY.replace("a + b", "a + q"),
+    )
+    .unwrap();
+    let note = hook.after_edit("calc.py");
+    assert!(note.contains("not ready within 0s"), "{note}");
+    // The baseline job goes on without the caller and lands in the cache.
+    let cache = state.root().join("lint/baseline");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while std::fs::read_dir(&cache).map_or(0, |d| d.count()) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no baseline was stored"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let found = hook
+        .linter
+        .new_diagnostics(&hook.view, &["calc.py".into()], Duration::from_secs(60))
+        .unwrap();
+    let shown: Vec<String> = found.iter().map(|d| d.to_string()).collect();
+    assert_eq!(
+        shown,
+        ["calc.py:5:16: error: Undefined name `q` [F821] (ruff)"]
+    );
+}

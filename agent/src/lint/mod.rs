@@ -79,7 +79,15 @@ pub struct Linter {
     servers: Mutex<HashMap<(String, PathBuf), lsp::Server>>,
     /// LSP baselines by (checker, path, hash of the unedited text).
     lsp_baselines: Mutex<HashMap<(String, String, String), Vec<Diagnostic>>>,
+    /// Baselines being computed in the background, by fingerprint.
+    baseline_jobs: Mutex<HashMap<String, BaselineJob>>,
 }
+
+/// A baseline computed on a thread of its own: its result (an error as text), once there.
+type BaselineJob = std::sync::Arc<(
+    Mutex<Option<Result<Vec<Diagnostic>, String>>>,
+    std::sync::Condvar,
+)>;
 
 impl Linter {
     /// The linter of `project` with the checkers `only` (a `--checker` name), the config's
@@ -100,6 +108,7 @@ impl Linter {
             checkers,
             servers: Mutex::default(),
             lsp_baselines: Mutex::default(),
+            baseline_jobs: Mutex::default(),
         })
     }
 
@@ -149,7 +158,7 @@ impl Linter {
             let (before, mut after) = match &c.kind {
                 Kind::Batch { .. } => {
                     let before = self.baseline(c, lower, deadline)?;
-                    (before, self.run_batch(view, c, deadline)?)
+                    (before, run_batch(&self.project, view, c, deadline)?)
                 }
                 Kind::Lsp {
                     command,
@@ -189,7 +198,9 @@ impl Linter {
     }
 
     /// The checker's diagnostics on the unedited project: cached by fingerprint, else run in
-    /// `lower` or a fresh branch and stored.
+    /// `lower` (within `deadline`) or, without one, in a fresh branch by a background job
+    /// that is waited for until `deadline` but runs to the end regardless, so a baseline
+    /// slower than the post-edit budget is still ready for a later edit.
     fn baseline(
         &self,
         c: &Checker,
@@ -200,68 +211,87 @@ impl Linter {
         if let Some(b) = self.cache.get(&key) {
             return Ok(b);
         }
-        let diags = match lower {
-            Some(v) => self.run_batch(v, c, deadline)?,
-            None => {
-                let b = self.branch()?;
-                self.run_batch(&BranchView::of(&b), c, deadline)?
+        if let Some(v) = lower {
+            let diags = run_batch(&self.project, v, c, deadline)?;
+            // Only store it if the project did not change while the checker ran.
+            if baseline::fingerprint(&self.project, &c.identity()) == key {
+                self.cache.put(&key, &diags);
             }
-        };
-        // Only store it if the project did not change while the checker ran.
-        if baseline::fingerprint(&self.project, &c.identity()) == key {
-            self.cache.put(&key, &diags);
+            return Ok(diags);
         }
-        Ok(diags)
+        let job = self
+            .baseline_jobs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.clone())
+            .or_insert_with(|| self.start_baseline_job(c, key.clone()))
+            .clone();
+        let (slot, done) = &*job;
+        let mut st = slot.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            match &*st {
+                Some(Ok(d)) => return Ok(d.clone()),
+                Some(Err(e)) => {
+                    let e = e.clone();
+                    drop(st);
+                    // Let a later call try again.
+                    self.baseline_jobs
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&key);
+                    return Err(LintError::Io(format!("baseline of {}: {e}", c.name)));
+                }
+                None => {}
+            }
+            let left = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()),
+                None => Duration::from_secs(3600),
+            };
+            if left.is_zero() {
+                return Err(LintError::Timeout(format!(
+                    "the baseline of checker {}",
+                    c.name
+                )));
+            }
+            st = done
+                .wait_timeout(st, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
     }
 
-    fn run_batch(
-        &self,
-        view: &BranchView,
-        c: &Checker,
-        deadline: Option<Instant>,
-    ) -> Result<Vec<Diagnostic>, LintError> {
-        let Kind::Batch {
-            runs,
-            format,
-            default_severity,
-        } = &c.kind
-        else {
-            return Ok(Vec::new());
-        };
-        let mut out: Vec<Diagnostic> = Vec::new();
-        for inv in runs {
-            let cwd = self.project.join(&inv.cwd);
-            let o = exec::run(view, &inv.argv, &cwd, &inv.env, deadline).map_err(|e| {
-                LintError::CheckerFailed {
-                    name: c.name.clone(),
-                    status: String::new(),
-                    line: format!("cannot run `{}`: {e}", inv.argv.join(" ")),
-                }
-            })?;
-            if o.timed_out {
-                return Err(LintError::Timeout(format!("checker {}", c.name)));
-            }
-            let raws = parse::parse(*format, &o.stdout, &o.stderr);
-            if raws.is_empty() && o.status != Some(0) {
-                return Err(LintError::CheckerFailed {
-                    name: c.name.clone(),
-                    status: o.status.map(|s| format!(" (exit {s})")).unwrap_or_default(),
-                    line: telling_line(&o.stderr, &o.stdout),
-                });
-            }
-            let base = PathBase {
-                project: &self.project,
-                cwd: &cwd,
-                mount: Some(&view.mount),
+    /// Compute a baseline in a fresh branch on a thread of its own, store it in the cache.
+    fn start_baseline_job(&self, c: &Checker, key: String) -> BaselineJob {
+        let job = BaselineJob::default();
+        let (project, state, cache, c, j) = (
+            self.project.clone(),
+            self.state.clone(),
+            self.cache.clone(),
+            c.clone(),
+            job.clone(),
+        );
+        std::thread::spawn(move || {
+            let run = || -> Result<Vec<Diagnostic>, LintError> {
+                let b = Branch::create(
+                    &project,
+                    &BranchOptions {
+                        state,
+                        ..BranchOptions::default()
+                    },
+                )?;
+                run_batch(&project, &BranchView::of(&b), &c, None)
             };
-            for r in raws {
-                let d = r.normalise(&base, &c.name, *default_severity);
-                if !out.contains(&d) {
-                    out.push(d);
+            let res = run();
+            if let Ok(d) = &res {
+                if baseline::fingerprint(&project, &c.identity()) == key {
+                    cache.put(&key, d);
                 }
             }
-        }
-        Ok(out)
+            let (slot, done) = &*j;
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(res.map_err(|e| e.to_string()));
+            done.notify_all();
+        });
+        job
     }
 
     fn run_lsp(
@@ -378,6 +408,57 @@ impl Drop for Linter {
     fn drop(&mut self) {
         self.stop_servers();
     }
+}
+
+/// Run a batch checker in `view` and normalise what it printed.
+fn run_batch(
+    project: &Path,
+    view: &BranchView,
+    c: &Checker,
+    deadline: Option<Instant>,
+) -> Result<Vec<Diagnostic>, LintError> {
+    let Kind::Batch {
+        runs,
+        format,
+        default_severity,
+    } = &c.kind
+    else {
+        return Ok(Vec::new());
+    };
+    let mut out: Vec<Diagnostic> = Vec::new();
+    for inv in runs {
+        let cwd = project.join(&inv.cwd);
+        let o = exec::run(view, &inv.argv, &cwd, &inv.env, deadline).map_err(|e| {
+            LintError::CheckerFailed {
+                name: c.name.clone(),
+                status: String::new(),
+                line: format!("cannot run `{}`: {e}", inv.argv.join(" ")),
+            }
+        })?;
+        if o.timed_out {
+            return Err(LintError::Timeout(format!("checker {}", c.name)));
+        }
+        let raws = parse::parse(*format, &o.stdout, &o.stderr);
+        if raws.is_empty() && o.status != Some(0) {
+            return Err(LintError::CheckerFailed {
+                name: c.name.clone(),
+                status: o.status.map(|s| format!(" (exit {s})")).unwrap_or_default(),
+                line: telling_line(&o.stderr, &o.stdout),
+            });
+        }
+        let base = PathBase {
+            project,
+            cwd: &cwd,
+            mount: Some(&view.mount),
+        };
+        for r in raws {
+            let d = r.normalise(&base, &c.name, *default_severity);
+            if !out.contains(&d) {
+                out.push(d);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The most useful line of a failed checker's output: the first `error` line, else the
