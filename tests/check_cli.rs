@@ -211,3 +211,118 @@ fn git_status_with_an_index_hook_is_refused() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stdout(&o).contains("post-index-change"), "{}", stdout(&o));
 }
+
+/// A repository configured to run a program from every place git offers a read command:
+/// `core.fsmonitor`, a clean filter, a textconv driver, an external diff, signature display
+/// and the index hook. Each program appends its name to `ran` in the returned directory.
+fn hostile_repo() -> (tempfile::TempDir, tempfile::TempDir) {
+    let r = repo();
+    git(r.path(), &["tag", "v1"]);
+    let bin = tempfile::tempdir().unwrap();
+    let ran = bin.path().join("ran");
+    let script = |name: &str, body: &str| {
+        let path = bin.path().join(name);
+        std::fs::write(
+            &path,
+            format!("#!/bin/sh\necho {name} >> '{}'\n{body}\n", ran.display()),
+        )
+        .unwrap();
+        Command::new("chmod").arg("+x").arg(&path).status().unwrap();
+        path.display().to_string()
+    };
+    let cfg = |k: &str, v: &str| git(r.path(), &["config", k, v]);
+    cfg("core.fsmonitor", &script("fsmonitor", "exit 1"));
+    cfg("filter.x.clean", &script("clean", "cat"));
+    cfg("diff.y.textconv", &script("textconv", "cat \"$1\""));
+    cfg("diff.external", &script("external", "exit 0"));
+    cfg("gpg.program", &script("gpg", "exit 1"));
+    cfg("log.showSignature", "true");
+    std::fs::write(r.path().join(".gitattributes"), "* filter=x diff=y\n").unwrap();
+    let hooks = r.path().join(".git/hooks");
+    std::fs::create_dir_all(&hooks).unwrap();
+    std::fs::copy(
+        script("post-index-change", "exit 0"),
+        hooks.join("post-index-change"),
+    )
+    .unwrap();
+    (r, bin)
+}
+
+/// Every git command the classifier calls read-only in a hostile repository really runs
+/// none of the configured programs there; the ones it refuses include commands that do.
+#[test]
+fn accepted_git_commands_run_no_configured_program() {
+    let (r, bin) = hostile_repo();
+    let ran = bin.path().join("ran");
+    let commands = [
+        "git rev-parse HEAD",
+        "git rev-parse --verify HEAD",
+        "git ls-tree -r HEAD",
+        "git cat-file -p HEAD:a.txt",
+        "git rev-list HEAD",
+        "git merge-base HEAD HEAD",
+        "git show-ref",
+        "git for-each-ref",
+        "git name-rev HEAD",
+        "git count-objects -v",
+        "git var GIT_EDITOR",
+        "git version",
+        "git describe --tags",
+        "git branch",
+        "git branch -a -vv",
+        "git branch --show-current",
+        "git branch --list 'm*'",
+        "git tag",
+        "git tag -l",
+        "git remote -v",
+        "git config --list",
+        "git config --get user.name",
+        "git worktree list",
+        "git ls-files",
+        "git ls-files -m",
+        "git grep -n one",
+        "git check-ignore x",
+        "git check-attr -a a.txt",
+        "git status",
+        "git diff",
+        "git log -p",
+        "git log --oneline",
+        "git show HEAD",
+        "git blame a.txt",
+        "git shortlog -s HEAD",
+        "git stash list",
+        "git reflog",
+        "git diff-files",
+        "git diff-index HEAD",
+        "git diff-tree -p HEAD",
+        "git describe --dirty",
+    ];
+    let mut accepted = 0;
+    let mut refused_but_runs = 0;
+    for cmd in commands {
+        let _ = std::fs::remove_file(&ran);
+        let read_only = check_in(r.path(), &[cmd]).status.code() == Some(0);
+        let o = Command::new("sh")
+            .args(["-c", cmd])
+            .current_dir(r.path())
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_PAGER", "cat")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let programs = std::fs::read_to_string(&ran).unwrap_or_default();
+        if read_only {
+            accepted += 1;
+            assert!(
+                programs.is_empty(),
+                "{cmd} was called read-only but ran {programs:?} ({o:?})"
+            );
+        } else if !programs.is_empty() {
+            refused_but_runs += 1;
+        }
+    }
+    // The fixture is hostile enough to matter, and the check is not refusing everything.
+    assert!(refused_but_runs >= 10, "{refused_but_runs}");
+    assert!(accepted >= 20, "{accepted}");
+}

@@ -7,7 +7,8 @@
 //! refused; only options that change nothing of that kind (`--no-pager`, pathspec modes)
 //! pass.
 //!
-//! `status`, `diff`, `log`, `show`, `blame` and kin can run programs named in configuration:
+//! `status`, `diff`, `log`, `show`, `blame`, `ls-files`, `grep` and kin can run programs named
+//! in configuration:
 //! `core.fsmonitor` and `filter.*` (status and diff refresh the index), hooks
 //! (`post-index-change` when the refreshed index is written), `diff.external`, `diff.*.textconv`
 //! and `diff.*.command`, `gpg.program` through `log.showSignature`, and submodules with their own
@@ -22,10 +23,10 @@ use super::programs::long_is;
 use super::words::Arg;
 use super::{Check, Walker};
 
-/// Subcommands that read the object store or refs and never run configured programs.
+/// Subcommands that read the object store or refs and never run configured programs
+/// (checked by running each in a repository configured to run programs: tests/check_cli.rs).
 const PLAIN_READS: &[&str] = &[
     "rev-parse",
-    "ls-files",
     "ls-tree",
     "cat-file",
     "rev-list",
@@ -34,16 +35,19 @@ const PLAIN_READS: &[&str] = &[
     "for-each-ref",
     "name-rev",
     "count-objects",
-    "check-ignore",
-    "check-attr",
     "var",
     "version",
-    "grep",
     "describe",
 ];
 
 /// Read subcommands that can run programs named in configuration (see the module doc).
+/// `ls-files`, `grep`, `check-ignore` and `check-attr` look at the work tree through
+/// `core.fsmonitor`.
 const CONFIG_READS: &[&str] = &[
+    "ls-files",
+    "grep",
+    "check-ignore",
+    "check-attr",
     "status",
     "diff",
     "log",

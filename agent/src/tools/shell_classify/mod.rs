@@ -11,7 +11,7 @@
 //! the reason. Control flow (`if`, `while`, `for`, `case`, `{ }`, `( )`, `!`) is allowed when
 //! every command inside it is: it only sequences commands and adds no effect of its own.
 //!
-//! `git status/diff/log/show/blame` can run programs named in git configuration
+//! `git status/diff/log/show/blame/ls-files/grep` can run programs named in git configuration
 //! (`core.fsmonitor`, `diff.external`, textconv and filter drivers, hooks). [`classify`] knows
 //! no repository, so it does not call them read-only; [`classify_in`] reads the effective
 //! configuration of the given directory (`git config --list`) and accepts them when none of

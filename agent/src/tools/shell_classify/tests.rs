@@ -474,9 +474,7 @@ fn git() {
     read_only(&[
         "git rev-parse HEAD",
         "git rev-parse --verify HEAD",
-        "git ls-files -m",
         "git cat-file -p HEAD",
-        "git grep -n foo",
         "git describe --tags",
         "git branch",
         "git branch -a -vv",
@@ -493,7 +491,7 @@ fn git() {
         "git --no-pager rev-parse HEAD",
         "git worktree list",
         "git for-each-ref --format='%(refname)' refs/heads",
-        "git ls-files -- \"$dir\"",
+        "git ls-tree -r HEAD -- \"$dir\"",
         "git --version",
     ]);
     refused(&[
@@ -576,6 +574,10 @@ fn git_reads_that_run_configured_programs_need_a_repository_check() {
         "git stash list",
         "git stash show",
         "git reflog",
+        "git ls-files -m",
+        "git grep -n foo",
+        "git check-ignore target",
+        "git check-attr -a f",
     ] {
         let v = classify(s);
         assert!(!v.read_only, "{s}");
