@@ -42,6 +42,7 @@ pub mod lint;
 pub mod llm;
 pub mod prompt;
 pub mod query_loop;
+pub mod shadow;
 pub mod tools;
 pub mod workspace;
 
@@ -50,5 +51,6 @@ pub use events::{AgentEvent, StopReason};
 pub use query_loop::{
     Agent, AgentError, AgentOptions, Boundary, CallGate, EventSink, GateCall, RunOutcome,
 };
+pub use shadow::{Shadow, ShadowOptions};
 pub use tools::{ToolContext, ToolRegistry};
 pub use workspace::Workspace;

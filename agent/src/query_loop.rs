@@ -198,8 +198,19 @@ impl Agent {
         let mut ctx = self.ctx.clone();
         ctx.workspace = workspace;
         ctx.todos = Default::default();
+        // Commands follow the files: a plain workspace runs them directly.
+        ctx.shadow = None;
         let mut fork = self.clone();
         fork.ctx = ctx;
+        fork.options.approval = approval;
+        fork
+    }
+
+    /// The same agent working in `shadow`: file tools in its branch (paths still shown as
+    /// in the project), `shell` in its sandbox, its own todo list and approval mode.
+    pub fn fork_into(&self, shadow: &crate::shadow::Shadow, approval: ApprovalMode) -> Self {
+        let mut fork = self.clone();
+        fork.ctx = shadow.tool_context(&self.ctx);
         fork.options.approval = approval;
         fork
     }

@@ -1,6 +1,9 @@
 //! The directory tools may touch. Every path argument goes through `Workspace::resolve`,
 //! which refuses `..` escapes, absolute paths outside the root and symlinks leading out.
-//! The root can be the real project or a branch mount: tools never look past it.
+//! The root can be the real project or a branch mount: tools never look past it. A shadowed
+//! workspace ([`Workspace::shadowed`]) keeps files in a branch mount while the model keeps
+//! seeing the project's real absolute paths: those map into the mount, and nothing shown
+//! to the model names the mount.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -33,7 +36,10 @@ pub enum PathError {
 /// A confined directory tree.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Workspace {
+    /// Where the files are (the project, or a branch mount).
     root: PathBuf,
+    /// The path the model knows the files by, when it differs from `root`.
+    shown: Option<PathBuf>,
 }
 
 impl Workspace {
@@ -41,12 +47,46 @@ impl Workspace {
     pub fn new(root: impl AsRef<Path>) -> std::io::Result<Self> {
         Ok(Self {
             root: root.as_ref().canonicalize()?,
+            shown: None,
         })
     }
 
-    /// The canonical root.
+    /// Files live in `mount` (a branch of `project`), but paths are given and shown as
+    /// under `project`: an absolute path in the project means the same path in the mount.
+    pub fn shadowed(project: impl AsRef<Path>, mount: impl AsRef<Path>) -> std::io::Result<Self> {
+        Ok(Self {
+            root: mount.as_ref().canonicalize()?,
+            shown: Some(project.as_ref().canonicalize()?),
+        })
+    }
+
+    /// The canonical root: where the files are.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The root as the model and the user know it: the real project of a shadowed
+    /// workspace, else [`Workspace::root`]. Commands run here (inside the branch's namespace).
+    pub fn shown_root(&self) -> &Path {
+        self.shown.as_deref().unwrap_or(&self.root)
+    }
+
+    /// A path under [`Workspace::root`] as the model knows it (under the real project).
+    pub fn shown(&self, path: &Path) -> PathBuf {
+        match (&self.shown, path.strip_prefix(&self.root)) {
+            (Some(shown), Ok(rel)) => shown.join(rel),
+            _ => path.to_path_buf(),
+        }
+    }
+
+    /// A path as the model knows it mapped to where the file is: the real project's
+    /// prefix becomes the mount's.
+    fn backing(&self, path: &Path) -> Option<PathBuf> {
+        if path.starts_with(&self.root) {
+            return None;
+        }
+        let rel = path.strip_prefix(self.shown.as_ref()?).ok()?;
+        Some(self.root.join(rel))
     }
 
     /// Map a tool's path argument (relative to the root, or absolute inside it) to a real
@@ -58,7 +98,7 @@ impl Workspace {
         }
         let outside = || PathError::Outside {
             path: arg.to_string(),
-            root: self.root.display().to_string(),
+            root: self.shown_root().display().to_string(),
         };
         let given = Path::new(arg);
         // Lexical normalisation. A relative path may never climb above the root, even to
@@ -79,6 +119,9 @@ impl Workspace {
                 Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
                 Component::Normal(name) => normal.push(name),
             }
+        }
+        if let Some(inside) = self.backing(&normal) {
+            normal = inside;
         }
         // Resolve symlinks (this is the check that decides: an absolute path spelled through
         // a symlink to the root is accepted, one leading elsewhere is not) in the longest existing prefix.
@@ -104,16 +147,22 @@ impl Workspace {
                 }
             }
         }
-        let real = match existing.canonicalize() {
-            Ok(r) => r,
-            // A dangling symlink: refuse rather than guess where a write would land.
-            Err(e) => {
-                return Err(PathError::Io {
-                    path: arg.to_string(),
-                    reason: format!("{e} (dangling symlink?)"),
-                })
-            }
+        let canonical = |p: &Path| {
+            p.canonicalize().map_err(|e| PathError::Io {
+                path: arg.to_string(),
+                // A dangling symlink: refuse rather than guess where a write would land.
+                reason: format!("{e} (dangling symlink?)"),
+            })
         };
+        let mut real = canonical(&existing)?;
+        // A symlink in a shadowed workspace may name the real project by its absolute path:
+        // inside the branch it means the branch (as for commands, which see it there).
+        for _ in 0..8 {
+            match self.backing(&real) {
+                Some(inside) => real = canonical(&inside)?,
+                None => break,
+            }
+        }
         if !real.starts_with(&self.root) {
             return Err(outside());
         }
@@ -201,5 +250,37 @@ mod tests {
         assert!(ws.resolve(&sneaky).is_err());
         assert_eq!(ws.resolve(""), Err(PathError::Empty));
         assert_eq!(ws.display(&root.join("src/a.rs")), "src/a.rs");
+    }
+
+    #[test]
+    fn a_shadowed_workspace_maps_the_projects_paths_into_the_mount() {
+        let dir = tempfile::tempdir().unwrap();
+        let (project, mount) = (dir.path().join("project"), dir.path().join("mount"));
+        std::fs::create_dir_all(project.join("src")).unwrap();
+        std::fs::create_dir_all(mount.join("src")).unwrap();
+        let ws = Workspace::shadowed(&project, &mount).unwrap();
+        let (project, mount) = (
+            project.canonicalize().unwrap(),
+            mount.canonicalize().unwrap(),
+        );
+        assert_eq!(ws.root(), mount);
+        assert_eq!(ws.shown_root(), project);
+        let abs = project.join("src/a.rs");
+        assert_eq!(
+            ws.resolve(abs.to_str().unwrap()).unwrap(),
+            mount.join("src/a.rs")
+        );
+        assert_eq!(ws.resolve("src/a.rs").unwrap(), mount.join("src/a.rs"));
+        assert_eq!(ws.shown(&mount.join("src/a.rs")), abs);
+        assert_eq!(ws.display(&mount.join("src/a.rs")), "src/a.rs");
+        // A link in the branch naming the real project absolutely stays in the branch.
+        std::os::unix::fs::symlink(project.join("src"), mount.join("alias")).unwrap();
+        assert_eq!(ws.resolve("alias/b.rs").unwrap(), mount.join("src/b.rs"));
+        // The real project's neighbours are still outside, and errors name the project.
+        let sibling = project.join("../secret");
+        match ws.resolve(sibling.to_str().unwrap()) {
+            Err(PathError::Outside { root, .. }) => assert_eq!(root, project.display().to_string()),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -92,7 +92,7 @@ impl Tool for Memory {
         let old = std::fs::read_to_string(&path).unwrap_or_default();
         let new = compute_new_content(&old, &p.fact);
         Some(super::diff::unified(
-            &path.display().to_string(),
+            &ctx.workspace.shown(&path).display().to_string(),
             &old,
             &new,
         ))
@@ -114,7 +114,7 @@ impl Tool for Memory {
             let Some(scope) = p.scope else {
                 let show = |s| {
                     memory_path(ctx, s)
-                        .map(|p| p.display().to_string())
+                        .map(|p| ctx.workspace.shown(&p).display().to_string())
                         .unwrap_or_else(|e| e.to_string())
                 };
                 return Err(ToolError::Failed(format!(
@@ -209,7 +209,7 @@ pub fn load_memories(ctx: &ToolContext) -> String {
                 out.push_str(&format!(
                     "\n--- {} memory ({}) ---\n{}\n",
                     scope.as_str(),
-                    path.display(),
+                    ctx.workspace.shown(&path).display(),
                     text.trim_end()
                 ));
             }

@@ -90,6 +90,9 @@ pub struct ToolContext {
     /// Lints of a branch: new diagnostics after `edit`/`write_file` and the `diagnostics`
     /// tool. `None` (the default) leaves edits as they were.
     pub lint: Option<Arc<crate::lint::tool::LintHook>>,
+    /// Set in a shadow ([`crate::shadow::Shadow::tool_context`]): `shell` runs its commands
+    /// in the branch sandbox at the project's real path instead of directly.
+    pub shadow: Option<crate::shadow::ShadowRunner>,
 }
 
 impl ToolContext {
@@ -102,6 +105,7 @@ impl ToolContext {
             memory_file_name: memory::FILE_NAME.to_string(),
             background: None,
             lint: None,
+            shadow: None,
         }
     }
 }

@@ -1,8 +1,11 @@
 //! `shell`: run a command in the workspace root with a timeout and an output cap. The command
 //! gets its own process group so that a timeout or a cancel kills everything it started.
 
+use std::ffi::OsString;
 use std::process::Stdio;
 use std::time::Duration;
+
+use shade_fusefs::sandbox::Termination;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -12,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::text::plural;
 use super::{parse_args, shell_classify, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
 use crate::llm::{BoxFuture, ToolSpec};
+use crate::shadow::{self, RunError, ShadowRunner};
 
 /// The tool, with its limits.
 #[derive(Debug, Clone)]
@@ -100,14 +104,21 @@ impl Tool for Shell {
                 .map(Duration::from_millis)
                 .unwrap_or(self.default_timeout)
                 .min(self.max_timeout);
-            run_command(
-                &p.command,
-                ctx.workspace.root(),
-                timeout,
-                self.output_cap,
-                cancel,
-            )
-            .await
+            match &ctx.shadow {
+                Some(runner) => {
+                    run_in_shadow(&p.command, runner, ctx, timeout, self.output_cap, cancel).await
+                }
+                None => {
+                    run_command(
+                        &p.command,
+                        ctx.workspace.root(),
+                        timeout,
+                        self.output_cap,
+                        cancel,
+                    )
+                    .await
+                }
+            }
         })
     }
 }
@@ -147,11 +158,7 @@ async fn run_command(
     cap: usize,
     cancel: &CancellationToken,
 ) -> Result<ToolOutput, ToolError> {
-    let shell = if std::path::Path::new("/bin/bash").exists() {
-        "/bin/bash"
-    } else {
-        "/bin/sh"
-    };
+    let shell = shell_program();
     let mut child = tokio::process::Command::new(shell)
         .arg("-c")
         .arg(command)
@@ -217,17 +224,36 @@ async fn run_command(
                 format!("Killed by signal {}", s.signal().unwrap_or(0))
             }
         },
-        Ending::TimedOut => format!(
-            "Timed out after {}s; the command and its children were killed.",
-            timeout.as_secs_f64()
-        ),
+        Ending::TimedOut => timed_out(timeout),
         Ending::Cancelled => return Err(ToolError::Cancelled),
     };
-    let mut content = status_line.clone();
+    Ok(render(command, &status_line, &stdout, &stderr, None))
+}
+
+fn timed_out(timeout: Duration) -> String {
+    format!(
+        "Timed out after {}s; the command and its children were killed.",
+        timeout.as_secs_f64()
+    )
+}
+
+/// The tool's answer: status line, both streams, and an optional note for the model.
+fn render(
+    command: &str,
+    status_line: &str,
+    stdout: &Captured,
+    stderr: &Captured,
+    note: Option<&str>,
+) -> ToolOutput {
+    let mut content = status_line.to_string();
     content.push_str("\nStdout:");
     content.push_str(&stdout.render());
     content.push_str("\nStderr:");
     content.push_str(&stderr.render());
+    if let Some(note) = note {
+        content.push_str("\nNote: ");
+        content.push_str(note);
+    }
     let lines = stdout.text.lines().count() + stderr.text.lines().count();
     let short = crate::llm::error::truncate_chars(command.lines().next().unwrap_or(""), 60);
     let display = format!(
@@ -235,7 +261,78 @@ async fn run_command(
         status_line.to_lowercase().trim_end_matches('.'),
         plural(lines, "line")
     );
-    Ok(ToolOutput { content, display })
+    ToolOutput { content, display }
+}
+
+/// The shell of the tool's commands.
+fn shell_program() -> &'static str {
+    if std::path::Path::new("/bin/bash").exists() {
+        "/bin/bash"
+    } else {
+        "/bin/sh"
+    }
+}
+
+/// In a shadow: the same command, run by the branch sandbox at the project's real path
+/// (see `crate::shadow`), with the same environment and the same answer format.
+async fn run_in_shadow(
+    command: &str,
+    runner: &ShadowRunner,
+    ctx: &ToolContext,
+    timeout: Duration,
+    cap: usize,
+    cancel: &CancellationToken,
+) -> Result<ToolOutput, ToolError> {
+    let shell = shell_program();
+    let env = [
+        ("OPENAI_API_KEY", None),
+        ("GIT_TERMINAL_PROMPT", Some("0")),
+        ("PAGER", Some("cat")),
+        ("GIT_PAGER", Some("cat")),
+    ]
+    .into_iter()
+    .map(|(k, v)| (OsString::from(k), v.map(OsString::from)))
+    .collect();
+    let cmd = shadow::Command {
+        argv: vec![shell.into(), "-c".into(), command.into()],
+        cwd: ctx.workspace.shown_root().to_path_buf(),
+        env,
+        timeout: Some(timeout),
+        output_cap: cap,
+    };
+    let outcome = match runner.run(cmd, cancel).await {
+        Ok(o) => o,
+        Err(RunError::Cancelled) => return Err(ToolError::Cancelled),
+        Err(e) => return Err(ToolError::Failed(e.to_string())),
+    };
+    let status_line = match &outcome.termination {
+        Termination::Exited(c) => format!("Exit code: {c}"),
+        Termination::Signaled(s) | Termination::Interrupted(s) => format!("Killed by signal {s}"),
+        Termination::TimedOut => {
+            let limit = runner
+                .isolation()
+                .time_limit
+                .map_or(timeout, |l| l.min(timeout));
+            timed_out(limit)
+        }
+        Termination::Cancelled => return Err(ToolError::Cancelled),
+        Termination::CannotExec(m) => {
+            return Err(ToolError::Failed(format!("cannot start {shell}: {m}")))
+        }
+    };
+    let text = |c: &Option<shade_fusefs::sandbox::Captured>| Captured {
+        text: c.as_ref().map(|c| c.text()).unwrap_or_default(),
+    };
+    let (stdout, stderr) = (text(&outcome.stdout), text(&outcome.stderr));
+    let isolation = runner.isolation();
+    let refused_write = isolation.read_only
+        && (stderr.text.contains("Read-only file system")
+            || stdout.text.contains("Read-only file system"));
+    let note = refused_write.then_some(
+        "this command ran in a sandbox where only the project is writable (and /tmp, and \
+         throw-away copies of build caches); writes elsewhere are refused.",
+    );
+    Ok(render(command, &status_line, &stdout, &stderr, note))
 }
 
 /// One stream's captured text (already capped, with an omission note inside).

@@ -1,0 +1,413 @@
+//! Agents in branches: a [`Shadow`] is one branch of the project in which an agent's file
+//! tools and shell commands all land, so nothing reaches the real tree until
+//! [`Shadow::accept`]. The model keeps seeing the project's real absolute paths (the
+//! workspace maps them into the mount, commands run in a namespace where the branch is
+//! bound over the project path). A shadow can be aborted while commands run in it: they are
+//! killed, with everything they started, before the branch is unmounted.
+//!
+//! Hundreds can live at once: a shadow costs one FUSE mount (plus, for a read-only sandbox,
+//! one throw-away branch per build cache, created on its first command) and no thread
+//! except while a command runs.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use shade_fusefs::sandbox::{self, CacheBranches, Cancel, Isolation, Output, RunOutcome, RunSpec};
+use shade_fusefs::{
+    AcceptError, AcceptFlags, AcceptReport, Branch, BranchError, BranchOptions, Changeset,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::tools::ToolContext;
+use crate::workspace::Workspace;
+
+/// How to create a shadow.
+#[derive(Debug, Clone)]
+pub struct ShadowOptions {
+    /// The branch's options (state dir, memory budget, FUSE threads).
+    pub branch: BranchOptions,
+    /// The sandbox every shell command of the shadow runs in.
+    pub isolation: Isolation,
+    /// Build caches outside the project that get a throw-away branch each when
+    /// `isolation.read_only` is set (otherwise commands write to them normally).
+    pub cache_dirs: Vec<PathBuf>,
+}
+
+impl ShadowOptions {
+    /// For speculation: network off, private /tmp, the rest of the file system read-only
+    /// except throw-away branches of the usual build caches, commands killed after
+    /// `time_limit`.
+    pub fn speculative(time_limit: Duration) -> ShadowOptions {
+        ShadowOptions {
+            branch: BranchOptions::default(),
+            isolation: Isolation::speculative(time_limit),
+            cache_dirs: sandbox::default_cache_dirs(),
+        }
+    }
+
+    /// For a live `--shadow` session: network and /tmp as usual; inside the project only
+    /// the branch is writable.
+    pub fn live() -> ShadowOptions {
+        ShadowOptions {
+            branch: BranchOptions::default(),
+            isolation: Isolation::default(),
+            cache_dirs: Vec::new(),
+        }
+    }
+}
+
+/// Why a shadow could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum ShadowError {
+    /// Creating or mounting the branch failed.
+    #[error(transparent)]
+    Branch(#[from] BranchError),
+    /// The mount could not be used as a workspace.
+    #[error("branch mount {path}: {source}")]
+    Workspace {
+        /// The mount point.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// One branch of a project with an agent working in it. Dropping it aborts it.
+pub struct Shadow {
+    inner: Arc<Inner>,
+}
+
+/// The part shared with every [`ToolContext`] made for the shadow.
+struct Inner {
+    project: PathBuf,
+    mount: PathBuf,
+    id: String,
+    workspace: Workspace,
+    isolation: Isolation,
+    cache_dirs: Vec<PathBuf>,
+    branch_options: BranchOptions,
+    /// `None` once accepted or aborted.
+    branch: Mutex<Option<Branch>>,
+    /// Created on the first read-only command; dropped with the branch.
+    caches: Mutex<Option<CacheBranches>>,
+    runs: Mutex<Runs>,
+    /// Signalled whenever a command ends.
+    idle: Condvar,
+}
+
+#[derive(Default)]
+struct Runs {
+    next: u64,
+    live: HashMap<u64, Cancel>,
+    /// Set by accept/abort: no new command may start.
+    closed: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shadow {
+    /// Mounts a fresh branch of `project` (canonicalized).
+    pub fn create(project: &Path, options: ShadowOptions) -> Result<Shadow, ShadowError> {
+        let branch = Branch::create(project, &options.branch)?;
+        let project = branch.project().to_path_buf();
+        let mount = branch.mountpoint().to_path_buf();
+        let workspace =
+            Workspace::shadowed(&project, &mount).map_err(|source| ShadowError::Workspace {
+                path: mount.clone(),
+                source,
+            })?;
+        Ok(Shadow {
+            inner: Arc::new(Inner {
+                id: branch.id().to_string(),
+                project,
+                mount,
+                workspace,
+                isolation: options.isolation,
+                cache_dirs: options.cache_dirs,
+                branch_options: options.branch,
+                branch: Mutex::new(Some(branch)),
+                caches: Mutex::new(None),
+                runs: Mutex::new(Runs::default()),
+                idle: Condvar::new(),
+            }),
+        })
+    }
+
+    /// The real project directory (canonical).
+    pub fn project(&self) -> &Path {
+        &self.inner.project
+    }
+
+    /// Where the branch is mounted (never shown to the model).
+    pub fn mountpoint(&self) -> &Path {
+        &self.inner.mount
+    }
+
+    /// The branch's id (its FUSE fsname is `shade:ID`).
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// The sandbox shell commands run in.
+    pub fn isolation(&self) -> Isolation {
+        self.inner.isolation
+    }
+
+    /// The branch as a workspace: files in the mount, paths as in the project.
+    pub fn workspace(&self) -> Workspace {
+        self.inner.workspace.clone()
+    }
+
+    /// `base` moved into the shadow: its workspace becomes the branch, its `shell` runs in
+    /// the branch sandbox, and it gets its own todo list.
+    pub fn tool_context(&self, base: &ToolContext) -> ToolContext {
+        let mut ctx = base.clone();
+        ctx.workspace = self.workspace();
+        ctx.todos = Default::default();
+        ctx.shadow = Some(self.runner());
+        ctx
+    }
+
+    /// Runs commands in this shadow; usable after the shadow is gone (it then refuses).
+    pub fn runner(&self) -> ShadowRunner {
+        ShadowRunner {
+            inner: self.inner.clone(),
+        }
+    }
+
+    /// Commands running in the branch right now.
+    pub fn running_commands(&self) -> usize {
+        lock(&self.inner.runs).live.len()
+    }
+
+    /// Kills every command running in the branch now (process groups and namespace
+    /// leftovers) and waits until they are gone; the shadow stays usable.
+    pub fn kill_commands(&self) {
+        let runs = lock(&self.inner.runs);
+        for c in runs.live.values() {
+            c.cancel();
+        }
+        drop(self.inner.wait_idle(runs));
+    }
+
+    /// What the branch changed so far (empty once accepted or aborted).
+    pub fn changeset(&self, include_ignored: bool) -> Changeset {
+        match lock(&self.inner.branch).as_ref() {
+            Some(b) => b.changeset(include_ignored),
+            None => Changeset::default(),
+        }
+    }
+
+    /// Unified diff of `changes` (from [`Shadow::changeset`]), paths relative to the project.
+    pub fn diff(&self, changes: &Changeset) -> String {
+        match lock(&self.inner.branch).as_ref() {
+            Some(b) => b.diff(changes),
+            None => String::new(),
+        }
+    }
+
+    /// Writes the branch into the real project: commands still running are killed first,
+    /// then the accept is conflict-checked and atomic (nothing written on a conflict).
+    pub fn accept(self, flags: AcceptFlags) -> Result<AcceptReport, AcceptError> {
+        let branch = self.inner.close();
+        match branch {
+            Some(b) => b.accept(flags),
+            None => Err(AcceptError::Io {
+                path: self.inner.project.clone(),
+                source: std::io::Error::other("the shadow was already closed"),
+            }),
+        }
+    }
+
+    /// Drops the branch: kills every process still running in it, unmounts it and removes
+    /// its store (and the cache branches). Nothing is left mounted or on disk.
+    pub fn abort(self) {}
+}
+
+impl Drop for Shadow {
+    fn drop(&mut self) {
+        drop(self.inner.close());
+    }
+}
+
+impl Inner {
+    /// Stops new commands, kills running ones, waits for them, drops the cache branches and
+    /// hands back the branch (if not closed before).
+    fn close(&self) -> Option<Branch> {
+        let mut runs = lock(&self.runs);
+        runs.closed = true;
+        for c in runs.live.values() {
+            c.cancel();
+        }
+        drop(self.wait_idle(runs));
+        drop(lock(&self.caches).take());
+        lock(&self.branch).take()
+    }
+
+    fn wait_idle<'a>(&self, mut runs: MutexGuard<'a, Runs>) -> MutexGuard<'a, Runs> {
+        while !runs.live.is_empty() {
+            runs = self.idle.wait(runs).unwrap_or_else(|e| e.into_inner());
+        }
+        runs
+    }
+
+    fn binds(&self) -> Result<Vec<sandbox::Bind>, String> {
+        if !self.isolation.read_only || self.cache_dirs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut caches = lock(&self.caches);
+        if caches.is_none() {
+            let created =
+                CacheBranches::create(&self.project, &self.cache_dirs, &self.branch_options)
+                    .map_err(|e| {
+                        format!("cannot give the build caches a throw-away branch: {e}")
+                    })?;
+            *caches = Some(created);
+        }
+        Ok(caches
+            .as_ref()
+            .map(CacheBranches::binds)
+            .unwrap_or_default())
+    }
+}
+
+/// Runs commands inside a shadow's branch sandbox (what the `shell` tool uses there).
+#[derive(Clone)]
+pub struct ShadowRunner {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ShadowRunner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShadowRunner")
+            .field("project", &self.inner.project)
+            .field("branch", &self.inner.id)
+            .finish()
+    }
+}
+
+/// One command for [`ShadowRunner::run`].
+#[derive(Debug, Clone)]
+pub struct Command {
+    /// Program and arguments (`argv[0]` looked up in `PATH`).
+    pub argv: Vec<OsString>,
+    /// Working directory: the real project path or below (the branch is bound there).
+    pub cwd: PathBuf,
+    /// Environment changes: `Some` sets, `None` removes.
+    pub env: Vec<(OsString, Option<OsString>)>,
+    /// Kill it after this long (the shadow's own time limit still applies).
+    pub timeout: Option<Duration>,
+    /// Bytes kept of each of stdout and stderr (head and tail).
+    pub output_cap: usize,
+}
+
+/// Why a command did not run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RunError {
+    /// The shadow was accepted or aborted.
+    #[error("the shadow branch is closed (accepted or aborted); no command can run in it")]
+    Closed,
+    /// The caller's cancel token fired; the command was killed.
+    #[error("cancelled")]
+    Cancelled,
+    /// [`Shadow::kill_commands`] killed it.
+    #[error("the command was killed: its shadow branch stopped every command running in it")]
+    Killed,
+    /// shade could not set the sandbox up.
+    #[error("{0}")]
+    Sandbox(String),
+}
+
+/// Removes a run from the live set when its blocking task ends, however it ends.
+struct Registration {
+    inner: Arc<Inner>,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        lock(&self.inner.runs).live.remove(&self.id);
+        self.inner.idle.notify_all();
+    }
+}
+
+impl ShadowRunner {
+    /// The real project path the commands see.
+    pub fn project(&self) -> &Path {
+        &self.inner.project
+    }
+
+    /// The sandbox commands run in.
+    pub fn isolation(&self) -> Isolation {
+        self.inner.isolation
+    }
+
+    /// Runs `cmd` in the branch at the project's real path with captured output, on the
+    /// blocking pool. `cancel` (or aborting the shadow) kills it and everything it started.
+    pub async fn run(
+        &self,
+        cmd: Command,
+        cancel: &CancellationToken,
+    ) -> Result<RunOutcome, RunError> {
+        let stop = Cancel::new();
+        let registration = {
+            let mut runs = lock(&self.inner.runs);
+            if runs.closed {
+                return Err(RunError::Closed);
+            }
+            let id = runs.next;
+            runs.next += 1;
+            runs.live.insert(id, stop.clone());
+            Registration {
+                inner: self.inner.clone(),
+                id,
+            }
+        };
+        let inner = self.inner.clone();
+        let task_stop = stop.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            let _registration = registration;
+            let binds = inner.binds().map_err(RunError::Sandbox)?;
+            let mut spec = RunSpec::new(
+                inner.project.clone(),
+                inner.mount.clone(),
+                cmd.cwd,
+                cmd.argv,
+            );
+            spec.env = cmd.env;
+            spec.timeout = cmd.timeout;
+            spec.output = Output::Capture {
+                cap: cmd.output_cap,
+            };
+            spec.isolation = inner.isolation;
+            spec.binds = binds;
+            sandbox::run_cancellable(&spec, &task_stop)
+                .map_err(|e| RunError::Sandbox(e.to_string()))
+        });
+        tokio::pin!(task);
+        let joined = tokio::select! {
+            r = &mut task => r,
+            _ = cancel.cancelled() => {
+                stop.cancel();
+                task.await
+            }
+        };
+        let outcome =
+            joined.map_err(|e| RunError::Sandbox(format!("the command's task failed: {e}")))??;
+        if outcome.termination == sandbox::Termination::Cancelled {
+            return Err(if cancel.is_cancelled() {
+                RunError::Cancelled
+            } else if lock(&self.inner.runs).closed {
+                RunError::Closed
+            } else {
+                RunError::Killed
+            });
+        }
+        Ok(outcome)
+    }
+}
