@@ -6,12 +6,15 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use clap::Args;
+use serde::Serialize;
 use shade_agent::approval::{Answer, ApprovalMode, ApprovalRequest, Approver, NoOneToAsk};
 use shade_agent::followup::FollowupSettings;
 use shade_agent::llm::{BoxFuture, Overrides};
 use shade_agent::{
-    Agent, AgentEvent, AgentOptions, EventSink, StopReason, ToolContext, ToolRegistry, Workspace,
+    Agent, AgentEvent, AgentOptions, EventSink, Shadow, ShadowOptions, StopReason, ToolContext,
+    ToolRegistry, Workspace,
 };
+use shade_fusefs::{AcceptError, AcceptFlags, Change, StateDir};
 use tokio_util::sync::CancellationToken;
 
 use crate::exit;
@@ -29,7 +32,8 @@ idle_timeout_secs, thinking_param, enable_followup_suggestions, enable_cache_sha
 enable_speculation, telemetry), then OPENAI_BASE_URL, OPENAI_API_KEY, SHADE_MODEL, \
 SHADE_FAST_MODEL, then the flags.
 
-Exit status: 0 answered, 2 turn limit reached, 130 interrupted, 125 shade or model error.")]
+Exit status: 0 answered, 2 turn limit reached, 130 interrupted, 124 --accept refused \
+(conflicts), 125 shade or model error.")]
 pub struct ExecArgs {
     /// What may run without asking: default (ask before edits and writing commands),
     /// auto-edit, yolo, plan (read-only). Without a terminal, what would be asked is refused.
@@ -69,6 +73,14 @@ pub struct ExecArgs {
     /// Project directory (default: the current directory).
     #[arg(short = 'C', long = "directory", value_name = "DIR")]
     pub directory: Option<PathBuf>,
+    /// Work in a branch of the project: every edit and shell command lands there, the
+    /// transcript ends with what changed, and the branch is dropped unless --accept.
+    #[arg(long)]
+    pub shadow: bool,
+    /// With --shadow: write the branch into the project when the run finished cleanly
+    /// (refused, nothing written, exit 124, if a changed path was edited meanwhile).
+    #[arg(long, requires = "shadow")]
+    pub accept: bool,
     /// The prompt.
     pub prompt: String,
 }
@@ -132,8 +144,20 @@ async fn run(args: ExecArgs) -> i32 {
         None => FollowupSettings::default(),
     };
     let tools = ToolRegistry::standard();
+    let shadow = if args.shadow {
+        crate::cmd_run::startup_recovery(&StateDir::from_env());
+        match Shadow::create(workspace.root(), ShadowOptions::live()) {
+            Ok(s) => Some(s),
+            Err(e) => return exit::fail(&anyhow::anyhow!(e)),
+        }
+    } else {
+        None
+    };
     let mut ctx = ToolContext::new(workspace);
     ctx.background = Some(llm.background.clone());
+    if let Some(shadow) = &shadow {
+        ctx = shadow.tool_context(&ctx);
+    }
     let agent = Agent::new(
         llm.provider.clone(),
         tools.clone(),
@@ -170,20 +194,23 @@ async fn run(args: ExecArgs) -> i32 {
         })
     };
     let mut conversation = agent.start_conversation(&args.prompt);
-    let status = match agent.run(&mut conversation, &sink, &cancel).await {
-        Ok(outcome) => match outcome.stop {
-            StopReason::Completed | StopReason::Boundary => 0,
-            StopReason::TurnLimit => TURN_LIMIT,
-            StopReason::Cancelled => INTERRUPTED,
-            StopReason::Error => exit::SHADE_ERROR,
-        },
+    let (status, stop) = match agent.run(&mut conversation, &sink, &cancel).await {
+        Ok(outcome) => (
+            match outcome.stop {
+                StopReason::Completed | StopReason::Boundary => 0,
+                StopReason::TurnLimit => TURN_LIMIT,
+                StopReason::Cancelled => INTERRUPTED,
+                StopReason::Error => exit::SHADE_ERROR,
+            },
+            Some(outcome.stop),
+        ),
         Err(e) => {
             // The renderer already printed the `error` event; with --json it went to stdout,
             // so say it on stderr too.
             if args.json {
                 eprintln!("shade: {e}");
             }
-            exit::SHADE_ERROR
+            (exit::SHADE_ERROR, None)
         }
     };
     if args.suggest && status != INTERRUPTED {
@@ -196,7 +223,90 @@ async fn run(args: ExecArgs) -> i32 {
         };
         crate::exec_suggest::suggest(&llm.background, settings, finished, args.json, &cancel).await;
     }
-    status
+    drop(agent);
+    match shadow {
+        Some(shadow) => finish_shadow(shadow, &args, stop, status),
+        None => status,
+    }
+}
+
+/// The `--json` event closing a `--shadow` run.
+#[derive(Serialize)]
+struct ChangesetEvent<'a> {
+    r#type: &'static str,
+    changes: &'a [Change],
+    accepted: bool,
+    conflicts: Vec<crate::cmd_run::ConflictJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+/// `--shadow`: show what the branch changed, then accept it (`--accept`, clean runs only)
+/// or drop it. Returns the exit status.
+fn finish_shadow(shadow: Shadow, args: &ExecArgs, stop: Option<StopReason>, code: i32) -> i32 {
+    let changes = shadow.changeset(false);
+    let project = shadow.project().to_path_buf();
+    if !args.json {
+        let mut out = std::io::stdout().lock();
+        if changes.is_empty() {
+            let _ = writeln!(out, "(no changes in the shadow branch)");
+        }
+        for c in &changes.changes {
+            let _ = writeln!(out, "{c}");
+        }
+        let _ = out.flush();
+    }
+    let mut event = ChangesetEvent {
+        r#type: "changeset",
+        changes: &changes.changes,
+        accepted: false,
+        conflicts: Vec::new(),
+        error: None,
+    };
+    let mut final_code = code;
+    if args.accept && stop == Some(StopReason::Completed) {
+        let n = changes.changes.len();
+        match shadow.accept(AcceptFlags::default()) {
+            Ok(_) => {
+                event.accepted = true;
+                if !args.json {
+                    eprintln!(
+                        "shade: accepted {n} change{}",
+                        if n == 1 { "" } else { "s" }
+                    );
+                }
+            }
+            Err(AcceptError::Conflicts(list)) => {
+                event.conflicts = crate::cmd_run::report_conflicts(&list, &project);
+                final_code = exit::CONFLICT;
+            }
+            Err(e) => {
+                eprintln!("shade: accept failed, the project is unchanged: {e}");
+                event.error = Some(e.to_string());
+                final_code = exit::SHADE_ERROR;
+            }
+        }
+    } else {
+        if !args.json {
+            if args.accept {
+                eprintln!("shade: not accepted: the run did not finish cleanly");
+            } else if !changes.is_empty() {
+                eprintln!(
+                    "shade: the shadow branch was dropped; {} is unchanged",
+                    project.display()
+                );
+            }
+        }
+        shadow.abort();
+    }
+    if args.json {
+        if let Ok(line) = serde_json::to_string(&event) {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        }
+    }
+    final_code
 }
 
 fn print_json(e: AgentEvent) {

@@ -67,7 +67,7 @@ struct Report<'a> {
 }
 
 #[derive(Serialize)]
-struct ConflictJson {
+pub(crate) struct ConflictJson {
     #[serde(serialize_with = "shade_fusefs::lossy_path")]
     path: PathBuf,
     reason: String,
@@ -178,19 +178,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
                 }
             }
             Err(AcceptError::Conflicts(list)) => {
-                eprintln!(
-                    "shade: not accepted: {} path{} changed in {} since the branch read them:",
-                    list.len(),
-                    if list.len() == 1 { "" } else { "s" },
-                    project.display()
-                );
-                for c in &list {
-                    eprintln!("  {c}");
-                    conflicts.push(ConflictJson {
-                        path: c.path.clone(),
-                        reason: c.to_string(),
-                    });
-                }
+                conflicts = report_conflicts(&list, &project);
                 final_code = exit::CONFLICT;
             }
             Err(e) => {
@@ -223,6 +211,28 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     Ok(final_code)
 }
 
+/// Says on stderr why an accept was refused, and returns the conflicts for `--json`.
+pub(crate) fn report_conflicts(
+    list: &[shade_fusefs::Conflict],
+    project: &std::path::Path,
+) -> Vec<ConflictJson> {
+    eprintln!(
+        "shade: not accepted: {} path{} changed in {} since the branch read them:",
+        list.len(),
+        if list.len() == 1 { "" } else { "s" },
+        project.display()
+    );
+    list.iter()
+        .map(|c| {
+            eprintln!("  {c}");
+            ConflictJson {
+                path: c.path.clone(),
+                reason: c.to_string(),
+            }
+        })
+        .collect()
+}
+
 /// Block or unblock SIGINT, SIGTERM and SIGHUP for the calling thread (and the threads
 /// it starts afterwards). A signal that arrives while blocked waits; shade exits moments
 /// later on its own.
@@ -236,7 +246,7 @@ fn termination_signals(how: SigmaskHow) {
     }
 }
 
-fn print_changes(changes: &[Change]) {
+pub(crate) fn print_changes(changes: &[Change]) {
     let mut err = std::io::stderr().lock();
     for c in changes {
         let _ = writeln!(err, "{c}");

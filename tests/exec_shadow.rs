@@ -1,0 +1,182 @@
+//! `shade exec --shadow` end to end: the real binary, a real branch mount, a replayed
+//! cassette in which the agent edits add.sh and runs a command that writes result.txt.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{assert_no_shade_mounts, snapshot, Fixture};
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+const PROMPT: &str = "add.sh should print the sum of its two arguments, but test.sh fails. Fix it.";
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("agent/tests/fixtures")
+}
+
+struct Shadowed {
+    fx: Fixture,
+    config: tempfile::TempDir,
+}
+
+fn project() -> Shadowed {
+    let fx = Fixture::new();
+    for f in ["add.sh", "test.sh"] {
+        std::fs::copy(fixtures().join("add_project").join(f), fx.project.join(f)).unwrap();
+    }
+    Shadowed {
+        fx,
+        config: tempfile::tempdir().unwrap(),
+    }
+}
+
+impl Shadowed {
+    fn exec(&self, args: &[&str]) -> std::process::Command {
+        let mut c = self.fx.shade();
+        c.arg("exec")
+            .args(["--approval", "yolo", "--llm"])
+            .arg(format!(
+                "replay:{}",
+                fixtures().join("shadow_fix.jsonl").display()
+            ))
+            .args(args)
+            .arg(PROMPT)
+            .env("XDG_CONFIG_HOME", self.config.path())
+            .env_remove("SHADE_MODEL")
+            .env_remove("OPENAI_BASE_URL")
+            .env_remove("OPENAI_API_KEY");
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.exec(args).output().unwrap()
+    }
+
+    fn assert_clean(&self) {
+        assert_no_shade_mounts(&self.fx.state);
+        let left = std::fs::read_dir(self.fx.state.branches())
+            .map(|d| d.count())
+            .unwrap_or(0);
+        assert_eq!(left, 0, "a branch store was left behind");
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn without_accept_the_real_tree_stays_byte_identical() {
+    let p = project();
+    let before = snapshot(&p.fx.project);
+    let o = p.run(&["--shadow"]);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    assert!(
+        out.contains("  ✓ Edited add.sh (1 replacement, -1 +1 lines)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("  ✓ $ sh test.sh | tee result.txt; until [ -e \"${SHADE_TEST_GATE:-… → exit code: 0 (1 line of output)"),
+        "{out}"
+    );
+    assert!(
+        out.ends_with("The test passes; its output is in result.txt.\nM add.sh\nA result.txt\n"),
+        "the transcript does not end with the changeset: {out:?}"
+    );
+    assert!(err.contains("the shadow branch was dropped"), "{err}");
+    assert_eq!(snapshot(&p.fx.project), before);
+    p.assert_clean();
+}
+
+#[test]
+fn accept_writes_the_edit_and_the_commands_output() {
+    let p = project();
+    let o = p.run(&["--shadow", "--accept"]);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    assert!(p.fx.read("add.sh").contains("echo $(( $1 + $2 ))"));
+    assert_eq!(p.fx.read("result.txt"), "PASS\n");
+    assert!(err.contains("shade: accepted 2 changes"), "{err}");
+    p.assert_clean();
+}
+
+#[test]
+fn json_ends_with_a_changeset_event() {
+    let p = project();
+    let before = snapshot(&p.fx.project);
+    let o = p.run(&["--shadow", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let last: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(last["type"], "changeset");
+    assert_eq!(last["accepted"], false);
+    let changes: Vec<(String, String)> = last["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["kind"].as_str().unwrap().to_string(),
+                c["path"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(changes.len(), 2, "{last}");
+    assert_eq!(changes[0].1, "add.sh");
+    assert_eq!(changes[1].1, "result.txt");
+    assert_eq!(snapshot(&p.fx.project), before);
+    p.assert_clean();
+}
+
+#[test]
+fn a_concurrent_edit_of_the_same_file_refuses_the_accept() {
+    let p = project();
+    let gate = p.fx.tmp.path().join("gate");
+    let mut child = p
+        .exec(&["--shadow", "--accept"])
+        .env("SHADE_TEST_GATE", &gate)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The command holds at the gate once it wrote result.txt (after the edit of add.sh):
+    // find it in the branch mount, then change add.sh in the real tree and open the gate.
+    let branches = p.fx.state.branches();
+    let written = loop {
+        let found = std::fs::read_dir(&branches).ok().and_then(|d| {
+            d.flatten()
+                .map(|e| e.path().join("mnt/result.txt"))
+                .find(|r| r.exists())
+        });
+        if let Some(f) = found {
+            break f;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "shade ended early");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(written.exists());
+    p.fx.write(
+        "add.sh",
+        "#!/bin/sh\n# the user's own fix\necho $(( $1 + $2 ))\n",
+    );
+    let before = snapshot(&p.fx.project);
+    std::fs::write(&gate, "").unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(124), "{}\n{err}", text(&o.stdout));
+    assert!(err.contains("not accepted: 1 path changed"), "{err}");
+    assert!(err.contains("add.sh"), "{err}");
+    assert_eq!(snapshot(&p.fx.project), before, "something was written");
+    assert!(!p.fx.project.join("result.txt").exists());
+    p.assert_clean();
+}
+
+#[test]
+fn accept_needs_shadow() {
+    let p = project();
+    let o = p.run(&["--accept"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("--shadow"), "{}", text(&o.stderr));
+}
