@@ -79,7 +79,7 @@ fn script(s: &str) -> Check {
             'y' => {
                 let delim = *c.get(i).ok_or("`sed y` has no delimiter")?;
                 i = delimited(&c, i + 1, delim)?;
-                i = delimited(&c, i, delim)?;
+                i = command_end(&c, delimited(&c, i, delim)?)?;
             }
             'e' => return Err("`sed` command `e` runs a shell command".into()),
             'w' | 'W' => return Err(format!("`sed` command `{cmd}` writes to a file")),
@@ -100,10 +100,25 @@ fn script(s: &str) -> Check {
                 while i < c.len() && (c[i].is_ascii_digit() || c[i] == ' ') {
                     i += 1;
                 }
+                i = command_end(&c, i)?;
             }
-            '=' | 'd' | 'D' | 'g' | 'G' | 'h' | 'H' | 'n' | 'N' | 'p' | 'P' | 'x' | 'z' | 'F' => {}
+            '=' | 'd' | 'D' | 'g' | 'G' | 'h' | 'H' | 'n' | 'N' | 'p' | 'P' | 'x' | 'z' | 'F' => {
+                i = command_end(&c, i)?
+            }
             other => return Err(format!("`sed` command `{other}` is not understood")),
         }
+    }
+}
+
+/// As GNU sed: after a command only blanks, then `;`, a newline, `}` or a comment may follow
+/// (`xp` is an error there, not two commands).
+fn command_end(c: &[char], mut i: usize) -> Result<usize, String> {
+    while i < c.len() && (c[i] == ' ' || c[i] == '\t') {
+        i += 1;
+    }
+    match c.get(i) {
+        None | Some(';' | '\n' | '}' | '#') => Ok(i),
+        Some(x) => Err(format!("`sed` script has `{x}` after a command")),
     }
 }
 

@@ -338,6 +338,7 @@ fn sed() {
         ("sed -n p *.txt", "`*.txt` is only known"),
         ("sed 's/a/b' f", "unterminated"),
         ("sed 'k' f", "command `k` is not understood"),
+        ("sed -n xp f", "`p` after a command"),
         // GNU sed reads `[/]` as a bracket: the regex ends at the third `/`, and `w` follows.
         ("sed 's/[/]/g;s|/w out|x|' f", "`sed s///w` writes"),
         ("sed -n '/[/]/w out' f", "command `w` writes"),
