@@ -43,6 +43,7 @@ pub mod llm;
 pub mod prompt;
 pub mod query_loop;
 pub mod shadow;
+pub mod speculation;
 pub mod tools;
 pub mod workspace;
 

@@ -211,6 +211,18 @@ impl Shadow {
         }
     }
 
+    /// Would [`Shadow::accept`] be refused now (paths changed in the project meanwhile)?
+    /// Writes nothing and keeps the shadow, so a session can report and decide.
+    pub fn check_accept(&self, flags: AcceptFlags) -> Result<(), AcceptError> {
+        match lock(&self.inner.branch).as_ref() {
+            Some(b) => b.check_accept(flags),
+            None => Err(AcceptError::Io {
+                path: self.inner.project.clone(),
+                source: std::io::Error::other("the shadow was already closed"),
+            }),
+        }
+    }
+
     /// Writes the branch into the real project: commands still running are killed first,
     /// then the accept is conflict-checked and atomic (nothing written on a conflict).
     pub fn accept(self, flags: AcceptFlags) -> Result<AcceptReport, AcceptError> {

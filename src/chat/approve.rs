@@ -94,7 +94,6 @@ impl Approver for ChatApprover {
 }
 
 /// Ask a yes/no question about `shown` (a changeset and diff) outside a turn.
-#[allow(dead_code)] // used by speculation's accept, next
 pub(crate) fn confirm(shown: &str, what: &str) -> bool {
     let question = format!("{}\x1b[1m{what}?\x1b[0m [y]es / [n]o ", colour_diff(shown));
     matches!(

@@ -1,6 +1,7 @@
 //! Slash commands: parsing, help, and the list the completer offers.
 
 use shade_agent::approval::ApprovalMode;
+use shade_agent::tools::text::plural;
 
 /// Every command with a one-line description (for /help and completion).
 pub(crate) const COMMANDS: &[(&str, &str)] = &[
@@ -19,6 +20,15 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
         "/stats",
         "tokens per model, cached tokens, background work counted apart",
     ),
+    (
+        "/diff",
+        "with --shadow: what the session's branch changed, as a diff",
+    ),
+    (
+        "/accept",
+        "with --shadow: write the branch into the project (conflict-checked)",
+    ),
+    ("/abort", "with --shadow: drop the branch's changes"),
     ("/exit", "leave (also Ctrl-D)"),
 ];
 
@@ -31,6 +41,9 @@ pub(crate) enum Command {
     Compact,
     Clear,
     Stats,
+    Diff,
+    Accept,
+    Abort,
     Exit,
 }
 
@@ -70,6 +83,9 @@ pub(crate) fn parse(line: &str) -> Result<Command, String> {
         "/compact" => no_args(Command::Compact),
         "/clear" => no_args(Command::Clear),
         "/stats" => no_args(Command::Stats),
+        "/diff" => no_args(Command::Diff),
+        "/accept" => no_args(Command::Accept),
+        "/abort" => no_args(Command::Abort),
         "/exit" | "/quit" => no_args(Command::Exit),
         other => Err(format!("unknown command {other} (try /help)")),
     }
@@ -167,9 +183,81 @@ pub(crate) fn apply(session: &mut super::session::Session, cmd: Command) -> Flow
             println!("new conversation");
         }
         Command::Stats => print!("{}", stats(session)),
+        Command::Diff | Command::Accept | Command::Abort if session.shadow.is_none() => {
+            println!("not a shadow session: start `shade chat --shadow` to work in a branch")
+        }
+        Command::Diff => {
+            if let Some(shadow) = &session.shadow {
+                let changes = shadow.changeset(false);
+                if changes.changes.is_empty() {
+                    println!("no changes in the branch");
+                } else {
+                    for c in &changes.changes {
+                        println!("{c}");
+                    }
+                    print!("{}", shadow.diff(&changes));
+                }
+            }
+        }
+        Command::Accept => accept_shadow(session),
+        Command::Abort => {
+            let n = session
+                .shadow
+                .as_ref()
+                .map(|s| s.changeset(false).changes.len())
+                .unwrap_or(0);
+            if let Some(shadow) = session.shadow.take() {
+                shadow.abort();
+            }
+            println!("dropped {}; the project is unchanged", plural(n, "change"));
+            if let Err(e) = session.renew_shadow() {
+                println!("shade: {e:#}");
+            }
+        }
         Command::Exit => return Flow::Exit,
     }
     Flow::Continue
+}
+
+/// `/accept` in a shadow session: refuse (keeping the branch) when the project changed
+/// meanwhile, else write the branch and go on in a fresh one.
+fn accept_shadow(session: &mut super::session::Session) {
+    let Some(shadow) = session.shadow.take() else {
+        return;
+    };
+    let n = shadow.changeset(false).changes.len();
+    if n == 0 {
+        println!("no changes to accept");
+        session.shadow = Some(shadow);
+        return;
+    }
+    if let Err(e) = shadow.check_accept(shade_fusefs::AcceptFlags::default()) {
+        print_refusal(&e);
+        session.shadow = Some(shadow);
+        return;
+    }
+    match shadow.accept(shade_fusefs::AcceptFlags::default()) {
+        Ok(_) => println!("accepted {}", plural(n, "change")),
+        Err(e) => print_refusal(&e),
+    }
+    if let Err(e) = session.renew_shadow() {
+        println!("shade: {e:#}");
+    }
+}
+
+fn print_refusal(e: &shade_fusefs::AcceptError) {
+    match e {
+        shade_fusefs::AcceptError::Conflicts(list) => {
+            println!(
+                "not accepted: {} changed in the project since the branch read them (nothing written):",
+                plural(list.len(), "path")
+            );
+            for c in list {
+                println!("  {c}");
+            }
+        }
+        other => println!("not accepted, nothing written: {other}"),
+    }
 }
 
 /// The /stats table.

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use reedline::Signal;
 use shade_agent::approval::ApprovalMode;
+use shade_agent::background::prompt_id;
 use shade_agent::followup::cache::CacheSafeParams;
 use shade_agent::followup::controller::{FollowupController, FollowupHooks};
 use shade_agent::followup::generate::{generate_suggestion, SuggestionOutcome, SuggestionSource};
@@ -14,11 +15,14 @@ use shade_agent::followup::guards::{count_model_turns, SuggestionGuards};
 use shade_agent::followup::telemetry::Telemetry;
 use shade_agent::llm::Message;
 use shade_agent::{EventSink, StopReason};
+use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
+use super::approve;
 use super::commands::{self, Command, Flow};
 use super::editor::{self, ChatPrompt, Ghost};
 use super::session::{describe_error, Session};
+use super::speculate::{self, Accepted, Speculator, Template};
 use crate::cmd_exec::Renderer;
 use crate::exit;
 
@@ -30,7 +34,13 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
         Telemetry::disabled()
     };
     let wake = Arc::new(AtomicBool::new(false));
-    let hooks = FollowupHooks::default();
+    let speculator = Speculator::new(session.runtime.clone());
+    let (on_shown, on_dismissed) = (speculator.clone(), speculator.clone());
+    let hooks = FollowupHooks {
+        on_shown: Box::new(move |text: &str| on_shown.on_shown(text)),
+        on_dismissed: Box::new(move |_text: &str| on_dismissed.on_dismissed()),
+        ..FollowupHooks::default()
+    };
     let ghost = Arc::new(Ghost::new(FollowupController::new(
         hooks,
         telemetry.clone(),
@@ -44,7 +54,7 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
     let mut editor = editor::build(Some(&history), ghost.clone(), wake.clone());
     println!(
         "shade chat in {} — model {}, approval {}. /help for commands, Ctrl-D to leave.",
-        session.agent.context().workspace.root().display(),
+        session.agent.context().workspace.shown_root().display(),
         session.agent.options().model,
         session.agent.options().approval
     );
@@ -58,7 +68,28 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
     let mut prefix: Option<CacheSafeParams> = None;
     let mut pending: Option<CancellationToken> = None;
     let mut ctrl_c_armed = false;
+    // The terminal closing (SIGHUP) or a SIGTERM ends the session the same way Ctrl-D does,
+    // so no speculation's branch outlives it.
+    let hang_up = Arc::new(AtomicBool::new(false));
+    for kind in [SignalKind::hangup(), SignalKind::terminate()] {
+        let (flag, wake) = (hang_up.clone(), wake.clone());
+        match signal(kind) {
+            Ok(mut s) => {
+                session.runtime.spawn(async move {
+                    if s.recv().await.is_some() {
+                        flag.store(true, Ordering::SeqCst);
+                        wake.store(true, Ordering::SeqCst);
+                    }
+                });
+            }
+            Err(e) => tracing::warn!("cannot catch {kind:?}: {e}"),
+        }
+    }
+    let mut code = 0;
     loop {
+        if hang_up.load(Ordering::SeqCst) {
+            break;
+        }
         let mode = session.agent.options().approval;
         let prompt = ChatPrompt {
             label: match mode {
@@ -66,14 +97,15 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
                 other => format!("shade [{other}]"),
             },
         };
-        let signal = match editor.read_line(&prompt) {
+        let read = match editor.read_line(&prompt) {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("shade: the terminal failed: {e}");
-                return exit::SHADE_ERROR;
+                code = exit::SHADE_ERROR;
+                break;
             }
         };
-        let line = match signal {
+        let line = match read {
             Signal::Success(line) => line,
             Signal::CtrlC => {
                 let empty = ghost.line_empty.load(Ordering::SeqCst);
@@ -99,10 +131,15 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
         let text = text.as_str();
         // Take the speculation before the controller is reset (which would drop it): it is
         // used only when the submitted text is exactly the suggestion it ran.
-        let _accepted = ghost.accepted.lock().ok().and_then(|mut a| a.take());
+        let accepted = ghost.accepted.lock().ok().and_then(|mut a| a.take());
+        let speculation = accepted
+            .as_ref()
+            .filter(|(suggestion, _)| suggestion == text)
+            .and_then(|_| speculator.take_for(text));
         if let Ok(mut ctl) = ghost.ctl.lock() {
             ctl.clear(Instant::now());
         }
+        speculator.on_dismissed();
         if text.is_empty() {
             continue;
         }
@@ -111,6 +148,7 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
                 Ok(cmd) => {
                     if cmd == Command::Clear {
                         prefix = None;
+                        speculator.prepare(None);
                     }
                     if commands::apply(&mut session, cmd) == Flow::Exit {
                         break;
@@ -120,7 +158,34 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
             }
             continue;
         }
-        let result = session.turn_until_ctrl_c(text, &sink);
+        let mut next_suggestion = None;
+        let result = match speculation {
+            Some(spec) => match speculate::accept(
+                spec,
+                &mut session.conversation,
+                mode,
+                &sink,
+                &session.runtime.clone(),
+                &telemetry,
+                |changes| approve::confirm(changes, "write these speculated changes"),
+            ) {
+                Accepted::Applied {
+                    continue_live,
+                    next,
+                } => {
+                    next_suggestion = next;
+                    if continue_live {
+                        session.continue_until_ctrl_c(&sink)
+                    } else {
+                        session.after_speculated_turn();
+                        Ok(ended(StopReason::Completed))
+                    }
+                }
+                Accepted::Cancelled => Ok(ended(StopReason::Cancelled)),
+                Accepted::RunLive => session.turn_until_ctrl_c(text, &sink),
+            },
+            None => session.turn_until_ctrl_c(text, &sink),
+        };
         if let Ok(mut r) = renderer.lock() {
             r.end_line();
         }
@@ -145,7 +210,24 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
             dialog_open: false,
             model_turns: count_model_turns(&session.conversation),
         };
-        if guards.blocked_by().is_none() {
+        speculator.prepare(match (&prefix, session.speculate) {
+            (Some(p), true) => Some(Template {
+                prefix: p.clone(),
+                agent: session.agent.clone(),
+                background: session.llm.background.clone(),
+                project: session.agent.context().workspace.shown_root().to_path_buf(),
+                mode: session.agent.options().approval,
+                pipeline: true,
+                telemetry: telemetry.clone(),
+            }),
+            _ => None,
+        });
+        if let Some(next) = next_suggestion.filter(|_| guards.blocked_by().is_none()) {
+            // The speculation already computed what comes next: show it at once.
+            if let Ok(mut ctl) = ghost.ctl.lock() {
+                ctl.show_now(next, prompt_id::PIPELINED_SUGGESTION, Instant::now());
+            }
+        } else if guards.blocked_by().is_none() {
             pending = Some(spawn_suggestion(
                 &session,
                 prefix.clone(),
@@ -160,7 +242,20 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
     if let Ok(mut ctl) = ghost.ctl.lock() {
         ctl.clear(Instant::now());
     }
-    0
+    speculator.shutdown();
+    session.close();
+    code
+}
+
+/// A turn that made no model call of its own.
+fn ended(stop: StopReason) -> shade_agent::RunOutcome {
+    shade_agent::RunOutcome {
+        stop,
+        boundary: None,
+        turns: 0,
+        final_text: String::new(),
+        usage: Default::default(),
+    }
 }
 
 /// Ask the fast model for the next input; when it arrives, hand it to the controller and wake

@@ -9,6 +9,7 @@ mod editor;
 mod interactive;
 mod script;
 mod session;
+mod speculate;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -25,7 +26,7 @@ cancels a running turn (twice on an empty line exits), Ctrl-D exits. When a sugg
 shown as dim text: Tab or Right fills it in, Enter submits it, typing dismisses it.
 
 Slash commands: /help, /model [NAME], /model --fast [NAME], /approval [MODE], /compact, \
-/clear, /stats, /exit.
+/clear, /stats, /exit; with --shadow also /diff, /accept, /abort.
 
 Settings (config file, see `shade exec --help`): enable_followup_suggestions, \
 enable_cache_sharing, fast_model, telemetry, context_window, compact_threshold.")]
@@ -55,6 +56,10 @@ pub struct ChatArgs {
     /// Do not suggest the next input.
     #[arg(long)]
     pub no_suggest: bool,
+    /// Work in a branch of the project: edits and commands land there; /diff shows them,
+    /// /accept writes them into the project, /abort drops them.
+    #[arg(long)]
+    pub shadow: bool,
     /// Do not run a shown suggestion ahead in a branch.
     #[arg(long)]
     pub no_speculate: bool,

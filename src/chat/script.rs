@@ -43,11 +43,15 @@ pub(crate) fn run(mut session: Session, _runtime: &tokio::runtime::Runtime) -> i
             Ok(o) => match o.stop {
                 StopReason::Completed | StopReason::Boundary => 0,
                 StopReason::TurnLimit => 2,
-                StopReason::Cancelled => return 130,
+                StopReason::Cancelled => {
+                    session.close();
+                    return 130;
+                }
                 StopReason::Error => exit::SHADE_ERROR,
             },
             Err(_) => exit::SHADE_ERROR,
         };
     }
+    session.close();
     code
 }

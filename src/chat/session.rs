@@ -10,8 +10,8 @@ use shade_agent::followup::cache::new_session_id;
 use shade_agent::followup::FollowupSettings;
 use shade_agent::llm::{LlmError, Message, Overrides};
 use shade_agent::{
-    Agent, AgentError, AgentEvent, AgentOptions, EventSink, RunOutcome, StopReason, ToolContext,
-    ToolRegistry, Workspace,
+    Agent, AgentError, AgentEvent, AgentOptions, EventSink, RunOutcome, Shadow, ShadowOptions,
+    StopReason, ToolContext, ToolRegistry, Workspace,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -25,6 +25,8 @@ const KEEP_TURNS: usize = 2;
 /// The session's state.
 pub(crate) struct Session {
     pub agent: Agent,
+    /// `--shadow`: the branch the agent works in (`/diff`, `/accept`, `/abort`).
+    pub shadow: Option<Shadow>,
     /// The conversation, system prompt first; empty before the first turn.
     pub conversation: Vec<Message>,
     pub llm: LlmSetup,
@@ -33,7 +35,6 @@ pub(crate) struct Session {
     /// Suggestions wanted (flag and setting).
     pub suggest: bool,
     /// Speculation wanted (flag, setting, and not in a shadow session).
-    #[allow(dead_code)] // read by speculation, next
     pub speculate: bool,
     /// The config file's suggestion, cache-sharing, speculation and telemetry switches.
     pub settings: FollowupSettings,
@@ -79,7 +80,7 @@ impl Session {
         };
         let mut ctx = ToolContext::new(workspace);
         ctx.background = Some(llm.background.clone());
-        let agent = Agent::new(
+        let mut agent = Agent::new(
             llm.provider.clone(),
             ToolRegistry::standard(),
             ctx,
@@ -91,13 +92,24 @@ impl Session {
                 temperature: None,
             },
         );
+        let shadow = if args.shadow {
+            let shadow = Shadow::create(agent.context().workspace.root(), ShadowOptions::live())
+                .context("cannot create the session's branch")?;
+            agent = agent.fork_into(&shadow, args.approval);
+            Some(shadow)
+        } else {
+            None
+        };
         Ok(Session {
             agent,
+            shadow,
             conversation: Vec::new(),
             llm,
             approver,
             suggest: !args.no_suggest && settings.suggestions,
-            speculate: !args.no_speculate && settings.speculation,
+            // A shadow session's edits are not in the project yet: a speculation branched
+            // from the project would not see them.
+            speculate: !args.no_speculate && settings.speculation && !args.shadow,
             settings,
             last_turn_failed: false,
             last_prompt_tokens: Arc::new(Mutex::new(0)),
@@ -169,7 +181,6 @@ impl Session {
 
     /// Go on with the turn the conversation ends in (after a speculation accepted at a
     /// boundary): the model continues from the results it has.
-    #[allow(dead_code)] // used by speculation, next
     pub fn continue_until_ctrl_c(&mut self, sink: &EventSink) -> Result<RunOutcome, AgentError> {
         let cancel = self.new_turn();
         let runtime = self.runtime.clone();
@@ -192,7 +203,6 @@ impl Session {
     }
 
     /// A speculated turn was accepted in place of a live one.
-    #[allow(dead_code)] // used by speculation, next
     pub fn after_speculated_turn(&mut self) {
         self.last_turn_failed = false;
     }
@@ -240,6 +250,34 @@ impl Session {
                 });
                 None
             }
+        }
+    }
+
+    /// Replace the session's branch with a fresh one (after accept or abort); the agent
+    /// keeps its model and approval mode.
+    pub fn renew_shadow(&mut self) -> anyhow::Result<()> {
+        let root = self.agent.context().workspace.shown_root().to_path_buf();
+        let shadow = Shadow::create(&root, ShadowOptions::live())
+            .context("cannot create a new branch for the session")?;
+        self.agent = self.agent.fork_into(&shadow, self.agent.options().approval);
+        self.shadow = Some(shadow);
+        Ok(())
+    }
+
+    /// At the end of the session: say what a shadow branch held that is now dropped.
+    pub fn close(&mut self) {
+        if let Some(shadow) = self.shadow.take() {
+            let changes = shadow.changeset(false);
+            if !changes.changes.is_empty() {
+                eprintln!(
+                    "shade: dropped the session's branch with {} never accepted:",
+                    shade_agent::tools::text::plural(changes.changes.len(), "change")
+                );
+                for c in &changes.changes {
+                    eprintln!("  {c}");
+                }
+            }
+            shadow.abort();
         }
     }
 

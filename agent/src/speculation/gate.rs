@@ -1,0 +1,113 @@
+//! The speculation tool gate: which calls a speculative run may make. Reads run; edits and
+//! writing shell commands run *inside the branch* (its sandbox: network off, private /tmp,
+//! nothing outside the branch writable), where the peer had to stop; anything that needs the
+//! network, the user, or a tool it does not know is a boundary. Whatever the approval mode
+//! would have asked about live is noted, so that accept can ask once, with the changeset.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde_json::Value;
+
+use crate::approval::{decide, ApprovalMode, Decision};
+use crate::query_loop::{CallGate, GateCall};
+use crate::tools::{shell_classify, ToolKind};
+use crate::workspace::PathError;
+
+/// Messages a speculation may add at most (the seed's MAX_SPECULATION_MESSAGES).
+pub const MAX_SPECULATION_MESSAGES: usize = 100;
+
+/// Characters of a command kept in a `shell:` boundary name.
+const COMMAND_IN_REASON: usize = 50;
+
+/// The gate for one speculation.
+#[derive(Debug)]
+pub struct SpeculationGate {
+    /// The user's approval mode: plan mode makes every edit a boundary; the others decide
+    /// what accept must ask about.
+    mode: ApprovalMode,
+    would_ask: AtomicBool,
+}
+
+impl SpeculationGate {
+    /// A gate for a session in `mode`.
+    pub fn new(mode: ApprovalMode) -> Self {
+        Self {
+            mode,
+            would_ask: AtomicBool::new(false),
+        }
+    }
+
+    /// Did the speculation do something the mode would have asked about live (an edit in
+    /// default mode, a writing command outside yolo)?
+    pub fn would_ask(&self) -> bool {
+        self.would_ask.load(Ordering::SeqCst)
+    }
+
+    fn note(&self, kind: ToolKind, read_only: bool, summary: &str) {
+        if matches!(
+            decide(self.mode, kind, read_only, summary),
+            Decision::Ask(_)
+        ) {
+            self.would_ask.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// The path arguments of the file tools.
+fn path_args(args: &Value) -> impl Iterator<Item = &str> {
+    ["path", "file_path", "dir", "directory"]
+        .into_iter()
+        .filter_map(|k| args.get(k).and_then(Value::as_str))
+}
+
+impl CallGate for SpeculationGate {
+    fn check(&self, call: &GateCall<'_>) -> Option<String> {
+        let Some(tool) = call.tool else {
+            return Some(format!("unknown tool {}", call.name));
+        };
+        let Some(args) = call.args else {
+            // Bad JSON: the "call" is an error result for the model, harmless to give.
+            return None;
+        };
+        for p in path_args(args) {
+            if matches!(
+                call.ctx.workspace.resolve(p),
+                Err(PathError::Outside { .. })
+            ) {
+                return Some(format!("{}: path outside the project", call.name));
+            }
+        }
+        let summary = tool.describe(args);
+        match tool.kind() {
+            ToolKind::Read => None,
+            ToolKind::Edit => {
+                if self.mode == ApprovalMode::Plan {
+                    return Some(format!("{}: edits in plan mode", call.name));
+                }
+                self.note(ToolKind::Edit, false, &summary);
+                None
+            }
+            ToolKind::Execute => {
+                let command = args.get("command").and_then(Value::as_str).unwrap_or("");
+                let verdict = shell_classify::classify(command);
+                let short = || -> String { command.chars().take(COMMAND_IN_REASON).collect() };
+                if verdict.needs_network {
+                    return Some(format!("shell: {}", short()));
+                }
+                if verdict.read_only {
+                    return None;
+                }
+                if self.mode == ApprovalMode::Plan {
+                    return Some(format!("shell: {}", short()));
+                }
+                self.note(ToolKind::Execute, false, &summary);
+                None
+            }
+            ToolKind::Fetch | ToolKind::Memory | ToolKind::Meta => Some(call.name.to_string()),
+        }
+    }
+
+    fn message_limit(&self) -> Option<usize> {
+        Some(MAX_SPECULATION_MESSAGES)
+    }
+}

@@ -1,0 +1,283 @@
+//! The chat's side of speculation: start one when a suggestion is shown, drop it when the
+//! user types something else, and on accept write its branch and show its turn as if it had
+//! just run — or, when it cannot be used, run the prompt live as if there had been none.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use shade_agent::approval::ApprovalMode;
+use shade_agent::background::BackgroundLlm;
+use shade_agent::followup::cache::CacheSafeParams;
+use shade_agent::followup::telemetry::{SpeculationEventOutcome, Telemetry};
+use shade_agent::speculation::{Finished, Speculation, Start, Status};
+use shade_agent::tools::text::plural;
+use shade_agent::{Agent, AgentEvent, EventSink};
+use shade_fusefs::{AcceptError, AcceptFlags};
+
+/// What the next speculation starts from; refreshed after every turn.
+#[derive(Clone)]
+pub(crate) struct Template {
+    pub prefix: CacheSafeParams,
+    pub agent: Agent,
+    pub background: BackgroundLlm,
+    pub project: std::path::PathBuf,
+    pub mode: ApprovalMode,
+    pub pipeline: bool,
+    pub telemetry: Telemetry,
+}
+
+/// Holds at most one speculation, started by the controller's "shown" hook and dropped by
+/// its "dismissed" hook.
+pub(crate) struct Speculator {
+    template: Mutex<Option<Template>>,
+    current: Mutex<Option<Speculation>>,
+    /// Aborts under way (joined before the session ends, so no branch outlives it).
+    aborting: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    runtime: tokio::runtime::Handle,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Speculator {
+    pub fn new(runtime: tokio::runtime::Handle) -> Arc<Self> {
+        Arc::new(Self {
+            template: Mutex::new(None),
+            current: Mutex::new(None),
+            aborting: Mutex::new(Vec::new()),
+            runtime,
+        })
+    }
+
+    /// Speculations start from `template` from now on (`None`: none start).
+    pub fn prepare(&self, template: Option<Template>) {
+        *lock(&self.template) = template;
+    }
+
+    /// The "shown" hook.
+    pub fn on_shown(&self, suggestion: &str) {
+        let Some(t) = lock(&self.template).clone() else {
+            return;
+        };
+        let spec = Speculation::start(
+            Start {
+                suggestion: suggestion.to_string(),
+                prefix: t.prefix,
+                agent: t.agent,
+                background: t.background,
+                project: t.project,
+                mode: t.mode,
+                pipeline: t.pipeline,
+                telemetry: t.telemetry,
+            },
+            &self.runtime,
+        );
+        if let Some(old) = lock(&self.current).replace(spec) {
+            self.abort_in_background(old);
+        }
+    }
+
+    /// The "dismissed" hook (typing, paste, a new answer, /clear).
+    pub fn on_dismissed(&self) {
+        if let Some(s) = lock(&self.current).take() {
+            self.abort_in_background(s);
+        }
+    }
+
+    /// Take the speculation for the submitted `text`: only when it speculated exactly that.
+    /// Any other is aborted.
+    pub fn take_for(&self, text: &str) -> Option<Speculation> {
+        let spec = lock(&self.current).take()?;
+        if spec.suggestion() == text {
+            Some(spec)
+        } else {
+            self.abort_in_background(spec);
+            None
+        }
+    }
+}
+
+impl Speculator {
+    /// Killing commands and unmounting take a moment: never on the key handler's thread.
+    fn abort_in_background(&self, spec: Speculation) {
+        let mut aborting = lock(&self.aborting);
+        aborting.retain(|h| !h.is_finished());
+        aborting.push(std::thread::spawn(move || spec.abort()));
+    }
+
+    /// At the end of the session: no new speculation, the current one aborted, and every
+    /// abort finished (nothing left mounted).
+    pub fn shutdown(&self) {
+        self.prepare(None);
+        if let Some(s) = lock(&self.current).take() {
+            s.abort();
+        }
+        for h in std::mem::take(&mut *lock(&self.aborting)) {
+            let _ = h.join();
+        }
+    }
+}
+
+/// What accepting a speculation came to.
+pub(crate) enum Accepted {
+    /// Its turn is in the conversation and its files in the project. `continue_live`: it
+    /// stopped at a boundary, the live turn goes on from there. `next`: the pipelined
+    /// suggestion.
+    Applied {
+        continue_live: bool,
+        next: Option<String>,
+    },
+    /// Not used (failed, declined, conflict): run the prompt live. The reason was printed.
+    RunLive,
+    /// The user cancelled while it was finishing.
+    Cancelled,
+}
+
+/// Accept `spec` for the session: wait for it if it is still running (showing its turn as
+/// it goes), ask once where the approval mode would have asked, write the branch
+/// (conflict-checked, atomic), and append its messages to `conversation`.
+pub(crate) fn accept(
+    spec: Speculation,
+    conversation: &mut Vec<shade_agent::llm::Message>,
+    mode: ApprovalMode,
+    sink: &EventSink,
+    runtime: &tokio::runtime::Handle,
+    telemetry: &Telemetry,
+    ask: impl Fn(&str) -> bool,
+) -> Accepted {
+    let accepted_at = Instant::now();
+    let was_running = !spec.status().is_finished();
+    // Still running: show its turn as it goes, as a live turn would show.
+    if was_running {
+        let mut shown = 0;
+        let cancelled = runtime.block_on(async {
+            loop {
+                let (events, done) = spec.events_since(shown);
+                shown += events.len();
+                for e in events {
+                    render(sink, e);
+                }
+                if done {
+                    return false;
+                }
+                tokio::select! {
+                    _ = spec.changed() => {}
+                    _ = tokio::signal::ctrl_c() => return true,
+                }
+            }
+        });
+        if cancelled {
+            spec.abort();
+            return Accepted::Cancelled;
+        }
+    }
+    let finished = match spec.finish() {
+        Ok(f) => f,
+        Err(not_ready) => {
+            let (spec, status) = *not_ready;
+            let why = match &status {
+                Status::Failed(e) => format!("it failed ({e})"),
+                _ => "it did not finish".to_string(),
+            };
+            eprintln!("shade: the speculated turn is not used: {why}; running it live");
+            spec.abort();
+            return Accepted::RunLive;
+        }
+    };
+    // A conflict is found before anything is shown or asked.
+    if let Err(e) = finished.shadow.check_accept(AcceptFlags::default()) {
+        telemetry.record_speculation(&finished.event(SpeculationEventOutcome::Failed, None));
+        report_not_applied(&e);
+        drop_finished(finished);
+        return Accepted::RunLive;
+    }
+    let changes = finished.shadow.changeset(false);
+    if finished.would_ask && mode != ApprovalMode::Yolo && !changes.changes.is_empty() {
+        let mut question = String::new();
+        for c in &changes.changes {
+            question.push_str(&format!("{c}\n"));
+        }
+        question.push_str(&finished.shadow.diff(&changes));
+        if !ask(&question) {
+            telemetry.record_speculation(&finished.event(SpeculationEventOutcome::Aborted, None));
+            eprintln!("shade: speculated changes declined; running the prompt live");
+            drop_finished(finished);
+            return Accepted::RunLive;
+        }
+    }
+    if !was_running {
+        for e in finished.events.iter().cloned() {
+            render(sink, e);
+        }
+    }
+    // Its size before accept (the changeset is empty afterwards).
+    let accepted_event = finished.event(SpeculationEventOutcome::Accepted, None);
+    let failed_event = finished.event(SpeculationEventOutcome::Failed, None);
+    let Finished {
+        status,
+        shadow,
+        messages,
+        pipelined,
+        duration,
+        ..
+    } = finished;
+    let result = runtime.block_on(async {
+        tokio::task::spawn_blocking(move || shadow.accept(AcceptFlags::default())).await
+    });
+    match result {
+        Ok(Ok(_)) => {
+            conversation.extend(messages);
+            let saved = duration.saturating_sub(accepted_at.elapsed());
+            let mut event = accepted_event;
+            event.time_saved_ms = Some(saved.as_millis() as u64);
+            telemetry.record_speculation(&event);
+            if !was_running {
+                let ms = accepted_at.elapsed().as_millis();
+                eprintln!(
+                    "shade: speculated ahead: {} written in {ms} ms",
+                    plural(changes.changes.len(), "change")
+                );
+            }
+            let boundary = matches!(status, Status::Boundary(_));
+            Accepted::Applied {
+                continue_live: boundary,
+                next: if boundary { None } else { pipelined },
+            }
+        }
+        Ok(Err(e)) => {
+            telemetry.record_speculation(&failed_event);
+            report_not_applied(&e);
+            Accepted::RunLive
+        }
+        Err(e) => {
+            telemetry.record_speculation(&failed_event);
+            eprintln!("shade: speculation not applied ({e}); running live");
+            Accepted::RunLive
+        }
+    }
+}
+
+/// Say why the speculated changes were not written (nothing was).
+fn report_not_applied(e: &AcceptError) {
+    match e {
+        AcceptError::Conflicts(list) => {
+            eprintln!(
+                "shade: speculation not applied ({} changed meanwhile); running live",
+                plural(list.len(), "path")
+            );
+            for c in list {
+                eprintln!("  {c}");
+            }
+        }
+        other => eprintln!("shade: speculation not applied ({other}); running live"),
+    }
+}
+
+fn render(sink: &EventSink, e: AgentEvent) {
+    sink(e)
+}
+
+fn drop_finished(finished: Finished) {
+    std::thread::spawn(move || drop(finished));
+}

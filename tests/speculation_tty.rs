@@ -1,0 +1,348 @@
+//! Speculation the way a person meets it: the real `shade chat` in a terminal, a slow local
+//! model, a suggestion that edits a file and runs a test script that writes its output. The
+//! speculation runs in a real branch (FUSE, root); accepting it must show the result with no
+//! further model call, typing something else must leave nothing behind, a concurrent edit
+//! must make accept refuse and run live, and a boundary must hand over to a live turn.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::chat::{wait_ghost, Chat};
+use common::tty::Tty;
+use serde_json::{json, Value};
+use shade_testkit::{is_suggestion_request, last_real_user, tool_results_since_user, Reply};
+
+const BUGGY: &str = "#!/bin/sh\n# add two numbers\necho $(( $1 - $2 ))\n";
+const FIXED: &str = "#!/bin/sh\n# add two numbers\necho $(( $1 + $2 ))\n";
+const TEST: &str = "#!/bin/sh\n[ \"$(./add.sh 2 3)\" = 5 ] && echo PASS || echo FAIL\n";
+
+/// Slow on purpose: each model call takes a while, as a real one does.
+const LATENCY: Duration = Duration::from_millis(300);
+
+fn model(body: &Value) -> Reply {
+    let user = last_real_user(body);
+    if is_suggestion_request(body) {
+        // The suggestion computed from a finished speculation (the pipelined one).
+        if shade_testkit::last_user(body).contains("The user just said") {
+            return Reply::text("commit this");
+        }
+        let next = match user.as_str() {
+            "what is wrong?" => "fix it and run the tests",
+            "how do I use it?" => "check the docs",
+            _ => "",
+        };
+        return Reply::text(next);
+    }
+    let step = tool_results_since_user(body);
+    let reply = match (user.as_str(), step) {
+        ("hello", _) => Reply::text("Hello."),
+        ("what is wrong?", _) => Reply::text("add.sh subtracts instead of adding."),
+        ("how do I use it?", _) => Reply::text("Run ./add.sh A B."),
+        ("fix it and run the tests", 0) => Reply::tool(
+            "edit",
+            json!({"path": "add.sh", "old_string": "$1 - $2", "new_string": "$1 + $2"}),
+        ),
+        ("fix it and run the tests", 1) => Reply::tool(
+            "shell",
+            json!({"command": "./test.sh > result.txt; cat result.txt"}),
+        ),
+        ("fix it and run the tests", _) => Reply::text("Fixed add.sh; the test passes."),
+        ("check the docs", 0) => Reply::tool("read_file", json!({"path": "README"})),
+        ("check the docs", 1) => Reply::tool(
+            "web_fetch",
+            json!({"url": "https://docs.example.com/add", "prompt": "usage"}),
+        ),
+        ("check the docs", _) => Reply::text("The docs say: add.sh A B prints A+B."),
+        ("commit this", _) => Reply::text("Committed."),
+        (other, _) => Reply::text(&format!("You said: {other}")),
+    };
+    reply.after(LATENCY)
+}
+
+fn setup() -> Chat {
+    common::require_fuse_root();
+    let chat = Chat::new(model);
+    let p = &chat.project;
+    std::fs::write(p.join("add.sh"), BUGGY).unwrap();
+    std::fs::write(p.join("test.sh"), TEST).unwrap();
+    for f in ["add.sh", "test.sh"] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(p.join(f), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    chat
+}
+
+/// Two exchanges (the suggestion guard wants two model turns), the second one asked.
+fn converse(chat: &Chat, second: &str, answer: &str) -> Tty {
+    let tty = chat.start(&["--approval", "yolo"]);
+    tty.type_text("hello");
+    tty.keys(&["Enter"]);
+    tty.wait_text("Hello.", 20);
+    tty.type_text(second);
+    tty.keys(&["Enter"]);
+    tty.wait_text(answer, 20);
+    tty
+}
+
+/// Requests the fake model served for `user`'s turn at `step`, by model.
+fn served(chat: &Chat, user: &str, step: usize, model: &str) -> usize {
+    chat.llm
+        .requests()
+        .iter()
+        .filter(|r| {
+            !is_suggestion_request(r)
+                && last_real_user(r) == user
+                && tool_results_since_user(r) == step
+                && r["model"] == model
+        })
+        .count()
+}
+
+fn wait_until(what: &str, secs: u64, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn speculation_events(chat: &Chat) -> Vec<Value> {
+    chat.telemetry()
+        .into_iter()
+        .filter(|e| e["event"] == "speculation")
+        .collect()
+}
+
+/// No branch of this session is mounted and none is left in the state dir.
+fn assert_nothing_left(chat: &Chat) {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let state = chat.state.display().to_string();
+    assert!(
+        !mounts.lines().any(|l| l.contains(&state)),
+        "a branch is still mounted:\n{mounts}"
+    );
+    let branches = chat.state.join("branches");
+    let left: Vec<_> = std::fs::read_dir(&branches)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "branch stores left behind: {left:?}");
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap()
+}
+
+#[test]
+fn an_accepted_speculation_is_already_done_and_lands_in_the_real_tree() {
+    let chat = setup();
+    let tty = converse(&chat, "what is wrong?", "subtracts instead of adding");
+    wait_ghost(&tty, "fix it and run the tests");
+    // The speculation runs the whole turn in the background: edit, test script, answer.
+    wait_until("the speculated answer", 30, || {
+        served(&chat, "fix it and run the tests", 2, "fast-model") == 1
+    });
+    // …and then asks for the suggestion after it (the pipelined one).
+    wait_until("the pipelined suggestion request", 30, || {
+        chat.llm.requests().iter().any(|r| {
+            is_suggestion_request(r) && last_real_user(r) == "fix it and run the tests"
+                || shade_testkit::last_user(r).contains("The user just said")
+        })
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    // Nothing has reached the real tree yet.
+    assert_eq!(read(&chat.project.join("add.sh")), BUGGY);
+    assert!(!chat.project.join("result.txt").exists());
+    let before = chat.llm.requests().len();
+    // Accept: Enter on the shown suggestion.
+    tty.keys(&["Enter"]);
+    tty.wait_text("the test passes.", 20);
+    tty.wait_text("speculated ahead: 2 changes written", 20);
+    // The result was already there: no model call for the accepted turn.
+    assert_eq!(
+        served(&chat, "fix it and run the tests", 0, "main-model"),
+        0,
+        "the accepted turn was run again live"
+    );
+    let after: Vec<Value> = chat.llm.requests()[before..].to_vec();
+    assert!(
+        after
+            .iter()
+            .all(|r| is_suggestion_request(r) || last_real_user(r) != "fix it and run the tests"),
+        "model calls after accept: {after:?}"
+    );
+    // The suggestion after it was computed by the speculation: it shows at once.
+    wait_ghost(&tty, "commit this");
+    // The tool lines render as for a live turn.
+    let screen = tty.screen();
+    assert!(screen.contains("✓"), "tool lines missing:\n{screen}");
+    // The real tree has the edit and the script's output.
+    assert_eq!(read(&chat.project.join("add.sh")), FIXED);
+    assert_eq!(read(&chat.project.join("result.txt")), "PASS\n");
+    wait_until("the accepted speculation's telemetry", 20, || {
+        speculation_events(&chat)
+            .iter()
+            .any(|e| e["outcome"] == "accepted")
+    });
+    let ev = speculation_events(&chat);
+    let accepted: Vec<&Value> = ev.iter().filter(|e| e["outcome"] == "accepted").collect();
+    assert_eq!(accepted.len(), 1, "{ev:?}");
+    assert_eq!(accepted[0]["files_written"], 2);
+    assert_eq!(accepted[0]["tool_use_count"], 2);
+    assert_eq!(accepted[0]["turns_used"], 3);
+    assert!(accepted[0]["time_saved_ms"].is_number());
+    assert_eq!(accepted[0]["had_pipelined_suggestion"], true);
+    // Leaving ends the running speculation of the next suggestion too.
+    tty.keys(&["C-d"]);
+    wait_until("the session to end", 20, || !tty.alive());
+    wait_until("branches to be gone", 20, || {
+        std::fs::read_dir(chat.state.join("branches"))
+            .map(|d| d.count() == 0)
+            .unwrap_or(true)
+    });
+    assert_nothing_left(&chat);
+}
+
+#[test]
+fn typing_something_else_drops_the_speculation_and_leaves_nothing() {
+    let chat = setup();
+    let tty = converse(&chat, "what is wrong?", "subtracts instead of adding");
+    wait_ghost(&tty, "fix it and run the tests");
+    // Let it get as far as running the script in its branch.
+    wait_until("the speculative shell call", 30, || {
+        served(&chat, "fix it and run the tests", 2, "fast-model") == 1
+    });
+    tty.type_text("never mind");
+    tty.keys(&["Enter"]);
+    tty.wait_text("You said: never mind", 20);
+    assert_eq!(read(&chat.project.join("add.sh")), BUGGY);
+    assert!(!chat.project.join("result.txt").exists());
+    wait_until("the aborted speculation's telemetry", 20, || {
+        speculation_events(&chat)
+            .iter()
+            .any(|e| e["outcome"] == "aborted")
+    });
+    wait_until("the branch to be gone", 20, || {
+        std::fs::read_dir(chat.state.join("branches"))
+            .map(|d| d.count() == 0)
+            .unwrap_or(true)
+    });
+    assert_nothing_left(&chat);
+    let names: Vec<String> = std::fs::read_dir(&chat.project)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let mut names = names;
+    names.sort();
+    assert_eq!(names, ["README", "add.sh", "test.sh"]);
+}
+
+#[test]
+fn a_concurrent_edit_makes_accept_refuse_and_run_live() {
+    let chat = setup();
+    let tty = converse(&chat, "what is wrong?", "subtracts instead of adding");
+    wait_ghost(&tty, "fix it and run the tests");
+    wait_until("the speculated answer", 30, || {
+        served(&chat, "fix it and run the tests", 2, "fast-model") == 1
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    // The user edits the same file meanwhile (outside shade).
+    let edited = format!("{BUGGY}# edited by the user\n");
+    std::fs::write(chat.project.join("add.sh"), &edited).unwrap();
+    tty.keys(&["Enter"]);
+    tty.wait_text("running live", 20);
+    tty.wait_text("the test passes.", 30);
+    // It ran live: the main model got the turn, and the live edit kept the user's line.
+    assert!(served(&chat, "fix it and run the tests", 0, "main-model") >= 1);
+    let now = read(&chat.project.join("add.sh"));
+    assert!(
+        now.contains("$1 + $2") && now.contains("edited by the user"),
+        "{now}"
+    );
+    assert!(speculation_events(&chat)
+        .iter()
+        .any(|e| e["outcome"] == "failed"));
+}
+
+#[test]
+fn a_boundary_mid_speculation_continues_live_from_where_it_stopped() {
+    let chat = setup();
+    let tty = converse(&chat, "how do I use it?", "Run ./add.sh A B.");
+    wait_ghost(&tty, "check the docs");
+    // The speculation reads README, then stops before web_fetch (it needs the network).
+    wait_until("the speculative read", 30, || {
+        served(&chat, "check the docs", 1, "fast-model") == 1
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    tty.keys(&["Enter"]);
+    tty.wait_text("The docs say", 30);
+    // The live turn went on from the boundary: its first main-model call already had the
+    // read's result; the read was not made again.
+    assert_eq!(served(&chat, "check the docs", 0, "main-model"), 0);
+    assert!(served(&chat, "check the docs", 1, "main-model") >= 1);
+    let ev = speculation_events(&chat);
+    assert!(
+        ev.iter()
+            .any(|e| e["outcome"] == "accepted" && e["boundary_type"] == "web_fetch"),
+        "{ev:?}"
+    );
+    // Closing the terminal (SIGHUP) ends the session cleanly: no branch is left.
+    drop(tty);
+    wait_until("branches to be gone after SIGHUP", 20, || {
+        std::fs::read_dir(chat.state.join("branches"))
+            .map(|d| d.count() == 0)
+            .unwrap_or(true)
+    });
+    assert_nothing_left(&chat);
+}
+
+#[test]
+fn a_shadow_session_keeps_edits_in_its_branch_until_accept() {
+    common::require_fuse_root();
+    let chat = Chat::new(|body: &Value| {
+        let user = last_real_user(body);
+        if is_suggestion_request(body) {
+            return Reply::text("");
+        }
+        let name = match user.as_str() {
+            "make a note" => "NOTE.md",
+            "make another" => "OTHER.md",
+            other => return Reply::text(&format!("You said: {other}")),
+        };
+        if tool_results_since_user(body) == 0 {
+            Reply::tool("write_file", json!({"path": name, "content": "hi\n"}))
+        } else {
+            Reply::text(&format!("Wrote {name}."))
+        }
+    });
+    let tty = chat.start(&["--shadow", "--approval", "yolo"]);
+    tty.type_text("make a note");
+    tty.keys(&["Enter"]);
+    tty.wait_text("Wrote NOTE.md.", 20);
+    assert!(
+        !chat.project.join("NOTE.md").exists(),
+        "the edit escaped the branch"
+    );
+    tty.type_text("/diff");
+    tty.keys(&["Enter"]);
+    tty.wait_text("A NOTE.md", 10);
+    tty.wait_text("+hi", 10);
+    tty.type_text("/accept");
+    tty.keys(&["Enter"]);
+    tty.wait_text("accepted 1 change", 20);
+    assert_eq!(read(&chat.project.join("NOTE.md")), "hi\n");
+    // The session goes on in a fresh branch; /abort drops what it did.
+    tty.type_text("make another");
+    tty.keys(&["Enter"]);
+    tty.wait_text("Wrote OTHER.md.", 20);
+    tty.type_text("/abort");
+    tty.keys(&["Enter"]);
+    tty.wait_text("dropped 1 change", 20);
+    assert!(!chat.project.join("OTHER.md").exists());
+    tty.keys(&["C-d"]);
+    wait_until("the session to end", 20, || !tty.alive());
+    assert_nothing_left(&chat);
+}
