@@ -402,6 +402,24 @@ fn dashscope_requests_mark_cache_and_disable_thinking_for_background() {
         body["messages"][3],
         json!({"role":"tool","tool_call_id":"c","content":"out"})
     );
+    // A background fork (a suggestion) appends its own user message: the marker stays where
+    // the main request had it, so the fork's prefix is the same bytes and hits the cache.
+    let main = client.request_body(&req, "qwen-plus");
+    let mut fork = req.clone();
+    fork.prompt_id = Some("prompt_suggestion".into());
+    fork.messages.push(Message::User {
+        content: "[SUGGESTION MODE: …]".into(),
+    });
+    let forked = client.request_body(&fork, "qwen-plus");
+    let n = req.messages.len();
+    assert_eq!(
+        forked["messages"].as_array().unwrap()[..n],
+        main["messages"].as_array().unwrap()[..]
+    );
+    assert_eq!(
+        forked["messages"][n]["content"],
+        json!("[SUGGESTION MODE: …]")
+    );
     // Elsewhere: plain strings, no unknown parameters.
     let plain = OpenAiClient::new(LlmConfig::default()).unwrap();
     let body = plain.request_body(&req, "gpt");

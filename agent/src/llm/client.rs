@@ -54,8 +54,16 @@ impl OpenAiClient {
     /// so consecutive turns share a cacheable prefix.
     pub fn request_body(&self, request: &ChatRequest, model: &str) -> Value {
         let dashscope = self.config.is_dashscope();
-        let last_user = request
-            .messages
+        // A background fork (suggestion, speculation) ends with its own user message: mark the
+        // user message the main request marked instead, so the fork's prefix stays the same
+        // bytes as the main request's and the cache entry written by it is hit.
+        let searched = match (&request.prompt_id, request.messages.last()) {
+            (Some(_), Some(Message::User { .. })) => {
+                &request.messages[..request.messages.len() - 1]
+            }
+            _ => &request.messages[..],
+        };
+        let last_user = searched
             .iter()
             .rposition(|m| matches!(m, Message::User { .. }));
         let messages: Vec<Value> = request
