@@ -12,7 +12,7 @@ use shade_agent::followup::telemetry::{SpeculationEventOutcome, Telemetry};
 use shade_agent::speculation::{Finished, Speculation, Start, Status};
 use shade_agent::tools::text::plural;
 use shade_agent::{Agent, AgentEvent, EventSink};
-use shade_fusefs::{AcceptError, AcceptFlags};
+use shade_fusefs::AcceptError;
 
 /// What the next speculation starts from; refreshed after every turn.
 #[derive(Clone)]
@@ -186,7 +186,7 @@ pub(crate) fn accept(
         }
     };
     // A conflict is found before anything is shown or asked.
-    if let Err(e) = finished.shadow.check_accept(AcceptFlags::default()) {
+    if let Err(e) = finished.check() {
         telemetry.record_speculation(&finished.event(SpeculationEventOutcome::Failed, None));
         report_not_applied(&e);
         drop_finished(finished);
@@ -214,21 +214,15 @@ pub(crate) fn accept(
     // Its size before accept (the changeset is empty afterwards).
     let accepted_event = finished.event(SpeculationEventOutcome::Accepted, None);
     let failed_event = finished.event(SpeculationEventOutcome::Failed, None);
-    let Finished {
-        status,
-        shadow,
-        messages,
-        pipelined,
-        duration,
-        ..
-    } = finished;
     let result = runtime.block_on(async {
-        tokio::task::spawn_blocking(move || shadow.accept(AcceptFlags::default())).await
+        let mut appended = conversation.clone();
+        tokio::task::spawn_blocking(move || finished.apply(&mut appended).map(|a| (a, appended)))
+            .await
     });
     match result {
-        Ok(Ok(_)) => {
-            conversation.extend(messages);
-            let saved = duration.saturating_sub(accepted_at.elapsed());
+        Ok(Ok((applied, appended))) => {
+            *conversation = appended;
+            let saved = applied.duration.saturating_sub(accepted_at.elapsed());
             let mut event = accepted_event;
             event.time_saved_ms = Some(saved.as_millis() as u64);
             telemetry.record_speculation(&event);
@@ -236,13 +230,12 @@ pub(crate) fn accept(
                 let ms = accepted_at.elapsed().as_millis();
                 eprintln!(
                     "shade: speculated ahead: {} written in {ms} ms",
-                    plural(changes.changes.len(), "change")
+                    plural(applied.files, "change")
                 );
             }
-            let boundary = matches!(status, Status::Boundary(_));
             Accepted::Applied {
-                continue_live: boundary,
-                next: if boundary { None } else { pipelined },
+                continue_live: matches!(applied.status, Status::Boundary(_)),
+                next: applied.pipelined,
             }
         }
         Ok(Err(e)) => {

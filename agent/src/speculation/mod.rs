@@ -27,6 +27,7 @@ use crate::followup::telemetry::{SpeculationEvent, SpeculationEventOutcome, Tele
 use crate::llm::{Message, Usage};
 use crate::query_loop::{Agent, EventSink};
 use crate::shadow::{Shadow, ShadowOptions};
+use shade_fusefs::{AcceptError, AcceptFlags};
 pub use gate::{SpeculationGate, MAX_SPECULATION_MESSAGES};
 
 /// Model calls a speculation may make (the seed's MAX_SPECULATION_TURNS).
@@ -77,7 +78,40 @@ pub struct Start {
     pub telemetry: Telemetry,
 }
 
+/// A speculation written into the project.
+#[derive(Debug, Clone)]
+pub struct Applied {
+    /// Completed, or stopped at a boundary (the live turn continues from there).
+    pub status: Status,
+    /// The next suggestion, computed from the speculated turn (completed ones only).
+    pub pipelined: Option<String>,
+    /// How long the speculation ran.
+    pub duration: Duration,
+    /// Paths it changed.
+    pub files: usize,
+}
+
 impl Finished {
+    /// Would [`Finished::apply`] be refused (the project changed under paths it touched)?
+    pub fn check(&self) -> Result<(), AcceptError> {
+        self.shadow.check_accept(AcceptFlags::default())
+    }
+
+    /// Write the branch into the project (conflict-checked, atomic; blocking) and, only once
+    /// the files are there, append the speculated messages to `conversation`.
+    pub fn apply(self, conversation: &mut Vec<Message>) -> Result<Applied, AcceptError> {
+        let files = self.shadow.changeset(false).changes.len();
+        self.shadow.accept(AcceptFlags::default())?;
+        conversation.extend(self.messages);
+        let boundary = matches!(self.status, Status::Boundary(_));
+        Ok(Applied {
+            pipelined: if boundary { None } else { self.pipelined },
+            status: self.status,
+            duration: self.duration,
+            files,
+        })
+    }
+
     /// The telemetry line for this speculation's outcome.
     pub fn event(
         &self,
@@ -203,6 +237,11 @@ impl Speculation {
     /// Where it stands.
     pub fn status(&self) -> Status {
         lock(&self.shared.state).status.clone()
+    }
+
+    /// Tokens spent so far (what is lost if it is dropped).
+    pub fn usage(&self) -> Usage {
+        lock(&self.shared.state).usage.clone()
     }
 
     /// Events from index `from` on, and whether the speculation has finished.
