@@ -236,9 +236,38 @@ impl Shadow {
         }
     }
 
+    /// [`Shadow::accept`] for a caller waiting on the result: commands are killed first, so
+    /// nothing can write in the branch; the accept runs while it is still mounted, and the
+    /// unmounts (branch and cache branches) happen when the returned [`Leftover`] is dropped.
+    pub fn accept_then_clean(
+        self,
+        flags: AcceptFlags,
+    ) -> Result<(AcceptReport, Leftover), AcceptError> {
+        let caches = self.inner.stop_commands();
+        let branch = lock(&self.inner.branch).take();
+        let Some(branch) = branch else {
+            return Err(AcceptError::Io {
+                path: self.inner.project.clone(),
+                source: std::io::Error::other("the shadow was already closed"),
+            });
+        };
+        let result = branch.accept_quiesced(flags);
+        let leftover = Leftover {
+            _branch: Some(branch),
+            _caches: caches,
+        };
+        result.map(|report| (report, leftover))
+    }
+
     /// Drops the branch: kills every process still running in it, unmounts it and removes
     /// its store (and the cache branches). Nothing is left mounted or on disk.
     pub fn abort(self) {}
+}
+
+/// What an accepted shadow still holds mounted; dropping it unmounts and removes it.
+pub struct Leftover {
+    _branch: Option<Branch>,
+    _caches: Option<CacheBranches>,
 }
 
 impl Drop for Shadow {
@@ -251,14 +280,20 @@ impl Inner {
     /// Stops new commands, kills running ones, waits for them, drops the cache branches and
     /// hands back the branch (if not closed before).
     fn close(&self) -> Option<Branch> {
+        drop(self.stop_commands());
+        lock(&self.branch).take()
+    }
+
+    /// No new command may start; running ones are killed and waited for. Hands back the
+    /// cache branches (dropping them unmounts them).
+    fn stop_commands(&self) -> Option<CacheBranches> {
         let mut runs = lock(&self.runs);
         runs.closed = true;
         for c in runs.live.values() {
             c.cancel();
         }
         drop(self.wait_idle(runs));
-        drop(lock(&self.caches).take());
-        lock(&self.branch).take()
+        lock(&self.caches).take()
     }
 
     fn wait_idle<'a>(&self, mut runs: MutexGuard<'a, Runs>) -> MutexGuard<'a, Runs> {

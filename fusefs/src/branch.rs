@@ -301,6 +301,35 @@ impl Branch {
         accept::check_plan(&self.project, &plan, flags.force)
     }
 
+    /// [`Branch::accept`] without unmounting first, for a caller that knows nothing can
+    /// write in the branch any more (every process that could has been killed, as a shadow
+    /// does): dirty pages are synced to the overlay, then the same all-or-nothing accept runs,
+    /// and the slow unmount is left to dropping the branch — after the user has the result.
+    pub fn accept_quiesced(&self, flags: AcceptFlags) -> Result<AcceptReport, AcceptError> {
+        if let Ok(dir) = std::fs::File::open(&self.mountpoint) {
+            use std::os::fd::AsRawFd;
+            // SAFETY: syncfs on a descriptor we own; it only flushes.
+            unsafe {
+                libc::syncfs(dir.as_raw_fd());
+            }
+        }
+        let plan = self
+            .overlay
+            .plan(flags.include_ignored)
+            .map_err(|source| AcceptError::Io {
+                path: self.project.clone(),
+                source,
+            })?;
+        accept::apply(
+            &self.project,
+            plan,
+            &AcceptOptions {
+                force: flags.force,
+                state: self.state.clone(),
+            },
+        )
+    }
+
     /// Apply the branch's changes to the project: all or nothing, conflict-checked.
     /// The branch is unmounted first so nothing changes under the accept.
     pub fn accept(mut self, flags: AcceptFlags) -> Result<AcceptReport, AcceptError> {

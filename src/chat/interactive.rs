@@ -172,7 +172,9 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
                 Accepted::Applied {
                     continue_live,
                     next,
+                    leftover,
                 } => {
+                    speculator.dispose(leftover);
                     next_suggestion = next;
                     if continue_live {
                         session.continue_until_ctrl_c(&sink)

@@ -9,6 +9,7 @@ use shade_agent::approval::ApprovalMode;
 use shade_agent::background::BackgroundLlm;
 use shade_agent::followup::cache::CacheSafeParams;
 use shade_agent::followup::telemetry::{SpeculationEventOutcome, Telemetry};
+use shade_agent::shadow::Leftover;
 use shade_agent::speculation::{Finished, Speculation, Start, Status};
 use shade_agent::tools::text::plural;
 use shade_agent::{Agent, AgentEvent, EventSink};
@@ -106,6 +107,14 @@ impl Speculator {
         aborting.push(std::thread::spawn(move || spec.abort()));
     }
 
+    /// Unmount an accepted branch in the background (joined at shutdown), so the user's
+    /// result does not wait for it.
+    pub fn dispose(&self, leftover: Box<Leftover>) {
+        let mut aborting = lock(&self.aborting);
+        aborting.retain(|h| !h.is_finished());
+        aborting.push(std::thread::spawn(move || drop(leftover)));
+    }
+
     /// At the end of the session: no new speculation, the current one aborted, and every
     /// abort finished (nothing left mounted).
     pub fn shutdown(&self) {
@@ -127,6 +136,8 @@ pub(crate) enum Accepted {
     Applied {
         continue_live: bool,
         next: Option<String>,
+        /// The written branch, still mounted: for [`Speculator::dispose`].
+        leftover: Box<Leftover>,
     },
     /// Not used (failed, declined, conflict): run the prompt live. The reason was printed.
     RunLive,
@@ -236,6 +247,7 @@ pub(crate) fn accept(
             Accepted::Applied {
                 continue_live: matches!(applied.status, Status::Boundary(_)),
                 next: applied.pipelined,
+                leftover: Box::new(applied.leftover),
             }
         }
         Ok(Err(e)) => {

@@ -27,8 +27,8 @@ use crate::followup::telemetry::{SpeculationEvent, SpeculationEventOutcome, Tele
 use crate::llm::{Message, Usage};
 use crate::query_loop::{Agent, EventSink};
 use crate::shadow::{Shadow, ShadowOptions};
-use shade_fusefs::{AcceptError, AcceptFlags};
 pub use gate::{SpeculationGate, MAX_SPECULATION_MESSAGES};
+use shade_fusefs::{AcceptError, AcceptFlags};
 
 /// Model calls a speculation may make (the seed's MAX_SPECULATION_TURNS).
 pub const MAX_SPECULATION_TURNS: u32 = 20;
@@ -79,7 +79,6 @@ pub struct Start {
 }
 
 /// A speculation written into the project.
-#[derive(Debug, Clone)]
 pub struct Applied {
     /// Completed, or stopped at a boundary (the live turn continues from there).
     pub status: Status,
@@ -89,6 +88,8 @@ pub struct Applied {
     pub duration: Duration,
     /// Paths it changed.
     pub files: usize,
+    /// The branch, still mounted: drop it (off the caller's critical path) to unmount.
+    pub leftover: crate::shadow::Leftover,
 }
 
 impl Finished {
@@ -101,7 +102,7 @@ impl Finished {
     /// the files are there, append the speculated messages to `conversation`.
     pub fn apply(self, conversation: &mut Vec<Message>) -> Result<Applied, AcceptError> {
         let files = self.shadow.changeset(false).changes.len();
-        self.shadow.accept(AcceptFlags::default())?;
+        let (_, leftover) = self.shadow.accept_then_clean(AcceptFlags::default())?;
         conversation.extend(self.messages);
         let boundary = matches!(self.status, Status::Boundary(_));
         Ok(Applied {
@@ -109,6 +110,7 @@ impl Finished {
             status: self.status,
             duration: self.duration,
             files,
+            leftover,
         })
     }
 
