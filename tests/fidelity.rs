@@ -530,3 +530,66 @@ fn lower_changes_show_through_a_directory_renamed_in_the_branch() {
     );
     println!("fidelity: lower changes under a directory renamed in the branch show through");
 }
+
+/// A user (no mount(2)) gets a branch through the setuid fusermount3, as libfuse does; where
+/// /dev/fuse is root-only, fusermount3 cannot help (it opens the device with the user's
+/// rights) and shade says so in one line. The test gives /dev/fuse each mode in a private
+/// mount namespace, whatever the machine's own, and runs shade there as nobody.
+#[test]
+fn a_user_mounts_through_fusermount3() {
+    let fx = open_fixture();
+    fx.write("f.txt", "from lower\n");
+    let home = fx.tmp.path().join("home");
+    fs::create_dir(&home).unwrap();
+    let bin = fx.tmp.path().join("shade");
+    fs::copy(env!("CARGO_BIN_EXE_shade"), &bin).unwrap();
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+    for p in [&fx.project, &fx.project.join("f.txt"), &home] {
+        std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
+    }
+    let dev = fx.tmp.path().join("devs");
+    let run = |mode: &str, cmd: &str| {
+        let script = format!(
+            "set -e; mkdir -p {dev}; mount -t tmpfs -o mode=755 devs {dev}; \
+             mknod -m {mode} {dev}/fuse c 10 229; mount --bind {dev}/fuse /dev/fuse; \
+             exec setpriv --reuid=nobody --regid=nogroup --clear-groups -- \
+             env HOME={home} SHADE_STATE_DIR={home}/state {bin} run --accept -C {proj} -- \
+             sh -c '{cmd}'",
+            dev = dev.display(),
+            home = home.display(),
+            bin = bin.display(),
+            proj = fx.project.display()
+        );
+        Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c", &script])
+            .output()
+            .unwrap()
+    };
+    let o = run("666", "cat f.txt; echo made > g.txt");
+    assert!(o.status.success(), "{}", out(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "from lower\n",
+        "{}",
+        out(&o)
+    );
+    assert_eq!(fx.read("g.txt"), "made\n");
+    let denied = run("600", "echo never > h.txt");
+    let err = String::from_utf8_lossy(&denied.stderr);
+    assert_eq!(denied.status.code(), Some(125), "{}", out(&denied));
+    assert!(err.contains("cannot open /dev/fuse"), "{}", out(&denied));
+    assert_eq!(err.lines().count(), 1, "{}", out(&denied));
+    assert!(!fx.project.join("h.txt").exists());
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(&*home.to_string_lossy()),
+        "a mount was left behind"
+    );
+    println!(
+        "non-root: /dev/fuse 0666 -> mounted through fusermount3, accepted ({}); 0600 -> {}",
+        String::from_utf8_lossy(&o.stderr)
+            .trim()
+            .replace('\n', " | "),
+        err.trim()
+    );
+}

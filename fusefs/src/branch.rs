@@ -135,6 +135,9 @@ impl Branch {
                 path: project.clone(),
                 source,
             })?;
+        // A user who may open /dev/fuse but not mount(2) is mounted through the setuid
+        // fusermount3 (fuser does it as libfuse does). One who may not open /dev/fuse
+        // cannot use FUSE at all: fusermount3 opens it with the user's own rights.
         std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -262,12 +265,14 @@ impl Branch {
     pub fn unmount(&mut self) {
         if let Some(s) = self.session.take() {
             let conn = connection_id(&self.mountpoint);
-            // Dropping the session's other parts unmounts (fuser's way, fusermount3 for
-            // a user); only the thread handle is kept, to join.
+            // Dropping the session's other parts unmounts (fuser's way); only the thread
+            // handle is kept, to join. Then detach what is left: a mount fuser could not
+            // unmount (busy), or one fusermount3 made.
             let guard = {
                 let s = s;
                 s.guard
             };
+            lazy_unmount(&self.mountpoint);
             // A mount namespace made while the branch was mounted (another `shade run`,
             // any `unshare`) holds a copy of the mount that our unmount does not reach, and
             // the kernel keeps the connection — and our FUSE threads — alive as long as
@@ -282,8 +287,6 @@ impl Branch {
                     tracing::warn!("the FUSE thread of {} panicked", self.mountpoint.display())
                 }
             }
-            // Still mounted here if it was busy (now dead): detach it.
-            lazy_unmount(&self.mountpoint);
         }
     }
 
@@ -423,9 +426,14 @@ fn abort_connection(id: u32) {
     }
 }
 
-/// Detach a mount even if processes still use it.
+/// Detach a mount even if processes still use it (through fusermount3 for a user).
 pub(crate) fn lazy_unmount(path: &Path) {
-    let _ = nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH);
+    if nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH) == Err(nix::errno::Errno::EPERM)
+    {
+        if let Some(bin) = crate::fusermount::find() {
+            crate::fusermount::unmount(&bin, path);
+        }
+    }
 }
 
 /// Branches left behind by a shade process that died: unmount them and remove their

@@ -11,6 +11,7 @@ mod changeset;
 mod content;
 pub mod fingerprint;
 mod fs;
+mod fusermount;
 mod ignore_rules;
 mod lower;
 mod node;
