@@ -178,6 +178,8 @@ fn setuid_and_setgid_are_dropped_as_a_local_file_system_drops_them() {
          echo root >> low-root; echo root >> new-root; \
          chown daemon low-chown new-chown; \
          {AS_NOBODY} sh -c 'echo more >> low-lock'; \
+         echo new > new-quick; chmod 4777 new-quick; cat new-quick >/dev/null; \
+         {AS_NOBODY} sh -c 'echo more >> new-quick'; stat -c '%n %a' new-quick; \
          stat -c '%n %a %s' low-* new-*"
     );
     let shown = same_output(&fx, &script);

@@ -219,6 +219,7 @@ impl Branch {
         if let Some(w) = &overlay.watch {
             w.attach(Arc::downgrade(&overlay), session.notifier());
         }
+        let _ = overlay.notifier.set(session.notifier());
         raise_readahead(&mountpoint);
         Ok(Branch {
             id,

@@ -757,10 +757,21 @@ impl Filesystem for ShadeFs {
             let mut st = n.state();
             st.size = st.size.max(end);
             st.meta.modified();
+            let mode = st.meta.perm;
             if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
                 crate::privs::kill(&mut st.meta, caller(req));
             }
-            Ok(data.len() as u32)
+            Ok((data.len() as u32, mode != st.meta.perm))
+        });
+        // A write reply carries no attributes, and the kernel keeps the mode it cached:
+        // say the bits went, before the writer can stat.
+        let res = res.map(|(n, killed)| {
+            if killed {
+                if let Some(notifier) = o.notifier.get() {
+                    let _ = notifier.inval_inode(ino, -1, 0);
+                }
+            }
+            n
         });
         match res {
             Ok(n) => reply.written(n),

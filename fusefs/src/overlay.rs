@@ -49,6 +49,8 @@ pub(crate) struct Overlay {
     lower_fds: Mutex<lru::LruCache<u64, Arc<File>>>,
     /// Directory listings being read without a handle (no-opendir mode), by inode.
     listings: Mutex<FxHashMap<u64, Arc<Vec<DirEntry>>>>,
+    /// Tells the kernel about changes it did not ask for (a write that dropped setuid).
+    pub notifier: std::sync::OnceLock<fuser::Notifier>,
 }
 
 /// One entry of a directory listing: inode, type, name.
@@ -85,6 +87,7 @@ impl Overlay {
                 std::num::NonZeroUsize::new(LOWER_FD_CACHE).unwrap_or(std::num::NonZeroUsize::MIN),
             )),
             listings: Mutex::new(FxHashMap::default()),
+            notifier: std::sync::OnceLock::new(),
         }
     }
 
