@@ -427,3 +427,51 @@ fn concurrent_first_calls_share_one_daemon_which_exits_when_idle() {
     assert_no_shade_mounts(&fx.state);
     assert_eq!(fx.read("calc.py"), PY);
 }
+
+#[test]
+fn compile_commands_are_checked_with_syntax_only_compiles() {
+    let fx = Fixture::new();
+    let src = "#include <stdio.h>\nint main(void) {\n    int unused_old;\n    printf(\"hi\\n\");\n    return 0;\n}\n";
+    fx.write("a.c", src);
+    fx.write(
+        "compile_commands.json",
+        &format!(
+            r#"[{{"directory":"{}","file":"a.c","arguments":["gcc","-Wall","-c","-o","a.o","a.c"]}}]"#,
+            fx.project.display()
+        ),
+    );
+    let before = snapshot(&fx.project);
+    let patch = "--- a/a.c\n+++ b/a.c\n@@ -3,4 +3,5 @@\n     int unused_old;\n     printf(\"hi\\n\");\n-    return 0;\n+    int fresh;\n+    return nope;\n }\n";
+    let mut child = fx
+        .shade()
+        .args(["lint", "--cold"])
+        .env("LC_ALL", "C")
+        .env("SHADE_LOG", "error")
+        .env("SHADE_CONFIG", fx.tmp.path().join("none.toml"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(patch.as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+    let got = lines(&o);
+    assert!(
+        got.contains(
+            &"a.c:5:9: warning: unused variable 'fresh' [unused-variable] (cc)".to_string()
+        ) && got.contains(
+            &"a.c:6:12: error: 'nope' undeclared (first use in this function) (cc)".to_string()
+        ) && !got.iter().any(|l| l.contains("unused_old")),
+        "{}",
+        out(&o)
+    );
+    // gcc's -o a.o was dropped: nothing written, not even in the branch's view of the project.
+    assert_eq!(snapshot(&fx.project), before);
+    assert_no_shade_mounts(&fx.state);
+}
