@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Lint latency of a one-line edit on a real crate (issue 11): the shade workspace itself at
-# HEAD (4 crates, ~200 dependencies), with the user's build warm, an edit of one line of
-# the top crate (`src/cmd_lint.rs`), checked by
+# Lint latency of a one-line edit on a real crate (issue 11): shade's own overlay crate
+# (`fusefs/` at HEAD, made a standalone package: ~7k lines, ~40 dependencies from the
+# registry, built offline), with the user's build warm, an edit of one line of it, checked by
 #   native    `cargo check` in place (in a copy of the project, so the others' baseline
 #             stays valid): the floor
 #   cold      `shade lint --cold`: a fresh branch in-process, cached baseline
@@ -11,6 +11,7 @@
 # Rounds are interleaved with the order rotating; medians and ratios to native are from
 # the same run. Usage: bench/lint.sh [ROUNDS] (default 5; worktree runs once: it is a full
 # build). Needs root and /dev/fuse. The report goes to bench/results/<time>-lint.md.
+# SHADE_BIN=path uses that shade binary instead of building a release one.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -18,9 +19,13 @@ repo=$(cd "$here/.." && pwd)
 rounds=${1:-5}
 
 "$repo/scripts/setup.sh"
-CARGO_TARGET_DIR=$repo/target-bench cargo build --release --quiet -p shade \
-    --manifest-path "$repo/Cargo.toml"
-shade=$repo/target-bench/release/shade
+if [[ -n ${SHADE_BIN:-} ]]; then
+    shade=$SHADE_BIN
+else
+    CARGO_TARGET_DIR=$repo/target-bench cargo build --release --quiet -p shade \
+        --manifest-path "$repo/Cargo.toml"
+    shade=$repo/target-bench/release/shade
+fi
 unset CARGO_TARGET_DIR CARGO_BUILD_TARGET_DIR
 
 work=$(mktemp -d /var/tmp/shade-lint-bench.XXXXXX)
@@ -40,20 +45,50 @@ commit=$(git -C "$repo" rev-parse --short HEAD)
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 log "lint bench at $commit, load $load_start, $rounds rounds, work dir $work"
 
-# The project: shade's sources at HEAD, a git repository, built once (the user's warm cache).
+# The project: the fusefs crate at HEAD as a package of its own (workspace-inherited fields
+# and dependencies spelled out, the workspace's lock file), a git repository, built once
+# (the user's warm cache).
 mkdir -p "$work/proj"
-git -C "$repo" archive HEAD | tar -x -C "$work/proj"
+git -C "$repo" archive HEAD fusefs Cargo.toml Cargo.lock | tar -x -C "$work"
+python3 - "$work" <<'PY'
+import sys, tomllib, pathlib
+work = pathlib.Path(sys.argv[1])
+root = tomllib.loads((work / "Cargo.toml").read_text())["workspace"]
+deps = root["dependencies"]
+def spell(v):
+    if isinstance(v, str):
+        return f'"{v}"'
+    items = ", ".join(f"{k} = {spell(x) if not isinstance(x, list) else '[' + ', '.join(spell(y) for y in x) + ']'}" for k, x in v.items())
+    return "{ " + items + " }"
+out = []
+for line in (work / "fusefs/Cargo.toml").read_text().splitlines():
+    key = line.split(".workspace = true")[0].strip() if ".workspace = true" in line else None
+    if key in ("edition", "license"):
+        out.append(f'{key} = "{root["package"][key]}"')
+    elif key:
+        out.append(f"{key} = {spell(deps[key])}")
+    elif line.strip() == "[lints]":
+        out.append("[workspace]")
+    elif line.strip() == "workspace = true":
+        continue
+    else:
+        out.append(line)
+(work / "proj/Cargo.toml").write_text("\n".join(out) + "\n")
+PY
+cp -r "$work/fusefs/src" "$work/proj/src"
+cp "$work/Cargo.lock" "$work/proj/Cargo.lock"
+printf '/target\n' >"$work/proj/.gitignore"
 (
     cd "$work/proj"
     git init -q && git add -A && git -c user.name=b -c user.email=b@b commit -qm base
-    log "warming the project's target/ (cargo check --workspace)"
-    check
+    log "warming the project's target/ (cargo check)"
+    cargo check --offline --quiet
 )
 cp -r "$work/proj" "$work/native"
 
-# The edit: one string literal of the top crate.
-file=src/cmd_lint.rs
-sed 's/the lint daemon answered nothing/the lint daemon gave no answer/' \
+# The edit: one string literal.
+file=src/branch.rs
+sed 's/removing branch store {}: {e}/removing the store of branch {}: {e}/' \
     "$work/proj/$file" >"$work/edited"
 diff -u --label "a/$file" --label "b/$file" "$work/proj/$file" "$work/edited" \
     >"$work/edit.patch" || true
@@ -117,13 +152,14 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 native=$(echo "${times[native]}" | median)
 out=$repo/bench/results/$(date -u +%Y-%m-%dT%H%M)-lint.md
 {
-    echo "# shade lint: one-line edit on the shade workspace"
+    echo "# shade lint: one-line edit on a real crate (shade-fusefs, standalone)"
     echo
     echo "Commit $commit, $(nproc) cores, load average $load_start at the start and $load_end"
     echo "at the end (other sessions share this machine). $rounds interleaved rounds (worktree:"
     echo "one run, a full check without target/). Edit: one string literal in \`$file\`"
-    echo "(the \`shade\` crate, on top of shade-agent and shade-fusefs); the user's target/ is"
-    echo "warm. Times are wall-clock ms of the whole command; ratio = median / native median."
+    echo "(shade-fusefs as a package of its own, ~40 registry dependencies, offline); the user's"
+    echo "target/ is warm. shade binary: \`${shade#$repo/}\`. Times are wall-clock ms of the whole"
+    echo "command; ratio = median / native median."
     echo
     echo "| system | median ms | ratio | runs (ms) |"
     echo "|---|---:|---:|---|"
