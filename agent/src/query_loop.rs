@@ -116,12 +116,15 @@ pub struct Agent {
     request_tag: Option<String>,
 }
 
+#[derive(Clone)]
 struct Planned {
     call: ToolCall,
     tool: Option<Arc<dyn Tool>>,
     args: Result<Value, String>,
     read_only: bool,
     summary: String,
+    /// What [`Tool::prepare`] repaired, for the result.
+    note: Option<String>,
 }
 
 /// One tool call's result.
@@ -424,6 +427,26 @@ impl Agent {
             args,
             read_only,
             summary,
+            note: None,
+        }
+    }
+
+    /// Let the tool repair its arguments before approval (not for calls that will be refused).
+    async fn prepare(&self, p: &Planned, cancel: &CancellationToken) -> Planned {
+        let (Some(tool), Ok(args)) = (&p.tool, &p.args) else {
+            return p.clone();
+        };
+        if matches!(
+            decide(self.options.approval, tool.kind(), p.read_only, &p.summary),
+            Decision::Deny(_)
+        ) {
+            return p.clone();
+        }
+        let prepared = tool.prepare(args.clone(), &self.ctx, cancel).await;
+        Planned {
+            args: Ok(prepared.args),
+            note: prepared.note,
+            ..p.clone()
         }
     }
 
@@ -459,7 +482,7 @@ impl Agent {
                 i = j;
                 continue;
             }
-            let p = &planned[i];
+            let p = &self.prepare(&planned[i], cancel).await;
             let outcome = match self.gate(p).await {
                 Ok(()) => {
                     let o = self.execute(p, events, cancel).await;
@@ -574,11 +597,19 @@ impl Agent {
                 display: format!("{}: invalid JSON arguments", p.call.name),
             },
             (Some(tool), Ok(args)) => match tool.run(args.clone(), &self.ctx, cancel).await {
-                Ok(out) => Outcome {
-                    ok: true,
-                    denied: false,
-                    content: out.content,
-                    display: out.display,
+                Ok(out) => match &p.note {
+                    None => Outcome {
+                        ok: true,
+                        denied: false,
+                        content: out.content,
+                        display: out.display,
+                    },
+                    Some(note) => Outcome {
+                        ok: true,
+                        denied: false,
+                        content: format!("{}\n{note}", out.content),
+                        display: format!("{} (repaired)", out.display),
+                    },
                 },
                 Err(ToolError::Cancelled) => Outcome {
                     ok: false,

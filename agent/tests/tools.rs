@@ -24,6 +24,7 @@ impl Fixture {
         let ws = Workspace::new(dir.path()).unwrap();
         let mut ctx = ToolContext::new(ws);
         ctx.global_memory = Some(dir.path().join("global-config/SHADE.md"));
+        ctx.output_dir = dir.path().join("state/tool-output");
         Self {
             dir,
             ctx,
@@ -260,10 +261,19 @@ async fn shell_reports_exit_code_output_and_caps() {
     assert!(pwd
         .content
         .contains(f.ctx.workspace.root().to_str().unwrap()));
-    let big = f
-        .call("shell", json!({"command": "seq 1 100000"}))
-        .await
-        .unwrap();
+    // With summaries off, big output is cut, head and tail kept.
+    let uncapped = shade_agent::tools::shell::Shell {
+        output_budget: 0,
+        ..Default::default()
+    };
+    let big = shade_agent::tools::Tool::run(
+        &uncapped,
+        json!({"command": "seq 1 100000"}),
+        &f.ctx,
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
     assert!(big.content.len() < 40_000, "{}", big.content.len());
     assert!(big.content.contains("bytes omitted"));
     assert!(big.content.contains("\n100000"), "tail is kept");
@@ -406,6 +416,8 @@ async fn memory_saves_to_project_and_global_files() {
 #[tokio::test]
 async fn web_fetch_converts_html_with_limits() {
     use common::{MockServer, Scripted};
+    use shade_agent::tools::config::WebFetchConfig;
+    use shade_agent::tools::web_fetch::WebFetch;
     let html = "<html><head><title>T</title><script>var x=1;</script></head><body><h1>Hello</h1><p>World &amp; more</p></body></html>";
     let server = MockServer::start_get(vec![
         Scripted::status("200 OK", &[("Content-Type", "text/html")], html),
@@ -418,42 +430,50 @@ async fn web_fetch_converts_html_with_limits() {
     ]);
     let base = server.base_url.trim_end_matches("/v1").to_string();
     let f = Fixture::new();
-    let out = f
-        .call("web_fetch", json!({"url": format!("{base}/page")}))
-        .await
-        .unwrap();
+    // The page is on loopback: allowed by config here. No background model: the page text.
+    let local = WebFetch {
+        access: WebFetchConfig {
+            allow_private: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let fetch = |tool: &WebFetch, url: String| {
+        let tool = tool.clone();
+        let ctx = f.ctx.clone();
+        async move {
+            use shade_agent::tools::Tool;
+            tool.run(
+                json!({"url": url, "prompt": "what does it say?"}),
+                &ctx,
+                &CancellationToken::new(),
+            )
+            .await
+        }
+    };
+    let out = fetch(&local, format!("{base}/page")).await.unwrap();
     assert!(
         out.content.contains("Hello") && out.content.contains("World & more"),
         "{}",
         out.content
     );
+    assert!(out.content.contains(&format!("Source: {base}/page")));
     assert!(!out.content.contains("<h1>") && !out.content.contains("var x"));
-    let mut tools = ToolRegistry::standard();
-    tools.add(std::sync::Arc::new(
-        shade_agent::tools::web_fetch::WebFetch {
-            max_bytes: 1000,
-            ..Default::default()
-        },
-    ));
-    let t = tools.get("web_fetch").unwrap();
-    let capped = t
-        .run(
-            json!({"url": format!("{base}/big")}),
-            &f.ctx,
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap();
-    assert!(capped.content.contains("[Content truncated"));
-    assert!(capped.content.len() < 1200);
-    let missing = f
-        .call("web_fetch", json!({"url": format!("{base}/gone")}))
-        .await;
+    let capped_tool = WebFetch {
+        max_bytes: 1000,
+        ..local.clone()
+    };
+    let capped = fetch(&capped_tool, format!("{base}/big")).await.unwrap();
+    assert!(capped.content.contains("[Page cut"), "{}", capped.content);
+    assert!(capped.content.len() < 1300);
+    let missing = fetch(&local, format!("{base}/gone")).await;
     assert!(matches!(missing, Err(ToolError::Failed(ref m)) if m.contains("HTTP 404")));
-    let file = f
-        .call("web_fetch", json!({"url": "file:///etc/passwd"}))
-        .await;
+    let file = fetch(&local, "file:///etc/passwd".into()).await;
     assert!(matches!(file, Err(ToolError::InvalidArgs(_))));
+    let no_prompt = f
+        .call("web_fetch", json!({"url": format!("{base}/page")}))
+        .await;
+    assert!(matches!(no_prompt, Err(ToolError::InvalidArgs(ref m)) if m.contains("prompt")));
 }
 
 #[tokio::test]

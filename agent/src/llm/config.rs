@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::error::LlmError;
+use crate::tools::config::{OutputBudget, ToolsConfig, WebFetchConfig, WebSearchConfig};
 
 /// How to turn thinking off for background calls: providers spell it differently, and an
 /// unknown parameter is a 400 on OpenAI, so it is only sent where it is understood.
@@ -55,6 +56,8 @@ pub struct LlmConfig {
     pub context_window: u64,
     /// Fraction of the context window that triggers compaction.
     pub compact_threshold: f64,
+    /// The tools' settings, read from the same file.
+    pub tools: ToolsConfig,
 }
 
 impl Default for LlmConfig {
@@ -74,6 +77,7 @@ impl Default for LlmConfig {
             thinking_param: ThinkingParam::Auto,
             context_window: 128_000,
             compact_threshold: 0.8,
+            tools: ToolsConfig::default(),
         }
     }
 }
@@ -118,6 +122,12 @@ pub struct FileConfig {
     pub context_window: Option<u64>,
     /// See `LlmConfig::compact_threshold`.
     pub compact_threshold: Option<f64>,
+    /// `[output_budget]`: see [`ToolsConfig::output_budget`].
+    pub output_budget: Option<OutputBudget>,
+    /// `[web_fetch]`: see [`ToolsConfig::web_fetch`].
+    pub web_fetch: Option<WebFetchConfig>,
+    /// `[web_search]`: see [`ToolsConfig::web_search`].
+    pub web_search: Option<WebSearchConfig>,
 }
 
 /// Values given on the command line; they win over everything else.
@@ -182,6 +192,9 @@ impl LlmConfig {
         set(&mut self.thinking_param, f.thinking_param);
         set(&mut self.context_window, f.context_window);
         set(&mut self.compact_threshold, f.compact_threshold);
+        set(&mut self.tools.output_budget, f.output_budget.clone());
+        set(&mut self.tools.web_fetch, f.web_fetch.clone());
+        set_opt(&mut self.tools.web_search, f.web_search.clone());
     }
 
     /// Merge environment variables (`get` abstracts `std::env` for tests).
@@ -299,6 +312,19 @@ mod tests {
         assert_eq!(c.main_model().ok(), Some("flag-model"));
         assert_eq!(c.base_url, "http://file/v1");
         assert_eq!(c.backup_model.as_deref(), Some("b"));
+        let tools: FileConfig = toml::from_str(
+            "[output_budget]\nshell = 5\n[web_fetch]\nallow_private = true\n\
+             [web_search]\nprovider = \"openai\"\nurl = \"http://s/v1\"\nmodel = \"m\"",
+        )
+        .expect("tools toml");
+        c.apply_file(&tools);
+        assert_eq!(c.tools.output_budget.shell, 5);
+        assert!(c.tools.web_fetch.allow_private);
+        assert_eq!(
+            c.tools.web_search.as_ref().map(|w| w.url.as_str()),
+            Some("http://s/v1")
+        );
+        assert!(toml::from_str::<FileConfig>("[web_fetch]\nallow_privat = true").is_err());
     }
 
     #[test]

@@ -1,12 +1,18 @@
 //! `edit`: exact string replacement with an expected count, so the model's edit lands
-//! exactly where it meant or fails with a reason it can act on.
+//! exactly where it meant or fails with a reason it can act on. An `old_string` that misses
+//! by escaping or whitespace is repaired (rules, then the fast model: see [`super::repair`])
+//! when the repair matches exactly as often as expected; the result says so.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::text::plural;
-use super::{parse_args, run_blocking, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
+use super::repair::{self, EditFix};
+use super::text::{cap_middle, plural};
+use super::{
+    blocking, parse_args, run_blocking, Prepared, Tool, ToolContext, ToolError, ToolKind,
+    ToolOutput,
+};
 use crate::llm::{BoxFuture, ToolSpec};
 
 /// The distinct ways an edit can fail.
@@ -40,7 +46,7 @@ pub enum EditError {
 #[derive(Debug, Default)]
 pub struct Edit;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
 struct Params {
     path: String,
@@ -83,7 +89,7 @@ impl Tool for Edit {
 
     fn preview(&self, args: &Value, ctx: &ToolContext) -> Option<String> {
         let p: Params = parse_args(args.clone()).ok()?;
-        let c = compute(&ctx.workspace, &p).ok()?;
+        let (c, _) = compute_repaired(&ctx.workspace, p).ok()?;
         Some(super::diff::unified(
             &c.shown,
             c.old.as_deref().unwrap_or(""),
@@ -100,6 +106,133 @@ impl Tool for Edit {
         let path = crate::lint::tool::path_arg(&args);
         crate::lint::tool::with_diagnostics(ctx, path, run_blocking(args, ctx, apply))
     }
+
+    fn prepare<'a>(
+        &'a self,
+        args: Value,
+        ctx: &'a ToolContext,
+        cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, Prepared> {
+        Box::pin(async move {
+            let unchanged = Prepared {
+                args: args.clone(),
+                note: None,
+            };
+            let Ok(p) = parse_args::<Params>(args) else {
+                return unchanged;
+            };
+            let ws = ctx.workspace.clone();
+            let rules = {
+                let p = p.clone();
+                blocking(move || Ok(rule_repair(&ws, &p))).await
+            };
+            let fix = match rules {
+                Ok(Repair::AsGiven(_)) | Err(_) => return unchanged,
+                Ok(Repair::Fixed(fix)) => fix,
+                Ok(Repair::Missed {
+                    current, expected, ..
+                }) => {
+                    let Some(bg) = &ctx.background else {
+                        return unchanged;
+                    };
+                    let shown = match ctx.workspace.resolve(&p.path) {
+                        Ok(path) => ctx.workspace.display(&path),
+                        Err(_) => return unchanged,
+                    };
+                    let found = repair::edit_by_model(
+                        bg,
+                        &shown,
+                        &current,
+                        &p.old_string,
+                        &p.new_string,
+                        expected,
+                        cancel,
+                    )
+                    .await;
+                    match found {
+                        Some(fix) => fix,
+                        None => return unchanged,
+                    }
+                }
+            };
+            let note = note(&fix);
+            let mut fixed = serde_json::Map::new();
+            fixed.insert("path".into(), Value::String(p.path));
+            fixed.insert("old_string".into(), Value::String(fix.old));
+            fixed.insert("new_string".into(), Value::String(fix.new));
+            if let Some(n) = p.expected_replacements {
+                fixed.insert("expected_replacements".into(), json!(n));
+            }
+            Prepared {
+                args: Value::Object(fixed),
+                note: Some(note),
+            }
+        })
+    }
+}
+
+/// What the rules made of an edit.
+enum Repair {
+    /// The edit as given: it matches, or fails for a reason no repair addresses.
+    AsGiven(Result<Change, ToolError>),
+    /// A rule repaired it.
+    Fixed(EditFix),
+    /// `old_string` misses and no rule helps: the model may, from this content.
+    Missed {
+        current: String,
+        expected: usize,
+        error: ToolError,
+    },
+}
+
+fn rule_repair(ws: &crate::workspace::Workspace, p: &Params) -> Repair {
+    let error = match compute(ws, p) {
+        Err(e @ ToolError::Edit(EditError::NotFound(_) | EditError::CountMismatch { .. })) => e,
+        other => return Repair::AsGiven(other),
+    };
+    let expected = p.expected_replacements.unwrap_or(1);
+    let current = match ws.resolve(&p.path).map(std::fs::read_to_string) {
+        Ok(Ok(current)) => current,
+        _ => return Repair::AsGiven(Err(error)),
+    };
+    match repair::edit_by_rule(&current, &p.old_string, &p.new_string, expected) {
+        Some(fix) => Repair::Fixed(fix),
+        None => Repair::Missed {
+            current,
+            expected,
+            error,
+        },
+    }
+}
+
+/// The line added to the result of a repaired edit.
+fn note(fix: &EditFix) -> String {
+    format!(
+        "Note: old_string did not occur as given ({}); it was repaired to this text, which \
+         was replaced:\n{}",
+        fix.how,
+        cap_middle(&fix.old, 1000)
+    )
+}
+
+/// The edit as given, or repaired by rule (with the note saying how).
+fn compute_repaired(
+    ws: &crate::workspace::Workspace,
+    p: Params,
+) -> Result<(Change, Option<String>), ToolError> {
+    match rule_repair(ws, &p) {
+        Repair::AsGiven(change) => change.map(|c| (c, None)),
+        Repair::Missed { error, .. } => Err(error),
+        Repair::Fixed(fix) => {
+            let note = note(&fix);
+            let fixed = Params {
+                old_string: fix.old,
+                new_string: fix.new,
+                ..p
+            };
+            Ok((compute(ws, &fixed)?, Some(note)))
+        }
+    }
 }
 
 /// An edit worked out but not yet written.
@@ -110,6 +243,9 @@ struct Change {
     old: Option<String>,
     new: String,
     replacements: usize,
+    /// The `old_string` / `new_string` applied (after any repair).
+    old_string: String,
+    new_string: String,
 }
 
 fn compute(ws: &crate::workspace::Workspace, p: &Params) -> Result<Change, ToolError> {
@@ -129,6 +265,8 @@ fn compute(ws: &crate::workspace::Workspace, p: &Params) -> Result<Change, ToolE
             old: None,
             new: p.new_string.clone(),
             replacements: 0,
+            old_string: String::new(),
+            new_string: p.new_string.clone(),
         });
     }
     if !exists {
@@ -164,11 +302,13 @@ fn compute(ws: &crate::workspace::Workspace, p: &Params) -> Result<Change, ToolE
         old: Some(current),
         new,
         replacements: found,
+        old_string: p.old_string.clone(),
+        new_string: p.new_string.clone(),
     })
 }
 
 fn apply(ws: &crate::workspace::Workspace, p: Params) -> Result<ToolOutput, ToolError> {
-    let c = compute(ws, &p)?;
+    let (c, repaired) = compute_repaired(ws, p)?;
     let shown = &c.shown;
     if c.old.is_none() {
         if let Some(parent) = c.path.parent() {
@@ -185,11 +325,14 @@ fn apply(ws: &crate::workspace::Workspace, p: Params) -> Result<ToolOutput, Tool
             display: format!("Created {shown} ({lines})"),
         });
     }
-    let removed = p.old_string.lines().count() * c.replacements;
-    let added = p.new_string.lines().count() * c.replacements;
+    let removed = c.old_string.lines().count() * c.replacements;
+    let added = c.new_string.lines().count() * c.replacements;
     let reps = plural(c.replacements, "replacement");
-    Ok(ToolOutput {
-        content: format!("Edited {shown}: {reps}."),
-        display: format!("Edited {shown} ({reps}, -{removed} +{added} lines)"),
-    })
+    let mut content = format!("Edited {shown}: {reps}.");
+    let mut display = format!("Edited {shown} ({reps}, -{removed} +{added} lines)");
+    if let Some(note) = repaired {
+        content = format!("{content}\n{note}");
+        display.push_str(", repaired");
+    }
+    Ok(ToolOutput { content, display })
 }

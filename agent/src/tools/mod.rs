@@ -2,6 +2,7 @@
 //! arguments, works only inside a `Workspace`, and returns text for the model plus a short
 //! display line for the user.
 
+pub mod config;
 pub mod diff;
 pub mod edit;
 pub mod glob;
@@ -9,11 +10,14 @@ pub mod grep;
 pub mod ls;
 pub mod memory;
 pub mod read_file;
+pub mod repair;
 pub mod shell;
 pub mod shell_classify;
+pub mod summarize;
 pub mod text;
 pub mod todo;
 pub mod web_fetch;
+pub mod web_search;
 pub mod write_file;
 
 use std::path::PathBuf;
@@ -93,6 +97,8 @@ pub struct ToolContext {
     /// Set in a shadow ([`crate::shadow::Shadow::tool_context`]): `shell` runs its commands
     /// in the branch sandbox at the project's real path instead of directly.
     pub shadow: Option<crate::shadow::ShadowRunner>,
+    /// Where oversized tool output is kept in full (under the state dir, never the project).
+    pub output_dir: PathBuf,
 }
 
 impl ToolContext {
@@ -106,8 +112,20 @@ impl ToolContext {
             background: None,
             lint: None,
             shadow: None,
+            output_dir: shade_fusefs::StateDir::from_env()
+                .root()
+                .join("tool-output"),
         }
     }
+}
+
+/// A call after [`Tool::prepare`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prepared {
+    /// The arguments to preview, approve and run.
+    pub args: Value,
+    /// What was repaired, appended to the call's result so the model learns of it.
+    pub note: Option<String>,
 }
 
 /// One callable tool.
@@ -129,6 +147,17 @@ pub trait Tool: Send + Sync {
     /// A unified diff of what this call would change, shown when asking for approval.
     fn preview(&self, _args: &Value, _ctx: &ToolContext) -> Option<String> {
         None
+    }
+    /// Settle a call before it is approved: a tool that repairs its arguments (edit,
+    /// write_file, possibly with a fast-model call) returns the repaired ones, which are then
+    /// previewed, approved and run, with a note for the result saying what was repaired.
+    fn prepare<'a>(
+        &'a self,
+        args: Value,
+        _ctx: &'a ToolContext,
+        _cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, Prepared> {
+        Box::pin(async move { Prepared { args, note: None } })
     }
     /// Run it.
     fn run<'a>(
@@ -208,8 +237,14 @@ impl ToolRegistry {
         Self::default()
     }
 
-    /// All standard coding tools.
+    /// All standard coding tools with default settings (no `web_search`: it needs a provider).
     pub fn standard() -> Self {
+        Self::configured(&config::ToolsConfig::default())
+    }
+
+    /// The standard tools with the config file's settings; `web_search` only when a
+    /// provider is configured.
+    pub fn configured(cfg: &config::ToolsConfig) -> Self {
         let mut r = Self::empty();
         r.add(Arc::new(read_file::ReadFile));
         r.add(Arc::new(write_file::WriteFile));
@@ -217,10 +252,19 @@ impl ToolRegistry {
         r.add(Arc::new(grep::Grep));
         r.add(Arc::new(glob::Glob));
         r.add(Arc::new(ls::Ls));
-        r.add(Arc::new(shell::Shell::default()));
+        r.add(Arc::new(shell::Shell {
+            output_budget: cfg.output_budget.shell,
+            ..Default::default()
+        }));
         r.add(Arc::new(todo::TodoWrite));
         r.add(Arc::new(memory::Memory));
-        r.add(Arc::new(web_fetch::WebFetch::default()));
+        r.add(Arc::new(web_fetch::WebFetch {
+            access: cfg.web_fetch.clone(),
+            ..Default::default()
+        }));
+        if let Some(search) = &cfg.web_search {
+            r.add(Arc::new(web_search::WebSearch::new(search.clone())));
+        }
         r
     }
 

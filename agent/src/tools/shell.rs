@@ -3,6 +3,7 @@
 
 use std::ffi::OsString;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use shade_fusefs::sandbox::Termination;
@@ -13,7 +14,9 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_util::sync::CancellationToken;
 
 use super::text::plural;
-use super::{parse_args, shell_classify, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
+use super::{
+    parse_args, shell_classify, summarize, Tool, ToolContext, ToolError, ToolKind, ToolOutput,
+};
 use crate::llm::{BoxFuture, ToolSpec};
 use crate::shadow::{self, RunError, ShadowRunner};
 
@@ -26,6 +29,8 @@ pub struct Shell {
     pub max_timeout: Duration,
     /// Bytes kept of each of stdout and stderr (head and tail).
     pub output_cap: usize,
+    /// Tokens of output past which it is summarised and kept whole in a log (0: never).
+    pub output_budget: usize,
 }
 
 impl Default for Shell {
@@ -34,6 +39,7 @@ impl Default for Shell {
             default_timeout: Duration::from_secs(120),
             max_timeout: Duration::from_secs(600),
             output_cap: 30_000,
+            output_budget: super::config::OutputBudget::default().shell,
         }
     }
 }
@@ -59,9 +65,18 @@ impl Tool for Shell {
             name: self.name().into(),
             description: format!(
                 "Run a bash command in the workspace root (non-interactive: no stdin). Returns the \
-                 exit code, stdout and stderr (each capped at {} bytes, head and tail kept). \
+                 exit code, stdout and stderr (each capped at {} bytes, head and tail kept{}). \
                  Default timeout {}s, at most {}s.",
                 self.output_cap,
+                if self.output_budget > 0 {
+                    format!(
+                        "; output over about {} tokens is summarised, its first and last lines \
+                         kept verbatim and the whole of it saved in a file whose path is given",
+                        self.output_budget
+                    )
+                } else {
+                    String::new()
+                },
                 self.default_timeout.as_secs(),
                 self.max_timeout.as_secs()
             ),
@@ -108,17 +123,47 @@ impl Tool for Shell {
                 Some(runner) => {
                     run_in_shadow(&p.command, runner, ctx, timeout, self.output_cap, cancel).await
                 }
-                None => {
-                    run_command(
-                        &p.command,
-                        ctx.workspace.root(),
-                        timeout,
-                        self.output_cap,
-                        cancel,
-                    )
-                    .await
-                }
+                None => self.run_direct(&p.command, ctx, timeout, cancel).await,
             }
+        })
+    }
+}
+
+impl Shell {
+    /// Run `command` directly in the workspace; output over the budget is summarised, the
+    /// whole of it kept in a log (see [`summarize`]).
+    async fn run_direct(
+        &self,
+        command: &str,
+        ctx: &ToolContext,
+        timeout: Duration,
+        cancel: &CancellationToken,
+    ) -> Result<ToolOutput, ToolError> {
+        let log = (self.output_budget > 0)
+            .then(|| summarize::FullLog::new(&ctx.output_dir, "shell", self.output_budget * 4));
+        // With summaries on, nothing is cut below the budget: what is over it is summarised.
+        let cap = self.output_cap.max(self.output_budget.saturating_mul(4));
+        let out = run_command(
+            command,
+            ctx.workspace.root(),
+            timeout,
+            cap,
+            log.clone(),
+            cancel,
+        )
+        .await?;
+        let Some(log) = log else { return Ok(out) };
+        let status = out.content.lines().next().unwrap_or_default().to_string();
+        let produced = summarize::Produced {
+            tool: "shell",
+            call: command,
+            status: &status,
+            content: out.content,
+        };
+        let content = summarize::fit(ctx, self.output_budget, &log, produced, cancel).await;
+        Ok(ToolOutput {
+            content,
+            display: out.display,
         })
     }
 }
@@ -156,6 +201,7 @@ async fn run_command(
     root: &std::path::Path,
     timeout: Duration,
     cap: usize,
+    log: Option<Arc<summarize::FullLog>>,
     cancel: &CancellationToken,
 ) -> Result<ToolOutput, ToolError> {
     let shell = shell_program();
@@ -179,8 +225,8 @@ async fn run_command(
     let guard = GroupGuard {
         pgid: child.id().map(|p| p as i32),
     };
-    let out = tokio::spawn(read_capped(child.stdout.take(), cap));
-    let err = tokio::spawn(read_capped(child.stderr.take(), cap));
+    let out = tokio::spawn(read_capped(child.stdout.take(), cap, log.clone()));
+    let err = tokio::spawn(read_capped(child.stderr.take(), cap, log));
     let ending = tokio::select! {
         s = child.wait() => match s {
             Ok(s) => Ending::Exited(s),
@@ -357,7 +403,12 @@ impl Captured {
 }
 
 /// Read a pipe to the end, keeping the first and last `cap / 2` bytes.
-async fn read_capped<R: AsyncRead + Unpin>(pipe: Option<R>, cap: usize) -> Captured {
+/// Everything read also goes to `log`, when there is one.
+async fn read_capped<R: AsyncRead + Unpin>(
+    pipe: Option<R>,
+    cap: usize,
+    log: Option<Arc<summarize::FullLog>>,
+) -> Captured {
     let Some(mut pipe) = pipe else {
         return Captured::default();
     };
@@ -371,6 +422,9 @@ async fn read_capped<R: AsyncRead + Unpin>(pipe: Option<R>, cap: usize) -> Captu
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        if let Some(log) = &log {
+            log.write(&buf[..n]);
+        }
         let mut chunk = &buf[..n];
         if head.len() < half {
             let take = (half - head.len()).min(chunk.len());

@@ -1,11 +1,16 @@
-//! `write_file`: create or overwrite a whole file (parents created as needed).
+//! `write_file`: create or overwrite a whole file (parents created as needed). Content that
+//! arrives escaped one level too many (`\n` as two characters) is corrected first, by rule
+//! where the rule can tell and by the fast model where it cannot (see [`super::repair`]).
 
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
+use super::repair::{self, Escaping};
 use super::text::plural;
-use super::{parse_args, run_blocking, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
+use super::{
+    parse_args, run_blocking, Prepared, Tool, ToolContext, ToolError, ToolKind, ToolOutput,
+};
 use crate::llm::{BoxFuture, ToolSpec};
 use crate::workspace::Workspace;
 
@@ -52,11 +57,46 @@ impl Tool for WriteFile {
         let p: Params = parse_args(args.clone()).ok()?;
         let path = ctx.workspace.resolve(&p.path).ok()?;
         let old = std::fs::read_to_string(&path).unwrap_or_default();
+        let (content, _) = by_rule(p.content);
         Some(super::diff::unified(
             &ctx.workspace.display(&path),
             &old,
-            &p.content,
+            &content,
         ))
+    }
+
+    fn prepare<'a>(
+        &'a self,
+        args: Value,
+        ctx: &'a ToolContext,
+        cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, Prepared> {
+        Box::pin(async move {
+            let unchanged = Prepared {
+                args: args.clone(),
+                note: None,
+            };
+            let Ok(p) = parse_args::<Params>(args) else {
+                return unchanged;
+            };
+            let (content, note) = match repair::judge_content(&p.content) {
+                Escaping::Clean => return unchanged,
+                Escaping::Over(decoded) => (decoded, NOTE_RULE),
+                Escaping::Unsure(decoded) => {
+                    let Some(bg) = &ctx.background else {
+                        return unchanged;
+                    };
+                    if !repair::content_is_over_escaped(bg, &p.path, &p.content, cancel).await {
+                        return unchanged;
+                    }
+                    (decoded, NOTE_MODEL)
+                }
+            };
+            Prepared {
+                args: json!({"path": p.path, "content": content}),
+                note: Some(note.to_string()),
+            }
+        })
     }
 
     fn run<'a>(
@@ -70,7 +110,21 @@ impl Tool for WriteFile {
     }
 }
 
+const NOTE_RULE: &str = "Note: the content arrived over-escaped (line breaks as \\n); one level \
+    of escaping was undone before writing.";
+const NOTE_MODEL: &str = "Note: the content looked over-escaped and the fast model confirmed it; \
+    one level of escaping was undone before writing.";
+
+/// The content corrected where the rule is sure, and the note saying so.
+fn by_rule(content: String) -> (String, Option<&'static str>) {
+    match repair::judge_content(&content) {
+        Escaping::Over(decoded) => (decoded, Some(NOTE_RULE)),
+        Escaping::Clean | Escaping::Unsure(_) => (content, None),
+    }
+}
+
 fn write(ws: &Workspace, p: Params) -> Result<ToolOutput, ToolError> {
+    let (content, note) = by_rule(p.content);
     let path = ws.resolve(&p.path)?;
     let shown = ws.display(&path);
     if path.is_dir() {
@@ -82,12 +136,17 @@ fn write(ws: &Workspace, p: Params) -> Result<ToolOutput, ToolError> {
             ToolError::Failed(format!("cannot create directories for {shown}: {e}"))
         })?;
     }
-    std::fs::write(&path, &p.content)
+    std::fs::write(&path, &content)
         .map_err(|e| ToolError::Failed(format!("cannot write {shown}: {e}")))?;
-    let lines = plural(p.content.lines().count(), "line");
+    let lines = plural(content.lines().count(), "line");
     let what = if existed { "Overwrote" } else { "Created" };
-    Ok(ToolOutput {
+    let mut out = ToolOutput {
         content: format!("{what} {shown} ({lines})."),
         display: format!("{what} {shown} ({lines})"),
-    })
+    };
+    if let Some(note) = note {
+        out.content = format!("{}\n{note}", out.content);
+        out.display.push_str(", unescaped");
+    }
+    Ok(out)
 }
