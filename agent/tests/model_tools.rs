@@ -217,7 +217,7 @@ async fn edit_needing_the_model_is_repaired_by_the_scripted_correction() {
     assert_eq!(results.len(), 1);
     assert!(
         results[0].starts_with("Edited calc.py: 1 replacement.")
-            && results[0].contains("corrected by the fast model (fast-model)"),
+            && results[0].contains("corrected by the fast model"),
         "{}",
         results[0]
     );
@@ -357,7 +357,7 @@ async fn five_megabytes_of_output_are_summarised_with_head_and_tail_kept() {
     assert!(c.starts_with("Exit code: 2\n"), "{}", &c[..200]);
     assert!(c.contains(&format!("Command: {command}\n")));
     assert!(c.contains(&format!("Output: {} bytes", expected.len())));
-    assert!(c.contains("Summary (by fast-model):\n350000 log lines, then `error: it broke`"));
+    assert!(c.contains("Summary (by the fast model):\n350000 log lines, then `error: it broke`"));
     // Head and tail verbatim, whole lines.
     let head = c.split("verbatim:\n").nth(1).unwrap();
     assert!(head.starts_with("log line 0000001\nlog line 0000002\n"));

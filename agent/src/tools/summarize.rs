@@ -303,7 +303,10 @@ pub async fn fit(
         path = path.display(),
     );
     match summary {
-        Ok((model, text)) => out.push_str(&format!("\nSummary (by {model}):\n{}\n", text.trim())),
+        Ok(text) => out.push_str(&format!(
+            "\nSummary (by the fast model):\n{}\n",
+            text.trim()
+        )),
         Err(why) => out.push_str(&format!("\n[No summary: {why}.]\n")),
     }
     out.push_str(&format!(
@@ -328,7 +331,7 @@ async fn summarise(
     produced: &Produced<'_>,
     excerpt: &str,
     cancel: &CancellationToken,
-) -> Result<(String, String), String> {
+) -> Result<String, String> {
     let Some(bg) = &ctx.background else {
         return Err("no model configured for background work".into());
     };
@@ -352,7 +355,7 @@ async fn summarise(
     );
     request.max_tokens = Some((budget / 2).max(256) as u32);
     match bg.complete(&request, cancel).await {
-        Ok(c) if !c.text.trim().is_empty() => Ok((bg.model().to_string(), c.text)),
+        Ok(c) if !c.text.trim().is_empty() => Ok(c.text),
         Ok(_) => Err("the model returned an empty summary".into()),
         Err(e) => Err(format!("the summary call failed: {e}")),
     }
