@@ -29,7 +29,8 @@ const INTERRUPTED: i32 = 130;
 Model settings come from $XDG_CONFIG_HOME/shade/config.toml (base_url, api_key, model, \
 fast_model, large_context_model, backup_model, stream, max_retries, base_delay_ms, \
 idle_timeout_secs, thinking_param, enable_followup_suggestions, enable_cache_sharing, \
-enable_speculation, telemetry), then OPENAI_BASE_URL, OPENAI_API_KEY, SHADE_MODEL, \
+enable_speculation, telemetry; tool tables [output_budget], [web_fetch], [web_search]: see \
+README), then OPENAI_BASE_URL, OPENAI_API_KEY, SHADE_MODEL, \
 SHADE_FAST_MODEL, then the flags.
 
 Exit status: 0 answered, 2 turn limit reached, 130 interrupted, 124 --accept refused \
@@ -143,7 +144,7 @@ async fn run(args: ExecArgs) -> i32 {
         Some(Ok(s)) => s,
         None => FollowupSettings::default(),
     };
-    let tools = ToolRegistry::standard();
+    let tools = ToolRegistry::configured(&llm.config.tools);
     let shadow = if args.shadow {
         crate::cmd_run::startup_recovery(&StateDir::from_env());
         match Shadow::create(workspace.root(), ShadowOptions::live()) {

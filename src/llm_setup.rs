@@ -36,7 +36,7 @@ pub struct LlmSetup {
     pub background: BackgroundLlm,
     /// Tokens per model, background apart.
     pub stats: TokenStats,
-    /// The settings in force (defaults when replaying a cassette).
+    /// The settings in force (when replaying: defaults, but the tools' settings from the file).
     pub config: LlmConfig,
 }
 
@@ -50,7 +50,14 @@ pub fn setup(choice: &LlmChoice) -> anyhow::Result<LlmSetup> {
             let replay = ReplayProvider::open(Path::new(file))?;
             let model = choice.model.clone().unwrap_or_else(|| "replay".to_string());
             let fast = choice.fast_model.clone().unwrap_or_else(|| model.clone());
-            (Arc::new(replay), model, fast, LlmConfig::default())
+            // Replays use default model settings, but the tools' settings from the file.
+            let mut config = LlmConfig::default();
+            config.tools = LlmConfig::load(&Overrides {
+                config_file: choice.config.clone(),
+                ..Overrides::default()
+            })?
+            .tools;
+            (Arc::new(replay), model, fast, config)
         } else if choice.llm == "openai" {
             let config = LlmConfig::load(&Overrides {
                 base_url: choice.base_url.clone(),

@@ -82,7 +82,7 @@ impl Session {
         ctx.background = Some(llm.background.clone());
         let mut agent = Agent::new(
             llm.provider.clone(),
-            ToolRegistry::standard(),
+            ToolRegistry::configured(&llm.config.tools),
             ctx,
             approver_dyn,
             AgentOptions {
