@@ -418,7 +418,7 @@ impl Agent {
         let tool = self.tools.get(&call.name);
         let args = parse_arguments(&call.arguments);
         let (read_only, summary) = match (&tool, &args) {
-            (Some(t), Ok(a)) => (t.is_read_only(a), t.describe(a)),
+            (Some(t), Ok(a)) => (t.is_read_only_in(a, &self.ctx), t.describe(a)),
             _ => (false, call.name.clone()),
         };
         Planned {

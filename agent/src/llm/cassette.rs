@@ -179,10 +179,20 @@ impl ReplayProvider {
                 *served = true;
                 Ok(entry.clone())
             }
-            None => Err(LlmError::Cassette(format!(
-                "{}: no recorded `{id}` background call matches this conversation",
-                self.source
-            ))),
+            None => {
+                // Say how the nearest unserved recording of this kind differs.
+                let nearest = entries
+                    .iter()
+                    .filter(|(e, served)| !*served && e.request.prompt_id.as_deref() == Some(id))
+                    .filter_map(|(e, _)| mismatch(&e.request.messages, &request.messages))
+                    .next()
+                    .unwrap_or_else(|| "none left unserved".into());
+                Err(LlmError::Cassette(format!(
+                    "{}: no recorded `{id}` background call matches this conversation; the \
+                     nearest: {nearest}",
+                    self.source
+                )))
+            }
         }
     }
 

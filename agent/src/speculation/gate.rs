@@ -89,7 +89,7 @@ impl CallGate for SpeculationGate {
             }
             ToolKind::Execute => {
                 let command = args.get("command").and_then(Value::as_str).unwrap_or("");
-                let verdict = shell_classify::classify(command);
+                let verdict = shell_classify::classify_in(command, call.ctx.workspace.root());
                 let short = || -> String { command.chars().take(COMMAND_IN_REASON).collect() };
                 if verdict.needs_network {
                     return Some(format!("shell: {}", short()));

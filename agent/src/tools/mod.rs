@@ -140,6 +140,11 @@ pub trait Tool: Send + Sync {
     fn is_read_only(&self, _args: &Value) -> bool {
         self.kind() == ToolKind::Read
     }
+    /// [`Tool::is_read_only`] knowing where the call would run (the shell checks the
+    /// repository's git configuration there); what the agent loop asks.
+    fn is_read_only_in(&self, args: &Value, _ctx: &ToolContext) -> bool {
+        self.is_read_only(args)
+    }
     /// A short description of the call for the user (`read src/main.rs`).
     fn describe(&self, args: &Value) -> String {
         summarize_args(self.name(), args)

@@ -97,6 +97,12 @@ impl Tool for Shell {
         ToolKind::Execute
     }
 
+    fn is_read_only_in(&self, args: &Value, ctx: &ToolContext) -> bool {
+        args.get("command")
+            .and_then(Value::as_str)
+            .is_some_and(|c| shell_classify::classify_in(c, ctx.workspace.root()).read_only)
+    }
+
     fn is_read_only(&self, args: &Value) -> bool {
         args.get("command")
             .and_then(Value::as_str)
