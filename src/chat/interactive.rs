@@ -71,14 +71,23 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
     // The terminal closing (SIGHUP) or a SIGTERM ends the session the same way Ctrl-D does,
     // so no speculation's branch outlives it.
     let hang_up = Arc::new(AtomicBool::new(false));
-    for kind in [SignalKind::hangup(), SignalKind::terminate()] {
-        let (flag, wake) = (hang_up.clone(), wake.clone());
+    for (kind, number) in [
+        (SignalKind::hangup(), libc::SIGHUP),
+        (SignalKind::terminate(), libc::SIGTERM),
+    ] {
+        let (flag, wake, spec) = (hang_up.clone(), wake.clone(), speculator.clone());
         match signal(kind) {
             Ok(mut s) => {
                 session.runtime.spawn(async move {
                     if s.recv().await.is_some() {
                         flag.store(true, Ordering::SeqCst);
                         wake.store(true, Ordering::SeqCst);
+                        // A closed terminal can leave the line editor spinning on its dead
+                        // input instead of returning: give the loop a moment, then drop the
+                        // speculation here and leave.
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                        spec.shutdown();
+                        std::process::exit(128 + number);
                     }
                 });
             }
