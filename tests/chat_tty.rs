@@ -47,7 +47,7 @@ fn ghost_text_tab_fills_enter_submits_right_fills_typing_dismisses() {
     // First exchange: only one model turn so far, so no suggestion yet (the 2-turn guard).
     tty.type_text("hello");
     tty.keys(&["Enter"]);
-    tty.wait_text("Ask me about the project.", 20);
+    tty.wait_text("Ask me about the project.", 60);
     std::thread::sleep(Duration::from_millis(600));
     assert!(
         !chat.llm.requests().iter().any(is_suggestion_request),
@@ -57,7 +57,7 @@ fn ghost_text_tab_fills_enter_submits_right_fills_typing_dismisses() {
     // Second exchange: the suggestion appears as dim text in the empty prompt.
     tty.type_text("what is in here?");
     tty.keys(&["Enter"]);
-    tty.wait_text("Tip: type run the tests", 20);
+    tty.wait_text("Tip: type run the tests", 60);
     wait_ghost(&tty, "run the tests");
 
     // Tab fills the input without submitting.
@@ -74,7 +74,7 @@ fn ghost_text_tab_fills_enter_submits_right_fills_typing_dismisses() {
     );
     // Enter submits what was filled.
     tty.keys(&["Enter"]);
-    tty.wait_text("All 3 tests pass.", 20);
+    tty.wait_text("All 3 tests pass.", 60);
     let ev = chat.wait_suggestion_events(1);
     assert_eq!(ev[0]["outcome"], "accepted", "{ev:?}");
     assert_eq!(ev[0]["accept_method"], "tab");
@@ -86,7 +86,7 @@ fn ghost_text_tab_fills_enter_submits_right_fills_typing_dismisses() {
     // The next suggestion: Enter on the empty prompt fills and submits it at once.
     wait_ghost(&tty, "commit this");
     tty.keys(&["Enter"]);
-    tty.wait_text("Committed as abc123.", 20);
+    tty.wait_text("Committed as abc123.", 60);
     let ev = chat.wait_suggestion_events(2);
     assert_eq!(ev[1]["outcome"], "accepted");
     assert_eq!(ev[1]["accept_method"], "enter");
@@ -103,7 +103,7 @@ fn ghost_text_tab_fills_enter_submits_right_fills_typing_dismisses() {
     tty.keys(&["C-u"]);
     tty.type_text("something else");
     tty.keys(&["Enter"]);
-    tty.wait_text("You said: something else", 20);
+    tty.wait_text("You said: something else", 60);
     assert!(tty.alive());
 
     // The main cassette holds the conversation only; suggestion calls went beside it.
@@ -132,7 +132,7 @@ fn typing_dismisses_and_shift_tab_does_not_accept() {
         tty.type_text(q);
         tty.keys(&["Enter"]);
     }
-    tty.wait_text("Tip: type run the tests", 20);
+    tty.wait_text("Tip: type run the tests", 60);
     wait_ghost(&tty, "run the tests");
     // Shift+Tab is not Tab (a bug the peer had): nothing is filled, nothing accepted.
     tty.keys(&["BTab"]);
@@ -158,7 +158,7 @@ fn typing_dismisses_and_shift_tab_does_not_accept() {
     // (the peer's Enter race).
     tty.type_text("yz");
     tty.keys(&["Enter"]);
-    tty.wait_text("You said: xyz", 20);
+    tty.wait_text("You said: xyz", 60);
 }
 
 #[test]
@@ -167,16 +167,16 @@ fn ctrl_c_cancels_a_streaming_turn_and_the_session_goes_on() {
     let tty = chat.start(&["--no-speculate"]);
     tty.type_text("tell me a long story");
     tty.keys(&["Enter"]);
-    tty.wait_text("once upon a time once upon", 20);
+    tty.wait_text("once upon a time once upon", 60);
     tty.keys(&["C-c"]);
-    tty.wait_text("(cancelled)", 10);
+    tty.wait_text("(cancelled)", 60);
     assert!(tty.alive(), "Ctrl-C during a turn must not end the session");
     tty.type_text("hello");
     tty.keys(&["Enter"]);
-    tty.wait_text("Ask me about the project.", 20);
+    tty.wait_text("Ask me about the project.", 60);
     // Ctrl-C twice on an empty line leaves.
     tty.keys(&["C-c"]);
-    tty.wait_text("press Ctrl-C again to exit", 10);
+    tty.wait_text("press Ctrl-C again to exit", 60);
     tty.keys(&["C-c"]);
     for _ in 0..100 {
         if !tty.alive() {
@@ -200,19 +200,19 @@ fn slash_commands_complete_and_work() {
         prompt_line(s).contains("/stats")
     });
     tty.keys(&["Enter"]);
-    tty.wait_text("no model calls yet", 10);
+    tty.wait_text("no model calls yet", 60);
     tty.type_text("hello");
     tty.keys(&["Enter"]);
-    tty.wait_text("Ask me about the project.", 20);
+    tty.wait_text("Ask me about the project.", 60);
     tty.type_text("/stats");
     tty.keys(&["Enter"]);
-    tty.wait_text("main-model", 10);
+    tty.wait_text("main-model", 60);
     tty.type_text("/approval yolo");
     tty.keys(&["Enter"]);
-    tty.wait_text("shade [yolo]", 10);
+    tty.wait_text("shade [yolo]", 60);
     tty.type_text("/model --fast tiny");
     tty.keys(&["Enter"]);
-    tty.wait_text("fast model: tiny", 10);
+    tty.wait_text("fast model: tiny", 60);
     tty.type_text("/exit");
     tty.keys(&["Enter"]);
     for _ in 0..100 {

@@ -80,10 +80,10 @@ fn converse(chat: &Chat, second: &str, answer: &str) -> Tty {
     let tty = chat.start(&["--approval", "yolo"]);
     tty.type_text("hello");
     tty.keys(&["Enter"]);
-    tty.wait_text("Hello.", 20);
+    tty.wait_text("Hello.", 60);
     tty.type_text(second);
     tty.keys(&["Enter"]);
-    tty.wait_text(answer, 20);
+    tty.wait_text(answer, 60);
     tty
 }
 
@@ -141,11 +141,11 @@ fn an_accepted_speculation_is_already_done_and_lands_in_the_real_tree() {
     let tty = converse(&chat, "what is wrong?", "subtracts instead of adding");
     wait_ghost(&tty, "fix it and run the tests");
     // The speculation runs the whole turn in the background: edit, test script, answer.
-    wait_until("the speculated answer", 30, || {
+    wait_until("the speculated answer", 60, || {
         served(&chat, "fix it and run the tests", 2, "fast-model") == 1
     });
     // …and then asks for the suggestion after it (the pipelined one).
-    wait_until("the pipelined suggestion request", 30, || {
+    wait_until("the pipelined suggestion request", 60, || {
         chat.llm.requests().iter().any(|r| {
             is_suggestion_request(r) && last_real_user(r) == "fix it and run the tests"
                 || shade_testkit::last_user(r).contains("The user just said")
@@ -158,8 +158,8 @@ fn an_accepted_speculation_is_already_done_and_lands_in_the_real_tree() {
     let before = chat.llm.requests().len();
     // Accept: Enter on the shown suggestion.
     tty.keys(&["Enter"]);
-    tty.wait_text("the test passes.", 20);
-    tty.wait_text("speculated ahead: 2 changes written", 20);
+    tty.wait_text("the test passes.", 60);
+    tty.wait_text("speculated ahead: 2 changes written", 60);
     // The result was already there: no model call for the accepted turn.
     assert_eq!(
         served(&chat, "fix it and run the tests", 0, "main-model"),
@@ -181,7 +181,7 @@ fn an_accepted_speculation_is_already_done_and_lands_in_the_real_tree() {
     // The real tree has the edit and the script's output.
     assert_eq!(read(&chat.project.join("add.sh")), FIXED);
     assert_eq!(read(&chat.project.join("result.txt")), "PASS\n");
-    wait_until("the accepted speculation's telemetry", 20, || {
+    wait_until("the accepted speculation's telemetry", 60, || {
         speculation_events(&chat)
             .iter()
             .any(|e| e["outcome"] == "accepted")
@@ -196,8 +196,8 @@ fn an_accepted_speculation_is_already_done_and_lands_in_the_real_tree() {
     assert_eq!(accepted[0]["had_pipelined_suggestion"], true);
     // Leaving ends the running speculation of the next suggestion too.
     tty.keys(&["C-d"]);
-    wait_until("the session to end", 20, || !tty.alive());
-    wait_until("branches to be gone", 20, || {
+    wait_until("the session to end", 60, || !tty.alive());
+    wait_until("branches to be gone", 60, || {
         std::fs::read_dir(chat.state.join("branches"))
             .map(|d| d.count() == 0)
             .unwrap_or(true)
@@ -211,20 +211,20 @@ fn typing_something_else_drops_the_speculation_and_leaves_nothing() {
     let tty = converse(&chat, "what is wrong?", "subtracts instead of adding");
     wait_ghost(&tty, "fix it and run the tests");
     // Let it get as far as running the script in its branch.
-    wait_until("the speculative shell call", 30, || {
+    wait_until("the speculative shell call", 60, || {
         served(&chat, "fix it and run the tests", 2, "fast-model") == 1
     });
     tty.type_text("never mind");
     tty.keys(&["Enter"]);
-    tty.wait_text("You said: never mind", 20);
+    tty.wait_text("You said: never mind", 60);
     assert_eq!(read(&chat.project.join("add.sh")), BUGGY);
     assert!(!chat.project.join("result.txt").exists());
-    wait_until("the aborted speculation's telemetry", 20, || {
+    wait_until("the aborted speculation's telemetry", 60, || {
         speculation_events(&chat)
             .iter()
             .any(|e| e["outcome"] == "aborted")
     });
-    wait_until("the branch to be gone", 20, || {
+    wait_until("the branch to be gone", 60, || {
         std::fs::read_dir(chat.state.join("branches"))
             .map(|d| d.count() == 0)
             .unwrap_or(true)
@@ -245,7 +245,7 @@ fn a_concurrent_edit_makes_accept_refuse_and_run_live() {
     let chat = setup();
     let tty = converse(&chat, "what is wrong?", "subtracts instead of adding");
     wait_ghost(&tty, "fix it and run the tests");
-    wait_until("the speculated answer", 30, || {
+    wait_until("the speculated answer", 60, || {
         served(&chat, "fix it and run the tests", 2, "fast-model") == 1
     });
     std::thread::sleep(Duration::from_millis(800));
@@ -253,8 +253,8 @@ fn a_concurrent_edit_makes_accept_refuse_and_run_live() {
     let edited = format!("{BUGGY}# edited by the user\n");
     std::fs::write(chat.project.join("add.sh"), &edited).unwrap();
     tty.keys(&["Enter"]);
-    tty.wait_text("running live", 20);
-    tty.wait_text("the test passes.", 30);
+    tty.wait_text("running live", 60);
+    tty.wait_text("the test passes.", 60);
     // It ran live: the main model got the turn, and the live edit kept the user's line.
     assert!(served(&chat, "fix it and run the tests", 0, "main-model") >= 1);
     let now = read(&chat.project.join("add.sh"));
@@ -273,12 +273,12 @@ fn a_boundary_mid_speculation_continues_live_from_where_it_stopped() {
     let tty = converse(&chat, "how do I use it?", "Run ./add.sh A B.");
     wait_ghost(&tty, "check the docs");
     // The speculation reads README, then stops before web_fetch (it needs the network).
-    wait_until("the speculative read", 30, || {
+    wait_until("the speculative read", 60, || {
         served(&chat, "check the docs", 1, "fast-model") == 1
     });
     std::thread::sleep(Duration::from_millis(800));
     tty.keys(&["Enter"]);
-    tty.wait_text("The docs say", 30);
+    tty.wait_text("The docs say", 60);
     // The live turn went on from the boundary: its first main-model call already had the
     // read's result; the read was not made again.
     assert_eq!(served(&chat, "check the docs", 0, "main-model"), 0);
@@ -291,7 +291,7 @@ fn a_boundary_mid_speculation_continues_live_from_where_it_stopped() {
     );
     // Closing the terminal (SIGHUP) ends the session cleanly: no branch is left.
     drop(tty);
-    wait_until("branches to be gone after SIGHUP", 20, || {
+    wait_until("branches to be gone after SIGHUP", 60, || {
         std::fs::read_dir(chat.state.join("branches"))
             .map(|d| d.count() == 0)
             .unwrap_or(true)
@@ -321,28 +321,28 @@ fn a_shadow_session_keeps_edits_in_its_branch_until_accept() {
     let tty = chat.start(&["--shadow", "--approval", "yolo"]);
     tty.type_text("make a note");
     tty.keys(&["Enter"]);
-    tty.wait_text("Wrote NOTE.md.", 20);
+    tty.wait_text("Wrote NOTE.md.", 60);
     assert!(
         !chat.project.join("NOTE.md").exists(),
         "the edit escaped the branch"
     );
     tty.type_text("/diff");
     tty.keys(&["Enter"]);
-    tty.wait_text("A NOTE.md", 10);
-    tty.wait_text("+hi", 10);
+    tty.wait_text("A NOTE.md", 60);
+    tty.wait_text("+hi", 60);
     tty.type_text("/accept");
     tty.keys(&["Enter"]);
-    tty.wait_text("accepted 1 change", 20);
+    tty.wait_text("accepted 1 change", 60);
     assert_eq!(read(&chat.project.join("NOTE.md")), "hi\n");
     // The session goes on in a fresh branch; /abort drops what it did.
     tty.type_text("make another");
     tty.keys(&["Enter"]);
-    tty.wait_text("Wrote OTHER.md.", 20);
+    tty.wait_text("Wrote OTHER.md.", 60);
     tty.type_text("/abort");
     tty.keys(&["Enter"]);
-    tty.wait_text("dropped 1 change", 20);
+    tty.wait_text("dropped 1 change", 60);
     assert!(!chat.project.join("OTHER.md").exists());
     tty.keys(&["C-d"]);
-    wait_until("the session to end", 20, || !tty.alive());
+    wait_until("the session to end", 60, || !tty.alive());
     assert_nothing_left(&chat);
 }
