@@ -291,18 +291,33 @@ impl Branch {
         }
     }
 
-    /// Would [`Branch::accept`] be refused now (conflicts, unsafe paths)? Writes nothing and
-    /// keeps the branch mounted, so an interactive caller can report and let the user decide.
-    /// (The accept checks again: the project may change in between.)
-    pub fn check_accept(&self, flags: AcceptFlags) -> Result<(), AcceptError> {
-        let plan = self
-            .overlay
+    /// The accept plan of the branch as it is now.
+    fn plan(&self, flags: AcceptFlags) -> Result<Vec<crate::plan::PlanOp>, AcceptError> {
+        self.overlay
             .plan(flags.include_ignored)
             .map_err(|source| AcceptError::Io {
                 path: self.project.clone(),
                 source,
-            })?;
-        accept::check_plan(&self.project, &plan, flags.force)
+            })
+    }
+
+    /// Plan and apply: the accept's common part.
+    fn apply(&self, flags: AcceptFlags) -> Result<AcceptReport, AcceptError> {
+        accept::apply(
+            &self.project,
+            self.plan(flags)?,
+            &AcceptOptions {
+                force: flags.force,
+                state: self.state.clone(),
+            },
+        )
+    }
+
+    /// Would [`Branch::accept`] be refused now (conflicts, unsafe paths)? Writes nothing and
+    /// keeps the branch mounted, so an interactive caller can report and let the user decide.
+    /// (The accept checks again: the project may change in between.)
+    pub fn check_accept(&self, flags: AcceptFlags) -> Result<(), AcceptError> {
+        accept::check_plan(&self.project, &self.plan(flags)?, flags.force)
     }
 
     /// [`Branch::accept`] without unmounting first, for a caller that knows nothing can
@@ -317,42 +332,14 @@ impl Branch {
                 libc::syncfs(dir.as_raw_fd());
             }
         }
-        let plan = self
-            .overlay
-            .plan(flags.include_ignored)
-            .map_err(|source| AcceptError::Io {
-                path: self.project.clone(),
-                source,
-            })?;
-        accept::apply(
-            &self.project,
-            plan,
-            &AcceptOptions {
-                force: flags.force,
-                state: self.state.clone(),
-            },
-        )
+        self.apply(flags)
     }
 
     /// Apply the branch's changes to the project: all or nothing, conflict-checked.
     /// The branch is unmounted first so nothing changes under the accept.
     pub fn accept(mut self, flags: AcceptFlags) -> Result<AcceptReport, AcceptError> {
         self.unmount();
-        let plan = self
-            .overlay
-            .plan(flags.include_ignored)
-            .map_err(|source| AcceptError::Io {
-                path: self.project.clone(),
-                source,
-            })?;
-        accept::apply(
-            &self.project,
-            plan,
-            &AcceptOptions {
-                force: flags.force,
-                state: self.state.clone(),
-            },
-        )
+        self.apply(flags)
     }
 
     /// Drop every change of the branch.
