@@ -265,7 +265,10 @@ impl Branch {
     /// Stop serving the mount (processes using it get errors from now on).
     pub fn unmount(&mut self) {
         if let Some(s) = self.session.take() {
-            let conn = connection_id(&self.mountpoint);
+            // Opened while the connection is surely ours: once our unmount releases it, its
+            // number can be reused at once by another mount, which a later lookup by number
+            // would abort instead. A write through this handle reaches only our connection.
+            let abort = connection_id(&self.mountpoint).and_then(open_abort_handle);
             // Dropping the session's other parts unmounts (fuser's way); only the thread
             // handle is kept, to join. Then detach what is left: a mount fuser could not
             // unmount (busy), or one fusermount3 made.
@@ -278,8 +281,8 @@ impl Branch {
             // any `unshare`) holds a copy of the mount that our unmount does not reach, and
             // the kernel keeps the connection — and our FUSE threads — alive as long as
             // that namespace lives. Abort the connection if anything still holds it.
-            if let Some(id) = conn {
-                abort_connection(id);
+            if let Some(handle) = abort {
+                abort_connection(handle);
             }
             match guard.join() {
                 Ok(Ok(())) => {}
@@ -392,8 +395,8 @@ fn connection_id(mountpoint: &Path) -> Option<u32> {
     (libc::major(dev) == 0).then(|| libc::minor(dev))
 }
 
-/// Abort FUSE connection `id` if it is still alive (through fusectl, mounted on demand).
-fn abort_connection(id: u32) {
+/// A handle on FUSE connection `id`'s abort file (fusectl, mounted on demand).
+fn open_abort_handle(id: u32) -> Option<std::fs::File> {
     let ctl = Path::new("/sys/fs/fuse/connections");
     const FUSECTL_MAGIC: i64 = 0x6573_5543;
     let mounted =
@@ -407,11 +410,18 @@ fn abort_connection(id: u32) {
             None::<&str>,
         );
     }
-    let abort = ctl.join(id.to_string()).join("abort");
-    if abort.exists() {
-        tracing::debug!("aborting FUSE connection {id}: a copy of the mount outlived ours");
-        let _ = std::fs::write(abort, "1");
-    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(ctl.join(id.to_string()).join("abort"))
+        .ok()
+}
+
+/// Abort the connection behind `handle` if it is still alive (a copy of the mount in another
+/// namespace keeps it so); a connection already gone ignores the write.
+fn abort_connection(mut handle: std::fs::File) {
+    use std::io::Write;
+    tracing::debug!("aborting our FUSE connection in case a copy of the mount outlived ours");
+    let _ = handle.write_all(b"1");
 }
 
 /// Detach a mount even if processes still use it (through fusermount3 for a user).
