@@ -43,26 +43,9 @@ pub struct ExecArgs {
     /// Print every event as one JSON object per line instead of the readable transcript.
     #[arg(long)]
     pub json: bool,
-    /// Model provider: `openai` (any OpenAI-compatible server, the default) or `replay:FILE`
-    /// to serve a recorded cassette.
-    #[arg(long, default_value = "openai", value_name = "SPEC")]
-    pub llm: String,
-    /// Record every model call into this cassette file (JSONL).
-    #[arg(long, value_name = "FILE")]
-    pub record: Option<PathBuf>,
-    /// Model (overrides SHADE_MODEL and the config file).
-    #[arg(long)]
-    pub model: Option<String>,
-    /// Model for background work such as suggestions (overrides SHADE_FAST_MODEL and the
-    /// config file's `fast_model`; default: the main model).
-    #[arg(long)]
-    pub fast_model: Option<String>,
-    /// Server base URL, e.g. http://127.0.0.1:8000/v1 (overrides OPENAI_BASE_URL).
-    #[arg(long, value_name = "URL")]
-    pub base_url: Option<String>,
-    /// Config file (default: $XDG_CONFIG_HOME/shade/config.toml).
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
+    /// Provider and models.
+    #[command(flatten)]
+    pub llm: crate::llm_setup::LlmChoice,
     /// Stop after this many model calls.
     #[arg(long, default_value_t = 50)]
     pub max_turns: u32,
@@ -116,14 +99,7 @@ async fn run(args: ExecArgs) -> i32 {
             ))
         }
     };
-    let llm = match crate::llm_setup::setup(&crate::llm_setup::LlmChoice {
-        llm: args.llm.clone(),
-        record: args.record.clone(),
-        model: args.model.clone(),
-        fast_model: args.fast_model.clone(),
-        base_url: args.base_url.clone(),
-        config: args.config.clone(),
-    }) {
+    let llm = match crate::llm_setup::setup(&args.llm) {
         Ok(l) => l,
         Err(e) => return exit::fail(&e),
     };
@@ -136,7 +112,7 @@ async fn run(args: ExecArgs) -> i32 {
     };
     let settings = match args.suggest.then(|| {
         FollowupSettings::load(&Overrides {
-            config_file: args.config.clone(),
+            config_file: args.llm.config.clone(),
             ..Overrides::default()
         })
     }) {

@@ -9,20 +9,29 @@ use shade_agent::background::{BackgroundLlm, MeteredProvider, TokenStats};
 use shade_agent::llm::cassette::{RecordingProvider, ReplayProvider};
 use shade_agent::llm::{LlmConfig, LlmProvider, OpenAiClient, Overrides};
 
-/// The command-line choices that pick a provider and models.
-#[derive(Debug, Clone, Default)]
+/// The command-line choices that pick a provider and models, shared by `exec` and `chat`.
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct LlmChoice {
-    /// `openai` or `replay:FILE`.
+    /// Model provider: `openai` (any OpenAI-compatible server, the default) or `replay:FILE`
+    /// to serve a recorded cassette (and its background cassette beside it).
+    #[arg(long, default_value = "openai", value_name = "SPEC")]
     pub llm: String,
-    /// `--record FILE`.
+    /// Record every model call into this cassette file (JSONL); background calls go beside
+    /// it, in NAME.background.jsonl.
+    #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,
-    /// `--model`.
+    /// Model (overrides SHADE_MODEL and the config file).
+    #[arg(long)]
     pub model: Option<String>,
-    /// `--fast-model`.
+    /// Model for background work such as suggestions (overrides SHADE_FAST_MODEL and the
+    /// config file's `fast_model`; default: the main model).
+    #[arg(long)]
     pub fast_model: Option<String>,
-    /// `--base-url`.
+    /// Server base URL, e.g. http://127.0.0.1:8000/v1 (overrides OPENAI_BASE_URL).
+    #[arg(long, value_name = "URL")]
     pub base_url: Option<String>,
-    /// `--config`.
+    /// Config file (default: $XDG_CONFIG_HOME/shade/config.toml).
+    #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 }
 

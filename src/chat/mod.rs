@@ -34,25 +34,9 @@ pub struct ChatArgs {
     /// What may run without asking: default, auto-edit, yolo, plan.
     #[arg(long, default_value = "default", value_parser = parse_mode)]
     pub approval: ApprovalMode,
-    /// Model provider: `openai` (default) or `replay:FILE`.
-    #[arg(long, default_value = "openai", value_name = "SPEC")]
-    pub llm: String,
-    /// Record the conversation's model calls into this cassette (background calls go beside
-    /// it, in NAME.background.jsonl).
-    #[arg(long, value_name = "FILE")]
-    pub record: Option<PathBuf>,
-    /// Model (overrides SHADE_MODEL and the config file).
-    #[arg(long)]
-    pub model: Option<String>,
-    /// Model for suggestions and other background work (default: the main model).
-    #[arg(long)]
-    pub fast_model: Option<String>,
-    /// Server base URL, e.g. http://127.0.0.1:8000/v1.
-    #[arg(long, value_name = "URL")]
-    pub base_url: Option<String>,
-    /// Config file (default: $XDG_CONFIG_HOME/shade/config.toml).
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
+    /// Provider and models.
+    #[command(flatten)]
+    pub llm: crate::llm_setup::LlmChoice,
     /// Do not suggest the next input.
     #[arg(long)]
     pub no_suggest: bool,

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::approve::ChatApprover;
 use super::ChatArgs;
-use crate::llm_setup::{self, LlmChoice, LlmSetup};
+use crate::llm_setup::{self, LlmSetup};
 
 /// Turns kept verbatim when older ones are summarised.
 const KEEP_TURNS: usize = 2;
@@ -59,16 +59,9 @@ impl Session {
             .unwrap_or_else(|| std::path::PathBuf::from("."));
         let workspace = Workspace::new(&dir)
             .with_context(|| format!("cannot use {} as the project", dir.display()))?;
-        let llm = llm_setup::setup(&LlmChoice {
-            llm: args.llm.clone(),
-            record: args.record.clone(),
-            model: args.model.clone(),
-            fast_model: args.fast_model.clone(),
-            base_url: args.base_url.clone(),
-            config: args.config.clone(),
-        })?;
+        let llm = llm_setup::setup(&args.llm)?;
         let settings = FollowupSettings::load(&Overrides {
-            config_file: args.config.clone(),
+            config_file: args.llm.config.clone(),
             ..Overrides::default()
         })?;
         let approver = interactive.then(|| Arc::new(ChatApprover::default()));
