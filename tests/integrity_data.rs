@@ -279,6 +279,27 @@ mod integrity {
         assert!(!fx.project.join("r.moved").exists());
     }
 
+    /// A directory moved onto the place of a removed one, with a file in it replaced by
+    /// a new directory: the old lower file at the literal path belongs to the removed
+    /// directory, so it is no conflict (churn found this as a flaky false conflict).
+    #[test]
+    fn new_entry_in_a_directory_moved_over_a_removed_one_is_no_conflict() {
+        let fx = Fixture::new();
+        fx.write("d0/f0", "old zero\n");
+        fx.write("d1/f0", "moved zero\n");
+        fx.write("d1/f1", "moved one\n");
+        let b = fx.branch();
+        let m = b.mountpoint().to_path_buf();
+        fs::remove_dir_all(m.join("d0")).unwrap();
+        fs::rename(m.join("d1"), m.join("d0")).unwrap();
+        fs::remove_file(m.join("d0/f0")).unwrap();
+        fs::create_dir(m.join("d0/f0")).unwrap();
+        fs::write(m.join("d0/f0/x"), "new\n").unwrap();
+        let shown = snapshot(&m);
+        b.accept(AcceptFlags::default()).unwrap();
+        assert_eq!(snapshot(&fx.project), shown);
+    }
+
     /// A lower directory emptied, removed and made again: the changeset must show the
     /// lower files that are gone (accept deletes them), not only the new files.
     #[test]

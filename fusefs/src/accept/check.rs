@@ -140,7 +140,11 @@ impl Sim {
                 // replaces) is no news; only one nobody based anything on is.
                 let accounted =
                     |b: &Base| *b == Base::Absent || self.known.iter().any(|k| base_matches(k, b));
-                shadowed || (accounted(&lit) && accounted(&mapped))
+                // Under a directory an earlier rename put here, roll-forward finds what was
+                // at the pre-rename place; the literal path's old contents left with
+                // whatever the rename replaced (checked by that rename's own base).
+                let relevant = if mb == p { &lit } else { &mapped };
+                shadowed || accounted(relevant)
             }
         };
         Ok((ok, found))
@@ -309,6 +313,7 @@ pub fn preflight(root: RawFd, plan: &[PlanOp], force: bool) -> Result<Vec<Guard>
     if conflicts.is_empty() {
         Ok(guards)
     } else {
+        tracing::debug!(?plan, "accept refused on conflicts");
         Err(AcceptError::Conflicts(conflicts))
     }
 }
