@@ -24,6 +24,8 @@ pub struct LintConfig {
     pub budget_ms: Option<u64>,
     /// Stop a warm checker daemon after this long without requests (s; default 600).
     pub idle_secs: Option<u64>,
+    /// Stop a language server after this long without requests (s; default 300).
+    pub server_idle_secs: Option<u64>,
 }
 
 impl LintConfig {
@@ -46,6 +48,11 @@ impl LintConfig {
     /// The daemon's idle time.
     pub fn idle(&self) -> std::time::Duration {
         std::time::Duration::from_secs(self.idle_secs.unwrap_or(600))
+    }
+
+    /// A language server's idle time.
+    pub fn server_idle(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.server_idle_secs.unwrap_or(300))
     }
 }
 

@@ -86,7 +86,6 @@ pub fn serve(
         if STOP.load(Ordering::SeqCst) || last.elapsed() >= idle {
             break Ok(());
         }
-        session.linter().stop_idle_servers(idle);
         let wait = idle
             .saturating_sub(last.elapsed())
             .min(Duration::from_secs(1));

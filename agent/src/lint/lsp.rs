@@ -151,30 +151,24 @@ impl Server {
         matches!(self.child.try_wait(), Ok(None))
     }
 
-    /// Tell the server `rel` now holds `text` and wait for the diagnostics it publishes
-    /// for that version.
-    pub fn diagnostics(
-        &mut self,
-        rel: &str,
-        text: &str,
-        timeout: Duration,
-    ) -> Result<Vec<Raw>, LspError> {
-        self.last_used = Instant::now();
-        let path = self.project.join(rel);
-        let uri = Url::from_file_path(&path)
+    /// Documents the server has been told about (project-relative paths).
+    pub fn open_documents(&self) -> Vec<String> {
+        self.open.keys().cloned().collect()
+    }
+
+    /// Tell the server `rel` now holds `text` (didOpen, or didChange when it differs from
+    /// what it was last told), without waiting for diagnostics: replaying a caller's state.
+    pub fn set_text(&mut self, rel: &str, text: &str) -> Result<(), LspError> {
+        self.sync(rel, text).map(drop)
+    }
+
+    /// Send `text` as the content of `rel` unless the server already has it; the document
+    /// version the server now holds, and whether it was sent just now.
+    fn sync(&mut self, rel: &str, text: &str) -> Result<(Url, i32, bool), LspError> {
+        let uri = Url::from_file_path(self.project.join(rel))
             .map_err(|_| LspError::Io(format!("{}: bad path {rel}", self.name)))?;
-        let seen = self.publishes(&uri);
         let version = match self.open.get(rel) {
-            Some((v, old)) if old == text => {
-                // Unchanged: the server will not publish again; its last word stands.
-                let v = *v;
-                let st = self.lock();
-                if let Some((_, _, d)) = st.docs.get(&uri) {
-                    return Ok(to_raw(rel, d));
-                }
-                drop(st);
-                v
-            }
+            Some((v, old)) if old == text => return Ok((uri, *v, false)),
             Some((v, _)) => {
                 let v = v + 1;
                 self.notify::<DidChangeTextDocument>(DidChangeTextDocumentParams {
@@ -204,6 +198,28 @@ impl Server {
         };
         self.open
             .insert(rel.to_string(), (version, text.to_string()));
+        Ok((uri, version, true))
+    }
+
+    /// Tell the server `rel` now holds `text` and wait for the diagnostics it publishes
+    /// for that version.
+    pub fn diagnostics(
+        &mut self,
+        rel: &str,
+        text: &str,
+        timeout: Duration,
+    ) -> Result<Vec<Raw>, LspError> {
+        self.last_used = Instant::now();
+        let uri = Url::from_file_path(self.project.join(rel))
+            .map_err(|_| LspError::Io(format!("{}: bad path {rel}", self.name)))?;
+        let seen = self.publishes(&uri);
+        let (uri, version, sent) = self.sync(rel, text)?;
+        if !sent {
+            // Unchanged: the server will not publish again; its last word stands.
+            if let Some((_, _, d)) = self.lock().docs.get(&uri) {
+                return Ok(to_raw(rel, d));
+            }
+        }
         let deadline = Instant::now() + timeout;
         let mut st = self.lock();
         loop {

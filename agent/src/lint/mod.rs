@@ -5,7 +5,11 @@
 //!
 //! - [`Linter`]: one project's checkers ([`checker::choose`]), their cached baselines
 //!   ([`baseline`]) and warm language servers ([`lsp`]); [`Linter::new_diagnostics`] is
-//!   the post-edit hook for agents working in a branch.
+//!   the post-edit hook for agents working in a branch. Its language servers run in one
+//!   branch of their own, shared by every caller's branch: each request first replays the
+//!   caller's state of the files it asks about (on disk there, and as document text), as
+//!   the shadow-window design resets its folder to one AI's edit after another's. Servers
+//!   idle for `[lint] server_idle_secs` are stopped.
 //! - [`Session`]: a long-lived branch into which patches are replayed in turn (restore the
 //!   previous state, apply the patch, check), as `shade lint` and its warm daemon
 //!   ([`daemon`]) use it.
@@ -33,7 +37,7 @@ use patch::{FileEdit, PatchError};
 use shade_fusefs::{Branch, BranchError, BranchOptions, StateDir};
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Why linting failed (all of them are shade's own errors: exit 125).
@@ -75,12 +79,57 @@ pub struct Linter {
     state: StateDir,
     checkers: Vec<Checker>,
     cache: baseline::Cache,
-    /// Running language servers by (checker name, branch mount).
-    servers: Mutex<HashMap<(String, PathBuf), lsp::Server>>,
+    /// Language servers, the branch they run in, and their reaper.
+    servers: Arc<Mutex<Servers>>,
+    /// How long a language server may sit unused before it is stopped.
+    server_idle: Duration,
     /// LSP baselines by (checker, path, hash of the unedited text).
     lsp_baselines: Mutex<HashMap<(String, String, String), Vec<Diagnostic>>>,
     /// Baselines being computed in the background, by fingerprint.
     baseline_jobs: Mutex<HashMap<String, BaselineJob>>,
+}
+
+/// The running language servers (by checker name) and where they run.
+#[derive(Default)]
+struct Servers {
+    running: HashMap<String, lsp::Server>,
+    home: Option<Home>,
+    /// A thread stopping idle servers is running.
+    reaper: bool,
+}
+
+/// The branch language servers run in: every caller's branch shares it, its state
+/// replayed into it in turn.
+struct Home {
+    view: BranchView,
+    /// The branch when the linter made it for its servers (a [`Session`] lends its own).
+    owned: Option<Branch>,
+    /// Files a caller's state put there, restored to the project's before the next one.
+    replayed: BTreeSet<String>,
+}
+
+impl Servers {
+    /// Stop servers unused for `idle`; with none left, unmount the linter's own branch.
+    fn stop_idle(&mut self, idle: Duration) {
+        let stale: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(_, s)| s.last_used().elapsed() >= idle)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in stale {
+            if let Some(s) = self.running.remove(&k) {
+                s.stop();
+            }
+        }
+        if self.running.is_empty() && self.home.as_ref().is_some_and(|h| h.owned.is_some()) {
+            self.home = None;
+        }
+    }
+}
+
+fn lock_servers(m: &Mutex<Servers>) -> MutexGuard<'_, Servers> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A baseline computed on a thread of its own: its result (an error as text), once there.
@@ -106,7 +155,8 @@ impl Linter {
             project,
             state,
             checkers,
-            servers: Mutex::default(),
+            servers: Arc::default(),
+            server_idle: config.server_idle(),
             lsp_baselines: Mutex::default(),
             baseline_jobs: Mutex::default(),
         })
@@ -308,20 +358,48 @@ impl Linter {
                 .map(|d| d.saturating_duration_since(Instant::now()))
                 .unwrap_or(Duration::from_secs(60))
         };
-        let mut servers = self.servers.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (c.name.clone(), view.mount.clone());
-        if let Some(s) = servers.get_mut(&key) {
+        let mut guard = lock_servers(&self.servers);
+        let sv = &mut *guard;
+        if sv.home.is_none() {
+            let b = self.branch()?;
+            sv.home = Some(Home {
+                view: BranchView::of(&b),
+                owned: Some(b),
+                replayed: BTreeSet::new(),
+            });
+        }
+        let home = sv
+            .home
+            .as_mut()
+            .ok_or_else(|| LintError::Io("the language servers' branch vanished".into()))?;
+        if home.view.mount != view.mount {
+            replay_files(&self.project, home, edits)?;
+        }
+        if let Some(s) = sv.running.get_mut(&c.name) {
             if !s.alive() {
-                servers.remove(&key);
+                sv.running.remove(&c.name);
             }
         }
-        if !servers.contains_key(&key) {
-            let s = lsp::Server::start(&c.name, view, command, left())?;
-            servers.insert(key.clone(), s);
+        if !sv.running.contains_key(&c.name) {
+            let s = lsp::Server::start(&c.name, &home.view, command, left())?;
+            sv.running.insert(c.name.clone(), s);
+            if !sv.reaper {
+                sv.reaper = true;
+                spawn_reaper(Arc::downgrade(&self.servers), self.server_idle);
+            }
         }
-        let server = servers
-            .get_mut(&key)
+        let server = sv
+            .running
+            .get_mut(&c.name)
             .ok_or_else(|| LintError::Io("language server vanished".into()))?;
+        // Documents an earlier caller (or request) left behind go back to this caller's
+        // state of them before anything is asked.
+        for rel in server.open_documents() {
+            if !edits.iter().any(|e| e.path == rel) {
+                let text = std::fs::read_to_string(view.in_branch(&rel)).unwrap_or_default();
+                server.set_text(&rel, &text)?;
+            }
+        }
         let base = PathBase {
             project: &self.project,
             cwd: &self.project,
@@ -371,31 +449,24 @@ impl Linter {
         Ok((before, after))
     }
 
-    /// Tell the language servers of `view` that `rel` holds `text` again (a replayed state),
-    /// without waiting for their diagnostics.
-    fn lsp_reset(&self, view: &BranchView, rel: &str, text: &str) {
-        let mut servers = self.servers.lock().unwrap_or_else(|e| e.into_inner());
-        for ((_, mount), s) in servers.iter_mut() {
-            if mount == &view.mount {
-                let _ = s.diagnostics(rel, text, Duration::ZERO);
-            }
-        }
-    }
-
     /// Stop language servers idle for longer than `idle`; returns how many remain.
     pub fn stop_idle_servers(&self, idle: Duration) -> usize {
-        let mut servers = self.servers.lock().unwrap_or_else(|e| e.into_inner());
-        let stale: Vec<_> = servers
-            .iter()
-            .filter(|(_, s)| s.last_used().elapsed() >= idle)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in stale {
-            if let Some(s) = servers.remove(&k) {
-                s.stop();
-            }
+        let mut sv = lock_servers(&self.servers);
+        sv.stop_idle(idle);
+        sv.running.len()
+    }
+
+    /// Run language servers in `view` (a branch the caller keeps mounted for the linter's
+    /// life) instead of a branch of the linter's own; only before any server started.
+    fn lend_home(&self, view: BranchView) {
+        let mut sv = lock_servers(&self.servers);
+        if sv.home.is_none() {
+            sv.home = Some(Home {
+                view,
+                owned: None,
+                replayed: BTreeSet::new(),
+            });
         }
-        servers.len()
     }
 
     /// Stop every language server.
@@ -406,8 +477,59 @@ impl Linter {
 
 impl Drop for Linter {
     fn drop(&mut self) {
-        self.stop_servers();
+        let mut sv = lock_servers(&self.servers);
+        sv.stop_idle(Duration::ZERO);
+        sv.home = None;
     }
+}
+
+/// Stops the linter's idle language servers every so often; ends with the linter or when
+/// no server is left.
+fn spawn_reaper(servers: std::sync::Weak<Mutex<Servers>>, idle: Duration) {
+    let tick = (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    std::thread::spawn(move || loop {
+        std::thread::sleep(tick);
+        let Some(servers) = servers.upgrade() else {
+            return;
+        };
+        let mut sv = lock_servers(&servers);
+        sv.stop_idle(idle);
+        if sv.running.is_empty() {
+            sv.reaper = false;
+            return;
+        }
+    });
+}
+
+/// Put a caller's state of `edits` into the servers' branch, after putting back the files
+/// an earlier caller's state changed there.
+fn replay_files(project: &Path, home: &mut Home, edits: &[FileEdit]) -> Result<(), LintError> {
+    let write = |rel: &str, text: Option<&[u8]>| -> Result<(), LintError> {
+        let dst = home.view.in_branch(rel);
+        if std::fs::read(&dst).ok().as_deref() == text {
+            return Ok(());
+        }
+        let res = match text {
+            Some(t) => dst
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|()| std::fs::write(&dst, t)),
+            None => std::fs::remove_file(&dst),
+        };
+        res.map_err(|e| LintError::Io(format!("replaying {rel} for the language server: {e}")))
+    };
+    let earlier = std::mem::take(&mut home.replayed);
+    for rel in earlier
+        .iter()
+        .filter(|r| !edits.iter().any(|e| &e.path == *r))
+    {
+        write(rel, std::fs::read(project.join(rel)).ok().as_deref())?;
+    }
+    for e in edits {
+        write(&e.path, e.new.as_deref().map(str::as_bytes))?;
+        home.replayed.insert(e.path.clone());
+    }
+    Ok(())
 }
 
 /// Run a batch checker in `view` and normalise what it printed.
@@ -494,6 +616,8 @@ impl Session {
     pub fn new(linter: Linter) -> Result<Session, LintError> {
         let branch = linter.branch()?;
         let view = BranchView::of(&branch);
+        // The servers run in the session's branch: it already holds each request's state.
+        linter.lend_home(view.clone());
         Ok(Session {
             linter,
             branch,
@@ -553,10 +677,6 @@ impl Session {
                 None => std::fs::remove_file(&dst),
             };
             res.map_err(|e| LintError::Io(format!("restoring {rel} in the branch: {e}")))?;
-            if let Some(b) = lower {
-                self.linter
-                    .lsp_reset(&self.view, rel, &String::from_utf8_lossy(&b));
-            }
         }
         Ok(())
     }
