@@ -56,13 +56,17 @@ fn config(fx: &Fixture, idle_secs: u32) -> std::path::PathBuf {
 /// [`lint`] with the daemon's idle time (a daemon a failed test leaves behind goes away
 /// soon by itself).
 fn lint_idle(fx: &Fixture, args: &[&str], patch: &str, idle_secs: u32) -> Output {
-    let config = config(fx, idle_secs);
+    lint_config(fx, args, patch, &config(fx, idle_secs))
+}
+
+/// [`lint`] with the config file `config`.
+fn lint_config(fx: &Fixture, args: &[&str], patch: &str, config: &Path) -> Output {
     let mut child = fx
         .shade()
         .arg("lint")
         .args(args)
         .env_remove("CARGO_TARGET_DIR")
-        .env("SHADE_CONFIG", &config)
+        .env("SHADE_CONFIG", config)
         // Only shade's own error lines: main's branch unmount currently logs a warning
         // on every drop ("unmounting …: Invalid argument"), which is not lint's to judge.
         .env("SHADE_LOG", "error")
@@ -158,7 +162,24 @@ fn cargo_reports_exactly_the_errors_the_patch_added() {
     }
     // --all adds the warning the project already had, marked not new, in JSON.
     let o = lint(&fx, &["--all", "--json"], RUST_PATCH);
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let error = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["severity"] == "error")
+        .unwrap();
+    assert_eq!(
+        *error,
+        serde_json::json!({
+            "path": "src/stats.rs", "line": 15, "column": 5, "end_line": 15, "end_column": 11,
+            "severity": "error", "code": "E0308", "message": "mismatched types",
+            "checker": "cargo", "new": true
+        }),
+        "{}",
+        out(&o)
+    );
     let old: Vec<_> = v
         .as_array()
         .unwrap()
@@ -253,6 +274,24 @@ fn ruff_reports_new_findings_and_not_the_old_unused_import() {
         "{}",
         out(&o)
     );
+    // A line inserted above the old finding moves it to line 2: still not new, while the
+    // same code on another name is.
+    let above = "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,3 @@\n+import abc\n import os\n \n";
+    let o = lint(&fx, &["--cold", "--all"], above);
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    assert_eq!(
+        lines(&o),
+        [
+            "calc.py:1:8: warning: `abc` imported but unused [F401] (ruff)",
+            "calc.py:2:8: warning: `os` imported but unused [F401] (ruff)",
+        ],
+        "{}",
+        out(&o)
+    );
+    let o = lint(&fx, &["--cold", "--json"], above);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 1, "{}", out(&o));
+    assert_eq!(v[0]["line"], 1, "{}", out(&o));
     // A warning-only patch exits 0.
     let warn_only = "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,3 @@\n import os\n+import sys\n \n";
     let o = lint(&fx, &["--cold"], warn_only);
@@ -338,6 +377,42 @@ fn a_warm_language_server_serves_successive_edits() {
     assert_eq!(snapshot(&fx.project), before);
 }
 
+/// Every entry under `dir` (target/ included) with its size and modification time, in
+/// nanoseconds: a build that wrote, touched or added anything changes it.
+fn mtimes(dir: &Path) -> Vec<(std::path::PathBuf, u64, i128)> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(std::path::PathBuf, u64, i128)>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let m = e.path().symlink_metadata().unwrap();
+            let t = m
+                .modified()
+                .unwrap()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as i128;
+            let rel = e.path().strip_prefix(root).unwrap().to_path_buf();
+            out.push((rel, m.len(), t));
+            if m.is_dir() {
+                walk(root, &e.path(), out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let m = dir.metadata().unwrap();
+    out.push((
+        ".".into(),
+        0,
+        m.modified()
+            .unwrap()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as i128,
+    ));
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
 #[test]
 fn the_users_build_cache_reads_through_and_is_not_written() {
     let fx = rust_fixture();
@@ -351,10 +426,87 @@ fn the_users_build_cache_reads_through_and_is_not_written() {
     assert!(o.status.success(), "{}", out(&o));
     assert!(fx.project.join("target/debug").is_dir());
     let before = snapshot(&fx.project);
-    let o = lint(&fx, &["--cold"], RUST_PATCH);
+    let times = mtimes(&fx.project);
+    assert!(times.len() > 20, "a built target/: {times:?}");
+    // Cold (a fresh branch) and warm (the daemon's branch, twice): the branch's cargo
+    // rebuilds the edited crate and writes fingerprints, metadata and a new lock file,
+    // all of it in the branch.
+    for mode in [&["--cold"][..], &[][..], &[][..]] {
+        let o = lint(&fx, mode, RUST_PATCH);
+        assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+        assert_eq!(lines(&o).len(), 2, "{}", out(&o));
+    }
+    stop_daemons(&fx, &[None]);
+    assert_eq!(snapshot(&fx.project), before);
+    // Not one file or directory of the project or its target/ was touched.
+    assert_eq!(mtimes(&fx.project), times);
+    // And the user's own build still considers itself fresh for the unedited sources.
+    let o = std::process::Command::new("cargo")
+        .args(["check", "--offline", "--message-format=json"])
+        .current_dir(&fx.project)
+        .env_remove("CARGO_TARGET_DIR")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", out(&o));
+    let fresh = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact")
+        .all(|m| m["fresh"] == true);
+    assert!(fresh, "the user's build was invalidated: {}", out(&o));
+}
+
+/// A configured command replaces the detected checker (here ruff), read in the
+/// `file:line:col: severity: message [code]` format.
+#[test]
+fn a_configured_command_overrides_detection() {
+    let fx = py_fixture();
+    fx.write("calc.py", &format!("{PY}# TODO old\n"));
+    fx.write(
+        "todo_lint.py",
+        "import pathlib\n\
+         for p in sorted(pathlib.Path('.').glob('*.py')):\n\
+         \x20   if p.name == 'todo_lint.py':\n\
+         \x20       continue\n\
+         \x20   for i, line in enumerate(p.read_text().splitlines(), 1):\n\
+         \x20       for word, sev in (('TODO', 'warning'), ('FIXME', 'error')):\n\
+         \x20           c = line.find(word)\n\
+         \x20           if c >= 0:\n\
+         \x20               print(f'{p}:{i}:{c + 1}: {sev}: {word} left [{word.lower()}]')\n",
+    );
+    let config = fx.tmp.path().join("command.toml");
+    std::fs::write(
+        &config,
+        "[lint]\ncheckers = [\"command\"]\ncommand = [\"python3\", \"todo_lint.py\"]\n",
+    )
+    .unwrap();
+    let before = snapshot(&fx.project);
+    let patch =
+        "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,4 @@\n import os\n+# FIXME new\n+# TODO new\n \n";
+    let o = lint_config(&fx, &["--cold"], patch, &config);
     assert_eq!(o.status.code(), Some(1), "{}", out(&o));
-    assert_eq!(lines(&o).len(), 2, "{}", out(&o));
-    // The branch's cargo wrote new fingerprints and metadata, all of it in the branch.
+    assert_eq!(
+        lines(&o),
+        [
+            "calc.py:2:3: error: FIXME left [fixme] (command)",
+            "calc.py:3:3: warning: TODO left [todo] (command)",
+        ],
+        "{}",
+        out(&o)
+    );
+    // --all: the old TODO, moved from line 6 to 8, and no finding of ruff (which would
+    // report the unused `os` import).
+    let o = lint_config(&fx, &["--cold", "--all"], patch, &config);
+    assert_eq!(
+        lines(&o),
+        [
+            "calc.py:2:3: error: FIXME left [fixme] (command)",
+            "calc.py:3:3: warning: TODO left [todo] (command)",
+            "calc.py:8:3: warning: TODO left [todo] (command)",
+        ],
+        "{}",
+        out(&o)
+    );
     assert_eq!(snapshot(&fx.project), before);
     assert_no_shade_mounts(&fx.state);
 }
