@@ -292,6 +292,49 @@ fn config_file_and_env_reach_the_server() {
     assert!(body["tools"].as_array().unwrap().len() >= 10);
 }
 
+/// The project's AGENTS.md (and a CLAUDE.md symlinked to it, once), the user's own
+/// AGENTS.md and the environment reach the model in the system message.
+#[test]
+fn project_instructions_reach_the_model() {
+    let p = Project::new();
+    std::fs::write(
+        p.dir.path().join("AGENTS.md"),
+        "Run ./test.sh after every edit.\n",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("AGENTS.md", p.dir.path().join("CLAUDE.md")).unwrap();
+    let global = p.config.path().join("shade/AGENTS.md");
+    std::fs::create_dir_all(global.parent().unwrap()).unwrap();
+    std::fs::write(&global, "Answer in English.\n").unwrap();
+    let (url, seen) = sse_server(1);
+    let out = p.exec(&["--base-url", &url, "--model", "m", "say hello"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let seen = seen.lock().unwrap();
+    let body: serde_json::Value = serde_json::from_str(&seen[0].1).unwrap();
+    let system = body["messages"][0]["content"].as_str().unwrap();
+    assert_eq!(body["messages"][0]["role"], "system");
+    let project = p.dir.path().canonicalize().unwrap();
+    assert!(
+        system.contains(&format!("Working directory: {}", project.display())),
+        "{system}"
+    );
+    assert_eq!(
+        system.matches("Run ./test.sh after every edit.").count(),
+        1,
+        "{system}"
+    );
+    let (user_at, project_at) = (
+        system
+            .find("Answer in English.")
+            .expect("the user's AGENTS.md"),
+        system.find("Run ./test.sh").unwrap(),
+    );
+    assert!(
+        user_at < project_at,
+        "the project's file comes last: {system}"
+    );
+}
+
 #[test]
 fn ctrl_c_stops_a_stalled_stream() {
     let p = Project::new();
