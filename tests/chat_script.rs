@@ -95,3 +95,113 @@ fn stdin_lines_are_turns_of_one_conversation_and_recording_keeps_only_them() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && stdout.contains("Two."), "{stdout}");
 }
+
+/// `shade chat` with `args` in `home` (its project), prompts from `input`.
+fn chat(home: &std::path::Path, llm: &FakeLlm, args: &[&str], input: &str) -> std::process::Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shade"))
+        .arg("chat")
+        .args(args)
+        .current_dir(home)
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .env("SHADE_STATE_DIR", home.join("state"))
+        .env("OPENAI_BASE_URL", &llm.base_url)
+        .env("SHADE_MODEL", "main-model")
+        .env_remove("SHADE_FAST_MODEL")
+        .env_remove("SHADE_CONFIG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// Each conversation is saved after every turn: `--continue` picks up the latest with its
+/// messages, `--resume` a given one by the start of its id, `--sessions` lists them; an
+/// unknown id is one clear error before any model call.
+#[test]
+fn conversations_are_saved_and_picked_up_again() {
+    let llm = FakeLlm::start(Arc::new(router)).unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let out = chat(h, &llm, &[], "first\n");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = chat(h, &llm, &[], "a new one\n");
+    assert!(out.status.success());
+
+    let list = chat(h, &llm, &["--sessions"], "");
+    let list = String::from_utf8_lossy(&list.stdout).into_owned();
+    let lines: Vec<&str> = list.lines().collect();
+    assert_eq!(lines.len(), 2, "{list}");
+    assert!(
+        lines[0].ends_with("1 prompt  a new one"),
+        "newest first: {list}"
+    );
+    assert!(lines[1].ends_with("1 prompt  first"), "{list}");
+    let first_id = lines[1].split_whitespace().next().unwrap().to_string();
+
+    // --continue: the latest conversation goes on.
+    let before = llm.requests().len();
+    let out = chat(h, &llm, &["--continue"], "second\n");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("resumed conversation"));
+    let sent = &llm.requests()[before];
+    let msgs = sent["messages"].as_array().unwrap();
+    let texts: Vec<String> = msgs
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(&texts[1..], ["a new one", "You said: a new one", "second"]);
+    assert!(
+        texts[0].contains("resumed from a saved session"),
+        "{}",
+        texts[0]
+    );
+
+    // --resume by a prefix of the older id.
+    let before = llm.requests().len();
+    let out = chat(
+        h,
+        &llm,
+        &["--resume", &first_id[..first_id.len() - 2]],
+        "third\n",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sent = &llm.requests()[before];
+    let msgs = sent["messages"].as_array().unwrap();
+    assert_eq!(msgs[1]["content"], "first");
+    assert_eq!(msgs[2]["content"], "One.");
+    assert_eq!(msgs.last().unwrap()["content"], "third");
+
+    // The resumed ones were saved in place: still two conversations, now longer.
+    let list = chat(h, &llm, &["--sessions"], "");
+    let list = String::from_utf8_lossy(&list.stdout).into_owned();
+    assert_eq!(list.lines().count(), 2, "{list}");
+    assert!(list.contains("2 prompts  first"), "{list}");
+
+    let before = llm.requests().len();
+    let out = chat(h, &llm, &["--resume", "nope"], "never sent\n");
+    assert_eq!(out.status.code(), Some(125));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no saved conversation nope"), "{err}");
+    assert_eq!(llm.requests().len(), before, "no model call for a wrong id");
+}

@@ -43,6 +43,7 @@ pub mod lint;
 pub mod llm;
 pub mod prompt;
 pub mod query_loop;
+pub mod sessions;
 pub mod shadow;
 pub mod speculation;
 pub mod tools;

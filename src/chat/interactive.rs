@@ -58,6 +58,9 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
         session.agent.options().model,
         session.agent.options().approval
     );
+    if let Some(summary) = session.resume_summary() {
+        println!("{summary}");
+    }
     let renderer = Arc::new(Mutex::new(Renderer::default()));
     let r = renderer.clone();
     let sink: EventSink = Arc::new(move |e| {
@@ -162,6 +165,7 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
                     if commands::apply(&mut session, cmd) == Flow::Exit {
                         break;
                     }
+                    session.save();
                 }
                 Err(msg) => println!("{msg}"),
             }
@@ -205,6 +209,7 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
             Ok(_) => {}
             Err(e) => eprintln!("shade: the turn failed: {}", describe_error(e)),
         }
+        session.save();
         let tools = session.agent.tool_specs();
         prefix = CacheSafeParams::capture(
             session.id,

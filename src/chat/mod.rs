@@ -25,6 +25,9 @@ Keys: Enter submits, Alt-Enter (or a line ending in \\) continues on a new line,
 cancels a running turn (twice on an empty line exits), Ctrl-D exits. When a suggestion is \
 shown as dim text: Tab or Right fills it in, Enter submits it, typing dismisses it.
 
+Conversations are saved after every turn: --continue picks up the latest, --resume ID a \
+given one, --sessions lists them.
+
 Slash commands: /help, /model [NAME], /model --fast [NAME], /approval [MODE], /compact, \
 /clear, /stats, /exit; with --shadow also /diff, /accept, /abort.
 
@@ -53,6 +56,15 @@ pub struct ChatArgs {
     /// Project directory (default: the current directory).
     #[arg(short = 'C', long = "directory", value_name = "DIR")]
     pub directory: Option<PathBuf>,
+    /// Pick up this project's most recent conversation where it ended.
+    #[arg(short = 'c', long = "continue", conflicts_with = "resume")]
+    pub continue_last: bool,
+    /// Pick up a saved conversation of this project by its id (or the start of it).
+    #[arg(long, value_name = "ID")]
+    pub resume: Option<String>,
+    /// List this project's saved conversations (newest first) and exit.
+    #[arg(long, conflicts_with_all = ["continue_last", "resume"])]
+    pub sessions: bool,
 }
 
 fn parse_mode(s: &str) -> Result<ApprovalMode, String> {
@@ -68,6 +80,9 @@ pub fn main(args: ChatArgs) -> i32 {
         Ok(r) => r,
         Err(e) => return exit::fail(&anyhow::anyhow!("cannot start the async runtime: {e}")),
     };
+    if args.sessions {
+        return list_sessions(&args);
+    }
     let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
     let session = match session::Session::new(&args, interactive, runtime.handle().clone()) {
         Ok(s) => s,
@@ -78,4 +93,34 @@ pub fn main(args: ChatArgs) -> i32 {
     } else {
         script::run(session, &runtime)
     }
+}
+
+/// `--sessions`: one line per saved conversation of the project.
+fn list_sessions(args: &ChatArgs) -> i32 {
+    let project = match session::project_dir(args) {
+        Ok(p) => p,
+        Err(e) => return exit::fail(&e),
+    };
+    let saved = session::store().list(&project);
+    if saved.is_empty() {
+        println!("no saved conversations for {}", project.display());
+    }
+    for s in saved {
+        let when = chrono::DateTime::from_timestamp_millis(s.updated as i64)
+            .map(|t| {
+                t.with_timezone(&chrono::Local)
+                    .format("%Y-%m-%d %H:%M")
+                    .to_string()
+            })
+            .unwrap_or_default();
+        let prompts = s.user_prompts().count();
+        println!(
+            "{}  {when}  {}{}  {}",
+            s.id,
+            shade_agent::tools::text::plural(prompts, "prompt"),
+            if s.shadow { ", shadow" } else { "" },
+            s.title()
+        );
+    }
+    0
 }

@@ -20,6 +20,9 @@ pub(crate) fn run(mut session: Session, _runtime: &tokio::runtime::Runtime) -> i
             r.render(&e);
         }
     });
+    if let Some(summary) = session.resume_summary() {
+        eprintln!("shade: {summary}");
+    }
     let mut code = 0;
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
@@ -33,12 +36,14 @@ pub(crate) fn run(mut session: Session, _runtime: &tokio::runtime::Runtime) -> i
                     if commands::apply(&mut session, cmd) == Flow::Exit {
                         break;
                     }
+                    session.save();
                 }
                 Err(msg) => eprintln!("shade: {msg}"),
             }
             continue;
         }
         let outcome = session.turn_until_ctrl_c(prompt, &sink);
+        session.save();
         code = match outcome {
             Ok(o) => match o.stop {
                 StopReason::Completed | StopReason::Boundary => 0,

@@ -9,6 +9,7 @@ use shade_agent::compact::{compact, CompactError, CompactReport};
 use shade_agent::followup::cache::new_session_id;
 use shade_agent::followup::FollowupSettings;
 use shade_agent::llm::{LlmError, Message, Overrides};
+use shade_agent::sessions::{one_line, SavedSession, SessionStore};
 use shade_agent::{
     Agent, AgentError, AgentEvent, AgentOptions, EventSink, RunOutcome, Shadow, ShadowOptions,
     StopReason, ToolContext, ToolRegistry, Workspace,
@@ -45,6 +46,24 @@ pub(crate) struct Session {
     /// Identifies this session's saved prefixes (never used by another session).
     pub id: u64,
     pub runtime: tokio::runtime::Handle,
+    /// The conversation as saved after each turn (`--continue`, `--resume`).
+    saved: SavedSession,
+    store: SessionStore,
+}
+
+/// Where conversations are saved: `$SHADE_STATE_DIR/sessions`.
+pub(crate) fn store() -> SessionStore {
+    SessionStore::new(shade_fusefs::StateDir::from_env().root())
+}
+
+/// The project directory of `args`, as saved conversations name it.
+pub(crate) fn project_dir(args: &ChatArgs) -> anyhow::Result<std::path::PathBuf> {
+    let dir = args
+        .directory
+        .clone()
+        .unwrap_or_else(|| std::path::PathBuf::from("."));
+    dir.canonicalize()
+        .with_context(|| format!("cannot use {} as the project", dir.display()))
 }
 
 impl Session {
@@ -53,10 +72,14 @@ impl Session {
         interactive: bool,
         runtime: tokio::runtime::Handle,
     ) -> anyhow::Result<Session> {
-        let dir = args
-            .directory
-            .clone()
-            .unwrap_or_else(|| std::path::PathBuf::from("."));
+        let dir = project_dir(args)?;
+        let store = store();
+        // Found before anything is set up, so a wrong id costs nothing.
+        let resumed = match (&args.resume, args.continue_last) {
+            (Some(id), _) => Some(store.find(&dir, id)?),
+            (None, true) => Some(store.latest(&dir)?),
+            (None, false) => None,
+        };
         let workspace = Workspace::new(&dir)
             .with_context(|| format!("cannot use {} as the project", dir.display()))?;
         let llm = llm_setup::setup(&args.llm)?;
@@ -93,10 +116,17 @@ impl Session {
         } else {
             None
         };
+        let saved = resumed
+            .clone()
+            .unwrap_or_else(|| SavedSession::new(&dir, &llm.model, args.shadow));
+        let conversation = match resumed {
+            Some(r) => resumed_conversation(&agent, r.messages),
+            None => Vec::new(),
+        };
         Ok(Session {
             agent,
             shadow,
-            conversation: Vec::new(),
+            conversation,
             llm,
             approver,
             suggest: !args.no_suggest && settings.suggestions,
@@ -108,7 +138,56 @@ impl Session {
             last_prompt_tokens: Arc::new(Mutex::new(0)),
             id: new_session_id(),
             runtime,
+            saved,
+            store,
         })
+    }
+
+    /// Save the conversation as it is now (after a turn, a compaction); a failure is told
+    /// once per call and the session goes on.
+    pub fn save(&mut self) {
+        if self.conversation.is_empty() {
+            return;
+        }
+        self.saved.messages = self.conversation.clone();
+        self.saved.model = self.agent.options().model.clone();
+        self.saved.shadow |= self.shadow.is_some();
+        if let Err(e) = self.store.save(&mut self.saved) {
+            eprintln!("shade: could not save the conversation: {e}");
+        }
+    }
+
+    /// What a resumed session shows first: which conversation, and how it ended.
+    pub fn resume_summary(&self) -> Option<String> {
+        if self.conversation.is_empty() {
+            return None;
+        }
+        let prompts = self.saved.user_prompts().count();
+        let mut out = format!(
+            "resumed conversation {} ({}): {}",
+            self.saved.id,
+            shade_agent::tools::text::plural(prompts, "prompt"),
+            self.saved.title()
+        );
+        let last_user = self.saved.user_prompts().last().map(one_line);
+        let last_answer = self.conversation.iter().rev().find_map(|m| match m {
+            Message::Assistant { content, .. } if !content.trim().is_empty() => {
+                Some(one_line(content))
+            }
+            _ => None,
+        });
+        if let Some(u) = last_user.filter(|_| prompts > 1) {
+            out.push_str(&format!("\n  last prompt: {u}"));
+        }
+        if let Some(a) = last_answer {
+            out.push_str(&format!("\n  last answer: {a}"));
+        }
+        if self.saved.shadow {
+            out.push_str(
+                "\n  (it ran in a branch: edits it did not accept are not in the project)",
+            );
+        }
+        Some(out)
     }
 
     /// Add the user's prompt and run the agent until it answers. Compacts first when the last
@@ -274,14 +353,37 @@ impl Session {
         }
     }
 
-    /// Forget the conversation (`/clear`).
+    /// Forget the conversation (`/clear`); the next turn starts a new saved one.
     pub fn clear(&mut self) {
         self.conversation.clear();
+        self.saved = SavedSession::new(
+            &self.saved.project,
+            &self.agent.options().model,
+            self.shadow.is_some(),
+        );
         self.last_turn_failed = false;
         if let Ok(mut t) = self.last_prompt_tokens.lock() {
             *t = 0;
         }
     }
+}
+
+/// A saved conversation made current: today's system prompt (instructions and memories may
+/// have changed), saying the conversation was resumed, so the model reads files again before
+/// trusting what it read back then.
+fn resumed_conversation(agent: &Agent, mut messages: Vec<Message>) -> Vec<Message> {
+    let fresh = agent.start_conversation("");
+    if let (Some(Message::System { content }), Some(Message::System { .. })) =
+        (fresh.into_iter().next(), messages.first())
+    {
+        messages[0] = Message::System {
+            content: format!(
+                "{content}\n\nThis conversation was resumed from a saved session: files may \
+                 have changed since, so read them again before relying on earlier contents."
+            ),
+        };
+    }
+    messages
 }
 
 /// Drive `work` on `runtime`, cancelling `cancel` on Ctrl-C meanwhile.
