@@ -170,7 +170,14 @@ async fn run(args: ExecArgs) -> i32 {
             }
         })
     };
-    let mut conversation = agent.start_conversation(&args.prompt);
+    let expanded = shade_agent::mentions::expand(&args.prompt, &agent.context().workspace);
+    for (mention, note) in &expanded.attached {
+        eprintln!("shade: attached @{mention} ({note})");
+    }
+    for (mention, why) in &expanded.refused {
+        eprintln!("shade: @{mention} not attached: {why}");
+    }
+    let mut conversation = agent.start_conversation(&expanded.text);
     let (status, stop) = match agent.run(&mut conversation, &sink, &cancel).await {
         Ok(outcome) => (
             match outcome.stop {

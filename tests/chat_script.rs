@@ -205,3 +205,41 @@ fn conversations_are_saved_and_picked_up_again() {
     assert!(err.contains("no saved conversation nope"), "{err}");
     assert_eq!(llm.requests().len(), before, "no model call for a wrong id");
 }
+
+/// `@path` attaches the file (once), a directory's listing, and never anything outside the
+/// project; the prompt itself stays as typed.
+#[test]
+fn mentioned_files_are_attached_and_confined() {
+    let llm = FakeLlm::start(Arc::new(router)).unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    std::fs::create_dir(h.join("src")).unwrap();
+    std::fs::write(h.join("src/lib.rs"), "pub fn answer() -> u32 { 42 }\n").unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), "top secret\n").unwrap();
+    let prompt = format!(
+        "explain @src/lib.rs and @src/, not @{}/secret",
+        outside.path().display()
+    );
+    let out = chat(h, &llm, &[], &format!("{prompt}\n"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("  @ src/lib.rs (1 line)"), "{stdout}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("secret not attached"));
+    let sent = &llm.requests()[0];
+    let user = sent["messages"][1]["content"].as_str().unwrap();
+    assert!(user.starts_with(&prompt), "{user}");
+    assert!(
+        user.contains("<file path=\"src/lib.rs\">\npub fn answer() -> u32 { 42 }\n</file>"),
+        "{user}"
+    );
+    assert!(
+        user.contains("<directory path=\"src\">\nlib.rs\n</directory>"),
+        "{user}"
+    );
+    assert!(!user.contains("top secret"));
+}

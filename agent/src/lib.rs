@@ -41,6 +41,7 @@ pub mod followup;
 pub mod instructions;
 pub mod lint;
 pub mod llm;
+pub mod mentions;
 pub mod prompt;
 pub mod query_loop;
 pub mod sessions;

@@ -55,6 +55,7 @@ impl Ghost {
 /// Build the editor.
 pub(crate) fn build(
     history: Option<&Path>,
+    project: &Path,
     ghost: Arc<Ghost>,
     wake: Arc<AtomicBool>,
 ) -> reedline::Reedline {
@@ -82,7 +83,9 @@ pub(crate) fn build(
             inner: Emacs::new(keybindings),
             ghost,
         }))
-        .with_completer(Box::new(SlashCompleter))
+        .with_completer(Box::new(ChatCompleter {
+            project: project.to_path_buf(),
+        }))
         .with_menu(ReedlineMenu::EngineCompleter(Box::new(menu)))
         .with_quick_completions(true)
         .with_partial_completions(true)
@@ -234,28 +237,79 @@ impl FollowupKeys {
     }
 }
 
-/// Completes slash commands at the start of the line.
-struct SlashCompleter;
+/// Completes slash commands at the start of the line, and `@` mentions with the project's
+/// paths (directories end in `/`, so Tab goes on into them).
+struct ChatCompleter {
+    project: std::path::PathBuf,
+}
 
-impl Completer for SlashCompleter {
+impl Completer for ChatCompleter {
     fn complete(&mut self, line: &str, pos: usize) -> CompletionResult {
         let typed = &line[..pos.min(line.len())];
-        if !typed.starts_with('/') || typed.contains(' ') {
-            return CompletionResult::fresh(Vec::new());
-        }
-        let found: Vec<Suggestion> = COMMANDS
-            .iter()
-            .filter(|(c, _)| c.starts_with(typed))
-            .map(|(c, d)| Suggestion {
-                value: c.to_string(),
-                description: Some(d.to_string()),
-                span: Span::new(0, pos),
-                append_whitespace: true,
-                ..Suggestion::default()
-            })
-            .collect();
+        let found = if typed.starts_with('/') && !typed.contains(' ') {
+            complete_command(typed, pos)
+        } else {
+            let start = typed.rfind(char::is_whitespace).map_or(0, |i| {
+                i + typed[i..].chars().next().map_or(1, char::len_utf8)
+            });
+            match typed[start..].strip_prefix('@') {
+                Some(partial) => complete_path(&self.project, partial, start + 1, pos),
+                None => Vec::new(),
+            }
+        };
         CompletionResult::fresh(found)
     }
+}
+
+fn complete_command(typed: &str, pos: usize) -> Vec<Suggestion> {
+    COMMANDS
+        .iter()
+        .filter(|(c, _)| c.starts_with(typed))
+        .map(|(c, d)| Suggestion {
+            value: c.to_string(),
+            description: Some(d.to_string()),
+            span: Span::new(0, pos),
+            append_whitespace: true,
+            ..Suggestion::default()
+        })
+        .collect()
+}
+
+/// Entries of the directory `partial` points into whose names start with its last part;
+/// hidden ones only when that part starts with a dot. Never outside the project.
+fn complete_path(project: &Path, partial: &str, start: usize, pos: usize) -> Vec<Suggestion> {
+    let (dir, prefix) = match partial.rfind('/') {
+        Some(i) => (&partial[..=i], &partial[i + 1..]),
+        None => ("", partial),
+    };
+    let Ok(ws) = shade_agent::Workspace::new(project) else {
+        return Vec::new();
+    };
+    let Ok(dir_path) = ws.resolve(if dir.is_empty() { "." } else { dir }) else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir(dir_path) else {
+        return Vec::new();
+    };
+    let mut out: Vec<Suggestion> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.starts_with(prefix) || (name.starts_with('.') && !prefix.starts_with('.')) {
+                return None;
+            }
+            let is_dir = e.path().is_dir();
+            Some(Suggestion {
+                value: format!("{dir}{name}{}", if is_dir { "/" } else { "" }),
+                span: Span::new(start, pos),
+                append_whitespace: !is_dir,
+                ..Suggestion::default()
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.value.cmp(&b.value));
+    out.truncate(100);
+    out
 }
 
 /// A line ending in a backslash continues on the next line.

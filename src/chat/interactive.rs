@@ -51,7 +51,8 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
     if let Some(dir) = history.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
-    let mut editor = editor::build(Some(&history), ghost.clone(), wake.clone());
+    let project = session.agent.context().workspace.root().to_path_buf();
+    let mut editor = editor::build(Some(&history), &project, ghost.clone(), wake.clone());
     println!(
         "shade chat in {} — model {}, approval {}. /help for commands, Ctrl-D to leave.",
         session.agent.context().workspace.shown_root().display(),

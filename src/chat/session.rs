@@ -199,6 +199,7 @@ impl Session {
         sink: &EventSink,
         cancel: &CancellationToken,
     ) -> Result<RunOutcome, AgentError> {
+        let prompt = &with_mentions(prompt, &self.agent.context().workspace);
         if self.conversation.is_empty() {
             self.conversation = self.agent.start_conversation(prompt);
         } else {
@@ -366,6 +367,19 @@ impl Session {
             *t = 0;
         }
     }
+}
+
+/// `prompt` with the files it @-mentions attached, saying what was attached (a line each,
+/// like a tool call) and what could not be.
+pub(crate) fn with_mentions(prompt: &str, workspace: &Workspace) -> String {
+    let expanded = shade_agent::mentions::expand(prompt, workspace);
+    for (mention, note) in &expanded.attached {
+        println!("  @ {mention} ({note})");
+    }
+    for (mention, why) in &expanded.refused {
+        eprintln!("shade: @{mention} not attached: {why}");
+    }
+    expanded.text
 }
 
 /// A saved conversation made current: today's system prompt (instructions and memories may
