@@ -243,3 +243,61 @@ fn mentioned_files_are_attached_and_confined() {
     );
     assert!(!user.contains("top secret"));
 }
+
+/// `!command` runs the user's own command where the agent's run, shows its result, and
+/// tells the model; with `--shadow` it writes into the branch, never the project.
+#[test]
+fn bang_commands_run_where_the_agent_runs_and_reach_the_model() {
+    let llm = FakeLlm::start(Arc::new(router)).unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let out = chat(
+        h,
+        &llm,
+        &[],
+        "!echo hello from the user; exit 3\nwhat happened?\n",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("Exit code: 3") && stdout.contains("hello from the user"),
+        "{stdout}"
+    );
+    let sent = &llm.requests()[0];
+    let msgs = sent["messages"].as_array().unwrap();
+    let note = msgs[1]["content"].as_str().unwrap();
+    assert!(
+        note.contains("$ echo hello from the user; exit 3"),
+        "{note}"
+    );
+    assert!(note.contains("Exit code: 3") && note.contains("hello from the user"));
+    assert_eq!(msgs.last().unwrap()["content"], "what happened?");
+
+    let before = llm.requests().len();
+    let out = chat(
+        h,
+        &llm,
+        &["--shadow"],
+        "!echo made > made.txt && cat made.txt\n/diff\n",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("Exit code: 0") && stdout.contains("made"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("made.txt"),
+        "/diff shows the branch's file: {stdout}"
+    );
+    assert!(!h.join("made.txt").exists(), "the project was written");
+    assert_eq!(llm.requests().len(), before, "no model call for a command");
+}

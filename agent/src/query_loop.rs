@@ -190,6 +190,12 @@ impl Agent {
         self.tools.specs()
     }
 
+    /// One of the agent's tools, for a caller that runs it on the user's behalf (chat's
+    /// `!command` runs `shell` where the agent's commands run, in a branch or not).
+    pub fn tool(&self, name: &str) -> Option<std::sync::Arc<dyn crate::tools::Tool>> {
+        self.tools.get(name)
+    }
+
     /// The same agent (provider, tools, model, memory paths) working in another workspace —
     /// e.g. a branch mount for a speculative run — with its own todo list and approval mode.
     /// Run it on a clone of the conversation so the request prefix stays identical.

@@ -100,7 +100,10 @@ pub(crate) fn help() -> String {
     s.push_str(
         "Keys: Enter submits; Alt-Enter or a trailing \\ continues on a new line; Ctrl-C cancels \
          a running turn (twice on an empty line exits); Ctrl-D exits.\n\
-         A suggestion in dim text: Tab or Right fills it in, Enter submits it, typing dismisses it.",
+         A suggestion in dim text: Tab or Right fills it in, Enter submits it, typing dismisses it.\n\
+         @path attaches a file or directory (Tab completes paths); !command runs a shell command \
+         of yours where the agent's run, and the model sees its output.\n\
+         Conversations are saved: `shade chat --continue` picks this one up again.",
     );
     s
 }

@@ -156,6 +156,15 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
         if text.is_empty() {
             continue;
         }
+        if let Some(command) = text.strip_prefix('!').map(str::trim) {
+            if !command.is_empty() {
+                prefix = None;
+                speculator.prepare(None);
+                session.run_user_command(command);
+                session.save();
+            }
+            continue;
+        }
         if text.starts_with('/') {
             match commands::parse(text) {
                 Ok(cmd) => {

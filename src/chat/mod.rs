@@ -23,7 +23,8 @@ use crate::exit;
 #[command(after_help = "\
 Keys: Enter submits, Alt-Enter (or a line ending in \\) continues on a new line, Ctrl-C \
 cancels a running turn (twice on an empty line exits), Ctrl-D exits. When a suggestion is \
-shown as dim text: Tab or Right fills it in, Enter submits it, typing dismisses it.
+shown as dim text: Tab or Right fills it in, Enter submits it, typing dismisses it. \
+@path attaches a file (Tab completes it); !command runs a shell command of your own.
 
 Conversations are saved after every turn: --continue picks up the latest, --resume ID a \
 given one, --sessions lists them.

@@ -30,6 +30,13 @@ pub(crate) fn run(mut session: Session, _runtime: &tokio::runtime::Runtime) -> i
         if prompt.is_empty() {
             continue;
         }
+        if let Some(command) = prompt.strip_prefix('!').map(str::trim) {
+            if !command.is_empty() {
+                session.run_user_command(command);
+                session.save();
+            }
+            continue;
+        }
         if prompt.starts_with('/') {
             match commands::parse(prompt) {
                 Ok(cmd) => {

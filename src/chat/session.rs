@@ -252,6 +252,38 @@ impl Session {
         until_ctrl_c(&runtime, &cancel, self.turn(prompt, sink, &cancel))
     }
 
+    /// `!command`: the user's own shell command, run where the agent's commands run (the
+    /// project, or the session's branch) with the same limits; Ctrl-C stops it. Its output
+    /// is shown and put in the conversation, so the model knows what the user saw.
+    pub fn run_user_command(&mut self, command: &str) {
+        let Some(shell) = self.agent.tool("shell") else {
+            eprintln!("shade: this session has no shell tool");
+            return;
+        };
+        let ctx = self.agent.context().clone();
+        let cancel = self.new_turn();
+        let runtime = self.runtime.clone();
+        let args = serde_json::json!({ "command": command });
+        let result = until_ctrl_c(&runtime, &cancel, shell.run(args, &ctx, &cancel));
+        let content = match result {
+            Ok(out) => out.content,
+            Err(shade_agent::tools::ToolError::Cancelled) => {
+                println!("(cancelled)");
+                "Cancelled by the user before it finished.".to_string()
+            }
+            Err(e) => format!("Could not run: {e}"),
+        };
+        println!("{}", content.trim_end());
+        let note = format!(
+            "I ran this shell command myself; its result is for your information:\n$ {command}\n{content}"
+        );
+        if self.conversation.is_empty() {
+            self.conversation = self.agent.start_conversation(&note);
+        } else {
+            self.conversation.push(Message::User { content: note });
+        }
+    }
+
     /// Go on with the turn the conversation ends in (after a speculation accepted at a
     /// boundary): the model continues from the results it has.
     pub fn continue_until_ctrl_c(&mut self, sink: &EventSink) -> Result<RunOutcome, AgentError> {
