@@ -25,29 +25,13 @@ fn stdin_lines_are_turns_of_one_conversation_and_recording_keeps_only_them() {
     let llm = FakeLlm::start(Arc::new(router)).unwrap();
     let home = tempfile::tempdir().unwrap();
     let cassette = home.path().join("run.jsonl");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shade"))
-        .args(["chat", "--record"])
-        .arg(&cassette)
-        .current_dir(home.path())
-        .env("HOME", home.path())
-        .env("XDG_CONFIG_HOME", home.path().join("config"))
-        .env("SHADE_STATE_DIR", home.path().join("state"))
-        .env("OPENAI_BASE_URL", &llm.base_url)
-        .env("SHADE_MODEL", "main-model")
-        .env_remove("SHADE_FAST_MODEL")
-        .env_remove("SHADE_CONFIG")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"first\n\nsecond\n/stats\n")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let record = cassette.to_str().unwrap();
+    let out = chat(
+        home.path(),
+        &llm,
+        &["--record", record],
+        "first\n\nsecond\n/stats\n",
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -72,26 +56,10 @@ fn stdin_lines_are_turns_of_one_conversation_and_recording_keeps_only_them() {
     assert_eq!(roles, ["system", "user", "assistant", "user"]);
     assert_eq!(msgs[2]["content"], "One.");
     // The cassette replays the same session offline.
-    let replay = Command::new(env!("CARGO_BIN_EXE_shade"))
-        .arg("chat")
-        .arg("--llm")
-        .arg(format!("replay:{}", cassette.display()))
-        .current_dir(home.path())
-        .env("HOME", home.path())
-        .env("XDG_CONFIG_HOME", home.path().join("config"))
-        .env("SHADE_STATE_DIR", home.path().join("state"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut replay = replay;
-    replay
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"first\nsecond\n")
-        .unwrap();
-    let out = replay.wait_with_output().unwrap();
+    let replay = format!("replay:{}", cassette.display());
+    let out = chat(home.path(), &llm, &["--llm", &replay], "first\nsecond\n");
+    let before = requests.len();
+    assert_eq!(llm.requests().len(), before, "the replay asked the server");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && stdout.contains("Two."), "{stdout}");
 }
