@@ -82,6 +82,10 @@ pub fn main(args: ExecArgs) -> i32 {
         Ok(r) => r,
         Err(e) => return exit::fail(&anyhow::anyhow!("cannot start the async runtime: {e}")),
     };
+    shade_agent::housekeeping::tidy(
+        shade_fusefs::StateDir::from_env().root(),
+        std::time::SystemTime::now(),
+    );
     runtime.block_on(run(args))
 }
 

@@ -38,6 +38,7 @@ pub mod background;
 pub mod compact;
 pub mod events;
 pub mod followup;
+pub mod housekeeping;
 pub mod instructions;
 pub mod lint;
 pub mod llm;

@@ -84,6 +84,10 @@ pub fn main(args: ChatArgs) -> i32 {
     if args.sessions {
         return list_sessions(&args);
     }
+    shade_agent::housekeeping::tidy(
+        shade_fusefs::StateDir::from_env().root(),
+        std::time::SystemTime::now(),
+    );
     let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
     let session = match session::Session::new(&args, interactive, runtime.handle().clone()) {
         Ok(s) => s,
