@@ -164,12 +164,14 @@ impl Shadow {
     }
 
     /// `base` moved into the shadow: its workspace becomes the branch, its `shell` runs in
-    /// the branch sandbox, and it gets its own todo list.
+    /// the branch sandbox, and it gets its own todo list. A lint hook of `base` belongs to
+    /// another branch and is dropped; attach one for this branch (mount [`Shadow::mountpoint`]).
     pub fn tool_context(&self, base: &ToolContext) -> ToolContext {
         let mut ctx = base.clone();
         ctx.workspace = self.workspace();
         ctx.todos = Default::default();
         ctx.shadow = Some(self.runner());
+        ctx.lint = None;
         ctx
     }
 

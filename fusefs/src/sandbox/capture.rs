@@ -4,7 +4,7 @@
 
 use std::io::Read;
 use std::process::Child;
-use std::thread::JoinHandle;
+use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
 /// One stream's output, capped: the first and last `cap / 2` bytes, and how many bytes in
@@ -37,10 +37,10 @@ impl Captured {
     }
 }
 
-/// The reader threads of one run.
+/// The reader threads of one run, each handing its result over a channel.
 pub(crate) struct Readers {
-    stdout: Option<JoinHandle<Captured>>,
-    stderr: Option<JoinHandle<Captured>>,
+    stdout: Option<Receiver<Captured>>,
+    stderr: Option<Receiver<Captured>>,
 }
 
 /// How long we wait for the pipes to close once every process of the run is gone. Only a
@@ -50,12 +50,15 @@ const DRAIN_WAIT: Duration = Duration::from_secs(2);
 impl Readers {
     pub(crate) fn start(child: &mut Child, cap: usize) -> Readers {
         let spawn = |pipe: Option<Box<dyn Read + Send>>| {
-            pipe.and_then(|p| {
-                std::thread::Builder::new()
-                    .name("sandbox-capture".into())
-                    .spawn(move || read_capped(p, cap))
-                    .ok()
-            })
+            let pipe = pipe?;
+            let (tx, rx) = mpsc::channel();
+            std::thread::Builder::new()
+                .name("sandbox-capture".into())
+                .spawn(move || {
+                    let _ = tx.send(read_capped(pipe, cap));
+                })
+                .ok()?;
+            Some(rx)
         };
         Readers {
             stdout: spawn(
@@ -80,21 +83,18 @@ impl Readers {
     }
 }
 
-fn join(handle: Option<JoinHandle<Captured>>, deadline: Instant) -> Captured {
-    let Some(handle) = handle else {
+fn join(rx: Option<Receiver<Captured>>, deadline: Instant) -> Captured {
+    let Some(rx) = rx else {
         return Captured::default();
     };
-    while !handle.is_finished() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    if !handle.is_finished() {
+    match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        Ok(c) => c,
         // The thread ends by itself when the last writer goes; we do not wait for it.
-        return Captured {
+        Err(_) => Captured {
             head: b"[output collection stopped: an escaped process kept it open]".to_vec(),
             ..Captured::default()
-        };
+        },
     }
-    handle.join().unwrap_or_default()
 }
 
 fn read_capped(mut pipe: Box<dyn Read + Send>, cap: usize) -> Captured {
