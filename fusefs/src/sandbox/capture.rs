@@ -4,7 +4,7 @@
 
 use std::io::Read;
 use std::process::Child;
-use std::sync::mpsc::{self, Receiver};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 /// One stream's output, capped: the first and last `cap / 2` bytes, and how many bytes in
@@ -90,10 +90,12 @@ fn join(rx: Option<Receiver<Captured>>, deadline: Instant) -> Captured {
     match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
         Ok(c) => c,
         // The thread ends by itself when the last writer goes; we do not wait for it.
-        Err(_) => Captured {
+        Err(RecvTimeoutError::Timeout) => Captured {
             head: b"[output collection stopped: an escaped process kept it open]".to_vec(),
             ..Captured::default()
         },
+        // The reader died without an answer (it panicked): nothing was kept.
+        Err(RecvTimeoutError::Disconnected) => Captured::default(),
     }
 }
 
