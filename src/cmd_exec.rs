@@ -124,7 +124,7 @@ async fn run(args: ExecArgs) -> i32 {
         Some(Ok(s)) => s,
         None => FollowupSettings::default(),
     };
-    let tools = ToolRegistry::configured(&llm.config.tools);
+    let mut tools = ToolRegistry::configured(&llm.config.tools);
     let shadow = if args.shadow {
         crate::cmd_run::startup_recovery(&StateDir::from_env());
         match Shadow::create(workspace.root(), ShadowOptions::live()) {
@@ -137,6 +137,19 @@ async fn run(args: ExecArgs) -> i32 {
     let mut ctx = ToolContext::new(workspace);
     ctx.background = Some(llm.background.clone());
     if let Some(shadow) = &shadow {
+        // Lints only in the branch: in the real tree the checker would write its build
+        // output there.
+        let lint =
+            shade_agent::lint::tool::session_hook(shadow.project(), args.llm.config.clone(), true);
+        match lint {
+            Ok(hook) => {
+                if hook.is_some() {
+                    tools.add(Arc::new(shade_agent::lint::tool::Diagnostics));
+                }
+                ctx.lint = hook;
+            }
+            Err(e) => return exit::fail(&anyhow::anyhow!(e)),
+        }
         ctx = shadow.tool_context(&ctx);
     }
     let agent = Agent::new(

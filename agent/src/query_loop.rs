@@ -209,6 +209,11 @@ impl Agent {
         ctx.todos = Default::default();
         // Commands follow the files: a plain workspace runs them directly.
         ctx.shadow = None;
+        // Lints belong to a shadow's branch: none here.
+        ctx.lint = ctx
+            .lint
+            .as_ref()
+            .map(|h| std::sync::Arc::new(h.bound_to(None)));
         let mut fork = self.clone();
         fork.ctx = ctx;
         fork.options.approval = approval;

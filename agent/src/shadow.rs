@@ -9,7 +9,7 @@
 //! one throw-away branch per build cache, created on its first command) and no thread
 //! except while a command runs.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use shade_fusefs::sandbox::{self, CacheBranches, Cancel, Isolation, Output, RunOutcome, RunSpec};
 use shade_fusefs::{
-    AcceptError, AcceptFlags, AcceptReport, Branch, BranchError, BranchOptions, Changeset,
+    AcceptError, AcceptFlags, AcceptReport, Branch, BranchError, BranchOptions, ChangeKind,
+    Changeset,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -164,14 +165,18 @@ impl Shadow {
     }
 
     /// `base` moved into the shadow: its workspace becomes the branch, its `shell` runs in
-    /// the branch sandbox, and it gets its own todo list. A lint hook of `base` belongs to
-    /// another branch and is dropped; attach one for this branch (mount [`Shadow::mountpoint`]).
+    /// the branch sandbox, and it gets its own todo list. A lint hook of `base` (bound to
+    /// another branch, or to none) is bound to this branch instead: same linter, and its
+    /// checkers run in this shadow's sandbox.
     pub fn tool_context(&self, base: &ToolContext) -> ToolContext {
         let mut ctx = base.clone();
         ctx.workspace = self.workspace();
         ctx.todos = Default::default();
         ctx.shadow = Some(self.runner());
-        ctx.lint = None;
+        ctx.lint = base
+            .lint
+            .as_ref()
+            .map(|h| Arc::new(h.bound_to(Some(self.runner().lint_view()))));
         ctx
     }
 
@@ -305,6 +310,67 @@ impl Inner {
         runs
     }
 
+    /// Run `spec` with this shadow's isolation and build-cache binds (blocking), stoppable
+    /// by `stop`; `registration` keeps it in the live set until it ends.
+    fn run_sandboxed(
+        &self,
+        mut spec: RunSpec,
+        stop: &Cancel,
+        registration: Registration,
+    ) -> Result<RunOutcome, RunError> {
+        let _registration = registration;
+        spec.isolation = self.isolation;
+        spec.binds = self.binds().map_err(RunError::Sandbox)?;
+        sandbox::run_cancellable(&spec, stop).map_err(|e| RunError::Sandbox(e.to_string()))
+    }
+
+    /// Paths the branch adds that accept would carry (not ignored ones).
+    fn added_paths(&self) -> BTreeSet<PathBuf> {
+        match lock(&self.branch).as_ref() {
+            Some(b) => b
+                .changeset(false)
+                .changes
+                .into_iter()
+                .filter(|c| c.kind == ChangeKind::Added)
+                .map(|c| c.path)
+                .collect(),
+            None => BTreeSet::new(),
+        }
+    }
+
+    /// Remove the paths added since `before` was taken (what a checker left): each new
+    /// tree from its topmost directory that the project does not have and that holds
+    /// nothing added before.
+    fn remove_added_since(&self, before: &BTreeSet<PathBuf>) {
+        let new: Vec<PathBuf> = self.added_paths().difference(before).cloned().collect();
+        let mut tops: BTreeSet<PathBuf> = BTreeSet::new();
+        for rel in &new {
+            let mut top = PathBuf::new();
+            for part in rel.components() {
+                top.push(part);
+                let fresh = !self.project.join(&top).exists()
+                    && !before.iter().any(|b| b.starts_with(&top));
+                if fresh {
+                    break;
+                }
+            }
+            if !tops.iter().any(|t| top.starts_with(t)) {
+                tops.insert(top);
+            }
+        }
+        for rel in tops {
+            let abs = self.mount.join(&rel);
+            let removed = match std::fs::symlink_metadata(&abs) {
+                Ok(m) if m.is_dir() => std::fs::remove_dir_all(&abs),
+                Ok(_) => std::fs::remove_file(&abs),
+                Err(_) => Ok(()),
+            };
+            if let Err(e) = removed {
+                tracing::warn!("cannot remove {} left by a checker: {e}", rel.display());
+            }
+        }
+    }
+
     fn binds(&self) -> Result<Vec<sandbox::Bind>, String> {
         if !self.isolation.read_only || self.cache_dirs.is_empty() {
             return Ok(Vec::new());
@@ -396,6 +462,31 @@ impl ShadowRunner {
         self.inner.isolation
     }
 
+    /// The branch as the linter sees it: its checkers run through this runner, so in this
+    /// shadow's sandbox, and are killed with its other commands.
+    pub fn lint_view(&self) -> crate::lint::BranchView {
+        crate::lint::BranchView {
+            project: self.inner.project.clone(),
+            mount: self.inner.mount.clone(),
+            runner: Some(Arc::new(self.clone())),
+        }
+    }
+
+    /// A new live run, or `Closed`.
+    fn register(&self, stop: &Cancel) -> Result<Registration, RunError> {
+        let mut runs = lock(&self.inner.runs);
+        if runs.closed {
+            return Err(RunError::Closed);
+        }
+        let id = runs.next;
+        runs.next += 1;
+        runs.live.insert(id, stop.clone());
+        Ok(Registration {
+            inner: self.inner.clone(),
+            id,
+        })
+    }
+
     /// Runs `cmd` in the branch at the project's real path with captured output, on the
     /// blocking pool. `cancel` (or aborting the shadow) kills it and everything it started.
     pub async fn run(
@@ -404,24 +495,10 @@ impl ShadowRunner {
         cancel: &CancellationToken,
     ) -> Result<RunOutcome, RunError> {
         let stop = Cancel::new();
-        let registration = {
-            let mut runs = lock(&self.inner.runs);
-            if runs.closed {
-                return Err(RunError::Closed);
-            }
-            let id = runs.next;
-            runs.next += 1;
-            runs.live.insert(id, stop.clone());
-            Registration {
-                inner: self.inner.clone(),
-                id,
-            }
-        };
+        let registration = self.register(&stop)?;
         let inner = self.inner.clone();
         let task_stop = stop.clone();
         let task = tokio::task::spawn_blocking(move || {
-            let _registration = registration;
-            let binds = inner.binds().map_err(RunError::Sandbox)?;
             let mut spec = RunSpec::new(
                 inner.project.clone(),
                 inner.mount.clone(),
@@ -433,10 +510,7 @@ impl ShadowRunner {
             spec.output = Output::Capture {
                 cap: cmd.output_cap,
             };
-            spec.isolation = inner.isolation;
-            spec.binds = binds;
-            sandbox::run_cancellable(&spec, &task_stop)
-                .map_err(|e| RunError::Sandbox(e.to_string()))
+            inner.run_sandboxed(spec, &task_stop, registration)
         });
         tokio::pin!(task);
         let joined = tokio::select! {
@@ -456,6 +530,30 @@ impl ShadowRunner {
             } else {
                 RunError::Killed
             });
+        }
+        Ok(outcome)
+    }
+}
+
+/// The linter's checkers run like the shadow's shell commands: same sandbox, same build
+/// caches, killed when the shadow closes. What a checker adds to the branch outside its
+/// ignored paths (`.ruff_cache/`, `.mypy_cache/` and the like) is removed when it ends, so
+/// accept carries the agent's work and not the checker's caches.
+impl crate::lint::exec::Runner for ShadowRunner {
+    fn run(&self, spec: RunSpec) -> Result<RunOutcome, String> {
+        let stop = Cancel::new();
+        let registration = self.register(&stop).map_err(|e| e.to_string())?;
+        let before = self.inner.added_paths();
+        let outcome = self.inner.run_sandboxed(spec, &stop, registration);
+        self.inner.remove_added_since(&before);
+        let outcome = outcome.map_err(|e| e.to_string())?;
+        if outcome.termination == sandbox::Termination::Cancelled {
+            let why = if lock(&self.inner.runs).closed {
+                RunError::Closed
+            } else {
+                RunError::Killed
+            };
+            return Err(why.to_string());
         }
         Ok(outcome)
     }

@@ -87,6 +87,22 @@ async fn edit_in_branch(checker: &str) {
         out.content
     );
 
+    // A hook bound to no branch (a session outside any shadow) does nothing, and the
+    // model's `diagnostics` call is refused: the checker would write into the real tree.
+    let mut unbound = plain.clone();
+    unbound.lint = Some(Arc::new(ctx.lint.as_ref().unwrap().bound_to(None)));
+    let out = edit
+        .run(
+            json!({"path": "calc.py", "old_string": "a + b", "new_string": "a + e"}),
+            &unbound,
+            &cancel,
+        )
+        .await
+        .unwrap();
+    assert!(!out.content.contains("diagnostics"), "{}", out.content);
+    assert!(Diagnostics.run(json!({}), &unbound, &cancel).await.is_err());
+    std::fs::write(branch.mountpoint().join("calc.py"), PY).unwrap();
+
     // Without a hook, an edit is what it always was.
     let out = edit
         .run(
@@ -164,7 +180,7 @@ async fn a_baseline_slower_than_the_budget_finishes_for_the_next_edit() {
         PY.replace("a + b", "a + q"),
     )
     .unwrap();
-    let note = hook.after_edit("calc.py");
+    let note = hook.after_edit("calc.py").unwrap();
     assert!(note.contains("not ready within 0s"), "{note}");
     // The baseline job goes on without the caller and lands in the cache.
     let cache = state.root().join("lint/baseline");
@@ -178,7 +194,11 @@ async fn a_baseline_slower_than_the_budget_finishes_for_the_next_edit() {
     }
     let found = hook
         .linter
-        .new_diagnostics(&hook.view, &["calc.py".into()], Duration::from_secs(60))
+        .new_diagnostics(
+            hook.view.as_ref().unwrap(),
+            &["calc.py".into()],
+            Duration::from_secs(60),
+        )
         .unwrap();
     let shown: Vec<String> = found.iter().map(|d| d.to_string()).collect();
     assert_eq!(

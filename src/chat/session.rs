@@ -94,11 +94,29 @@ impl Session {
                 mode: args.approval,
             }),
         };
+        // A shadow session's edits are not in the project yet: a speculation branched from
+        // the project would not see them.
+        let speculate = !args.no_speculate && settings.speculation && !args.shadow;
+        let mut tools = ToolRegistry::configured(&llm.config.tools);
         let mut ctx = ToolContext::new(workspace);
         ctx.background = Some(llm.background.clone());
+        // Lints run only in branches (the session's shadow, speculations): in the real tree
+        // the checker would write its build output there. The `diagnostics` tool is offered
+        // only where every live turn has a branch; speculations keep the session's tools.
+        if args.shadow || speculate {
+            ctx.lint = shade_agent::lint::tool::session_hook(
+                ctx.workspace.root(),
+                args.llm.config.clone(),
+                args.shadow,
+            )
+            .map_err(|e| anyhow::anyhow!(e))?;
+            if args.shadow && ctx.lint.is_some() {
+                tools.add(Arc::new(shade_agent::lint::tool::Diagnostics));
+            }
+        }
         let mut agent = Agent::new(
             llm.provider.clone(),
-            ToolRegistry::configured(&llm.config.tools),
+            tools,
             ctx,
             approver_dyn,
             AgentOptions {
@@ -130,9 +148,7 @@ impl Session {
             llm,
             approver,
             suggest: !args.no_suggest && settings.suggestions,
-            // A shadow session's edits are not in the project yet: a speculation branched
-            // from the project would not see them.
-            speculate: !args.no_speculate && settings.speculation && !args.shadow,
+            speculate,
             settings,
             last_turn_failed: false,
             last_prompt_tokens: Arc::new(Mutex::new(0)),

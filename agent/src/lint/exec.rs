@@ -13,13 +13,46 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// A branch as a checker needs it: the real project path and where the branch is mounted.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct BranchView {
     /// Canonical real project directory (what processes see).
     pub project: PathBuf,
     /// The branch's mount point (what is bound over `project`).
     pub mount: PathBuf,
+    /// Who runs batch checkers in it; `None`: the plain sandbox (branch bound at the
+    /// project path, nothing more).
+    pub runner: Option<std::sync::Arc<dyn Runner>>,
 }
+
+/// Runs a batch checker's command the way its branch's owner runs commands: an agent's
+/// shadow applies its own sandbox (network, read-only rest, throw-away build caches) and
+/// kills the command when the shadow closes.
+pub trait Runner: Send + Sync {
+    /// Run `spec` (project, mount, cwd, argv, env, output and timeout already set) to its
+    /// end; `Err` is the runner's own failure.
+    fn run(
+        &self,
+        spec: shade_fusefs::sandbox::RunSpec,
+    ) -> Result<shade_fusefs::sandbox::RunOutcome, String>;
+}
+
+impl std::fmt::Debug for BranchView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BranchView")
+            .field("project", &self.project)
+            .field("mount", &self.mount)
+            .field("runner", &self.runner.is_some())
+            .finish()
+    }
+}
+
+impl PartialEq for BranchView {
+    fn eq(&self, other: &Self) -> bool {
+        self.project == other.project && self.mount == other.mount
+    }
+}
+
+impl Eq for BranchView {}
 
 impl BranchView {
     /// The view of a live branch.
@@ -27,6 +60,7 @@ impl BranchView {
         BranchView {
             project: branch.project().to_path_buf(),
             mount: branch.mountpoint().to_path_buf(),
+            runner: None,
         }
     }
 
@@ -134,7 +168,10 @@ pub fn run(
         .map(|k| (k.into(), None))
         .chain(env.iter().map(|(k, v)| (k.into(), Some(v.into()))))
         .collect();
-    let o = sandbox::run(&spec).map_err(|e| e.to_string())?;
+    let o = match &view.runner {
+        Some(r) => r.run(spec)?,
+        None => sandbox::run(&spec).map_err(|e| e.to_string())?,
+    };
     let text = |c: &Option<sandbox::Captured>| c.as_ref().map(|c| c.text()).unwrap_or_default();
     let (status, timed_out) = match &o.termination {
         Termination::Exited(c) => (Some(*c), false),

@@ -1,15 +1,18 @@
 //! The agent's side: the `diagnostics` tool the model calls, and the post-edit hook that
 //! appends new diagnostics of the touched file to `edit`/`write_file` results. Both are on
-//! only when whoever builds the `ToolContext` of a branch (a `--shadow` session, a
-//! speculation) sets [`ToolContext::lint`](crate::tools::ToolContext::lint) to a
-//! [`LintHook`]; `None` keeps today's behaviour.
+//! only when the `ToolContext` of a branch carries a [`LintHook`] bound to that branch
+//! ([`ToolContext::lint`](crate::tools::ToolContext::lint)); a session sets an unbound one
+//! ([`session_hook`]) and [`crate::shadow::Shadow::tool_context`] binds it to each shadow
+//! (the `--shadow` session's branch, a speculation's). `None`, or a hook bound to no branch,
+//! keeps today's behaviour: in the real tree a checker would write its build output there.
 
-use super::{BranchView, Diagnostic, LintError, Linter};
+use super::{BranchView, Diagnostic, LintConfig, LintError, Linter};
 use crate::llm::{BoxFuture, ToolSpec};
 use crate::tools::{blocking, parse_args, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -24,10 +27,13 @@ pub const TOOL_TIMEOUT: Duration = Duration::from_secs(120);
 pub struct LintHook {
     /// The project's linter (shared; it keeps baselines and language servers warm).
     pub linter: Arc<Linter>,
-    /// The branch the tools write into.
-    pub view: BranchView,
+    /// The branch the tools write into; `None` outside any branch (the hook then waits to
+    /// be bound by a shadow and does nothing).
+    pub view: Option<BranchView>,
     /// Budget of the diagnostics appended after an edit.
     pub budget: Duration,
+    /// The model is offered the `diagnostics` tool (the post-edit note points to it).
+    pub offered: bool,
     touched: Mutex<BTreeSet<String>>,
 }
 
@@ -36,17 +42,43 @@ impl std::fmt::Debug for LintHook {
         f.debug_struct("LintHook")
             .field("view", &self.view)
             .field("budget", &self.budget)
+            .field("offered", &self.offered)
             .finish()
     }
 }
 
 impl LintHook {
-    /// A hook for the branch `view` (whose mount is the tool context's workspace root).
+    /// A hook for the branch `view` (whose mount is the tool context's workspace root),
+    /// with the `diagnostics` tool offered.
     pub fn new(linter: Arc<Linter>, view: BranchView, budget: Duration) -> LintHook {
         LintHook {
             linter,
-            view,
+            view: Some(view),
             budget,
+            offered: true,
+            touched: Mutex::default(),
+        }
+    }
+
+    /// A hook bound to no branch yet, for a session's base tool context.
+    pub fn unbound(linter: Arc<Linter>, budget: Duration, offered: bool) -> LintHook {
+        LintHook {
+            linter,
+            view: None,
+            budget,
+            offered,
+            touched: Mutex::default(),
+        }
+    }
+
+    /// The same linter and settings bound to `view` (another branch, or none), with no
+    /// file edited yet.
+    pub fn bound_to(&self, view: Option<BranchView>) -> LintHook {
+        LintHook {
+            linter: self.linter.clone(),
+            view,
+            budget: self.budget,
+            offered: self.offered,
             touched: Mutex::default(),
         }
     }
@@ -61,25 +93,64 @@ impl LintHook {
             .collect()
     }
 
-    /// New diagnostics in `rel` after an edit, as text for the model (blocking).
-    pub fn after_edit(&self, rel: &str) -> String {
+    /// New diagnostics in `rel` after an edit, as text for the model (blocking); `None`
+    /// when the hook is bound to no branch.
+    pub fn after_edit(&self, rel: &str) -> Option<String> {
+        let view = self.view.as_ref()?;
         self.touched
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(rel.to_string());
-        match self
-            .linter
-            .new_diagnostics(&self.view, &[rel.to_string()], self.budget)
-        {
-            Ok(d) if d.is_empty() => format!("No new diagnostics in {rel}."),
-            Ok(d) => format!("New diagnostics in {rel}:\n{}", lines(&d)),
-            Err(LintError::Timeout(_)) => format!(
-                "(diagnostics for {rel} not ready within {:.0}s; call `diagnostics` to wait for them)",
-                self.budget.as_secs_f64()
-            ),
-            Err(e) => format!("(no diagnostics for {rel}: {e})"),
-        }
+        Some(
+            match self
+                .linter
+                .new_diagnostics(view, &[rel.to_string()], self.budget)
+            {
+                Ok(d) if d.is_empty() => format!("No new diagnostics in {rel}."),
+                Ok(d) => format!("New diagnostics in {rel}:\n{}", lines(&d)),
+                Err(LintError::Timeout(_)) => format!(
+                    "(diagnostics for {rel} not ready within {:.0}s{})",
+                    self.budget.as_secs_f64(),
+                    if self.offered {
+                        "; call `diagnostics` to wait for them"
+                    } else {
+                        ""
+                    }
+                ),
+                Err(e) => format!("(no diagnostics for {rel}: {e})"),
+            },
+        )
     }
+}
+
+/// An agent session's lint hook on `project`, bound to no branch yet: the checkers detected
+/// or configured in the `[lint]` section of `config_file` (default: the usual file), the
+/// configured budget. `Ok(None)` when the project has no usable checker (said in the log:
+/// the session works on without lints); `Err` for a broken config file. `offered`: the
+/// session offers the `diagnostics` tool (add [`Diagnostics`] to its tools).
+pub fn session_hook(
+    project: &Path,
+    config_file: Option<PathBuf>,
+    offered: bool,
+) -> Result<Option<Arc<LintHook>>, String> {
+    let config: LintConfig = crate::llm::config::load_file_config(&crate::llm::Overrides {
+        config_file,
+        ..Default::default()
+    })
+    .map(|f| f.lint.unwrap_or_default())
+    .map_err(|e| e.to_string())?;
+    let state = shade_fusefs::StateDir::from_env();
+    Ok(match Linter::new(project, state, &config, None) {
+        Ok(linter) => Some(Arc::new(LintHook::unbound(
+            Arc::new(linter),
+            config.budget(),
+            offered,
+        ))),
+        Err(e) => {
+            tracing::info!("no lints for the agent's edits: {e}");
+            None
+        }
+    })
 }
 
 fn lines(d: &[Diagnostic]) -> String {
@@ -110,16 +181,17 @@ pub fn with_diagnostics<'a>(
     path: Option<String>,
     run: BoxFuture<'a, Result<ToolOutput, ToolError>>,
 ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
-    let Some(hook) = ctx.lint.clone() else {
+    let Some(hook) = ctx.lint.clone().filter(|h| h.view.is_some()) else {
         return run;
     };
     let rel = rel_path(ctx, path.as_deref());
     Box::pin(async move {
         let mut out = run.await?;
         if let Some(rel) = rel {
-            let note = blocking(move || Ok(hook.after_edit(&rel))).await?;
-            out.content.push_str("\n\n");
-            out.content.push_str(&note);
+            if let Some(note) = blocking(move || Ok(hook.after_edit(&rel))).await? {
+                out.content.push_str("\n\n");
+                out.content.push_str(&note);
+            }
         }
         Ok(out)
     })
@@ -172,7 +244,7 @@ impl Tool for Diagnostics {
     ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
         Box::pin(async move {
             let p: Params = parse_args(args)?;
-            let hook = ctx.lint.clone().ok_or_else(|| {
+            let hook = ctx.lint.clone().filter(|h| h.view.is_some()).ok_or_else(|| {
                 ToolError::Failed(
                     "diagnostics are only available when working in a branch (shadow session or speculation)".into(),
                 )
@@ -197,8 +269,12 @@ impl Tool for Diagnostics {
             }
             let n = paths.len();
             let found = blocking(move || {
+                let view = hook
+                    .view
+                    .as_ref()
+                    .ok_or_else(|| ToolError::Failed("not in a branch".into()))?;
                 hook.linter
-                    .new_diagnostics(&hook.view, &paths, TOOL_TIMEOUT)
+                    .new_diagnostics(view, &paths, TOOL_TIMEOUT)
                     .map_err(|e| ToolError::Failed(e.to_string()))
             })
             .await?;

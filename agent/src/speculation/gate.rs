@@ -111,3 +111,42 @@ impl CallGate for SpeculationGate {
         Some(MAX_SPECULATION_MESSAGES)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::tools::{Tool, ToolContext};
+    use std::sync::Arc;
+
+    /// Lints are reads: the `diagnostics` call runs in a speculation whatever the mode (plan
+    /// included) and gives accept nothing to ask about.
+    #[test]
+    fn diagnostics_is_read_only_for_the_gate() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(crate::workspace::Workspace::new(dir.path()).unwrap());
+        let tool: Arc<dyn Tool> = Arc::new(crate::lint::tool::Diagnostics);
+        for args in [
+            serde_json::json!({}),
+            serde_json::json!({"paths": ["a.rs"]}),
+        ] {
+            for mode in [
+                ApprovalMode::Default,
+                ApprovalMode::AutoEdit,
+                ApprovalMode::Yolo,
+                ApprovalMode::Plan,
+            ] {
+                let gate = SpeculationGate::new(mode);
+                let call = GateCall {
+                    name: "diagnostics",
+                    tool: Some(&tool),
+                    args: Some(&args),
+                    read_only: tool.is_read_only(&args),
+                    ctx: &ctx,
+                };
+                assert_eq!(gate.check(&call), None, "{mode:?}");
+                assert!(!gate.would_ask(), "{mode:?}");
+            }
+        }
+    }
+}
