@@ -351,3 +351,35 @@ fn chat_shadow_lints_in_its_branch_until_accept() {
     assert!(!chat.project.join(".ruff_cache").exists(), "{}", out(&o));
     assert_no_shade_mounts(&shade_fusefs::StateDir::at(chat.state.clone()));
 }
+
+/// A budget of 0: the edit's result says the findings are not ready (pointing at the tool),
+/// and the session ends while the baseline still runs in its own branch: that checker is
+/// killed and its branch unmounted, nothing left behind.
+#[test]
+fn a_session_ending_mid_baseline_leaves_no_branch_behind() {
+    let fx = rust_fixture();
+    let config = fx.tmp.path().join("config.toml");
+    std::fs::write(&config, "[lint]\nbudget_ms = 0\n").unwrap();
+    let llm = FakeLlm::start(Arc::new(|body: &Value| {
+        match tool_results_since_user(body) {
+            0 => Reply::tool(
+                "write_file",
+                json!({"path": "src/main.rs", "content": MAIN_BROKEN}),
+            ),
+            _ => Reply::text("Done."),
+        }
+    }))
+    .unwrap();
+    let o = exec_shadow(&fx, &llm, &config, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    assert_eq!(
+        tool_results(&llm),
+        ["Overwrote src/main.rs (15 lines).\n\n(diagnostics for src/main.rs not ready within 0s; \
+          call `diagnostics` to wait for them)"]
+    );
+    assert_no_shade_mounts(&fx.state);
+    let left = std::fs::read_dir(fx.state.branches())
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(left, 0, "a branch store was left behind");
+}

@@ -36,6 +36,23 @@ pub trait Runner: Send + Sync {
     ) -> Result<shade_fusefs::sandbox::RunOutcome, String>;
 }
 
+/// The plain sandbox, stoppable: a linter's own background runs, killed when it goes.
+pub struct Stoppable(pub shade_fusefs::sandbox::Cancel);
+
+impl Runner for Stoppable {
+    fn run(
+        &self,
+        spec: shade_fusefs::sandbox::RunSpec,
+    ) -> Result<shade_fusefs::sandbox::RunOutcome, String> {
+        let o =
+            shade_fusefs::sandbox::run_cancellable(&spec, &self.0).map_err(|e| e.to_string())?;
+        if o.termination == shade_fusefs::sandbox::Termination::Cancelled {
+            return Err("stopped: the linter is shutting down".into());
+        }
+        Ok(o)
+    }
+}
+
 impl std::fmt::Debug for BranchView {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BranchView")

@@ -87,6 +87,9 @@ pub struct Linter {
     lsp_baselines: Mutex<HashMap<(String, String, String), Vec<Diagnostic>>>,
     /// Baselines being computed in the background, by fingerprint.
     baseline_jobs: Mutex<HashMap<String, BaselineJob>>,
+    /// Stops the background baselines' checkers when the linter goes (their branches must
+    /// not outlive the process).
+    stop: shade_fusefs::sandbox::Cancel,
 }
 
 /// The running language servers (by checker name) and where they run.
@@ -159,6 +162,7 @@ impl Linter {
             server_idle: config.server_idle(),
             lsp_baselines: Mutex::default(),
             baseline_jobs: Mutex::default(),
+            stop: shade_fusefs::sandbox::Cancel::new(),
         })
     }
 
@@ -320,6 +324,7 @@ impl Linter {
             c.clone(),
             job.clone(),
         );
+        let runner: Arc<dyn exec::Runner> = Arc::new(exec::Stoppable(self.stop.clone()));
         std::thread::spawn(move || {
             let run = || -> Result<Vec<Diagnostic>, LintError> {
                 let b = Branch::create(
@@ -329,7 +334,11 @@ impl Linter {
                         ..BranchOptions::default()
                     },
                 )?;
-                run_batch(&project, &BranchView::of(&b), &c, None)
+                let view = BranchView {
+                    runner: Some(runner),
+                    ..BranchView::of(&b)
+                };
+                run_batch(&project, &view, &c, None)
             };
             let res = run();
             if let Ok(d) = &res {
@@ -480,6 +489,28 @@ impl Drop for Linter {
         let mut sv = lock_servers(&self.servers);
         sv.stop_idle(Duration::ZERO);
         sv.home = None;
+        drop(sv);
+        // Background baselines: kill their checkers and wait until their branches are
+        // unmounted (a session ending mid-baseline must leave no mount behind).
+        self.stop.cancel();
+        let jobs: Vec<BaselineJob> = self
+            .baseline_jobs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .map(|(_, j)| j)
+            .collect();
+        for job in jobs {
+            let (slot, done) = &*job;
+            let mut st = slot.lock().unwrap_or_else(|e| e.into_inner());
+            let until = Instant::now() + Duration::from_secs(30);
+            while st.is_none() && Instant::now() < until {
+                st = done
+                    .wait_timeout(st, until.saturating_duration_since(Instant::now()))
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|e| e.into_inner().0);
+            }
+        }
     }
 }
 
