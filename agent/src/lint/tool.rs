@@ -146,8 +146,14 @@ pub fn session_hook(
             config.budget(),
             offered,
         ))),
-        Err(e) => {
+        // Most projects without a checker are simply not code shade knows how to check;
+        // a configured checker that cannot run is worth a warning.
+        Err(e @ LintError::Detect(super::checker::DetectError::NoneFound(_))) => {
             tracing::info!("no lints for the agent's edits: {e}");
+            None
+        }
+        Err(e) => {
+            tracing::warn!("no lints for the agent's edits: {e}");
             None
         }
     })
