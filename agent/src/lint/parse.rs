@@ -295,3 +295,91 @@ not json"#;
         assert_eq!(v[3].path, "./main.go");
     }
 }
+
+/// The parsers on output the real tools printed (mypy 1.x, pyright 1.1.414, eslint 9 with
+/// `@eslint/js` recommended, tsc 5, go vet 1.19), captured from small projects with known
+/// mistakes; see `testdata/`.
+#[cfg(test)]
+mod captured {
+    use super::*;
+    use crate::lint::diag::PathBase;
+    use std::path::Path;
+
+    /// Parse `out` (stdout, or stderr for go vet) and normalise it as the linter does,
+    /// for a project at `root`.
+    fn shown(format: Format, stdout: &str, stderr: &str, root: &str) -> Vec<String> {
+        let base = PathBase {
+            project: Path::new(root),
+            cwd: Path::new(root),
+            mount: None,
+        };
+        parse(format, stdout, stderr)
+            .into_iter()
+            .map(|r| {
+                let d = r.normalise(&base, "x", Severity::Error);
+                format!("{d} {}:{}", d.end_line, d.end_column)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn mypy() {
+        let out = include_str!("testdata/mypy.out");
+        assert_eq!(
+            shown(Format::Gcc, out, "", "/var/tmp/capture/py"),
+            [
+                "m.py:9:10: error: Incompatible types in assignment (expression has type \"int\", variable has type \"str\") [assignment] (x) 9:10",
+                "m.py:10:24: error: Name \"undefined_name\" is not defined [name-defined] (x) 10:24",
+            ]
+        );
+    }
+
+    #[test]
+    fn pyright() {
+        let out = include_str!("testdata/pyright.json");
+        assert_eq!(
+            shown(Format::PyrightJson, out, "", "/var/tmp/capture/py"),
+            [
+                // A multi-line message keeps its first line.
+                "m.py:9:10: error: Type \"int\" is not assignable to declared type \"str\" [reportAssignmentType] (x) 9:19",
+                "m.py:10:24: error: \"undefined_name\" is not defined [reportUndefinedVariable] (x) 10:38",
+            ]
+        );
+    }
+
+    #[test]
+    fn eslint() {
+        let out = include_str!("testdata/eslint.json");
+        assert_eq!(
+            shown(Format::EslintJson, out, "", "/var/tmp/capture/js"),
+            [
+                "b.js:2:9: error: 'x' is assigned a value but never used. [no-unused-vars] (x) 2:10",
+                "b.js:3:10: error: 'y' is not defined. [no-undef] (x) 3:11",
+            ]
+        );
+    }
+
+    #[test]
+    fn tsc() {
+        let out = include_str!("testdata/tsc.out");
+        assert_eq!(
+            shown(Format::Tsc, out, "", "/var/tmp/capture/js"),
+            [
+                "a.ts:3:9: error: Type 'string' is not assignable to type 'number'. [TS2322] (x) 3:9",
+                "a.ts:4:14: error: Cannot find name 'missing'. [TS2304] (x) 4:14",
+            ]
+        );
+    }
+
+    #[test]
+    fn go_vet() {
+        let err = include_str!("testdata/go-vet.err");
+        assert_eq!(
+            shown(Format::Gcc, "", err, "/var/tmp/capture/go"),
+            [
+                "main.go:7:2: error: fmt.Printf format %d has arg s of wrong type string (x) 7:2",
+                "main.go:10:2: error: unreachable code (x) 10:2",
+            ]
+        );
+    }
+}
