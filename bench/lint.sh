@@ -7,16 +7,17 @@
 #   cold      `shade lint --cold`: a fresh branch in-process, cached baseline
 #   warm      `shade lint`: the per-project daemon's long-lived branch
 #   cp        `cp -r` of the project (with target/) + `cargo check` in the copy
-#   worktree  `git worktree add` + `cargo check` there (no target/: a full check)
+#   worktree  `git worktree add` + `cargo check` there (a new path without target/: every
+#             dependency is checked again), then `git worktree remove`
 # Rounds are interleaved with the order rotating; medians and ratios to native are from
-# the same run. Usage: bench/lint.sh [ROUNDS] (default 5; worktree runs once: it is a full
-# build). Needs root and /dev/fuse. The report goes to bench/results/<time>-lint.md.
+# the same run. Usage: bench/lint.sh [ROUNDS] (default 3). Needs root and /dev/fuse. The
+# report goes to bench/results/<time>-lint.md.
 # SHADE_BIN=path uses that shade binary instead of building a release one.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
-rounds=${1:-5}
+rounds=${1:-3}
 
 "$repo/scripts/setup.sh"
 if [[ -n ${SHADE_BIN:-} ]]; then
@@ -120,7 +121,7 @@ run_cp() {
 }
 run_worktree() {
     local t0; t0=$(date +%s%N)
-    git -C "$work/proj" worktree add -q "$work/wt" HEAD
+    git -C "$work/proj" worktree add -q --detach "$work/wt" HEAD
     (cd "$work/wt" && patch -s -p1 <"$work/edit.patch" && check)
     ms "$t0"
     git -C "$work/proj" worktree remove --force "$work/wt"
@@ -134,8 +135,10 @@ log "warm-up"
 run_native >/dev/null
 
 declare -A times
-systems=(native cold warm cp)
+systems=(native cold warm cp worktree)
+loads=()
 for ((r = 0; r < rounds; r++)); do
+    loads+=("$(cut -d' ' -f1 /proc/loadavg)")
     for ((k = 0; k < ${#systems[@]}; k++)); do
         s=${systems[$(((k + r) % ${#systems[@]}))]}
         t=$("run_$s")
@@ -143,9 +146,6 @@ for ((r = 0; r < rounds; r++)); do
         log "round $((r + 1)) $s ${t} ms"
     done
 done
-log "worktree (full check, once)"
-times[worktree]=$(run_worktree)
-log "worktree ${times[worktree]} ms"
 
 median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : int((a[NR/2]+a[NR/2+1])/2)}'; }
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -155,8 +155,9 @@ out=$repo/bench/results/$(date -u +%Y-%m-%dT%H%M)-lint.md
     echo "# shade lint: one-line edit on a real crate (shade-fusefs, standalone)"
     echo
     echo "Commit $commit, $(nproc) cores, load average $load_start at the start and $load_end"
-    echo "at the end (other sessions share this machine). $rounds interleaved rounds (worktree:"
-    echo "one run, a full check without target/). Edit: one string literal in \`$file\`"
+    echo "at the end, ${loads[*]} (1-min) at the start of each round (other sessions share this"
+    echo "machine). $rounds interleaved rounds, the order"
+    echo "rotating. Edit: one string literal in \`$file\`"
     echo "(shade-fusefs as a package of its own, ~40 registry dependencies, offline); the user's"
     echo "target/ is warm. shade binary: \`${shade#$repo/}\`. Times are wall-clock ms of the whole"
     echo "command; ratio = median / native median."
