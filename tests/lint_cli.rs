@@ -114,25 +114,8 @@ fn lines(o: &Output) -> Vec<String> {
         .collect()
 }
 
-const RUST_PATCH: &str = "\
---- a/src/stats.rs
-+++ b/src/stats.rs
-@@ -3,5 +3,6 @@
- /// Number of newline bytes.
- pub fn count_lines(data: &[u8]) -> usize {
-+    let scratch = 7;
-     memchr::memchr_iter(b'\\n', data).count()
- }
- 
-@@ -9,3 +10,7 @@
- pub fn longest_line(data: &[u8]) -> usize {
-     data.split(|b| *b == b'\\n').map(|l| l.len()).max().unwrap_or(0)
- }
-+
-+pub fn width() -> u32 {
-+    \"wide\"
-+}
-";
+/// The README's example: an unused variable and a type error.
+const RUST_PATCH: &str = include_str!("../examples/lint-demo/edit.patch");
 
 fn rust_fixture() -> Fixture {
     let fx = Fixture::new();
@@ -160,6 +143,10 @@ fn cargo_reports_exactly_the_errors_the_patch_added() {
             out(&o)
         );
     }
+    // The unedited project's result was computed once, by the first (cold) run, and
+    // cached: the warm runs read it.
+    let cached = baselines(&fx);
+    assert_eq!(cached.len(), 1, "{cached:?}");
     // --all adds the warning the project already had, marked not new, in JSON.
     let o = lint(&fx, &["--all", "--json"], RUST_PATCH);
     assert_eq!(o.status.code(), Some(1), "{}", out(&o));
@@ -198,8 +185,26 @@ fn cargo_reports_exactly_the_errors_the_patch_added() {
     assert_eq!(o.status.code(), Some(0), "{}", out(&o));
     assert!(lines(&o).is_empty(), "{}", out(&o));
     stop_daemons(&fx, &[None]);
+    assert_eq!(
+        baselines(&fx),
+        cached,
+        "the baseline was not computed again"
+    );
     // The real project was never written: no target/, no Cargo.lock change, no edit.
     assert_eq!(snapshot(&fx.project), before);
+}
+
+/// The cached baselines: (file, modification time).
+fn baselines(fx: &Fixture) -> Vec<(std::ffi::OsString, std::time::SystemTime)> {
+    let mut v: Vec<_> = std::fs::read_dir(fx.state.root().join("lint/baseline"))
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name(), e.metadata().unwrap().modified().unwrap())
+        })
+        .collect();
+    v.sort();
+    v
 }
 
 #[test]
@@ -509,6 +514,41 @@ fn a_configured_command_overrides_detection() {
     );
     assert_eq!(snapshot(&fx.project), before);
     assert_no_shade_mounts(&fx.state);
+}
+
+/// `--timeout`: a checker still running then is killed, and that is shade's error (125).
+#[test]
+fn a_checker_past_the_timeout_is_killed_and_reported() {
+    let fx = py_fixture();
+    let config = fx.tmp.path().join("slow.toml");
+    std::fs::write(
+        &config,
+        "[lint]\ncheckers = [\"command\"]\ncommand = [\"sleep\", \"1000.25\"]\n",
+    )
+    .unwrap();
+    let before = snapshot(&fx.project);
+    for mode in [&["--cold", "--timeout", "1"][..], &["--timeout", "1"][..]] {
+        let o = lint_config(&fx, mode, PY_PATCH, &config);
+        assert_eq!(o.status.code(), Some(125), "{}", out(&o));
+        assert_eq!(
+            String::from_utf8_lossy(&o.stderr),
+            "shade: checker command did not finish in time\n",
+            "{}",
+            out(&o)
+        );
+        assert!(o.stdout.is_empty(), "{}", out(&o));
+    }
+    stop_daemons(&fx, &[None]);
+    let left = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| c.windows(7).any(|w| w == b"1000.25"))
+        })
+        .count();
+    assert_eq!(left, 0, "the timed-out checker is gone");
+    assert_eq!(snapshot(&fx.project), before);
 }
 
 /// Pids of every lint daemon serving the fixture's project.
