@@ -620,6 +620,32 @@ fn concurrent_first_calls_share_one_daemon_which_exits_when_idle() {
     assert_eq!(fx.read("calc.py"), PY);
 }
 
+/// `shade lint --stop` returns once the daemon is gone, so the next call starts a new one
+/// (and is not turned away by the old one still unmounting its branch).
+#[test]
+fn stop_returns_when_the_daemon_is_gone() {
+    let fx = py_fixture();
+    let patch = "--- a/calc.py\n+++ b/calc.py\n@@ -4,2 +4,2 @@\n def add(a, b):\n-    return a + b\n+    return a + x\n";
+    let want = ["calc.py:5:16: error: Undefined name `x` [F821] (ruff)"];
+    for _ in 0..3 {
+        let o = lint(&fx, &[], patch);
+        assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+        assert_eq!(lines(&o), want, "{}", out(&o));
+        let o = fx
+            .shade()
+            .args(["lint", "--stop"])
+            .env("SHADE_LOG", "error")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", out(&o));
+        assert!(
+            daemons(&fx).is_empty(),
+            "the daemon is gone when --stop returns"
+        );
+        assert_no_shade_mounts(&fx.state);
+    }
+}
+
 #[test]
 fn compile_commands_are_checked_with_syntax_only_compiles() {
     let fx = Fixture::new();

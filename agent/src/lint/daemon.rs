@@ -158,7 +158,9 @@ fn failure(error: String) -> Response {
     }
 }
 
-/// Send `req` to the daemon at `socket`, starting it with `start` when none answers.
+/// Send `req` to the daemon at `socket`, starting it with `start` when none answers. A stop
+/// returns once the daemon is gone (its branch unmounted, its lock released), so a daemon
+/// started right after it is not turned away by the one still on its way out.
 pub fn request(
     socket: &Path,
     req: &Request,
@@ -189,7 +191,36 @@ pub fn request(
     if line.is_empty() {
         return Err("the lint daemon closed the connection without answering".into());
     }
-    serde_json::from_str(&line).map_err(|e| format!("lint daemon answered badly: {e}"))
+    let resp =
+        serde_json::from_str(&line).map_err(|e| format!("lint daemon answered badly: {e}"))?;
+    if req.stop {
+        wait_gone(socket, Duration::from_secs(30))?;
+    }
+    Ok(resp)
+}
+
+/// Wait until no daemon holds the lock of `socket`.
+fn wait_gone(socket: &Path, within: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + within;
+    let path = socket.with_extension("lock");
+    loop {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| format!("lint daemon lock {}: {e}", path.display()))?;
+        if nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).is_ok() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "the lint daemon at {} did not exit",
+                socket.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn connect_retrying(socket: &Path, within: Duration) -> Result<UnixStream, String> {
