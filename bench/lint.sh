@@ -6,6 +6,9 @@
 #             stays valid): the floor
 #   cold      `shade lint --cold`: a fresh branch in-process, cached baseline
 #   warm      `shade lint`: the per-project daemon's long-lived branch
+#   first     `shade lint` with no daemon and no cached baseline (the daemon stopped and
+#             the cache emptied, untimed): starts the daemon, checks the unedited
+#             project, then the edit
 #   cp        `cp -r` of the project (with target/) + `cargo check` in the copy
 #   worktree  `git worktree add` + `cargo check` there (a new path without target/: every
 #             dependency is checked again), then `git worktree remove`
@@ -112,6 +115,11 @@ run_warm() {
     "$shade" lint -C "$work/proj" --patch "$work/edit.patch" >/dev/null
     ms "$t0"
 }
+run_first() {
+    "$shade" lint --stop -C "$work/proj"
+    rm -rf "$SHADE_STATE_DIR/lint/baseline"
+    run_warm
+}
 run_cp() {
     local t0; t0=$(date +%s%N)
     cp -r "$work/proj" "$work/copy"
@@ -135,7 +143,7 @@ log "warm-up"
 run_native >/dev/null
 
 declare -A times
-systems=(native cold warm cp worktree)
+systems=(native cold warm first cp worktree)
 loads=()
 for ((r = 0; r < rounds; r++)); do
     loads+=("$(cut -d' ' -f1 /proc/loadavg)")
@@ -164,7 +172,7 @@ out=$repo/bench/results/$(date -u +%Y-%m-%dT%H%M)-lint.md
     echo
     echo "| system | median ms | ratio | runs (ms) |"
     echo "|---|---:|---:|---|"
-    for s in native cold warm cp worktree; do
+    for s in native cold warm first cp worktree; do
         m=$(echo "${times[$s]}" | median)
         ratio=$(awk -v a="$m" -v b="$native" 'BEGIN {printf "%.2f", a / b}')
         echo "| $s | $m | $ratio | ${times[$s]% } |"
