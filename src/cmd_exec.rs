@@ -376,7 +376,10 @@ impl Renderer {
                 attempt,
                 delay_ms,
                 reason,
-            } => eprintln!("shade: model call failed ({reason}); retry {attempt} in {delay_ms} ms"),
+            } => eprintln!(
+                "shade: {reason}; retry {attempt} in {:.1} s",
+                *delay_ms as f64 / 1000.0
+            ),
             AgentEvent::ModelSwitch { from, to, reason } => {
                 eprintln!("shade: switching model {from} → {to} ({reason})")
             }

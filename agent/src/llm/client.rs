@@ -158,7 +158,7 @@ impl OpenAiClient {
             _ = cancel.cancelled() => return Err(LlmError::Cancelled.into()),
             r = send => match r {
                 Err(_) => return Err(LlmError::Timeout(self.config.idle_timeout).into()),
-                Ok(Err(e)) => return Err(LlmError::Connect(error_chain(&e)).into()),
+                Ok(Err(e)) => return Err(LlmError::Connect(send_failure(&e, &self.config.base_url)).into()),
                 Ok(Ok(resp)) => resp,
             },
         };
@@ -355,6 +355,19 @@ async fn read_capped(
         }
     }
     Ok(out)
+}
+
+/// Why a request could not be sent, as one short line a user can act on: the server's
+/// address and the innermost cause ("Connection refused (os error 111)"), not reqwest's
+/// whole chain.
+fn send_failure(e: &reqwest::Error, base_url: &str) -> String {
+    let mut cause = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        cause = inner.to_string();
+        src = inner.source();
+    }
+    format!("{base_url}: {cause}")
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

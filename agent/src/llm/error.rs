@@ -16,7 +16,7 @@ pub enum LlmError {
         retry_after: Option<Duration>,
     },
     /// Could not connect, or the connection broke before a response started.
-    #[error("connection to the model server failed: {0}")]
+    #[error("cannot reach the model server: {0}")]
     Connect(String),
     /// No data within the idle timeout.
     #[error("the model server stopped sending data for {0:?}")]

@@ -138,7 +138,8 @@ where
             _ => None,
         };
         let delay = policy.delay(retries, retry_after);
-        tracing::warn!(attempt = retries, ?delay, error = %err, "model call failed, retrying");
+        // The caller shows the Retry event; a warning here would say it twice.
+        tracing::debug!(attempt = retries, ?delay, error = %err, "model call failed, retrying");
         on_event(LlmEvent::Retry {
             attempt: retries,
             delay_ms: delay.as_millis() as u64,
