@@ -36,7 +36,7 @@ impl ChatApprover {
     }
 
     /// Has the user said "always" for this tool?
-    fn always_allows(&self, tool: &str) -> bool {
+    pub fn always_allows(&self, tool: &str) -> bool {
         self.always.lock().is_ok_and(|a| a.contains(tool))
     }
 }
@@ -93,13 +93,23 @@ impl Approver for ChatApprover {
     }
 }
 
+/// The answer to a question asked outside a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Confirm {
+    Yes,
+    No,
+    /// Ctrl-C: not "no", but "stop this turn".
+    Cancel,
+}
+
 /// Ask a yes/no question about `shown` (a changeset and diff) outside a turn.
-pub(crate) fn confirm(shown: &str, what: &str) -> bool {
+pub(crate) fn confirm(shown: &str, what: &str) -> Confirm {
     let question = format!("{}\x1b[1m{what}?\x1b[0m [y]es / [n]o ", colour_diff(shown));
-    matches!(
-        read_key(&question, &CancellationToken::new()),
-        Key::Yes | Key::Always
-    )
+    match read_key(&question, &CancellationToken::new()) {
+        Key::Yes | Key::Always => Confirm::Yes,
+        Key::No => Confirm::No,
+        Key::Cancel => Confirm::Cancel,
+    }
 }
 
 /// Show the question and wait for one of the answer keys (raw mode, so no Enter needed).

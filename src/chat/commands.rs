@@ -1,6 +1,8 @@
 //! Slash commands: parsing, help, and the list the completer offers.
 
 use shade_agent::approval::ApprovalMode;
+use shade_agent::compact::CompactError;
+use shade_agent::llm::LlmError;
 use shade_agent::tools::text::plural;
 
 /// Every command with a one-line description (for /help and completion).
@@ -173,11 +175,20 @@ pub(crate) fn apply(session: &mut super::session::Session, cmd: Command) -> Flow
         Command::Compact => {
             let cancel = tokio_util::sync::CancellationToken::new();
             let runtime = session.runtime.clone();
-            match runtime.block_on(session.compact(&cancel)) {
+            if session.conversation.is_empty() {
+                println!("nothing to compact: no conversation yet");
+                return Flow::Continue;
+            }
+            println!("compacting: the fast model summarises the older turns (Ctrl-C stops)…");
+            let result = super::session::until_ctrl_c(&runtime, &cancel, session.compact(&cancel));
+            match result {
                 Ok(r) => println!(
                     "compacted: {} older messages summarised into one, {} kept",
                     r.summarised, r.kept
                 ),
+                Err(CompactError::Llm(LlmError::Cancelled)) => {
+                    println!("\r\x1b[Knot compacted: cancelled; the conversation is unchanged")
+                }
                 Err(e) => println!("not compacted: {e}"),
             }
         }

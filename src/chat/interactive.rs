@@ -21,9 +21,9 @@ use tokio_util::sync::CancellationToken;
 use super::approve;
 use super::commands::{self, Command, Flow};
 use super::editor::{self, ChatPrompt, Ghost};
-use super::session::{describe_error, Session};
+use super::session::Session;
 use super::speculate::{self, Accepted, Speculator, Template};
-use crate::cmd_exec::Renderer;
+use super::view::View;
 use crate::exit;
 
 pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i32 {
@@ -62,7 +62,7 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
     if let Some(summary) = session.resume_summary() {
         println!("{summary}");
     }
-    let renderer = Arc::new(Mutex::new(Renderer::default()));
+    let renderer = Arc::new(Mutex::new(View::default()));
     let r = renderer.clone();
     let sink: EventSink = Arc::new(move |e| {
         if let Ok(mut r) = r.lock() {
@@ -97,6 +97,12 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
             }
             Err(e) => tracing::warn!("cannot catch {kind:?}: {e}"),
         }
+    }
+    // Ctrl-C outside a turn (a slash command at work, a shadow branch being written) must
+    // not kill the session with its branches mounted: from here on SIGINT only ever cancels
+    // what listens for it. (Tokio keeps the handler for the life of the process.)
+    if let Err(e) = signal(SignalKind::interrupt()) {
+        tracing::warn!("cannot catch SIGINT: {e}");
     }
     let mut code = 0;
     loop {
@@ -186,11 +192,21 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
             Some(spec) => match speculate::accept(
                 spec,
                 &mut session.conversation,
-                mode,
+                speculate::Asking {
+                    mode,
+                    allowed: &|tool| {
+                        session
+                            .approver
+                            .as_ref()
+                            .is_some_and(|a| a.always_allows(tool))
+                    },
+                    ask: &|changes| {
+                        approve::confirm(changes, "write these changes into the project")
+                    },
+                },
                 &sink,
                 &session.runtime.clone(),
                 &telemetry,
-                |changes| approve::confirm(changes, "write these speculated changes"),
             ) {
                 Accepted::Applied {
                     continue_live,
@@ -207,6 +223,13 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
                     }
                 }
                 Accepted::Cancelled => Ok(ended(StopReason::Cancelled)),
+                Accepted::Declined => {
+                    // No turn happened: the conversation is as it was; no suggestion follows.
+                    if let Ok(mut r) = renderer.lock() {
+                        r.end_line();
+                    }
+                    continue;
+                }
                 Accepted::RunLive => session.turn_until_ctrl_c(text, &sink),
             },
             None => session.turn_until_ctrl_c(text, &sink),
@@ -214,10 +237,14 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
         if let Ok(mut r) = renderer.lock() {
             r.end_line();
         }
+        let cancelled = matches!(&result, Ok(o) if o.stop == StopReason::Cancelled);
         match &result {
-            Ok(o) if o.stop == StopReason::Cancelled => println!("(cancelled)"),
+            // Over the `^C` the terminal echoed, when it stands alone on the line.
+            Ok(_) if cancelled => println!("\r\x1b[K(cancelled)"),
             Ok(_) => {}
-            Err(e) => eprintln!("shade: the turn failed: {}", describe_error(e)),
+            // The model error was shown as it happened (the turn's Error event); saying it
+            // again here would print the same long line twice.
+            Err(_) => {}
         }
         session.save();
         let tools = session.agent.tool_specs();
@@ -253,7 +280,8 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
             if let Ok(mut ctl) = ghost.ctl.lock() {
                 ctl.show_now(next, prompt_id::PIPELINED_SUGGESTION, Instant::now());
             }
-        } else if guards.blocked_by().is_none() {
+        } else if guards.blocked_by().is_none() && !cancelled {
+            // (After Ctrl-C the user wants the prompt, not the same idea offered again.)
             pending = Some(spawn_suggestion(
                 &session,
                 prefix.clone(),

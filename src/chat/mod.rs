@@ -10,6 +10,7 @@ mod interactive;
 mod script;
 mod session;
 mod speculate;
+mod view;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;

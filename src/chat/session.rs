@@ -8,7 +8,7 @@ use shade_agent::approval::{Approver, NoOneToAsk};
 use shade_agent::compact::{compact, CompactError, CompactReport};
 use shade_agent::followup::cache::new_session_id;
 use shade_agent::followup::FollowupSettings;
-use shade_agent::llm::{LlmError, Message, Overrides};
+use shade_agent::llm::{Message, Overrides};
 use shade_agent::sessions::{one_line, SavedSession, SessionStore};
 use shade_agent::{
     Agent, AgentError, AgentEvent, AgentOptions, EventSink, RunOutcome, Shadow, ShadowOptions,
@@ -357,10 +357,11 @@ impl Session {
         sink: &EventSink,
         cancel: &CancellationToken,
     ) -> Option<CompactReport> {
+        eprintln!("shade: context nearly full: summarising older messages…");
         match self.compact(cancel).await {
             Ok(r) => {
                 eprintln!(
-                    "shade: context nearly full: summarised {} older messages, kept the last {}",
+                    "shade: summarised {} older messages, kept the last {}",
                     r.summarised, r.kept
                 );
                 Some(r)
@@ -449,7 +450,7 @@ fn resumed_conversation(agent: &Agent, mut messages: Vec<Message>) -> Vec<Messag
 }
 
 /// Drive `work` on `runtime`, cancelling `cancel` on Ctrl-C meanwhile.
-fn until_ctrl_c<F: std::future::Future>(
+pub(crate) fn until_ctrl_c<F: std::future::Future>(
     runtime: &tokio::runtime::Handle,
     cancel: &CancellationToken,
     work: F,
@@ -465,12 +466,4 @@ fn until_ctrl_c<F: std::future::Future>(
         watcher.abort();
         result
     })
-}
-
-/// A model error that ended a turn, as one line.
-pub(crate) fn describe_error(e: &AgentError) -> String {
-    match e {
-        AgentError::Llm(LlmError::Cancelled) => "cancelled".into(),
-        AgentError::Llm(e) => e.to_string(),
-    }
 }

@@ -15,6 +15,8 @@ use shade_agent::tools::text::plural;
 use shade_agent::{Agent, AgentEvent, EventSink};
 use shade_fusefs::AcceptError;
 
+use super::approve::Confirm;
+
 /// What the next speculation starts from; refreshed after every turn.
 #[derive(Clone)]
 pub(crate) struct Template {
@@ -139,10 +141,20 @@ pub(crate) enum Accepted {
         /// The written branch, still mounted: for [`Speculator::dispose`].
         leftover: Box<Leftover>,
     },
-    /// Not used (failed, declined, conflict): run the prompt live. The reason was printed.
+    /// Not used (failed, conflict): run the prompt live. The reason was printed.
     RunLive,
-    /// The user cancelled while it was finishing.
+    /// The user said no to its changes: dropped, nothing written, nothing run.
+    Declined,
+    /// The user cancelled (Ctrl-C while it was finishing, or at the question): dropped.
     Cancelled,
+}
+
+/// How accept asks: the session's mode, the tools the user allowed for the session
+/// ("always"), and the question itself.
+pub(crate) struct Asking<'a> {
+    pub mode: ApprovalMode,
+    pub allowed: &'a dyn Fn(&str) -> bool,
+    pub ask: &'a dyn Fn(&str) -> Confirm,
 }
 
 /// Accept `spec` for the session: wait for it if it is still running (showing its turn as
@@ -151,18 +163,20 @@ pub(crate) enum Accepted {
 pub(crate) fn accept(
     spec: Speculation,
     conversation: &mut Vec<shade_agent::llm::Message>,
-    mode: ApprovalMode,
+    asking: Asking<'_>,
     sink: &EventSink,
     runtime: &tokio::runtime::Handle,
     telemetry: &Telemetry,
-    ask: impl Fn(&str) -> bool,
 ) -> Accepted {
-    let accepted_at = Instant::now();
+    let mut accepted_at = Instant::now();
     let was_running = !spec.status().is_finished();
     // Still running: show its turn as it goes, as a live turn would show.
     if was_running {
         let mut shown = 0;
         let cancelled = runtime.block_on(async {
+            // One listener for the whole wait: a Ctrl-C between two events is not lost.
+            let ctrl_c = tokio::signal::ctrl_c();
+            tokio::pin!(ctrl_c);
             loop {
                 let (events, done) = spec.events_since(shown);
                 shown += events.len();
@@ -174,7 +188,7 @@ pub(crate) fn accept(
                 }
                 tokio::select! {
                     _ = spec.changed() => {}
-                    _ = tokio::signal::ctrl_c() => return true,
+                    _ = &mut ctrl_c => return true,
                 }
             }
         });
@@ -203,23 +217,38 @@ pub(crate) fn accept(
         drop_finished(finished);
         return Accepted::RunLive;
     }
-    let changes = finished.shadow.changeset(false);
-    if finished.would_ask && mode != ApprovalMode::Yolo && !changes.changes.is_empty() {
-        let mut question = String::new();
-        for c in &changes.changes {
-            question.push_str(&format!("{c}\n"));
-        }
-        question.push_str(&finished.shadow.diff(&changes));
-        if !ask(&question) {
-            telemetry.record_speculation(&finished.event(SpeculationEventOutcome::Aborted, None));
-            eprintln!("shade: speculated changes declined; running the prompt live");
-            drop_finished(finished);
-            return Accepted::RunLive;
-        }
-    }
+    // What it did comes first, as a live turn would have shown it; the question follows.
     if !was_running {
         for e in finished.events.iter().cloned() {
             render(sink, e);
+        }
+    }
+    let changes = finished.shadow.changeset(false);
+    let would_ask = finished
+        .would_ask
+        .iter()
+        .any(|tool| !(asking.allowed)(tool));
+    if would_ask && asking.mode != ApprovalMode::Yolo && !changes.changes.is_empty() {
+        let mut shown = String::new();
+        for c in &changes.changes {
+            shown.push_str(&format!("{c}\n"));
+        }
+        shown.push_str(&finished.shadow.diff(&changes));
+        let asked_at = Instant::now();
+        let answer = (asking.ask)(&shown);
+        // The time the user took to answer is neither the write's nor lost to speculation.
+        accepted_at += asked_at.elapsed();
+        if answer != Confirm::Yes {
+            telemetry.record_speculation(&finished.event(SpeculationEventOutcome::Aborted, None));
+            drop_finished(finished);
+            if answer == Confirm::Cancel {
+                return Accepted::Cancelled;
+            }
+            eprintln!(
+                "shade: nothing written; the speculated changes are dropped (Up and Enter runs \
+                 the prompt again live, asking at each step)"
+            );
+            return Accepted::Declined;
         }
     }
     // Its size before accept (the changeset is empty afterwards).
@@ -237,12 +266,12 @@ pub(crate) fn accept(
             let mut event = accepted_event;
             event.time_saved_ms = Some(saved.as_millis() as u64);
             telemetry.record_speculation(&event);
+            let written = plural(applied.files, "change");
             if !was_running {
                 let ms = accepted_at.elapsed().as_millis();
-                eprintln!(
-                    "shade: speculated ahead: {} written in {ms} ms",
-                    plural(applied.files, "change")
-                );
+                eprintln!("shade: speculated ahead: {written} written in {ms} ms");
+            } else if applied.files > 0 {
+                eprintln!("shade: {written} written");
             }
             Accepted::Applied {
                 continue_live: matches!(applied.status, Status::Boundary(_)),

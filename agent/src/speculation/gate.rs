@@ -4,7 +4,8 @@
 //! network, the user, or a tool it does not know is a boundary. Whatever the approval mode
 //! would have asked about live is noted, so that accept can ask once, with the changeset.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::BTreeSet;
+use std::sync::Mutex;
 
 use serde_json::Value;
 
@@ -25,7 +26,8 @@ pub struct SpeculationGate {
     /// The user's approval mode: plan mode makes every edit a boundary; the others decide
     /// what accept must ask about.
     mode: ApprovalMode,
-    would_ask: AtomicBool,
+    /// Tools whose calls the mode would have asked about.
+    would_ask: Mutex<BTreeSet<String>>,
 }
 
 impl SpeculationGate {
@@ -33,22 +35,33 @@ impl SpeculationGate {
     pub fn new(mode: ApprovalMode) -> Self {
         Self {
             mode,
-            would_ask: AtomicBool::new(false),
+            would_ask: Mutex::new(BTreeSet::new()),
         }
     }
 
     /// Did the speculation do something the mode would have asked about live (an edit in
     /// default mode, a writing command outside yolo)?
     pub fn would_ask(&self) -> bool {
-        self.would_ask.load(Ordering::SeqCst)
+        !self.asked_tools().is_empty()
     }
 
-    fn note(&self, kind: ToolKind, read_only: bool, summary: &str) {
+    /// The tools it called that the mode would have asked about live, by name: accept need
+    /// not ask about those the user already allowed for the session.
+    pub fn asked_tools(&self) -> Vec<String> {
+        self.would_ask
+            .lock()
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn note(&self, tool: &str, kind: ToolKind, read_only: bool, summary: &str) {
         if matches!(
             decide(self.mode, kind, read_only, summary),
             Decision::Ask(_)
         ) {
-            self.would_ask.store(true, Ordering::SeqCst);
+            if let Ok(mut s) = self.would_ask.lock() {
+                s.insert(tool.to_string());
+            }
         }
     }
 }
@@ -84,7 +97,7 @@ impl CallGate for SpeculationGate {
                 if self.mode == ApprovalMode::Plan {
                     return Some(format!("{}: edits in plan mode", call.name));
                 }
-                self.note(ToolKind::Edit, false, &summary);
+                self.note(call.name, ToolKind::Edit, false, &summary);
                 None
             }
             ToolKind::Execute => {
@@ -100,7 +113,7 @@ impl CallGate for SpeculationGate {
                 if self.mode == ApprovalMode::Plan {
                     return Some(format!("shell: {}", short()));
                 }
-                self.note(ToolKind::Execute, false, &summary);
+                self.note(call.name, ToolKind::Execute, false, &summary);
                 None
             }
             ToolKind::Fetch | ToolKind::Memory | ToolKind::Meta => Some(call.name.to_string()),

@@ -146,8 +146,8 @@ pub struct Finished {
     pub messages: Vec<Message>,
     /// What a live turn would have printed, to render on accept.
     pub events: Vec<AgentEvent>,
-    /// Something the approval mode would have asked about live.
-    pub would_ask: bool,
+    /// The tools whose calls the approval mode would have asked about live (none: empty).
+    pub would_ask: Vec<String>,
     /// The suggestion after this one, when computed.
     pub pipelined: Option<String>,
     /// Model calls made.
@@ -166,7 +166,7 @@ struct State {
     messages: Vec<Message>,
     shadow: Option<Shadow>,
     pipelined: Option<String>,
-    would_ask: bool,
+    would_ask: Vec<String>,
     turns: u32,
     usage: Usage,
     finished_at: Option<Instant>,
@@ -202,7 +202,7 @@ impl Speculation {
                 messages: Vec::new(),
                 shadow: None,
                 pipelined: None,
-                would_ask: false,
+                would_ask: Vec::new(),
                 turns: 0,
                 usage: Usage::default(),
                 finished_at: None,
@@ -291,7 +291,7 @@ impl Speculation {
             shadow,
             messages: std::mem::take(&mut st.messages),
             events: std::mem::take(&mut st.events),
-            would_ask: st.would_ask,
+            would_ask: std::mem::take(&mut st.would_ask),
             pipelined: st.pipelined.take(),
             turns: st.turns,
             tool_uses,
@@ -424,7 +424,7 @@ async fn run(start: Start, shared: &Arc<Shared>, cancel: &CancellationToken) -> 
     {
         let mut st = lock(&shared.state);
         st.messages = new_messages.clone();
-        st.would_ask = gate.would_ask();
+        st.would_ask = gate.asked_tools();
     }
     if status == Status::Completed && start.pipeline {
         if let SuggestionOutcome::Suggested(next) = generate_pipelined(
