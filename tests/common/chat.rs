@@ -49,10 +49,18 @@ impl Chat {
     }
 
     pub fn start(&self, extra: &[&str]) -> Tty {
+        self.start_with(extra, &[])
+    }
+
+    /// Start with some environment variables set otherwise (`changed` wins).
+    pub fn start_with(&self, extra: &[&str], changed: &[(&'static str, String)]) -> Tty {
         let bin = env!("CARGO_BIN_EXE_shade");
         let mut argv = vec![bin, "chat"];
         argv.extend_from_slice(extra);
-        let tty = Tty::start(&argv, &self.project, &self.env());
+        let mut env = self.env();
+        env.retain(|(k, _)| !changed.iter().any(|(c, _)| c == k));
+        env.extend_from_slice(changed);
+        let tty = Tty::start(&argv, &self.project, &env);
         tty.wait_text("/help for commands", 20);
         tty
     }

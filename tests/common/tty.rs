@@ -74,6 +74,15 @@ impl Tty {
         self.capture(true)
     }
 
+    /// Everything the program printed so far: the scrollback and the screen.
+    pub fn history(&self) -> String {
+        let out = tmux(&self.socket)
+            .args(["capture-pane", "-p", "-J", "-S", "-", "-t", "0"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     fn capture(&self, escapes: bool) -> String {
         let mut c = tmux(&self.socket);
         c.args(["capture-pane", "-p", "-t", "0"]);
@@ -103,6 +112,23 @@ impl Tty {
         self.wait_for(&format!("{text:?}"), secs, |s| s.contains(text))
     }
 
+    /// The cursor's column and row.
+    pub fn cursor(&self) -> (usize, usize) {
+        let out = tmux(&self.socket)
+            .args([
+                "display-message",
+                "-p",
+                "-t",
+                "0",
+                "#{cursor_x} #{cursor_y}",
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut it = text.split_whitespace().map(|n| n.parse().unwrap_or(0));
+        (it.next().unwrap_or(0), it.next().unwrap_or(0))
+    }
+
     /// Is the program still running?
     pub fn alive(&self) -> bool {
         let out = tmux(&self.socket)
@@ -114,7 +140,36 @@ impl Tty {
 }
 
 impl Drop for Tty {
+    /// Close the terminal and wait (a while) for the program to be gone, so that a test, even
+    /// a failing one, does not remove its directories under a session still unmounting.
     fn drop(&mut self) {
+        let pid = tmux(&self.socket)
+            .args(["display-message", "-p", "-t", "0", "#{pane_pid}"])
+            .output()
+            .ok()
+            .and_then(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .trim()
+                    .parse::<u32>()
+                    .ok()
+            });
         let _ = tmux(&self.socket).arg("kill-server").output();
+        let Some(pid) = pid else { return };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            // Gone, or a zombie waiting for init: it holds nothing any more.
+            match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+                Err(_) => return,
+                Ok(stat)
+                    if stat
+                        .rsplit(')')
+                        .next()
+                        .is_some_and(|r| r.trim_start().starts_with('Z')) =>
+                {
+                    return
+                }
+                Ok(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
     }
 }
