@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::chat::{wait_ghost, Chat};
+use common::chat::{wait_ghost, wait_prompt, Chat};
 use common::tty::Tty;
 use serde_json::{json, Value};
 use shade_testkit::{
@@ -32,17 +32,6 @@ fn wait_until(what: &str, secs: u64, cond: impl Fn() -> bool) {
 fn say(tty: &Tty, text: &str) {
     tty.type_text(text);
     tty.keys(&["Enter"]);
-}
-
-/// The prompt is back and nothing typed (a suggestion may show as ghost text): the session
-/// waits for the next input.
-fn wait_prompt(tty: &Tty) -> String {
-    tty.wait_for("an empty prompt", 60, |s| {
-        let (x, y) = tty.cursor();
-        // (capture-pane drops trailing blanks)
-        let line = format!("{:<x$}", s.lines().nth(y).unwrap_or(""));
-        line.starts_with("shade") && line.get(..x).is_some_and(|l| l.ends_with("> "))
-    })
 }
 
 const QUESTION: &str = "allow the agent to";

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::chat::{ghost_shown, prompt_line, read_jsonl, wait_ghost, Chat};
+use common::chat::{ghost_shown, prompt_line, read_jsonl, wait_ghost, wait_prompt, Chat};
 use serde_json::Value;
 use shade_testkit::{is_suggestion_request, last_real_user, Reply};
 
@@ -170,15 +170,17 @@ fn ctrl_c_cancels_a_streaming_turn_and_the_session_goes_on() {
     tty.wait_text("once upon a time once upon", 60);
     tty.keys(&["C-c"]);
     tty.wait_text("(cancelled)", 60);
+    wait_prompt(&tty);
     assert!(tty.alive(), "Ctrl-C during a turn must not end the session");
     tty.type_text("hello");
     tty.keys(&["Enter"]);
     tty.wait_text("Ask me about the project.", 60);
+    wait_prompt(&tty);
     // Ctrl-C twice on an empty line leaves.
     tty.keys(&["C-c"]);
     tty.wait_text("press Ctrl-C again to exit", 60);
     tty.keys(&["C-c"]);
-    for _ in 0..100 {
+    for _ in 0..1200 {
         if !tty.alive() {
             return;
         }
@@ -201,21 +203,26 @@ fn slash_commands_complete_and_work() {
     });
     tty.keys(&["Enter"]);
     tty.wait_text("no model calls yet", 60);
+    wait_prompt(&tty);
     tty.type_text("hello");
     tty.keys(&["Enter"]);
     tty.wait_text("Ask me about the project.", 60);
+    wait_prompt(&tty);
     tty.type_text("/stats");
     tty.keys(&["Enter"]);
-    tty.wait_text("main-model", 60);
+    tty.wait_text("background work", 60);
+    wait_prompt(&tty);
     tty.type_text("/approval yolo");
     tty.keys(&["Enter"]);
     tty.wait_text("shade [yolo]", 60);
+    wait_prompt(&tty);
     tty.type_text("/model --fast tiny");
     tty.keys(&["Enter"]);
     tty.wait_text("fast model: tiny", 60);
+    wait_prompt(&tty);
     tty.type_text("/exit");
     tty.keys(&["Enter"]);
-    for _ in 0..100 {
+    for _ in 0..1200 {
         if !tty.alive() {
             return;
         }

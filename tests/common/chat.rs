@@ -61,7 +61,8 @@ impl Chat {
         env.retain(|(k, _)| !changed.iter().any(|(c, _)| c == k));
         env.extend_from_slice(changed);
         let tty = Tty::start(&argv, &self.project, &env);
-        tty.wait_text("/help for commands", 20);
+        tty.wait_text("/help for commands", 60);
+        wait_prompt(&tty);
         tty
     }
 
@@ -129,4 +130,16 @@ pub fn prompt_line(screen: &str) -> String {
         .rfind(|l| l.starts_with("shade"))
         .unwrap_or("")
         .to_string()
+}
+
+/// Wait until the prompt is back with nothing typed (a suggestion may show as ghost text):
+/// the line editor reads keys again. Keys sent before that reach a terminal in cooked mode,
+/// where Ctrl-C is a signal, not a key.
+pub fn wait_prompt(tty: &Tty) -> String {
+    tty.wait_for("an empty prompt", 60, |s| {
+        let (x, y) = tty.cursor();
+        // (capture-pane drops trailing blanks)
+        let line = format!("{:<x$}", s.lines().nth(y).unwrap_or(""));
+        line.starts_with("shade") && line.get(..x).is_some_and(|l| l.ends_with("> "))
+    })
 }
