@@ -10,7 +10,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::chat::{wait_ghost, Chat};
+use common::chat::{wait_ghost, wait_prompt, Chat};
 use common::tty::Tty;
 use serde_json::{json, Value};
 use shade_testkit::{is_suggestion_request, last_real_user, tool_results_since_user, Reply};
@@ -81,6 +81,7 @@ fn converse(chat: &Chat, second: &str, answer: &str) -> Tty {
     tty.type_text("hello");
     tty.keys(&["Enter"]);
     tty.wait_text("Hello.", 60);
+    wait_prompt(&tty);
     tty.type_text(second);
     tty.keys(&["Enter"]);
     tty.wait_text(answer, 60);
@@ -322,6 +323,7 @@ fn a_shadow_session_keeps_edits_in_its_branch_until_accept() {
     tty.type_text("make a note");
     tty.keys(&["Enter"]);
     tty.wait_text("Wrote NOTE.md.", 60);
+    wait_prompt(&tty);
     assert!(
         !chat.project.join("NOTE.md").exists(),
         "the edit escaped the branch"
@@ -330,18 +332,23 @@ fn a_shadow_session_keeps_edits_in_its_branch_until_accept() {
     tty.keys(&["Enter"]);
     tty.wait_text("A NOTE.md", 60);
     tty.wait_text("+hi", 60);
+    wait_prompt(&tty);
     tty.type_text("/accept");
     tty.keys(&["Enter"]);
     tty.wait_text("accepted 1 change", 60);
+    wait_prompt(&tty);
     assert_eq!(read(&chat.project.join("NOTE.md")), "hi\n");
     // The session goes on in a fresh branch; /abort drops what it did.
     tty.type_text("make another");
     tty.keys(&["Enter"]);
     tty.wait_text("Wrote OTHER.md.", 60);
+    wait_prompt(&tty);
     tty.type_text("/abort");
     tty.keys(&["Enter"]);
     tty.wait_text("dropped 1 change", 60);
     assert!(!chat.project.join("OTHER.md").exists());
+    // Ctrl-D is a key only once the prompt reads keys again (before, it is the terminal's EOF).
+    wait_prompt(&tty);
     tty.keys(&["C-d"]);
     wait_until("the session to end", 60, || !tty.alive());
     assert_nothing_left(&chat);

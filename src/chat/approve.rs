@@ -115,9 +115,14 @@ pub(crate) fn confirm(shown: &str, what: &str) -> Confirm {
 /// Show the question and wait for one of the answer keys (raw mode, so no Enter needed).
 fn read_key(question: &str, cancel: &CancellationToken) -> Key {
     let mut err = std::io::stderr();
-    let _ = write!(err, "\n{question}");
+    // Raw mode before the question shows: a key pressed the moment it appears is a key (in
+    // cooked mode a Ctrl-C would be a signal no one is waiting for).
+    let raw = crossterm::terminal::enable_raw_mode().is_ok();
+    let shown = format!("\n{question}");
+    let _ = write!(err, "{}", shown.replace('\n', "\r\n"));
     let _ = err.flush();
-    if crossterm::terminal::enable_raw_mode().is_err() {
+    if !raw {
+        let _ = writeln!(err);
         return Key::No;
     }
     let key = loop {
