@@ -620,6 +620,73 @@ fn concurrent_first_calls_share_one_daemon_which_exits_when_idle() {
     assert_eq!(fx.read("calc.py"), PY);
 }
 
+/// A cargo workspace: a change in one member breaks another, and is found from the root; a
+/// member alone is refused (cargo would build into the workspace's target/, outside the
+/// branch); a target directory configured outside the project is moved into the branch.
+#[test]
+fn cargo_workspaces_are_checked_whole_and_never_build_outside_the_branch() {
+    let fx = Fixture::new();
+    fx.write(
+        "Cargo.toml",
+        "[workspace]\nmembers = [\"a\", \"b\"]\nresolver = \"2\"\n",
+    );
+    fx.write(
+        "a/Cargo.toml",
+        "[package]\nname = \"a\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
+    );
+    fx.write("a/src/lib.rs", "pub fn one() -> u32 {\n    1\n}\n");
+    fx.write(
+        "b/Cargo.toml",
+        "[package]\nname = \"b\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\na = { path = \"../a\" }\n",
+    );
+    fx.write(
+        "b/src/lib.rs",
+        "pub fn two() -> u32 {\n    a::one() + 1\n}\n",
+    );
+    let o = std::process::Command::new("cargo")
+        .args(["generate-lockfile", "--offline"])
+        .current_dir(&fx.project)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", out(&o));
+    let patch = "--- a/a/src/lib.rs\n+++ b/a/src/lib.rs\n@@ -1,3 +1,3 @@\n-pub fn one() -> u32 {\n+pub fn one() -> u64 {\n     1\n }\n";
+    let before = snapshot(&fx.project);
+    let o = lint(&fx, &["--cold"], patch);
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+    assert_eq!(
+        lines(&o),
+        ["b/src/lib.rs:2:5: error: mismatched types [E0308] (cargo)"],
+        "{}",
+        out(&o)
+    );
+    // One member alone: refused in one line, nothing built anywhere.
+    let member = fx.project.join("b");
+    let o = lint(&fx, &["--cold", "-C", member.to_str().unwrap()], "");
+    assert_eq!(o.status.code(), Some(125), "{}", out(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{}", out(&o));
+    assert!(
+        err.contains("is a member of the cargo workspace at")
+            && err.contains(&*fx.project.to_string_lossy()),
+        "{}",
+        out(&o)
+    );
+    assert_eq!(snapshot(&fx.project), before);
+    // The user's cargo config sends build output elsewhere: the branch keeps it.
+    let elsewhere = fx.tmp.path().join("elsewhere");
+    fx.write(
+        ".cargo/config.toml",
+        &format!("[build]\ntarget-dir = \"{}\"\n", elsewhere.display()),
+    );
+    let before = snapshot(&fx.project);
+    let o = lint(&fx, &["--cold"], patch);
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+    assert_eq!(lines(&o).len(), 1, "{}", out(&o));
+    assert!(!elsewhere.exists(), "cargo built outside the branch");
+    assert_eq!(snapshot(&fx.project), before);
+    assert_no_shade_mounts(&fx.state);
+}
+
 /// `shade lint --stop` returns once the daemon is gone, so the next call starts a new one
 /// (and is not turned away by the old one still unmounting its branch).
 #[test]

@@ -302,6 +302,9 @@ pub fn build(project: &Path, cfg: &LintConfig, name: &str) -> Result<Checker, De
                 runs[0]
                     .env
                     .push(("CARGO_TERM_COLOR".into(), "never".into()));
+                if let Some(dir) = cargo_target_dir(project)? {
+                    runs[0].argv.push(format!("--target-dir={}", dir.display()));
+                }
             }
             c
         }
@@ -393,6 +396,61 @@ pub fn build(project: &Path, cfg: &LintConfig, name: &str) -> Result<Checker, De
             )))
         }
     })
+}
+
+/// Where cargo must write in `project` so its build output stays in the branch: `None` for
+/// its own `target/` (the usual case, where the user's build reads through), else
+/// `<project>/target` for a target directory configured outside the project. A project
+/// that is a member of a larger workspace is refused: cargo would build the whole
+/// workspace into the workspace's target/, outside the project and so outside the branch.
+fn cargo_target_dir(project: &Path) -> Result<Option<std::path::PathBuf>, DetectError> {
+    // Reads the manifests only (`--no-deps`: no resolution, no lock file written).
+    let out = std::process::Command::new("cargo")
+        .args(["metadata", "--no-deps", "--format-version=1", "--offline"])
+        .current_dir(project)
+        .env_remove("CARGO_TARGET_DIR")
+        .env_remove("CARGO_BUILD_TARGET_DIR")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output();
+    // A manifest cargo cannot read: let the check itself report it.
+    let Some(meta) = out
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+    else {
+        return Ok(None);
+    };
+    let path = |k: &str| meta[k].as_str().map(std::path::PathBuf::from);
+    if let Some(root) = path("workspace_root").filter(|r| r != project) {
+        return Err(DetectError::Unavailable(format!(
+            "cargo: {} is a member of the cargo workspace at {}, which builds into its own \
+             target/ outside this directory; lint the workspace (-C {})",
+            project.display(),
+            root.display(),
+            root.display()
+        )));
+    }
+    Ok(match path("target_directory") {
+        Some(t) if !lexical(&t).starts_with(project) => Some(project.join("target")),
+        _ => None,
+    })
+}
+
+/// `p` with `.` and `..` resolved by name (cargo reports a configured `../x` unresolved).
+fn lexical(p: &Path) -> std::path::PathBuf {
+    use std::path::Component;
+    let mut out = std::path::PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// One `-fsyntax-only` compile per entry of the project's compile database.
