@@ -48,7 +48,15 @@ pub fn main(args: CheckArgs) -> i32 {
 /// Usage errors of `check-command` exit 125 (1 means "not read-only"); other subcommands
 /// keep clap's own status. Help and version output exit 0 as usual.
 pub fn exit_on_usage_error(err: clap::Error) -> ! {
-    let ours = std::env::args().nth(1).as_deref() == Some("check-command");
+    let sub = std::env::args().nth(1);
+    // lint's statuses are 0/1/125: a usage error is shade's own error, in one line.
+    if sub.as_deref() == Some("lint") && err.use_stderr() {
+        let text = err.to_string();
+        let first = text.lines().next().unwrap_or("usage error");
+        eprintln!("shade: {}", first.trim_start_matches("error: "));
+        std::process::exit(crate::exit::SHADE_ERROR);
+    }
+    let ours = sub.as_deref() == Some("check-command");
     if ours && err.use_stderr() {
         let _ = err.print();
         std::process::exit(crate::exit::SHADE_ERROR);

@@ -34,7 +34,7 @@ pub struct LintArgs {
     #[arg(long, value_name = "NAME")]
     pub checker: Option<String>,
     /// Give up after this many seconds.
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", value_parser = crate::args::seconds)]
     pub timeout: Option<f64>,
     /// Check in a fresh branch in this process instead of the warm daemon.
     #[arg(long)]
@@ -103,8 +103,10 @@ fn run(args: LintArgs) -> anyhow::Result<i32> {
             timeout_secs: args.timeout,
             stop: false,
         };
-        let resp = daemon::request(&socket, &req, || start_daemon(&state, &project, &args))
-            .map_err(anyhow::Error::msg)?;
+        let resp = daemon::request(&socket, &req, || {
+            start_daemon(&state, &project, &args, &socket)
+        })
+        .map_err(anyhow::Error::msg)?;
         match (resp.diagnostics, resp.error) {
             (Some(d), _) => d,
             (None, Some(e)) => bail!(e),
@@ -140,14 +142,21 @@ fn read_patch(file: Option<&Path>) -> anyhow::Result<String> {
 }
 
 /// Start `shade lint --serve` for the project, detached (own session, no terminal), its
-/// log next to its socket.
-fn start_daemon(state: &StateDir, project: &Path, args: &LintArgs) -> std::io::Result<()> {
+/// log next to its socket, and wait until it listens on `socket`. A daemon that fails to
+/// start (no such checker, no branch) is reported with its error line instead.
+fn start_daemon(
+    state: &StateDir,
+    project: &Path,
+    args: &LintArgs,
+    socket: &Path,
+) -> std::io::Result<()> {
     let dir = state.root().join("lint");
     std::fs::create_dir_all(&dir)?;
+    let log_path = dir.join("daemon.log");
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(dir.join("daemon.log"))?;
+        .open(&log_path)?;
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.arg("lint").arg("--serve").arg("-C").arg(project);
     if let Some(c) = &args.checker {
@@ -164,6 +173,21 @@ fn start_daemon(state: &StateDir, project: &Path, args: &LintArgs) -> std::io::R
             Ok(())
         });
     }
-    // The daemon outlives us; its exit is reaped by init.
-    cmd.spawn().map(drop)
+    // The daemon outlives us; once we are gone, its exit is reaped by init.
+    let mut child = cmd.spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline && !socket.exists() {
+        match child.try_wait()? {
+            // Another daemon serves the project (it won the race to start): connect to it.
+            Some(status) if status.success() => return Ok(()),
+            Some(_) => {
+                let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+                let last = text.lines().rev().find(|l| !l.trim().is_empty());
+                let line = last.map_or("it exited", |l| l.trim_start_matches("shade: "));
+                return Err(std::io::Error::other(line.to_string()));
+            }
+            None => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+    Ok(())
 }

@@ -28,7 +28,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub json: bool,
     /// Kill the command (and everything it started) after this many seconds.
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", value_parser = crate::args::seconds)]
     pub timeout: Option<f64>,
     /// Also accept changes under gitignored paths (target/, node_modules/, …).
     #[arg(long)]

@@ -687,6 +687,41 @@ fn cargo_workspaces_are_checked_whole_and_never_build_outside_the_branch() {
     assert_no_shade_mounts(&fx.state);
 }
 
+/// Bad arguments: one line, exit 125, nothing started or changed; a daemon that cannot
+/// start says why at once.
+#[test]
+fn bad_arguments_are_one_line_and_change_nothing() {
+    let fx = py_fixture();
+    let before = snapshot(&fx.project);
+    let missing = fx.tmp.path().join("missing");
+    let cases: [(&[&str], &str); 6] = [
+        (&["--timeout=-1"], "`-1` is not a number of seconds"),
+        (&["--timeout", "nan"], "`nan` is not a number of seconds"),
+        (&["--timeout", "1e30"], "`1e30` is not a number of seconds"),
+        (&["--bogus"], "unexpected argument '--bogus'"),
+        (&["--checker", "nope"], "checker nope is unknown"),
+        (
+            &["-C", missing.to_str().unwrap()],
+            "No such file or directory",
+        ),
+    ];
+    for (args, want) in cases {
+        let o = lint(&fx, args, PY_PATCH);
+        assert_eq!(o.status.code(), Some(125), "{args:?}: {}", out(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {}", out(&o));
+        assert!(
+            err.starts_with("shade: ") && err.contains(want),
+            "{args:?}: {}",
+            out(&o)
+        );
+        assert!(o.stdout.is_empty(), "{args:?}: {}", out(&o));
+    }
+    assert!(daemons(&fx).is_empty(), "a daemon was left behind");
+    assert_no_shade_mounts(&fx.state);
+    assert_eq!(snapshot(&fx.project), before);
+}
+
 /// `shade lint --stop` returns once the daemon is gone, so the next call starts a new one
 /// (and is not turned away by the old one still unmounting its branch).
 #[test]

@@ -130,7 +130,8 @@ fn handle(session: &mut Session, stream: UnixStream) -> bool {
         Ok(r) => {
             let deadline = r
                 .timeout_secs
-                .map(|s| Instant::now() + Duration::from_secs_f64(s));
+                .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                .map(|d| Instant::now() + d);
             match session.lint_patch(&r.patch, deadline) {
                 Ok(d) => (
                     Response {
