@@ -553,7 +553,13 @@ async fn edit_write_and_memory_preview_their_diff_without_writing() {
         .preview(&json!({"path": "new.txt", "content": "hello\n"}), &f.ctx)
         .unwrap();
     assert!(d.contains("+hello"), "{d}");
+    // A file that does not exist yet, as git shows it.
+    assert!(d.starts_with("--- /dev/null\n+++ b/new.txt\n"), "{d}");
     assert!(!f.path("new.txt").exists());
+    let d = write
+        .preview(&json!({"path": "a.txt", "content": "one\n"}), &f.ctx)
+        .unwrap();
+    assert!(d.starts_with("--- a/a.txt\n+++ b/a.txt\n"), "{d}");
     let memory = f.tools.get("memory").unwrap();
     let d = memory
         .preview(&json!({"fact": "tabs", "scope": "project"}), &f.ctx)

@@ -5,11 +5,20 @@ pub const MAX_LINES: usize = 200;
 
 /// A unified diff of `old` → `new` for `path`, cut at `MAX_LINES`.
 pub fn unified(path: &str, old: &str, new: &str) -> String {
+    with_header(&format!("a/{path}"), &format!("b/{path}"), old, new)
+}
+
+/// The diff of a file that does not exist yet (`--- /dev/null`, as git shows it).
+pub fn created(path: &str, new: &str) -> String {
+    with_header("/dev/null", &format!("b/{path}"), "", new)
+}
+
+fn with_header(from: &str, to: &str, old: &str, new: &str) -> String {
     let diff = similar::TextDiff::from_lines(old, new);
     let text = diff
         .unified_diff()
         .context_radius(3)
-        .header(&format!("a/{path}"), &format!("b/{path}"))
+        .header(from, to)
         .to_string();
     let total = text.lines().count();
     if total <= MAX_LINES {

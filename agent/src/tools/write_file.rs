@@ -56,13 +56,15 @@ impl Tool for WriteFile {
     fn preview(&self, args: &Value, ctx: &ToolContext) -> Option<String> {
         let p: Params = parse_args(args.clone()).ok()?;
         let path = ctx.workspace.resolve(&p.path).ok()?;
-        let old = std::fs::read_to_string(&path).unwrap_or_default();
         let (content, _) = by_rule(p.content);
-        Some(super::diff::unified(
-            &ctx.workspace.display(&path),
-            &old,
-            &content,
-        ))
+        let shown = ctx.workspace.display(&path);
+        match std::fs::read_to_string(&path) {
+            Ok(old) => Some(super::diff::unified(&shown, &old, &content)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Some(super::diff::created(&shown, &content))
+            }
+            Err(_) => Some(super::diff::unified(&shown, "", &content)),
+        }
     }
 
     fn prepare<'a>(
