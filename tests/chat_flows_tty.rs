@@ -85,6 +85,7 @@ fn approvals_model(body: &Value) -> Reply {
             json!({"path": "DRAFT.md", "content": "draft\n"}),
         ),
         ("write a draft", _) => Reply::text("Wrote the draft."),
+        ("think hard", _) => Reply::text("Thought it over.").after(Duration::from_secs(5)),
         (other, _) => Reply::text(&format!("You said: {other}")),
     }
 }
@@ -113,8 +114,13 @@ fn approvals_yes_no_always_and_ctrl_c() {
         "written before the answer"
     );
     tty.keys(&["y"]);
-    // The write asks next: refuse it.
+    // The write asks next, a new file's diff as git shows it: refuse it.
     tty.wait_for("the second question", 60, |_| questions(&tty) == 2);
+    assert!(
+        tty.screen().contains("--- /dev/null\n+++ b/NEW.md\n"),
+        "{}",
+        tty.screen()
+    );
     assert_eq!(read(&chat, "README"), "the project\n");
     tty.keys(&["n"]);
     tty.wait_text("Understood: NEW.md was not created.", 60);
@@ -178,8 +184,13 @@ fn approvals_yes_no_always_and_ctrl_c() {
         .collect();
     let results = messages.iter().filter(|m| m["role"] == "tool").count();
     assert_eq!(calls.len(), results, "{messages:#?}");
-    // Edits are not asked about again (always), writes still are: "always" is per tool.
-    println!("{}", tty.history());
+
+    // A slow model: the wait shows, and goes once the answer comes.
+    say(&tty, "think hard");
+    tty.wait_text("⋯ waiting for main-model", 60);
+    tty.wait_text("Thought it over.", 60);
+    let s = wait_prompt(&tty);
+    assert!(!s.contains("waiting for"), "{s}");
 }
 
 const BUGGY: &str = "#!/bin/sh\n# add two numbers\necho $(( $1 - $2 ))\n";
@@ -636,4 +647,37 @@ fn no_question_for_a_speculation_whose_tools_the_user_always_allows() {
     assert_eq!(questions(&tty), 2);
     assert_eq!(read(&chat, "add.sh"), FIXED);
     assert_eq!(read(&chat, "result.txt"), "PASS\n");
+}
+
+#[test]
+fn typing_ahead_during_a_turn_waits_for_the_prompt_without_garbling_the_answer() {
+    let chat = Chat::new(|body: &Value| {
+        let user = last_real_user(body);
+        if user == "tell a story" {
+            Reply::text(&"once upon a time ".repeat(15)).streamed_every(Duration::from_millis(100))
+        } else {
+            Reply::text(&format!("You said: {user}"))
+        }
+    });
+    let tty = chat.start(&["--no-speculate", "--no-suggest"]);
+    say(&tty, "tell a story");
+    tty.wait_text("once upon a time once", 60);
+    // Typed while the answer streams: not echoed into it, submitted once the prompt is back.
+    say(&tty, "next question");
+    tty.wait_text("You said: next question", 60);
+    let h = tty.history();
+    let story = h
+        .lines()
+        .skip_while(|l| !l.ends_with("tell a story"))
+        .nth(1)
+        .unwrap();
+    assert!(
+        story.starts_with("once upon a time once upon a time once"),
+        "{h}"
+    );
+    assert!(
+        !h.contains("oncenext") && !h.contains("next question upon"),
+        "{h}"
+    );
+    assert_eq!(h.matches("next question").count(), 2, "{h}");
 }

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 use std::io::Write;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crossterm::event::{self, Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
@@ -17,7 +17,11 @@ pub(crate) struct ChatApprover {
     always: Mutex<HashSet<String>>,
     /// The running turn's token: Ctrl-C at the question cancels the turn.
     turn: Mutex<Option<CancellationToken>>,
+    /// Called before a question is shown (the chat clears its status line).
+    before_ask: Mutex<Option<Hook>>,
 }
+
+type Hook = Arc<dyn Fn() + Send + Sync>;
 
 impl ChatApprover {
     /// Called when a turn starts.
@@ -33,6 +37,13 @@ impl ChatApprover {
             .ok()
             .and_then(|t| t.clone())
             .unwrap_or_default()
+    }
+
+    /// Run `hook` before each question is shown.
+    pub fn on_ask(&self, hook: Hook) {
+        if let Ok(mut h) = self.before_ask.lock() {
+            *h = Some(hook);
+        }
     }
 
     /// Has the user said "always" for this tool?
@@ -54,6 +65,9 @@ impl Approver for ChatApprover {
         let tool = request.tool.to_string();
         if self.always_allows(&tool) {
             return Box::pin(async { Answer::Yes });
+        }
+        if let Some(hook) = self.before_ask.lock().ok().and_then(|h| h.clone()) {
+            hook();
         }
         let mut question = String::new();
         if let Some(diff) = request.preview {

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::approve;
 use super::commands::{self, Command, Flow};
+use super::echo;
 use super::editor::{self, ChatPrompt, Ghost};
 use super::session::Session;
 use super::speculate::{self, Accepted, Speculator, Template};
@@ -63,6 +64,14 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
         println!("{summary}");
     }
     let renderer = Arc::new(Mutex::new(View::default()));
+    if let Some(approver) = &session.approver {
+        let view = renderer.clone();
+        approver.on_ask(Arc::new(move || {
+            if let Ok(mut v) = view.lock() {
+                v.end_line();
+            }
+        }));
+    }
     let r = renderer.clone();
     let sink: EventSink = Arc::new(move |e| {
         if let Ok(mut r) = r.lock() {
@@ -91,6 +100,7 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
                         // speculation here and leave.
                         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                         spec.shutdown();
+                        echo::restore();
                         std::process::exit(128 + number);
                     }
                 });
@@ -171,6 +181,8 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
             }
             continue;
         }
+        // Keys typed from here until the next prompt wait for it, unechoed.
+        let quiet = echo::Quiet::new();
         if text.starts_with('/') {
             match commands::parse(text) {
                 Ok(cmd) => {
@@ -201,6 +213,9 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
                             .is_some_and(|a| a.always_allows(tool))
                     },
                     ask: &|changes| {
+                        if let Ok(mut r) = renderer.lock() {
+                            r.end_line();
+                        }
                         approve::confirm(changes, "write these changes into the project")
                     },
                 },
@@ -234,6 +249,7 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
             },
             None => session.turn_until_ctrl_c(text, &sink),
         };
+        drop(quiet);
         if let Ok(mut r) = renderer.lock() {
             r.end_line();
         }

@@ -5,6 +5,7 @@
 
 mod approve;
 mod commands;
+mod echo;
 mod editor;
 mod interactive;
 mod script;

@@ -1,7 +1,7 @@
 //! What a turn prints in the chat: the lines `shade exec` prints, plus one transient status
-//! line — a tool at work, a model call about to be retried — that the next output replaces,
-//! so a slow command shows what it is doing and a server that cannot be reached ends as one
-//! line, not one per retry.
+//! line — a model call under way or about to be retried, a tool at work — that the next
+//! output replaces, so a slow model or command shows what the turn waits for, and a server
+//! that cannot be reached ends as one line, not one per retry.
 
 use std::io::Write;
 
@@ -34,7 +34,10 @@ impl View {
                 reason: StopReason::Cancelled,
                 ..
             } => self.end_line(),
-            AgentEvent::TurnStart { .. } | AgentEvent::Usage { .. } => {}
+            // The wait for the model's first word, which can be long.
+            AgentEvent::TurnStart { model, .. } => self.status(&format!("  ⋯ waiting for {model}")),
+            // The model call is over (what it said has cleared the line already, if anything).
+            AgentEvent::Usage { .. } => self.clear(),
             other => {
                 self.clear();
                 self.renderer.render(other);
