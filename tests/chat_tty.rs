@@ -230,3 +230,58 @@ fn slash_commands_complete_and_work() {
     }
     panic!("/exit did not exit");
 }
+
+/// `@` completes project paths with Tab (into directories, then the file), the mention is
+/// attached for the model and said on screen; `!command` runs and shows its output, and the
+/// model then sees it.
+#[test]
+fn at_mentions_complete_and_bang_commands_run() {
+    let chat = Chat::new(router);
+    std::fs::create_dir(chat.project.join("src")).unwrap();
+    std::fs::write(
+        chat.project.join("src/lib.rs"),
+        "pub fn one() -> u8 { 1 }\n",
+    )
+    .unwrap();
+    let tty = chat.start(&["--no-speculate", "--no-suggest"]);
+    wait_prompt(&tty);
+    tty.type_text("explain @sr");
+    tty.keys(&["Tab"]);
+    tty.wait_for("@src/ completed", 30, |s| {
+        prompt_line(s).ends_with("explain @src/")
+    });
+    tty.type_text("li");
+    tty.keys(&["Tab"]);
+    tty.wait_for("@src/lib.rs completed", 30, |s| {
+        prompt_line(s).contains("explain @src/lib.rs")
+    });
+    tty.keys(&["Enter"]);
+    tty.wait_text("  @ src/lib.rs (1 line)", 60);
+    tty.wait_text("You said: explain @src/lib.rs", 60);
+    let sent = chat.llm.requests();
+    let user = sent.last().unwrap()["messages"][1]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        user.contains("<file path=\"src/lib.rs\">\npub fn one() -> u8 { 1 }\n</file>"),
+        "{user}"
+    );
+    wait_prompt(&tty);
+    tty.type_text("!echo typed-by-$USER-hand | tr a-z A-Z");
+    tty.keys(&["Enter"]);
+    tty.wait_text("TYPED-BY-", 60);
+    tty.wait_text("Exit code: 0", 60);
+    wait_prompt(&tty);
+    tty.type_text("what did I run?");
+    tty.keys(&["Enter"]);
+    tty.wait_text("You said: what did I run?", 60);
+    let sent = chat.llm.requests();
+    let msgs = sent.last().unwrap()["messages"].as_array().unwrap().clone();
+    assert!(
+        msgs.iter().any(|m| m["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("$ echo typed-by-$USER-hand") && c.contains("TYPED-BY-"))),
+        "{msgs:?}"
+    );
+}
