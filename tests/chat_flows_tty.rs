@@ -620,7 +620,54 @@ fn an_unreachable_model_server_is_one_clear_error_and_the_session_goes_on() {
     );
     say(&tty, "/help");
     tty.wait_text("Commands:", 60);
+    wait_prompt(&tty);
+    // Ctrl-C while it waits to retry: the turn is cancelled at once.
+    say(&tty, "again");
+    tty.wait_text("retry 1 in", 60);
+    tty.keys(&["C-c"]);
+    tty.wait_text("(cancelled)", 60);
+    let s = wait_prompt(&tty);
+    assert!(!s.contains("retry 1 in"), "{s}");
     assert!(tty.alive());
+}
+
+#[test]
+fn auto_edit_asks_only_for_commands_and_plan_refuses_edits() {
+    common::require_fuse_root();
+    let chat = Chat::new(approvals_model);
+    let tty = chat.start(&["--no-speculate", "--no-suggest", "--approval", "auto-edit"]);
+    // Edits run without a question in auto-edit; the write too.
+    say(&tty, "fix the readme");
+    tty.wait_text("Created NEW.md.", 60);
+    wait_prompt(&tty);
+    assert_eq!(questions(&tty), 0, "{}", tty.history());
+    assert_eq!(read(&chat, "README"), "the project\n");
+    assert_eq!(read(&chat, "NEW.md"), "new\n");
+    // A writing command still asks; no refuses it and the model hears so.
+    say(&tty, "run the script");
+    tty.wait_for("the command's question", 60, |_| questions(&tty) == 1);
+    tty.keys(&["n"]);
+    tty.wait_text("The script said:", 60);
+    wait_prompt(&tty);
+    assert!(!chat.project.join("out.txt").exists());
+    let r = turn_requests(&chat, "run the script");
+    assert!(last_tool_result(r.last().unwrap())
+        .unwrap()
+        .contains("declined"));
+    // Plan mode: the edit is refused without a question, the file unchanged.
+    say(&tty, "/approval plan");
+    tty.wait_text("shade [plan]>", 60);
+    wait_prompt(&tty);
+    say(&tty, "write a draft");
+    tty.wait_text("Wrote the draft.", 60);
+    wait_prompt(&tty);
+    assert_eq!(questions(&tty), 1);
+    assert!(
+        tty.history().contains("plan mode does not allow edits"),
+        "{}",
+        tty.history()
+    );
+    assert!(!chat.project.join("DRAFT.md").exists());
 }
 
 #[test]
