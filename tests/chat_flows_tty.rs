@@ -728,3 +728,35 @@ fn typing_ahead_during_a_turn_waits_for_the_prompt_without_garbling_the_answer()
     );
     assert_eq!(h.matches("next question").count(), 2, "{h}");
 }
+
+#[test]
+fn closing_the_terminal_of_a_shadow_session_mid_turn_leaves_nothing_mounted() {
+    common::require_fuse_root();
+    let chat = Chat::new(|body: &Value| {
+        let user = last_real_user(body);
+        match (user.as_str(), tool_results_since_user(body)) {
+            ("make a note", 0) => {
+                Reply::tool("write_file", json!({"path": "NOTE.md", "content": "hi\n"}))
+            }
+            ("make a note", _) => Reply::text("Wrote NOTE.md."),
+            ("work slowly", 0) => Reply::tool("shell", json!({"command": "sleep 98"})),
+            (other, _) => Reply::text(&format!("You said: {other}")),
+        }
+    });
+    let tty = chat.start(&["--shadow", "--approval", "yolo", "--no-suggest"]);
+    say(&tty, "make a note");
+    tty.wait_text("Wrote NOTE.md.", 60);
+    wait_prompt(&tty);
+    // A command at work in the branch when the terminal goes away.
+    say(&tty, "work slowly");
+    tty.wait_text("⋯ shell sleep 98", 60);
+    drop(tty);
+    assert_nothing_left(&chat);
+    wait_until("the command to be killed", 60, || {
+        std::process::Command::new("pgrep")
+            .args(["-f", "sleep 98"])
+            .status()
+            .is_ok_and(|s| !s.success())
+    });
+    assert!(!chat.project.join("NOTE.md").exists());
+}

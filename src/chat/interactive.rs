@@ -84,21 +84,37 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
     // The terminal closing (SIGHUP) or a SIGTERM ends the session the same way Ctrl-D does,
     // so no speculation's branch outlives it.
     let hang_up = Arc::new(AtomicBool::new(false));
+    // Set once the loop has ended and the session is being closed (branches unmounted).
+    let closing = Arc::new(AtomicBool::new(false));
     for (kind, number) in [
         (SignalKind::hangup(), libc::SIGHUP),
         (SignalKind::terminate(), libc::SIGTERM),
     ] {
         let (flag, wake, spec) = (hang_up.clone(), wake.clone(), speculator.clone());
+        let closing = closing.clone();
         match signal(kind) {
             Ok(mut s) => {
                 session.runtime.spawn(async move {
                     if s.recv().await.is_some() {
                         flag.store(true, Ordering::SeqCst);
                         wake.store(true, Ordering::SeqCst);
+                        // A running turn is cancelled as by Ctrl-C, so the loop comes round.
+                        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGINT);
+                        let tick = std::time::Duration::from_millis(50);
+                        for _ in 0..20 {
+                            if closing.load(Ordering::SeqCst) {
+                                break;
+                            }
+                            tokio::time::sleep(tick).await;
+                        }
+                        if closing.load(Ordering::SeqCst) {
+                            // The loop is closing the session: unmounting can take a while on
+                            // a loaded machine, and leaving mid-way would leave a branch
+                            // mounted. The process ends when it is done.
+                            tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+                        }
                         // A closed terminal can leave the line editor spinning on its dead
-                        // input instead of returning: give the loop a moment, then drop the
-                        // speculation here and leave.
-                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                        // input instead of returning: drop the speculation here and leave.
                         spec.shutdown();
                         echo::restore();
                         std::process::exit(128 + number);
@@ -306,6 +322,7 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
             ));
         }
     }
+    closing.store(true, Ordering::SeqCst);
     if let Some(c) = pending.take() {
         c.cancel();
     }
