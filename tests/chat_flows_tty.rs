@@ -486,7 +486,7 @@ fn counting_model(body: &Value) -> Reply {
     }
     let user = last_real_user(body);
     let mut reply = Reply::text(&format!("Noted {user}."));
-    if user == "three" {
+    if user == "three" || user == "seven" {
         reply.prompt_tokens = 900;
     }
     reply
@@ -591,6 +591,21 @@ fn compaction_at_the_threshold_and_by_hand() {
         users[1..],
         ["three", "four", "five", "stall", "six", "seven"]
     );
+    wait_prompt(&tty);
+
+    // Ctrl-C while the automatic compaction waits for its summary: the turn is cancelled,
+    // with no error about the compaction, and the session goes on.
+    say(&tty, "eight");
+    tty.wait_text("summarising older messages", 60);
+    wait_until("the second stalled summary request", 60, || {
+        compaction_requests(&chat).len() == 4
+    });
+    tty.keys(&["C-c"]);
+    tty.wait_text("(cancelled)", 60);
+    wait_prompt(&tty);
+    let h = tty.history();
+    assert!(!h.contains("could not compact"), "{h}");
+    assert!(turn_requests(&chat, "eight").is_empty());
     assert!(tty.alive());
 }
 

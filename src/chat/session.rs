@@ -8,7 +8,7 @@ use shade_agent::approval::{Approver, NoOneToAsk};
 use shade_agent::compact::{compact, CompactError, CompactReport};
 use shade_agent::followup::cache::new_session_id;
 use shade_agent::followup::FollowupSettings;
-use shade_agent::llm::{Message, Overrides};
+use shade_agent::llm::{LlmError, Message, Overrides};
 use shade_agent::sessions::{one_line, SavedSession, SessionStore};
 use shade_agent::{
     Agent, AgentError, AgentEvent, AgentOptions, EventSink, RunOutcome, Shadow, ShadowOptions,
@@ -366,6 +366,8 @@ impl Session {
                 );
                 Some(r)
             }
+            // Ctrl-C: the turn ends as cancelled, which says so.
+            Err(CompactError::Llm(LlmError::Cancelled)) => None,
             Err(e) => {
                 sink(AgentEvent::Error {
                     message: format!("could not compact the conversation: {e}"),
