@@ -775,3 +775,29 @@ fn closing_the_terminal_of_a_shadow_session_mid_turn_leaves_nothing_mounted() {
     });
     assert!(!chat.project.join("NOTE.md").exists());
 }
+
+#[test]
+fn a_refused_api_key_is_one_line_and_the_session_goes_on() {
+    let chat = Chat::new(|body: &Value| {
+        if last_real_user(body) == "hello" {
+            Reply::error(401, "Incorrect API key provided")
+        } else {
+            Reply::text("Fine now.")
+        }
+    });
+    let tty = chat.start(&["--no-speculate", "--no-suggest"]);
+    say(&tty, "hello");
+    tty.wait_text("Incorrect API key provided", 60);
+    wait_prompt(&tty);
+    let h = tty.history();
+    let lines: Vec<&str> = h.lines().filter(|l| l.contains("API key")).collect();
+    assert_eq!(
+        lines,
+        ["shade: HTTP 401 from the model server: Incorrect API key provided"],
+        "{h}"
+    );
+    // Not retried: a bad key does not get better.
+    assert_eq!(turn_requests(&chat, "hello").len(), 1);
+    say(&tty, "and now?");
+    tty.wait_text("Fine now.", 60);
+}

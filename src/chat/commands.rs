@@ -105,6 +105,8 @@ pub(crate) fn help() -> String {
          A suggestion in dim text: Tab or Right fills it in, Enter submits it, typing dismisses it.\n\
          @path attaches a file or directory (Tab completes paths); !command runs a shell command \
          of yours where the agent's run, and the model sees its output.\n\
+         At a question: y yes, n no, a always for that tool this session, Ctrl-C cancels the \
+         turn.\n\
          Conversations are saved: `shade chat --continue` picks this one up again.",
     );
     s

@@ -26,7 +26,7 @@ use crate::exit;
 Keys: Enter submits, Alt-Enter (or a line ending in \\) continues on a new line, Ctrl-C \
 cancels a running turn (twice on an empty line exits), Ctrl-D exits. When a suggestion is \
 shown as dim text: Tab or Right fills it in, Enter submits it, typing dismisses it. \
-@path attaches a file (Tab completes it); !command runs a shell command of your own.
+@path attaches a file (Tab completes it); !command runs a shell command of your own. When the agent asks (edits, writing commands outside yolo): y yes, n no, a always for that tool this session, Ctrl-C cancels the turn. An accepted suggestion that would have asked asks once with its changeset: y writes it, n drops it and runs nothing.
 
 Conversations are saved after every turn: --continue picks up the latest, --resume ID a \
 given one, --sessions lists them.
