@@ -143,17 +143,24 @@ impl Drop for Tty {
     /// Close the terminal and wait (a while) for the program to be gone, so that a test, even
     /// a failing one, does not remove its directories under a session still unmounting.
     fn drop(&mut self) {
-        let pid = tmux(&self.socket)
-            .args(["display-message", "-p", "-t", "0", "#{pane_pid}"])
+        let facts = tmux(&self.socket)
+            .args([
+                "display-message",
+                "-p",
+                "-t",
+                "0",
+                "#{pane_pid} #{socket_path}",
+            ])
             .output()
-            .ok()
-            .and_then(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .trim()
-                    .parse::<u32>()
-                    .ok()
-            });
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
+        let (pid, socket) = facts.split_once(' ').unwrap_or(("", ""));
+        let pid = pid.parse::<u32>().ok();
         let _ = tmux(&self.socket).arg("kill-server").output();
+        // The server leaves its socket file behind.
+        if !socket.is_empty() {
+            let _ = std::fs::remove_file(socket);
+        }
         let Some(pid) = pid else { return };
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
