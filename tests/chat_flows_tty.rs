@@ -801,3 +801,29 @@ fn a_refused_api_key_is_one_line_and_the_session_goes_on() {
     say(&tty, "and now?");
     tty.wait_text("Fine now.", 60);
 }
+
+#[test]
+fn approvals_in_a_shadow_session_write_into_its_branch() {
+    common::require_fuse_root();
+    let chat = Chat::new(approvals_model);
+    let tty = chat.start(&["--shadow", "--no-suggest"]);
+    say(&tty, "fix the readme");
+    tty.wait_text(QUESTION, 60);
+    assert!(tty.screen().contains("+the project"), "{}", tty.screen());
+    tty.keys(&["y"]);
+    tty.wait_for("the write's question", 60, |_| questions(&tty) == 2);
+    tty.keys(&["y"]);
+    tty.wait_text("Created NEW.md.", 60);
+    wait_prompt(&tty);
+    // Approved, but in the branch: the project is untouched until /accept.
+    assert_eq!(read(&chat, "README"), "a project\n");
+    assert!(!chat.project.join("NEW.md").exists());
+    say(&tty, "/accept");
+    tty.wait_text("accepted 2 changes", 60);
+    wait_prompt(&tty);
+    assert_eq!(read(&chat, "README"), "the project\n");
+    assert_eq!(read(&chat, "NEW.md"), "new\n");
+    tty.keys(&["C-d"]);
+    wait_until("the session to end", 60, || !tty.alive());
+    assert_nothing_left(&chat);
+}
