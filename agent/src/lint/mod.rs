@@ -13,6 +13,8 @@
 //! - [`Session`]: a long-lived branch into which patches are replayed in turn (restore the
 //!   previous state, apply the patch, check), as `shade lint` and its warm daemon
 //!   ([`daemon`]) use it.
+//! - [`target_overlay`]: a session's checkers see the user's `target/` through a kernel
+//!   overlay of the session's own, so rustc's incremental state is not written through FUSE.
 //! - [`tool`]: the model's `diagnostics` tool and the hook's settings in a `ToolContext`.
 
 pub mod baseline;
@@ -24,6 +26,7 @@ pub mod lsp;
 pub mod matching;
 pub mod parse;
 pub mod patch;
+pub mod target_overlay;
 pub mod tool;
 
 pub use checker::{Checker, LintConfig};
@@ -646,7 +649,12 @@ impl Session {
     /// A session over a fresh branch.
     pub fn new(linter: Linter) -> Result<Session, LintError> {
         let branch = linter.branch()?;
-        let view = BranchView::of(&branch);
+        let mut view = BranchView::of(&branch);
+        // Checkers see the user's target/ through a kernel overlay of the session's own.
+        let dir = linter.state.root().join("lint/overlay").join(branch.id());
+        if let Some(o) = target_overlay::TargetOverlay::new(&linter.project, dir) {
+            view.runner = Some(Arc::new(o));
+        }
         // The servers run in the session's branch: it already holds each request's state.
         linter.lend_home(view.clone());
         Ok(Session {
