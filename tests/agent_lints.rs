@@ -383,3 +383,44 @@ fn a_session_ending_mid_baseline_leaves_no_branch_behind() {
         .unwrap_or(0);
     assert_eq!(left, 0, "a branch store was left behind");
 }
+
+/// A session working in a branch starts checking the unedited project when it starts, so
+/// the first edit does not wait for it: the model here answers only once that result is in
+/// the cache (it never edits), which never happens if the check waits for an edit.
+#[test]
+fn a_shadow_session_checks_the_unedited_project_before_the_first_edit() {
+    common::require_fuse_root();
+    let fx = rust_fixture();
+    let config = fx.tmp.path().join("config.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let cache = fx.state.root().join("lint/baseline");
+    let seen = cache.clone();
+    let llm = FakeLlm::start(Arc::new(move |_body: &Value| {
+        let ready = || {
+            std::fs::read_dir(&seen)
+                .map(|d| {
+                    d.flatten()
+                        .any(|e| e.file_name().to_string_lossy().ends_with(".json"))
+                })
+                .unwrap_or(false)
+        };
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while !ready() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Reply::text(if ready() {
+            "Baseline seen."
+        } else {
+            "No baseline."
+        })
+    }))
+    .unwrap();
+    let o = exec_shadow(&fx, &llm, &config, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).starts_with("Baseline seen."),
+        "{}",
+        out(&o)
+    );
+    assert_no_shade_mounts(&fx.state);
+}

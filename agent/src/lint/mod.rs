@@ -317,6 +317,26 @@ impl Linter {
         }
     }
 
+    /// Start computing the baselines of the batch checkers that have none cached, in the
+    /// background, so the first edit's diagnostics do not wait for a whole check of the
+    /// unedited project. A later [`Linter::check`] waits for the same job.
+    pub fn warm_baselines(&self) {
+        for c in &self.checkers {
+            if !matches!(c.kind, Kind::Batch { .. }) {
+                continue;
+            }
+            let key = baseline::fingerprint(&self.project, &c.identity());
+            if self.cache.get(&key).is_some() {
+                continue;
+            }
+            self.baseline_jobs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(key.clone())
+                .or_insert_with(|| self.start_baseline_job(c, key));
+        }
+    }
+
     /// Compute a baseline in a fresh branch on a thread of its own, store it in the cache.
     fn start_baseline_job(&self, c: &Checker, key: String) -> BaselineJob {
         let job = BaselineJob::default();

@@ -141,11 +141,20 @@ pub fn session_hook(
     .map_err(|e| e.to_string())?;
     let state = shade_fusefs::StateDir::from_env();
     Ok(match Linter::new(project, state, &config, None) {
-        Ok(linter) => Some(Arc::new(LintHook::unbound(
-            Arc::new(linter),
-            config.budget(),
-            offered,
-        ))),
+        Ok(linter) => {
+            let linter = Arc::new(linter);
+            if offered {
+                // A session that works in a branch will edit: have the unedited project's
+                // result ready by its first edit. Registered here (a stat walk), so the
+                // linter going away stops the job and waits for its branch.
+                linter.warm_baselines();
+            }
+            Some(Arc::new(LintHook::unbound(
+                linter,
+                config.budget(),
+                offered,
+            )))
+        }
         // Most projects without a checker are simply not code shade knows how to check;
         // a configured checker that cannot run is worth a warning.
         Err(e @ LintError::Detect(super::checker::DetectError::NoneFound(_))) => {
