@@ -62,6 +62,7 @@ pub fn shade_options(layout: &Layout, threads: usize) -> BranchOptions {
         memory_budget: 256 << 20,
         allow_other: false,
         threads,
+        stable_inodes: false,
     }
 }
 

@@ -74,6 +74,9 @@ pub(crate) struct Tree {
     pub path_ino: FxHashMap<PathBuf, u64>,
     /// Lower files unlinked in the branch while the kernel still references them.
     pub orphans: FxHashMap<u64, Arc<std::fs::File>>,
+    /// Keep a path's inode number after the kernel forgets it, so the object shows the same
+    /// `st_ino` for the branch's whole life (see `BranchOptions::stable_inodes`).
+    pub keep_path_inos: bool,
     next_ino: u64,
 }
 
@@ -103,6 +106,7 @@ impl Tree {
             inodes,
             path_ino,
             orphans: FxHashMap::default(),
+            keep_path_inos: false,
             next_ino: 2,
         }
     }
@@ -382,8 +386,13 @@ impl Tree {
             });
             return n.ino;
         }
-        if let Some(ino) = self.path_ino.get(rel) {
-            return *ino;
+        if let Some(ino) = self.path_ino.get(rel).copied() {
+            // Forgotten by the kernel but kept (keep_path_inos): known again under its number.
+            self.inodes.entry(ino).or_insert_with(|| Inode {
+                target: InodeTarget::Path(rel.to_path_buf()),
+                lookups: 0,
+            });
+            return ino;
         }
         let ino = self.alloc_ino();
         self.path_ino.insert(rel.to_path_buf(), ino);
@@ -420,7 +429,7 @@ impl Tree {
             ..
         }) = self.inodes.remove(&ino)
         {
-            if self.path_ino.get(&p) == Some(&ino) {
+            if self.path_ino.get(&p) == Some(&ino) && !self.keep_path_inos {
                 self.path_ino.remove(&p);
             }
         }
