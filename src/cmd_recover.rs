@@ -15,6 +15,12 @@ pub fn main(_args: RecoverArgs) -> i32 {
             for p in &r.rolled_forward {
                 println!("finished interrupted accept in {}", p.display());
             }
+            for p in &r.dropped {
+                println!(
+                    "dropped the journal of an accept into the dead branch {}",
+                    p.display()
+                );
+            }
             for p in &r.rolled_back {
                 println!("rolled back interrupted accept in {}", p.display());
             }

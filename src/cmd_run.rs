@@ -88,6 +88,12 @@ pub fn startup_recovery(state: &StateDir) {
             for p in &r.rolled_forward {
                 eprintln!("shade: finished an interrupted accept in {}", p.display());
             }
+            for p in &r.dropped {
+                eprintln!(
+                    "shade: dropped the journal of an accept into the dead branch {}",
+                    p.display()
+                );
+            }
             for p in &r.rolled_back {
                 eprintln!(
                     "shade: rolled back an interrupted accept in {}",

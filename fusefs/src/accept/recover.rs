@@ -53,6 +53,37 @@ pub struct RecoverReport {
     pub rolled_forward: Vec<PathBuf>,
     /// Project roots whose unfinished (uncommitted) accept was discarded.
     pub rolled_back: Vec<PathBuf>,
+    /// Journals of accepts into another branch (a speculation into a `--shadow` session's)
+    /// whose branch died with its process: its content is gone, nothing to finish.
+    pub dropped: Vec<PathBuf>,
+}
+
+/// Whether `root` is the mount point of a branch in `state` whose serving process is gone
+/// (a dead branch's store and mount go with its process: an accept into it cannot be finished,
+/// and rolling forward would write into the bare mount-point directory).
+fn dead_branch_mount(state: &crate::state::StateDir, root: &Path) -> bool {
+    let branches = state.branches();
+    let canonical = std::fs::canonicalize(&branches).unwrap_or_else(|_| branches.clone());
+    let Some(rest) = [&branches, &canonical]
+        .into_iter()
+        .find_map(|b| root.strip_prefix(b).ok())
+    else {
+        return false;
+    };
+    let mut parts = rest.components();
+    let (Some(id), Some(mnt), None) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    if mnt.as_os_str() != "mnt" {
+        return false;
+    }
+    let owner = std::fs::read_to_string(branches.join(id).join("owner")).unwrap_or_default();
+    let pid: i32 = owner
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(0);
+    pid <= 0 || !sys::process_alive(pid)
 }
 
 /// Process every journal in `state.journals()`. A journal that cannot be finished (its
@@ -87,6 +118,9 @@ pub fn recover(state: &crate::state::StateDir) -> io::Result<RecoverReport> {
         }
         let result = Journal::load(&path).and_then(|mut j| {
             let root = j.root.path().to_path_buf();
+            if dead_branch_mount(state, &root) {
+                return j.remove(&dir).map(|()| report.dropped.push(root));
+            }
             match j.phase {
                 Phase::Staging => exec::roll_back(&j, &dir).map(|()| report.rolled_back.push(root)),
                 Phase::Committed | Phase::Applied => {

@@ -68,3 +68,53 @@ fn observe_never_follows_a_symlinked_parent() {
         Base::Absent
     );
 }
+
+#[test]
+fn recover_drops_a_journal_into_a_dead_branch_and_keeps_a_live_ones() {
+    use super::journal::JOp;
+    let d = tempfile::tempdir().unwrap();
+    let state = crate::state::StateDir::at(d.path().to_path_buf());
+    // A process that has exited: its pid is (almost surely) unused now.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let journal = |id: &str, owner: u32| {
+        let mnt = state.branches().join(id).join("mnt");
+        std::fs::create_dir_all(&mnt).unwrap();
+        std::fs::write(
+            state.branches().join(id).join("owner"),
+            format!("{owner}\n/project\n"),
+        )
+        .unwrap();
+        let j = Journal {
+            version: 1,
+            id: format!("j{id}"),
+            root: JPath::new(&mnt),
+            staging: ".shade-accept-x".into(),
+            phase: Phase::Committed,
+            ops: vec![JOp::Place {
+                n: 0,
+                path: JPath::new(Path::new("f.txt")),
+                symlink: false,
+            }],
+        };
+        std::fs::create_dir_all(state.journals()).unwrap();
+        j.store(&state.journals()).unwrap();
+        mnt
+    };
+    let dead_mnt = journal("dead", dead);
+    let r = super::recover(&state).unwrap();
+    assert_eq!(r.dropped, vec![dead_mnt.clone()]);
+    assert!(r.rolled_forward.is_empty() && r.rolled_back.is_empty());
+    assert_eq!(std::fs::read_dir(state.journals()).unwrap().count(), 0);
+    assert_eq!(
+        std::fs::read_dir(&dead_mnt).unwrap().count(),
+        0,
+        "nothing written"
+    );
+    // A branch whose process lives is an ordinary target: recovery tries to finish it (here
+    // it cannot, its staging is missing) and keeps the journal.
+    journal("live", std::process::id());
+    assert!(super::recover(&state).is_err());
+    assert_eq!(std::fs::read_dir(state.journals()).unwrap().count(), 1);
+}
