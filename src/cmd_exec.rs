@@ -318,25 +318,45 @@ fn print_json(e: AgentEvent) {
     }
 }
 
-/// Readable transcript: answer text as it streams, one line per tool call, notices on stderr.
-#[derive(Default)]
+/// Readable transcript: answer text as it streams (Markdown rendered on a terminal that
+/// wants it, raw otherwise), one line per tool call, notices on stderr.
 pub(crate) struct Renderer {
     /// The last thing written to stdout did not end with a newline.
     mid_line: bool,
+    /// Renders the answer's Markdown; None: the text goes out exactly as it came.
+    markdown: Option<crate::markdown::Stream>,
+}
+
+impl Default for Renderer {
+    fn default() -> Self {
+        Renderer {
+            mid_line: false,
+            markdown: crate::markdown::wanted().then(crate::markdown::Stream::default),
+        }
+    }
 }
 
 impl Renderer {
     pub(crate) fn line(&mut self, s: &str) {
+        self.end_line();
         let mut out = std::io::stdout().lock();
-        if self.mid_line {
-            let _ = writeln!(out);
-            self.mid_line = false;
-        }
         let _ = writeln!(out, "{s}");
         let _ = out.flush();
     }
 
+    /// Make sure the next output starts on a fresh line. The answer's text is over for now
+    /// (a tool runs, a question is asked, the turn ended): a code block it left open closes.
     pub(crate) fn end_line(&mut self) {
+        if let Some(md) = &mut self.markdown {
+            let text = md.finish(crate::markdown::Screen::of_stdout());
+            md.reset();
+            if !text.is_empty() {
+                let mut out = std::io::stdout().lock();
+                let _ = write!(out, "{text}");
+                let _ = out.flush();
+            }
+            self.mid_line = false;
+        }
         if self.mid_line {
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out);
@@ -349,9 +369,18 @@ impl Renderer {
         match e {
             AgentEvent::TextDelta { text } => {
                 let mut out = std::io::stdout().lock();
-                let _ = write!(out, "{text}");
+                match &mut self.markdown {
+                    Some(md) => {
+                        let styled = md.push(text, crate::markdown::Screen::of_stdout());
+                        let _ = write!(out, "{styled}");
+                        self.mid_line = md.mid_line();
+                    }
+                    None => {
+                        let _ = write!(out, "{text}");
+                        self.mid_line = !text.ends_with('\n');
+                    }
+                }
                 let _ = out.flush();
-                self.mid_line = !text.ends_with('\n');
             }
             AgentEvent::ToolEnd {
                 ok,

@@ -12,6 +12,7 @@ mod cmd_run;
 mod exec_suggest;
 mod exit;
 mod llm_setup;
+mod markdown;
 
 use clap::{Parser, Subcommand};
 

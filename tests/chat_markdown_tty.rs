@@ -1,0 +1,133 @@
+//! The model's Markdown in a real terminal (tmux): `shade chat` streams an answer word by
+//! word and the screen ends up showing it rendered — no `**` or fences, bullets, bold and
+//! code styles — while the same answer without a terminal, or with NO_COLOR, is the raw text.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::chat::{wait_prompt, Chat};
+use serde_json::Value;
+use shade_testkit::{last_real_user, Reply};
+
+const ANSWER: &str = "## Plan
+
+I'll fix the **parser** in `src/lib.rs` first. See [the docs](https://docs.rs/x).
+
+- first item
+- second *item*
+
+```rust
+let total = a ** b; // **kept**
+```
+
+Done.";
+
+fn router(body: &Value) -> Reply {
+    match last_real_user(body).as_str() {
+        "explain" => Reply::text(ANSWER).streamed_every(Duration::from_millis(20)),
+        other => Reply::text(&format!("You said: {other}")),
+    }
+}
+
+/// The screen row showing `text`, with its styles.
+fn styled_row(styled: &str, text: &str) -> String {
+    styled
+        .lines()
+        .find(|l| l.contains(text))
+        .unwrap_or_else(|| panic!("no row shows {text:?}:\n{styled}"))
+        .to_string()
+}
+
+#[test]
+fn a_streamed_answer_is_rendered_on_the_terminal() {
+    let chat = Chat::new(router);
+    let tty = chat.start(&["--no-suggest", "--no-speculate"]);
+    tty.type_text("explain");
+    tty.keys(&["Enter"]);
+    tty.wait_text("Done.", 60);
+    let screen = wait_prompt(&tty);
+    let answer: String = screen
+        .lines()
+        .skip_while(|l| !l.contains("explain"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        answer
+            .contains("I'll fix the parser in src/lib.rs first. See the docs (https://docs.rs/x)."),
+        "{screen}"
+    );
+    assert!(
+        answer.contains("\nPlan\n"),
+        "the heading keeps its #: {screen}"
+    );
+    assert!(answer.contains("• first item\n• second item"), "{screen}");
+    // The code is exactly as written, its fences gone.
+    assert!(
+        answer.contains("\nlet total = a ** b; // **kept**"),
+        "{screen}"
+    );
+    assert!(
+        !answer.contains("```") && !answer.contains("**parser"),
+        "{screen}"
+    );
+
+    let styled = tty.screen_styled();
+    let row = styled_row(&styled, "I'll fix the");
+    assert!(row.contains("\x1b[1mparser"), "parser is not bold: {row:?}");
+    assert!(
+        row.contains("\x1b[36msrc/lib.rs"),
+        "no code colour: {row:?}"
+    );
+    let heading = styled_row(&styled, "Plan");
+    assert!(heading.contains("\x1b[1m"), "heading not bold: {heading:?}");
+    let code = styled_row(&styled, "let total");
+    assert!(
+        code.contains("48;5;236"),
+        "the code block has no background: {code:?}"
+    );
+}
+
+#[test]
+fn no_color_keeps_the_raw_text_on_the_terminal() {
+    let chat = Chat::new(router);
+    let tty = chat.start_with(
+        &["--no-suggest", "--no-speculate"],
+        &[("NO_COLOR", "1".into())],
+    );
+    tty.type_text("explain");
+    tty.keys(&["Enter"]);
+    tty.wait_text("Done.", 60);
+    let screen = wait_prompt(&tty);
+    assert!(
+        screen.contains("I'll fix the **parser** in `src/lib.rs`"),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("```rust") && screen.contains("- first item"),
+        "{screen}"
+    );
+}
+
+#[test]
+fn without_a_terminal_the_answer_is_the_raw_text() {
+    let chat = Chat::new(router);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shade"))
+        .args(["chat", "--no-suggest"])
+        .current_dir(&chat.project)
+        .envs(chat.env())
+        .env("TERM", "xterm-256color")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"explain\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{stdout}");
+    assert_eq!(stdout, format!("{ANSWER}\n"));
+}
