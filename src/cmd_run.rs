@@ -134,6 +134,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
         argv: args.command.clone(),
         env: Vec::new(),
         timeout: args.timeout.map(Duration::from_secs_f64),
+        tee: None,
         output: if args.json {
             Output::StdoutToStderr
         } else {

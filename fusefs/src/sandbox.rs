@@ -35,7 +35,7 @@ use nix::errno::Errno;
 
 pub use caches::{default_cache_dirs, CacheBranches};
 pub use cancel::Cancel;
-pub use capture::Captured;
+pub use capture::{Captured, Tee};
 use child::{ChildPlan, Mode};
 use report::{Report, Stage};
 
@@ -61,6 +61,9 @@ pub struct RunSpec {
     pub timeout: Option<Duration>,
     /// Where the command's stdin, stdout and stderr go.
     pub output: Output,
+    /// With [`Output::Capture`]: also handed every chunk of output as it is read, so that
+    /// all of it can be kept (in a file) while only head and tail stay in memory.
+    pub tee: Option<Tee>,
     /// The CLI's foreground job: while it runs, SIGINT/SIGTERM/SIGHUP stop it (handlers are
     /// installed process-wide) and it gets the terminal. Library callers leave this off and
     /// stop a run with [`Cancel`] instead.
@@ -84,6 +87,7 @@ impl RunSpec {
             env: Vec::new(),
             timeout: None,
             output: Output::Inherit,
+            tee: None,
             foreground: false,
             isolation: Isolation::default(),
             binds: Vec::new(),
@@ -449,7 +453,9 @@ fn spawn(spec: &RunSpec, mode: Mode) -> Result<Spawned> {
     match result {
         Ok(mut child) => {
             let capture = match spec.output {
-                Output::Capture { cap } => Some(capture::Readers::start(&mut child, cap)),
+                Output::Capture { cap } => {
+                    Some(capture::Readers::start(&mut child, cap, spec.tee.as_ref()))
+                }
                 _ => None,
             };
             Ok(Spawned::Running(Running {

@@ -1,11 +1,33 @@
 //! Captured output: a reader thread per stream keeps the head and the tail of what the
 //! command wrote, so a command printing gigabytes costs a fixed amount of memory and still
-//! shows how it started and how it ended.
+//! shows how it started and how it ended. A [`Tee`] sees every byte as it is read, for a
+//! caller that keeps the whole output somewhere else (a file) without holding it in memory.
 
 use std::io::Read;
 use std::process::Child;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Gets every chunk of captured output (stdout and stderr, as each arrives, from the reader
+/// threads), so that a caller can keep all of it while the capture keeps only head and tail.
+#[derive(Clone)]
+pub struct Tee(Arc<TeeFn>);
+
+type TeeFn = dyn Fn(&[u8]) + Send + Sync;
+
+impl Tee {
+    /// A tee calling `f` with each chunk.
+    pub fn new(f: impl Fn(&[u8]) + Send + Sync + 'static) -> Tee {
+        Tee(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for Tee {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tee")
+    }
+}
 
 /// One stream's output, capped: the first and last `cap / 2` bytes, and how many bytes in
 /// between were dropped.
@@ -48,14 +70,15 @@ pub(crate) struct Readers {
 const DRAIN_WAIT: Duration = Duration::from_secs(2);
 
 impl Readers {
-    pub(crate) fn start(child: &mut Child, cap: usize) -> Readers {
+    pub(crate) fn start(child: &mut Child, cap: usize, tee: Option<&Tee>) -> Readers {
         let spawn = |pipe: Option<Box<dyn Read + Send>>| {
             let pipe = pipe?;
             let (tx, rx) = mpsc::channel();
+            let tee = tee.cloned();
             std::thread::Builder::new()
                 .name("sandbox-capture".into())
                 .spawn(move || {
-                    let _ = tx.send(read_capped(pipe, cap));
+                    let _ = tx.send(read_capped(pipe, cap, tee));
                 })
                 .ok()?;
             Some(rx)
@@ -99,7 +122,7 @@ fn join(rx: Option<Receiver<Captured>>, deadline: Instant) -> Captured {
     }
 }
 
-fn read_capped(mut pipe: Box<dyn Read + Send>, cap: usize) -> Captured {
+fn read_capped(mut pipe: Box<dyn Read + Send>, cap: usize, tee: Option<Tee>) -> Captured {
     let half = cap / 2;
     let mut out = Captured::default();
     let mut buf = [0u8; 8192];
@@ -110,6 +133,9 @@ fn read_capped(mut pipe: Box<dyn Read + Send>, cap: usize) -> Captured {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(_) => break,
         };
+        if let Some(tee) = &tee {
+            (tee.0)(&buf[..n]);
+        }
         let mut chunk = &buf[..n];
         if out.head.len() < half {
             let take = (half - out.head.len()).min(chunk.len());

@@ -56,6 +56,7 @@ impl Fixture {
             env: Vec::new(),
             timeout: Some(Duration::from_secs(30)),
             output: Output::Inherit,
+            tee: None,
             foreground: false,
             isolation: Isolation::default(),
             binds: Vec::new(),
@@ -462,6 +463,30 @@ fn captured_output_keeps_head_and_tail_and_stdin_is_empty() {
     assert_eq!(out.omitted as usize, total - 1000);
     assert!(text.contains(&format!("[… {} bytes omitted …]", total - 1000)));
     assert_eq!(outcome.stderr.unwrap().text(), "oops\n");
+}
+
+/// A tee gets every byte of both streams while the capture keeps only head and tail.
+#[test]
+fn a_tee_sees_all_of_the_output_the_capture_cuts() {
+    let f = fixture();
+    let mut spec = f.spec("seq 1 200000; echo oops >&2");
+    spec.output = Output::Capture { cap: 1000 };
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Vec<u8>>::new()));
+    let sink = seen.clone();
+    spec.tee = Some(Tee::new(move |chunk: &[u8]| {
+        sink.lock().unwrap().push(chunk.to_vec())
+    }));
+    let outcome = run(&spec).unwrap();
+    assert_eq!(outcome.termination, Termination::Exited(0));
+    let out = outcome.stdout.unwrap();
+    assert_eq!(out.head.len() + out.tail.len(), 1000);
+    // Chunks come whole from one stream or the other; the stderr one is `oops\n`.
+    let chunks = seen.lock().unwrap().clone();
+    let (errs, outs): (Vec<_>, Vec<_>) = chunks.into_iter().partition(|c| c == b"oops\n");
+    assert_eq!(errs.len(), 1);
+    let expected: String = (1..=200_000).map(|n| format!("{n}\n")).collect();
+    assert!(outs.concat() == expected.as_bytes(), "the tee missed bytes");
+    assert_eq!(out.omitted as usize, expected.len() - 1000);
 }
 
 #[test]
