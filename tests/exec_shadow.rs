@@ -180,3 +180,86 @@ fn accept_needs_shadow() {
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("--shadow"), "{}", text(&o.stderr));
 }
+
+/// The command of the summary test: about 3.9 MB on stdout, far over the 8,000-token budget.
+const LOUD: &str = "seq -f 'shadow line %07g' 1 300000; echo 'error: the end'";
+
+fn loud_router(body: &serde_json::Value) -> shade_testkit::Reply {
+    use shade_testkit::{last_tool_result, Reply};
+    let system = body["messages"][0]["content"].as_str().unwrap_or_default();
+    if system.starts_with("You summarise the output of a tool call") {
+        Reply::text("SUMMARY: 300000 numbered lines, then `error: the end`.")
+    } else if last_tool_result(body).is_some() {
+        Reply::text("Done.")
+    } else {
+        Reply::tool("shell", serde_json::json!({ "command": LOUD }))
+    }
+}
+
+/// In a `--shadow` session the shell's output over the budget is summarised by the fast
+/// model like in a plain one: head and tail verbatim, the whole of it (streamed from the
+/// sandbox) in a log under the state dir, its path given; the project gets nothing.
+#[test]
+fn a_shadow_commands_output_over_the_budget_is_summarised_and_kept_whole() {
+    let p = project();
+    let before = snapshot(&p.fx.project);
+    let llm = shade_testkit::FakeLlm::start(std::sync::Arc::new(loud_router)).unwrap();
+    let o =
+        p.fx.shade()
+            .args(["exec", "--shadow", "--json", "--approval", "yolo"])
+            .arg("print a lot")
+            .env("XDG_CONFIG_HOME", p.config.path())
+            .env("OPENAI_BASE_URL", &llm.base_url)
+            .env("SHADE_MODEL", "main-model")
+            .env("SHADE_FAST_MODEL", "fast-model")
+            .env_remove("SHADE_CONFIG")
+            .output()
+            .unwrap();
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 3, "{requests:#?}");
+    // The background call is the summary prompt, to the fast model, about this command.
+    let summary = &requests[1];
+    assert_eq!(summary["model"], "fast-model");
+    let asked = summary["messages"][1]["content"].as_str().unwrap();
+    assert!(
+        asked.contains(LOUD) && asked.contains("Exit code: 0"),
+        "{asked:.300}"
+    );
+    assert!(asked.contains("shadow line 0000001") && asked.contains("error: the end"));
+    // The tool result: summary, head and tail verbatim, and the path of the whole output.
+    let result = shade_testkit::last_tool_result(&requests[2]).unwrap();
+    let expected: String = (1..=300_000)
+        .map(|i| format!("shadow line {i:07}\n"))
+        .collect::<String>()
+        + "error: the end\n";
+    assert!(result.starts_with("Exit code: 0\n"), "{result:.300}");
+    assert!(result.contains(&format!("Output: {} bytes", expected.len())));
+    assert!(result.contains(
+        "Summary (by the fast model):\nSUMMARY: 300000 numbered lines, then `error: the end`.\n"
+    ));
+    let head = result.split("verbatim:\n").nth(1).unwrap();
+    assert!(head.starts_with("shadow line 0000001\nshadow line 0000002\n"));
+    assert!(result.ends_with("shadow line 0300000\nerror: the end\n"));
+    assert!(result.len() < 40_000, "{}", result.len());
+    let path = result
+        .split("is saved in ")
+        .nth(1)
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap();
+    let logs = p.fx.state.root().join("tool-output");
+    assert!(Path::new(path).starts_with(&logs), "{path}");
+    assert!(
+        std::fs::read(path).unwrap() == expected.as_bytes(),
+        "the log is not the command's output byte for byte"
+    );
+    // Nothing reached the project or the branch.
+    let last: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(last["type"], "changeset", "{last}");
+    assert_eq!(last["changes"].as_array().unwrap().len(), 0, "{last}");
+    assert_eq!(snapshot(&p.fx.project), before);
+    p.assert_clean();
+}

@@ -419,6 +419,8 @@ pub struct Command {
     pub timeout: Option<Duration>,
     /// Bytes kept of each of stdout and stderr (head and tail).
     pub output_cap: usize,
+    /// Also gets all of the output as it comes (the shell keeps it whole in a log).
+    pub tee: Option<sandbox::Tee>,
 }
 
 /// Why a command did not run.
@@ -510,6 +512,7 @@ impl ShadowRunner {
             spec.output = Output::Capture {
                 cap: cmd.output_cap,
             };
+            spec.tee = cmd.tee;
             inner.run_sandboxed(spec, &task_stop, registration)
         });
         tokio::pin!(task);

@@ -3,6 +3,8 @@
 //! These tests mount for real and need root and /dev/fuse; they fail loudly without.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -242,6 +244,83 @@ async fn a_speculative_command_writes_only_into_its_branch() {
         .map(|c| c.to_string())
         .collect();
     assert_eq!(changes, ["A built.txt"]);
+    drop(shadow);
+    f.assert_clean();
+}
+
+/// A speculation's shell (read-only sandbox, private /tmp) summarises output over the budget
+/// like a plain one: the fast model's summary, head and tail, and the whole output streamed
+/// from the sandbox into a log under the state dir; the sandbox's note on a refused write
+/// stays after the summary, and the branch gets nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_speculative_commands_big_output_is_summarised_and_kept_whole() {
+    use common::{finish_chunk, sse_body, text_chunk, MockServer, Scripted};
+    let f = fx();
+    let (shadow, base) = f.speculative();
+    let server = MockServer::start(vec![Scripted::sse(
+        &sse_body(
+            &[
+                text_chunk("200000 lines; the touch was refused."),
+                finish_chunk("stop"),
+            ],
+            true,
+        ),
+        &[1000],
+    )]);
+    let client = shade_agent::llm::OpenAiClient::new(shade_agent::llm::LlmConfig {
+        base_url: server.base_url.clone(),
+        model: Some("main-model".into()),
+        fast_model: Some("fast-model".into()),
+        max_retries: 0,
+        ..Default::default()
+    })
+    .unwrap();
+    let mut ctx = base.clone();
+    ctx.background = Some(shade_agent::background::BackgroundLlm::new(
+        Arc::new(client),
+        "fast-model",
+    ));
+    let logs = f.tmp.path().join("state/tool-output");
+    ctx.output_dir = logs.clone();
+    let outside = format!("/var/tmp/shade-spec-summary-{}", std::process::id());
+    let command = format!("seq -f 'spec %06g' 1 200000; touch {outside}; echo end");
+    let out = f.sh(&ctx, &command).await;
+    assert!(out.starts_with("Exit code: 0\n"), "{out:.300}");
+    assert!(out.contains("Summary (by the fast model):\n200000 lines; the touch was refused.\n"));
+    assert!(out.contains("First ") && out.contains("spec 000001\nspec 000002\n"));
+    assert!(out.contains("spec 200000\n"), "{out}");
+    assert!(
+        out.ends_with("Note: this command ran in a sandbox where only the project is writable (and /tmp, and throw-away copies of build caches); writes elsewhere are refused."),
+        "{}",
+        &out[out.len().saturating_sub(400)..]
+    );
+    let path = out
+        .split("is saved in ")
+        .nth(1)
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap();
+    assert!(Path::new(path).starts_with(&logs), "{path}");
+    let log = std::fs::read_to_string(path).unwrap();
+    let stdout: String = (1..=200_000).map(|i| format!("spec {i:06}\n")).collect();
+    // stdout and stderr are logged as they arrive: touch's refusal is in there, whole,
+    // wherever it fell between two chunks of stdout.
+    let start = log.find("touch: ").unwrap();
+    let end = start + log[start..].find("Read-only file system\n").unwrap() + 22;
+    assert!(!log[start..end].contains("spec "), "{}", &log[start..end]);
+    assert_eq!(
+        format!("{}{}", &log[..start], &log[end..]),
+        stdout + "end\n"
+    );
+    let asked = server.request(0);
+    assert_eq!(asked["model"], "fast-model");
+    assert!(asked["messages"][1]["content"]
+        .as_str()
+        .unwrap()
+        .contains(&command));
+    assert!(!Path::new(&outside).exists());
+    assert!(shadow.changeset(true).changes.is_empty());
     drop(shadow);
     f.assert_clean();
 }

@@ -6,7 +6,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shade_fusefs::sandbox::Termination;
+use shade_fusefs::sandbox::{Tee, Termination};
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -125,40 +125,52 @@ impl Tool for Shell {
                 .map(Duration::from_millis)
                 .unwrap_or(self.default_timeout)
                 .min(self.max_timeout);
-            match &ctx.shadow {
+            let log = self.log(ctx);
+            let (out, note) = match &ctx.shadow {
                 Some(runner) => {
-                    run_in_shadow(&p.command, runner, ctx, timeout, self.output_cap, cancel).await
+                    let tee = log
+                        .clone()
+                        .map(|log| Tee::new(move |bytes: &[u8]| log.write(bytes)));
+                    let cap = self.cap();
+                    run_in_shadow(&p.command, runner, ctx, timeout, cap, tee, cancel).await?
                 }
-                None => self.run_direct(&p.command, ctx, timeout, cancel).await,
-            }
+                None => {
+                    let root = ctx.workspace.root();
+                    let cap = self.cap();
+                    let out = run_command(&p.command, root, timeout, cap, log.clone(), cancel);
+                    (out.await?, None)
+                }
+            };
+            Ok(self.fit(&p.command, ctx, log, out, note, cancel).await)
         })
     }
 }
 
 impl Shell {
-    /// Run `command` directly in the workspace; output over the budget is summarised, the
-    /// whole of it kept in a log (see [`summarize`]).
-    async fn run_direct(
+    /// The whole output's log for one call, when summaries are on.
+    fn log(&self, ctx: &ToolContext) -> Option<Arc<summarize::FullLog>> {
+        (self.output_budget > 0)
+            .then(|| summarize::FullLog::new(&ctx.output_dir, "shell", self.output_budget * 4))
+    }
+
+    /// Bytes kept per stream: with summaries on, nothing is cut below the budget (what is
+    /// over it is summarised).
+    fn cap(&self) -> usize {
+        self.output_cap.max(self.output_budget.saturating_mul(4))
+    }
+
+    /// `out` as the model gets it: output over the budget is summarised, the whole of it
+    /// kept in `log` (see [`summarize`]); a note for the model stays after the summary.
+    async fn fit(
         &self,
         command: &str,
         ctx: &ToolContext,
-        timeout: Duration,
+        log: Option<Arc<summarize::FullLog>>,
+        out: ToolOutput,
+        note: Option<&str>,
         cancel: &CancellationToken,
-    ) -> Result<ToolOutput, ToolError> {
-        let log = (self.output_budget > 0)
-            .then(|| summarize::FullLog::new(&ctx.output_dir, "shell", self.output_budget * 4));
-        // With summaries on, nothing is cut below the budget: what is over it is summarised.
-        let cap = self.output_cap.max(self.output_budget.saturating_mul(4));
-        let out = run_command(
-            command,
-            ctx.workspace.root(),
-            timeout,
-            cap,
-            log.clone(),
-            cancel,
-        )
-        .await?;
-        let Some(log) = log else { return Ok(out) };
+    ) -> ToolOutput {
+        let Some(log) = log else { return out };
         let status = out.content.lines().next().unwrap_or_default().to_string();
         let produced = summarize::Produced {
             tool: "shell",
@@ -166,11 +178,18 @@ impl Shell {
             status: &status,
             content: out.content,
         };
-        let content = summarize::fit(ctx, self.output_budget, &log, produced, cancel).await;
-        Ok(ToolOutput {
+        let mut content = summarize::fit(ctx, self.output_budget, &log, produced, cancel).await;
+        if let Some(note) = note.filter(|n| !content.contains(n)) {
+            if !content.ends_with('\n') {
+                content.push('\n');
+            }
+            content.push_str("Note: ");
+            content.push_str(note);
+        }
+        ToolOutput {
             content,
             display: out.display,
-        })
+        }
     }
 }
 
@@ -333,8 +352,9 @@ async fn run_in_shadow(
     ctx: &ToolContext,
     timeout: Duration,
     cap: usize,
+    tee: Option<Tee>,
     cancel: &CancellationToken,
-) -> Result<ToolOutput, ToolError> {
+) -> Result<(ToolOutput, Option<&'static str>), ToolError> {
     let shell = shell_program();
     let env = [
         ("OPENAI_API_KEY", None),
@@ -351,6 +371,7 @@ async fn run_in_shadow(
         env,
         timeout: Some(timeout),
         output_cap: cap,
+        tee,
     };
     let outcome = match runner.run(cmd, cancel).await {
         Ok(o) => o,
@@ -384,7 +405,7 @@ async fn run_in_shadow(
         "this command ran in a sandbox where only the project is writable (and /tmp, and \
          throw-away copies of build caches); writes elsewhere are refused.",
     );
-    Ok(render(command, &status_line, &stdout, &stderr, note))
+    Ok((render(command, &status_line, &stdout, &stderr, note), note))
 }
 
 /// One stream's captured text (already capped, with an omission note inside).
