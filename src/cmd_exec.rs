@@ -136,6 +136,7 @@ async fn run(args: ExecArgs) -> i32 {
     };
     let mut ctx = ToolContext::new(workspace);
     ctx.background = Some(llm.background.clone());
+    ctx.token_stats = Some(llm.stats.clone());
     if let Some(shadow) = &shadow {
         // Lints only in the branch: in the real tree the checker would write its build
         // output there.

@@ -269,3 +269,95 @@ fn bang_commands_run_where_the_agent_runs_and_reach_the_model() {
     assert!(!h.join("made.txt").exists(), "the project was written");
     assert_eq!(llm.requests().len(), before, "no model call for a command");
 }
+
+/// Serve one chat completion (not streamed, with `usage`), as a search model with a search
+/// tool answers; the request body comes back through the handle.
+fn search_model() -> (String, std::thread::JoinHandle<Value>) {
+    use std::io::{BufRead, BufReader, Read};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let handle = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut reader = BufReader::new(conn.try_clone().unwrap());
+        let mut len = 0;
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                len = v.trim().parse().unwrap();
+            }
+            if line == "\r\n" {
+                break;
+            }
+        }
+        let mut body = vec![0; len];
+        reader.read_exact(&mut body).unwrap();
+        let answer = serde_json::json!({
+            "model": "searcher",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Rust 1.85 is out."}}],
+            "citations": ["https://blog.rust-lang.org/"],
+            "usage": {"prompt_tokens": 4321, "completion_tokens": 87,
+                      "prompt_tokens_details": {"cached_tokens": 4000}}
+        })
+        .to_string();
+        write!(
+            conn,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+            answer.len()
+        )
+        .unwrap();
+        serde_json::from_slice(&body).unwrap()
+    });
+    (url, handle)
+}
+
+/// `/stats` counts the tokens of web_search's own model (provider = "openai") as background
+/// work under its name.
+#[test]
+fn stats_show_the_search_models_tokens() {
+    let (url, searcher) = search_model();
+    let home = tempfile::tempdir().unwrap();
+    let config = home.path().join("config/shade");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("config.toml"),
+        format!("[web_search]\nprovider = \"openai\"\nurl = \"{url}\"\nmodel = \"searcher\"\napi_key = \"sk-1\"\n"),
+    )
+    .unwrap();
+    let llm = FakeLlm::start(Arc::new(|body: &Value| {
+        if shade_testkit::last_tool_result(body).is_some() {
+            Reply::text("Rust 1.85.")
+        } else {
+            Reply::tool("web_search", serde_json::json!({"query": "latest rust"}))
+        }
+    }))
+    .unwrap();
+    let out = chat(
+        home.path(),
+        &llm,
+        &["--approval", "yolo"],
+        "what is the latest rust?\n/stats\n",
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        searcher.join().unwrap()["messages"][1]["content"],
+        "latest rust"
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("searcher (background)"))
+        .unwrap_or_else(|| panic!("no search model in /stats:\n{stdout}"));
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    // model, calls, prompt, cached, output
+    assert_eq!(cols[2..], ["1", "4321", "4000", "87"], "{line}");
+    // The main model's two calls (100 prompt tokens each from the fake server) plus these.
+    assert!(
+        stdout.contains("background work (suggestions, speculation, summaries): 4408 tokens"),
+        "{stdout}"
+    );
+}

@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::{finish_chunk, sse_body, text_chunk, MockServer, Scripted};
 use serde_json::{json, Value};
 use shade_agent::approval::{Answer, ApprovalMode, ApprovalRequest, Approver};
-use shade_agent::background::BackgroundLlm;
+use shade_agent::background::{BackgroundLlm, TokenStats};
 use shade_agent::llm::config::ThinkingParam;
 use shade_agent::llm::{BoxFuture, LlmConfig, OpenAiClient};
 use shade_agent::tools::config::{ToolsConfig, WebFetchConfig};
@@ -661,4 +661,64 @@ async fn web_search_returns_parsed_results_and_is_absent_without_a_provider() {
     assert_eq!(req["enable_search"], true);
     assert_eq!(req["search_options"]["enable_source"], true);
     assert_eq!(req["messages"][1]["content"], "latest rust");
+}
+
+/// The search model's tokens go to the session's account as background work under its
+/// name, so `/stats` shows them; a response without `usage` still counts as a call.
+#[tokio::test]
+async fn web_search_model_tokens_are_counted_as_background_work() {
+    let dir = project();
+    let mut ctx = context(dir.path(), None);
+    let stats = TokenStats::default();
+    ctx.token_stats = Some(stats.clone());
+    let completion = |usage: Option<Value>| {
+        let mut body = json!({
+            "model": "searcher-2025-01-01",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Rust 1.85."}}],
+            "citations": ["https://blog.rust-lang.org/"]
+        });
+        if let Some(u) = usage {
+            body["usage"] = u;
+        }
+        Scripted::status(
+            "200 OK",
+            &[("Content-Type", "application/json")],
+            &body.to_string(),
+        )
+    };
+    let model = MockServer::start(vec![
+        completion(Some(json!({"prompt_tokens": 1200, "completion_tokens": 80,
+            "total_tokens": 1280, "prompt_tokens_details": {"cached_tokens": 1024}}))),
+        completion(None),
+    ]);
+    let cfg = search_config(&format!(
+        "[web_search]\nprovider = \"openai\"\nurl = \"{}\"\nmodel = \"searcher\"\napi_key = \"sk-1\"",
+        model.base_url
+    ));
+    let search = ToolRegistry::configured(&cfg).get("web_search").unwrap();
+    let cancel = CancellationToken::new();
+    let out = search
+        .run(json!({"query": "latest rust"}), &ctx, &cancel)
+        .await
+        .unwrap();
+    assert!(out.content.contains("https://blog.rust-lang.org/"));
+    let snap = stats.snapshot();
+    assert_eq!(snap.keys().collect::<Vec<_>>(), ["searcher"]);
+    let t = &snap["searcher"];
+    assert_eq!((t.background_calls, t.foreground_calls), (1, 0));
+    assert_eq!(
+        (
+            t.background.prompt_tokens,
+            t.background.cached_tokens,
+            t.background.completion_tokens
+        ),
+        (1200, 1024, 80)
+    );
+    search
+        .run(json!({"query": "rust again"}), &ctx, &cancel)
+        .await
+        .unwrap();
+    let t = &stats.snapshot()["searcher"];
+    assert_eq!(t.background_calls, 2);
+    assert_eq!(t.background.prompt_tokens, 1200);
 }

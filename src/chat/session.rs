@@ -100,6 +100,7 @@ impl Session {
         let mut tools = ToolRegistry::configured(&llm.config.tools);
         let mut ctx = ToolContext::new(workspace);
         ctx.background = Some(llm.background.clone());
+        ctx.token_stats = Some(llm.stats.clone());
         // Lints run only in branches (the session's shadow, speculations): in the real tree
         // the checker would write its build output there. The `diagnostics` tool is offered
         // only where every live turn has a branch; speculations keep the session's tools.

@@ -99,6 +99,9 @@ pub struct ToolContext {
     pub shadow: Option<crate::shadow::ShadowRunner>,
     /// Where oversized tool output is kept in full (under the state dir, never the project).
     pub output_dir: PathBuf,
+    /// The session's token account, for model calls a tool makes outside the metered
+    /// provider (web_search's search model), so that `/stats` shows them too.
+    pub token_stats: Option<crate::background::TokenStats>,
 }
 
 impl ToolContext {
@@ -115,6 +118,7 @@ impl ToolContext {
             output_dir: shade_fusefs::StateDir::from_env()
                 .root()
                 .join("tool-output"),
+            token_stats: None,
         }
     }
 }

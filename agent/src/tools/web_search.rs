@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::config::{Method, SearchKind, WebSearchConfig};
 use super::{parse_args, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
 use crate::llm::error::truncate_chars;
-use crate::llm::{BoxFuture, ToolSpec};
+use crate::llm::{BoxFuture, ToolSpec, Usage};
 
 /// The tool, bound to its provider.
 #[derive(Debug, Clone)]
@@ -89,7 +89,7 @@ impl Tool for WebSearch {
     fn run<'a>(
         &'a self,
         args: Value,
-        _ctx: &'a ToolContext,
+        ctx: &'a ToolContext,
         cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
         Box::pin(async move {
@@ -101,7 +101,7 @@ impl Tool for WebSearch {
             let work = async {
                 match self.config.provider {
                     SearchKind::Json => self.json_api(query).await,
-                    SearchKind::Openai => self.openai(query).await,
+                    SearchKind::Openai => self.openai(query, ctx).await,
                 }
             };
             let (answer, mut hits) = tokio::select! {
@@ -256,8 +256,13 @@ impl WebSearch {
 
     /// An OpenAI-compatible model with a search tool: its answer, and its sources from
     /// `search_results` (Perplexity-style), `search_info.search_results` (DashScope),
-    /// `citations`, or the message's `url_citation` annotations (OpenAI).
-    async fn openai(&self, query: &str) -> Result<(Option<String>, Vec<Hit>), ToolError> {
+    /// `citations`, or the message's `url_citation` annotations (OpenAI). Its `usage` is
+    /// counted as background work of the search model in the session's token account.
+    async fn openai(
+        &self,
+        query: &str,
+        ctx: &ToolContext,
+    ) -> Result<(Option<String>, Vec<Hit>), ToolError> {
         let c = &self.config;
         let model = c.model.as_deref().ok_or_else(|| {
             ToolError::Failed("[web_search] with provider = \"openai\" needs a `model`".into())
@@ -282,6 +287,9 @@ impl WebSearch {
             .await
             .map_err(|e| ToolError::Failed(format!("cannot reach the search model: {e}")))?;
         let v = checked_json(resp, "search model").await?;
+        if let Some(stats) = &ctx.token_stats {
+            stats.record(model, true, &usage_of(&v));
+        }
         let message = &v["choices"][0]["message"];
         let answer = message["content"].as_str().map(str::to_string);
         let mut hits = hits_from(&v["search_results"]);
@@ -320,6 +328,17 @@ impl WebSearch {
             }
         }
         Ok((answer, hits))
+    }
+}
+
+/// The token counts of a (non-streamed) chat completion; zero where it reports none (the
+/// call is still counted, as the metered provider counts one without usage).
+fn usage_of(v: &Value) -> Usage {
+    let n = |p: &str| v.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+    Usage {
+        prompt_tokens: n("/usage/prompt_tokens"),
+        completion_tokens: n("/usage/completion_tokens"),
+        cached_tokens: n("/usage/prompt_tokens_details/cached_tokens"),
     }
 }
 
