@@ -33,11 +33,25 @@ fn router(body: &Value) -> Reply {
     }
 }
 
+fn without_styles(row: &str) -> String {
+    let mut out = String::new();
+    let mut escape = false;
+    for c in row.chars() {
+        match (escape, c) {
+            (false, '\x1b') => escape = true,
+            (false, c) => out.push(c),
+            (true, 'm') => escape = false,
+            (true, _) => {}
+        }
+    }
+    out
+}
+
 /// The screen row showing `text`, with its styles.
 fn styled_row(styled: &str, text: &str) -> String {
     styled
         .lines()
-        .find(|l| l.contains(text))
+        .find(|l| without_styles(l).contains(text))
         .unwrap_or_else(|| panic!("no row shows {text:?}:\n{styled}"))
         .to_string()
 }
@@ -89,6 +103,13 @@ fn a_streamed_answer_is_rendered_on_the_terminal() {
         code.contains("48;5;236"),
         "the code block has no background: {code:?}"
     );
+    // Syntax colours: the keyword and the comment differ from the rest.
+    let colours: std::collections::HashSet<&str> = code
+        .split("38;5;")
+        .skip(1)
+        .map(|p| p.split(|c: char| !c.is_ascii_digit()).next().unwrap_or(""))
+        .collect();
+    assert!(colours.len() >= 3, "the code is not highlighted: {code:?}");
 }
 
 #[test]

@@ -4,6 +4,7 @@
 
 use pulldown_cmark::{Event, HeadingLevel, LinkType, Options, Parser, Tag, TagEnd};
 
+use super::highlight::Highlighter;
 use super::stream::Cursor;
 
 const RESET: &str = "\x1b[0m";
@@ -17,6 +18,8 @@ const HEADING: &str = "35";
 struct Fence {
     ch: char,
     len: usize,
+    /// Colours for the block's language, when known.
+    colours: Option<Highlighter>,
 }
 
 /// What the lines seen so far leave open.
@@ -30,16 +33,20 @@ impl Blocks {
     pub fn style(&mut self, line: &str, cols: usize) -> String {
         let trimmed = line.trim_start();
         let indent = &line[..line.len() - trimmed.len()];
-        if let Some(open) = &self.fence {
+        if let Some(open) = &mut self.fence {
             if closes(trimmed, open) {
                 self.fence = None;
                 return band(indent, "", cols);
             }
             // Code stays exactly as written: only colours around it.
-            return band("", line, cols);
+            return match &mut open.colours {
+                Some(colours) => band("", &colours.line(line), cols),
+                None => band("", line, cols),
+            };
         }
-        if let Some(fence) = opens(trimmed) {
+        if let Some(mut fence) = opens(trimmed) {
             let info = trimmed[fence.len * fence.ch.len_utf8()..].trim();
+            fence.colours = Highlighter::for_info(info);
             self.fence = Some(fence);
             return band(indent, &format!("\x1b[2m{info}\x1b[22m"), cols);
         }
@@ -70,7 +77,7 @@ fn band(indent: &str, text: &str, cols: usize) -> String {
     format!("{indent}{CODE_BLOCK}{text}{fill}{RESET}")
 }
 
-fn strip_sgr(text: &str, out: &mut String) {
+pub(super) fn strip_sgr(text: &str, out: &mut String) {
     let mut in_escape = false;
     for ch in text.chars() {
         match (in_escape, ch) {
@@ -87,7 +94,11 @@ fn opens(trimmed: &str) -> Option<Fence> {
     let len = trimmed.chars().take_while(|c| *c == ch).count();
     let info = &trimmed[len..];
     // A backtick fence's info string has no backtick (else it is inline code).
-    (len >= 3 && !(ch == '`' && info.contains('`'))).then_some(Fence { ch, len })
+    (len >= 3 && !(ch == '`' && info.contains('`'))).then_some(Fence {
+        ch,
+        len,
+        colours: None,
+    })
 }
 
 fn closes(trimmed: &str, open: &Fence) -> bool {

@@ -2,6 +2,7 @@
 //! or code fences printed literally are noise to a person at a terminal. Only for a terminal
 //! that wants colour; pipes, `--json` and recordings keep the raw text.
 
+mod highlight;
 mod line;
 mod stream;
 
