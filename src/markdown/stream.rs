@@ -116,7 +116,10 @@ impl Stream {
     fn complete(&mut self, out: &mut String, screen: Screen) {
         let line = std::mem::take(&mut self.line);
         let shown = std::mem::take(&mut self.shown);
-        let styled = self.blocks.style(&line, screen.cols);
+        // (A carriage return at the end would take the styled line back to its start.)
+        let styled = self
+            .blocks
+            .style(line.strip_suffix('\r').unwrap_or(&line), screen.cols);
         if shown > 0 {
             let rows = Cursor::after(&line[..shown], screen.cols).row + 1;
             if rows >= screen.rows {

@@ -309,6 +309,17 @@ fn any_split_ends_with_the_same_screen() {
 }
 
 #[test]
+fn crlf_line_ends_show_as_lf_ones() {
+    let crlf = ANSWER.replace('\n', "\r\n");
+    for cols in [80, 12] {
+        let (whole, _) = stream(&[ANSWER], screen(cols));
+        let pieces = words(&crlf);
+        let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+        assert_eq!(stream(&refs, screen(cols)).0, whole, "{cols} columns");
+    }
+}
+
+#[test]
 fn a_line_taller_than_the_screen_is_left_raw() {
     let s = Screen { cols: 10, rows: 3 };
     let (shown, written) = stream(&["some **bold** words and ", "then **more** of them\n"], s);
