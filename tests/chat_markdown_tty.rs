@@ -152,3 +152,30 @@ fn without_a_terminal_the_answer_is_the_raw_text() {
     assert!(out.status.success(), "{stdout}");
     assert_eq!(stdout, format!("{ANSWER}\n"));
 }
+
+/// `shade exec` on a terminal renders the same way; with TERM=dumb it prints the raw text.
+#[test]
+fn exec_renders_on_a_terminal_unless_it_is_dumb() {
+    let chat = Chat::new(router);
+    let bin = env!("CARGO_BIN_EXE_shade");
+    let tty = common::tty::Tty::start(&[bin, "exec", "explain"], &chat.project, &chat.env());
+    let screen = tty.wait_text("Done.", 60);
+    assert!(
+        screen.contains("• first item") && !screen.contains("**parser"),
+        "{screen}"
+    );
+    assert!(
+        styled_row(&tty.screen_styled(), "I'll fix the").contains("\x1b[1mparser"),
+        "{}",
+        tty.screen_styled()
+    );
+
+    // (tmux sets TERM for the programs it starts: say it on the command line.)
+    let argv = ["env", "TERM=dumb", bin, "exec", "explain"];
+    let dumb = common::tty::Tty::start(&argv, &chat.project, &chat.env());
+    let screen = dumb.wait_text("Done.", 60);
+    assert!(
+        screen.contains("I'll fix the **parser** in `src/lib.rs`") && screen.contains("```rust"),
+        "{screen}"
+    );
+}
