@@ -13,12 +13,24 @@ use common::chat::{wait_prompt, Chat};
 use serde_json::Value;
 use shade_testkit::{last_real_user, Reply};
 
+/// An answer line that wraps onto three rows of the 120-column terminal while it streams.
+const LONG: &str = "A long line: **wrapped** text and **wrapped** text and **wrapped** text and \
+**wrapped** text and **wrapped** text and **wrapped** text and **wrapped** text and \
+**wrapped** text and **wrapped** text and **wrapped** text and **wrapped** text and \
+**wrapped** text and **wrapped** text and **wrapped** text and the end.";
+
+fn answer() -> String {
+    ANSWER.replace("{LONG}", LONG)
+}
+
 const ANSWER: &str = "## Plan
 
 I'll fix the **parser** in `src/lib.rs` first. See [the docs](https://docs.rs/x).
 
 - first item
 - second *item*
+
+{LONG}
 
 ```rust
 let total = a ** b; // **kept**
@@ -28,7 +40,7 @@ Done.";
 
 fn router(body: &Value) -> Reply {
     match last_real_user(body).as_str() {
-        "explain" => Reply::text(ANSWER).streamed_every(Duration::from_millis(20)),
+        "explain" => Reply::text(&answer()).streamed_every(Duration::from_millis(20)),
         other => Reply::text(&format!("You said: {other}")),
     }
 }
@@ -88,6 +100,12 @@ fn a_streamed_answer_is_rendered_on_the_terminal() {
         !answer.contains("```") && !answer.contains("**parser"),
         "{screen}"
     );
+
+    // The wrapped line was redrawn in place: once, rendered, no raw copy left above it.
+    let history = tty.history();
+    let rendered = LONG.replace("**", "");
+    assert_eq!(history.matches(&rendered).count(), 1, "{history}");
+    assert!(!history.contains("**wrapped**"), "{history}");
 
     let styled = tty.screen_styled();
     let row = styled_row(&styled, "I'll fix the");
@@ -150,7 +168,7 @@ fn without_a_terminal_the_answer_is_the_raw_text() {
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(out.status.success(), "{stdout}");
-    assert_eq!(stdout, format!("{ANSWER}\n"));
+    assert_eq!(stdout, format!("{}\n", answer()));
 }
 
 /// `shade exec` on a terminal renders the same way; with TERM=dumb it prints the raw text.
