@@ -63,8 +63,12 @@ fn model(body: &Value) -> Reply {
 }
 
 fn setup() -> Chat {
+    setup_with(model)
+}
+
+fn setup_with(router: fn(&Value) -> Reply) -> Chat {
     common::require_fuse_root();
-    let chat = Chat::new(model);
+    let chat = Chat::new(router);
     let p = &chat.project;
     std::fs::write(p.join("add.sh"), BUGGY).unwrap();
     std::fs::write(p.join("test.sh"), TEST).unwrap();
@@ -349,6 +353,215 @@ fn a_shadow_session_keeps_edits_in_its_branch_until_accept() {
     assert!(!chat.project.join("OTHER.md").exists());
     // Ctrl-D is a key only once the prompt reads keys again (before, it is the terminal's EOF).
     wait_prompt(&tty);
+    tty.keys(&["C-d"]);
+    wait_until("the session to end", 60, || !tty.alive());
+    assert_nothing_left(&chat);
+}
+
+/// The model of a `--shadow` session: a live turn fixes add.sh (in the session's branch),
+/// the suggestion after it runs the test script, which reads that edit.
+fn shadow_model(body: &Value) -> Reply {
+    let user = last_real_user(body);
+    if is_suggestion_request(body) {
+        let next = match user.as_str() {
+            "fix add.sh" => "run the tests",
+            _ => "",
+        };
+        return Reply::text(next);
+    }
+    let step = tool_results_since_user(body);
+    let reply = match (user.as_str(), step) {
+        ("hello", _) => Reply::text("Hello."),
+        ("fix add.sh", 0) => Reply::tool(
+            "edit",
+            json!({"path": "add.sh", "old_string": "$1 - $2", "new_string": "$1 + $2"}),
+        ),
+        ("fix add.sh", _) => Reply::text("Fixed add.sh."),
+        ("run the tests", 0) => Reply::tool(
+            "shell",
+            json!({"command": "./test.sh > result.txt; cat result.txt"}),
+        ),
+        ("run the tests", _) => Reply::text("The test script ran."),
+        (other, _) => Reply::text(&format!("You said: {other}")),
+    };
+    reply.after(LATENCY)
+}
+
+/// A `--shadow` session whose live turn fixed add.sh in its branch, with the suggestion
+/// "run the tests" shown and its speculation run to the end.
+fn shadow_session_speculated(chat: &Chat) -> Tty {
+    let tty = chat.start(&["--shadow", "--approval", "yolo"]);
+    tty.type_text("hello");
+    tty.keys(&["Enter"]);
+    tty.wait_text("Hello.", 60);
+    wait_prompt(&tty);
+    tty.type_text("fix add.sh");
+    tty.keys(&["Enter"]);
+    tty.wait_text("Fixed add.sh.", 60);
+    wait_ghost(&tty, "run the tests");
+    wait_until("the speculated answer", 60, || {
+        served(chat, "run the tests", 1, "fast-model") == 1
+    });
+    tty
+}
+
+/// Shade mounts of this session's state dir now.
+fn mounts_of(chat: &Chat) -> usize {
+    let state = chat.state.display().to_string();
+    std::fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(&state))
+        .count()
+}
+
+fn branch_dirs(chat: &Chat) -> usize {
+    std::fs::read_dir(chat.state.join("branches"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_shadow_session_speculates_on_its_branch_and_accept_lands_there() {
+    let chat = setup_with(shadow_model);
+    let tty = shadow_session_speculated(&chat);
+    // The speculation ran the script on the session's fix: its result is PASS. The model
+    // saw it in the shell tool's result.
+    wait_until("the speculated answer", 60, || {
+        chat.llm.requests().iter().any(|r| {
+            last_real_user(r) == "run the tests"
+                && tool_results_since_user(r) == 1
+                && r.to_string().contains("PASS")
+        })
+    });
+    // Nothing reached the project: neither the live fix nor the script's output.
+    assert_eq!(read(&chat.project.join("add.sh")), BUGGY);
+    assert!(!chat.project.join("result.txt").exists());
+    tty.keys(&["Enter"]);
+    tty.wait_text("The test script ran.", 60);
+    tty.wait_text("1 change written into the session's branch", 60);
+    assert_eq!(
+        served(&chat, "run the tests", 0, "main-model"),
+        0,
+        "the accepted turn was run again live"
+    );
+    // Still only in the branch.
+    assert_eq!(read(&chat.project.join("add.sh")), BUGGY);
+    assert!(!chat.project.join("result.txt").exists());
+    wait_prompt(&tty);
+    tty.type_text("/diff");
+    tty.keys(&["Enter"]);
+    tty.wait_text("A result.txt", 60);
+    tty.wait_text("M add.sh", 60);
+    tty.wait_text("+PASS", 60);
+    let screen = tty.screen();
+    assert!(
+        !screen.contains(".shade-"),
+        "accept scratch in the diff:\n{screen}"
+    );
+    wait_prompt(&tty);
+    tty.type_text("/accept");
+    tty.keys(&["Enter"]);
+    tty.wait_text("accepted 2 changes", 60);
+    wait_prompt(&tty);
+    assert_eq!(read(&chat.project.join("add.sh")), FIXED);
+    assert_eq!(read(&chat.project.join("result.txt")), "PASS\n");
+    tty.keys(&["C-d"]);
+    wait_until("the session to end", 60, || !tty.alive());
+    assert_nothing_left(&chat);
+}
+
+#[test]
+fn a_shadow_session_drops_a_speculation_it_does_not_take() {
+    let chat = setup_with(shadow_model);
+    let tty = shadow_session_speculated(&chat);
+    tty.type_text("never mind");
+    tty.keys(&["Enter"]);
+    tty.wait_text("You said: never mind", 60);
+    wait_until("the aborted speculation's telemetry", 60, || {
+        speculation_events(&chat)
+            .iter()
+            .any(|e| e["outcome"] == "aborted")
+    });
+    // Only the session's own branch is left mounted.
+    wait_until("the speculation's branch to be gone", 60, || {
+        branch_dirs(&chat) == 1
+    });
+    assert_eq!(
+        mounts_of(&chat),
+        1,
+        "{}",
+        std::fs::read_to_string("/proc/mounts").unwrap()
+    );
+    wait_prompt(&tty);
+    tty.type_text("/diff");
+    tty.keys(&["Enter"]);
+    tty.wait_text("M add.sh", 60);
+    let screen = tty.screen();
+    assert!(!screen.contains("result.txt"), "{screen}");
+    wait_prompt(&tty);
+    tty.keys(&["C-d"]);
+    wait_until("the session to end", 60, || !tty.alive());
+    assert_nothing_left(&chat);
+    assert_eq!(read(&chat.project.join("add.sh")), BUGGY);
+    assert!(!chat.project.join("result.txt").exists());
+}
+
+#[test]
+fn a_shadow_session_refuses_a_speculation_whose_base_changed_and_runs_live() {
+    let chat = setup_with(shadow_model);
+    let tty = shadow_session_speculated(&chat);
+    std::thread::sleep(Duration::from_millis(800));
+    // Meanwhile the user makes result.txt in the project: it shows through the session's
+    // branch, under the file the speculation created.
+    std::fs::write(chat.project.join("result.txt"), "mine\n").unwrap();
+    tty.keys(&["Enter"]);
+    tty.wait_text("running live", 60);
+    tty.wait_text("result.txt: created meanwhile", 60);
+    tty.wait_text("The test script ran.", 60);
+    assert!(served(&chat, "run the tests", 0, "main-model") >= 1);
+    // The live turn ran in the session's branch: the project keeps the user's file.
+    assert_eq!(read(&chat.project.join("result.txt")), "mine\n");
+    assert_eq!(read(&chat.project.join("add.sh")), BUGGY);
+    assert!(speculation_events(&chat)
+        .iter()
+        .any(|e| e["outcome"] == "failed"));
+    wait_prompt(&tty);
+    tty.type_text("/diff");
+    tty.keys(&["Enter"]);
+    tty.wait_text("M result.txt", 60);
+    tty.wait_text("+PASS", 60);
+    wait_prompt(&tty);
+    tty.keys(&["C-d"]);
+    wait_until("the session to end", 60, || !tty.alive());
+    assert_nothing_left(&chat);
+}
+
+#[test]
+fn accepting_a_shadow_session_drops_its_speculation_first() {
+    let chat = setup_with(shadow_model);
+    let tty = chat.start(&["--shadow", "--approval", "yolo"]);
+    tty.type_text("hello");
+    tty.keys(&["Enter"]);
+    tty.wait_text("Hello.", 60);
+    wait_prompt(&tty);
+    tty.type_text("fix add.sh");
+    tty.keys(&["Enter"]);
+    tty.wait_text("Fixed add.sh.", 60);
+    wait_ghost(&tty, "run the tests");
+    // The speculation has its branch (it asked the model for its first step).
+    wait_until("the speculation's first call", 60, || {
+        served(&chat, "run the tests", 0, "fast-model") == 1
+    });
+    tty.type_text("/accept");
+    tty.keys(&["Enter"]);
+    tty.wait_text("accepted 1 change", 60);
+    wait_prompt(&tty);
+    assert_eq!(read(&chat.project.join("add.sh")), FIXED);
+    assert!(!chat.project.join("result.txt").exists());
+    // Only the session's fresh branch is left.
+    assert_eq!(branch_dirs(&chat), 1);
+    assert_eq!(mounts_of(&chat), 1);
     tty.keys(&["C-d"]);
     wait_until("the session to end", 60, || !tty.alive());
     assert_nothing_left(&chat);

@@ -56,6 +56,6 @@ pub use events::{AgentEvent, StopReason};
 pub use query_loop::{
     Agent, AgentError, AgentOptions, Boundary, CallGate, EventSink, GateCall, RunOutcome,
 };
-pub use shadow::{Shadow, ShadowOptions};
+pub use shadow::{Shadow, ShadowBase, ShadowOptions};
 pub use tools::{ToolContext, ToolRegistry};
 pub use workspace::Workspace;

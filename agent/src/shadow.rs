@@ -12,7 +12,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use shade_fusefs::sandbox::{self, CacheBranches, Cancel, Isolation, Output, RunOutcome, RunSpec};
@@ -53,7 +53,11 @@ impl ShadowOptions {
     /// the branch is writable.
     pub fn live() -> ShadowOptions {
         ShadowOptions {
-            branch: BranchOptions::default(),
+            // Speculations branch off it: their accept compares inode numbers.
+            branch: BranchOptions {
+                stable_inodes: true,
+                ..BranchOptions::default()
+            },
             isolation: Isolation::default(),
             cache_dirs: Vec::new(),
         }
@@ -84,6 +88,8 @@ pub struct Shadow {
 /// The part shared with every [`ToolContext`] made for the shadow.
 struct Inner {
     project: PathBuf,
+    /// What the branch is a branch of: the project, or the parent shadow's mount.
+    lower: PathBuf,
     mount: PathBuf,
     id: String,
     workspace: Workspace,
@@ -97,6 +103,9 @@ struct Inner {
     runs: Mutex<Runs>,
     /// Signalled whenever a command ends.
     idle: Condvar,
+    /// Shadows made on top of this one ([`ShadowBase::create_child`]): closed before it,
+    /// since their branch reads through its mount.
+    children: Mutex<Vec<Weak<Inner>>>,
 }
 
 #[derive(Default)]
@@ -116,6 +125,16 @@ impl Shadow {
     pub fn create(project: &Path, options: ShadowOptions) -> Result<Shadow, ShadowError> {
         let branch = Branch::create(project, &options.branch)?;
         let project = branch.project().to_path_buf();
+        Self::around(branch, project, options)
+    }
+
+    /// The shadow of `branch`, whose commands and paths show it at `project`.
+    fn around(
+        branch: Branch,
+        project: PathBuf,
+        options: ShadowOptions,
+    ) -> Result<Shadow, ShadowError> {
+        let lower = branch.project().to_path_buf();
         let mount = branch.mountpoint().to_path_buf();
         let workspace =
             Workspace::shadowed(&project, &mount).map_err(|source| ShadowError::Workspace {
@@ -126,6 +145,7 @@ impl Shadow {
             inner: Arc::new(Inner {
                 id: branch.id().to_string(),
                 project,
+                lower,
                 mount,
                 workspace,
                 isolation: options.isolation,
@@ -135,8 +155,17 @@ impl Shadow {
                 caches: Mutex::new(None),
                 runs: Mutex::new(Runs::default()),
                 idle: Condvar::new(),
+                children: Mutex::new(Vec::new()),
             }),
         })
+    }
+
+    /// A handle to branch off this shadow ([`ShadowBase::create_child`]), for a speculation
+    /// started while the session works here.
+    pub fn base(&self) -> ShadowBase {
+        ShadowBase {
+            inner: self.inner.clone(),
+        }
     }
 
     /// The real project directory (canonical).
@@ -251,6 +280,7 @@ impl Shadow {
         flags: AcceptFlags,
     ) -> Result<(AcceptReport, Leftover), AcceptError> {
         let caches = self.inner.stop_commands();
+        self.inner.close_children();
         let branch = lock(&self.inner.branch).take();
         let Some(branch) = branch else {
             return Err(AcceptError::Io {
@@ -271,6 +301,49 @@ impl Shadow {
     pub fn abort(self) {}
 }
 
+/// A shadow as the base of others: a child is a branch of its branch (it sees the
+/// shadow's unaccepted changes, its accept writes into the shadow, never into the project)
+/// whose commands still run at the project's path. Closing the shadow closes its children
+/// first.
+#[derive(Clone)]
+pub struct ShadowBase {
+    inner: Arc<Inner>,
+}
+
+impl ShadowBase {
+    /// Mount a branch of the shadow's mount (refused once the shadow is closed).
+    pub fn create_child(&self, options: ShadowOptions) -> Result<Shadow, ShadowError> {
+        let closed = || ShadowError::Workspace {
+            path: self.inner.mount.clone(),
+            source: std::io::Error::other("the shadow branch is closed"),
+        };
+        if lock(&self.inner.runs).closed {
+            return Err(closed());
+        }
+        let branch = Branch::create(&self.inner.mount, &options.branch)?;
+        let child = Shadow::around(branch, self.inner.project.clone(), options)?;
+        // Registered under the parent's run lock, so a close that began meanwhile is seen.
+        let runs = lock(&self.inner.runs);
+        if runs.closed {
+            drop(runs);
+            drop(child);
+            return Err(closed());
+        }
+        let mut children = lock(&self.inner.children);
+        children.retain(|c| c.strong_count() > 0);
+        children.push(Arc::downgrade(&child.inner));
+        Ok(child)
+    }
+}
+
+impl std::fmt::Debug for ShadowBase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShadowBase")
+            .field("branch", &self.inner.id)
+            .finish()
+    }
+}
+
 /// What an accepted shadow still holds mounted; dropping it unmounts and removes it.
 pub struct Leftover {
     _branch: Option<Branch>,
@@ -288,7 +361,17 @@ impl Inner {
     /// hands back the branch (if not closed before).
     fn close(&self) -> Option<Branch> {
         drop(self.stop_commands());
+        self.close_children();
         lock(&self.branch).take()
+    }
+
+    /// Close and unmount every shadow made on top of this one. Called once `runs.closed` is
+    /// set: no child can be added after (see [`ShadowBase::create_child`]).
+    fn close_children(&self) {
+        let children = std::mem::take(&mut *lock(&self.children));
+        for child in children.iter().filter_map(Weak::upgrade) {
+            drop(child.close());
+        }
     }
 
     /// No new command may start; running ones are killed and waited for. Hands back the
@@ -348,8 +431,8 @@ impl Inner {
             let mut top = PathBuf::new();
             for part in rel.components() {
                 top.push(part);
-                let fresh = !self.project.join(&top).exists()
-                    && !before.iter().any(|b| b.starts_with(&top));
+                let fresh =
+                    !self.lower.join(&top).exists() && !before.iter().any(|b| b.starts_with(&top));
                 if fresh {
                     break;
                 }

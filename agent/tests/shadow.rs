@@ -481,3 +481,62 @@ async fn a_hundred_shadows_run_commands_side_by_side() {
     drop(shadows);
     f.assert_clean();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_shadow_works_on_the_parents_branch_and_closes_before_it() {
+    let fx = fx();
+    let mut live = fx.options(ShadowOptions::live());
+    live.branch.stable_inodes = true;
+    let (parent, pctx) = fx.shadow(live);
+    fx.call(
+        &pctx,
+        "write_file",
+        json!({"path": "a.txt", "content": "parent a\n"}),
+    )
+    .await
+    .unwrap();
+    let mut spec = fx.options(ShadowOptions::speculative(Duration::from_secs(60)));
+    spec.cache_dirs = Vec::new();
+    let child = parent.base().create_child(spec.clone()).unwrap();
+    let mut base = ToolContext::new(Workspace::new(&fx.project).unwrap());
+    base.global_memory = None;
+    let cctx = child.tool_context(&base);
+    // Its commands run at the project's path and see the parent's unaccepted edit.
+    let out = fx
+        .sh(&cctx, "pwd; cat a.txt; cp a.txt copy.txt; cat src/lib.rs")
+        .await;
+    assert!(out.contains(fx.project.to_str().unwrap()), "{out}");
+    assert!(out.contains("parent a") && out.contains("fn one"), "{out}");
+    // Its accept lands in the parent's branch, never in the project.
+    let (report, leftover) = child.accept_then_clean(AcceptFlags::default()).unwrap();
+    drop(leftover);
+    assert_eq!(report.written, 1);
+    assert!(!fx.project.join("copy.txt").exists());
+    let changes: Vec<String> = parent
+        .changeset(false)
+        .changes
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
+    assert_eq!(changes, ["M a.txt", "A copy.txt"]);
+    // A child still open when the parent closes is closed first: its commands refuse, its
+    // branch is unmounted, and no child can be made of a closed parent.
+    let late = parent.base().create_child(spec.clone()).unwrap();
+    let lctx = late.tool_context(&base);
+    let base_handle = parent.base();
+    parent.abort();
+    let err = fx
+        .call(&lctx, "shell", json!({"command": "true"}))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("closed"), "{err}");
+    assert!(late.changeset(false).changes.is_empty());
+    assert!(base_handle.create_child(spec).is_err());
+    drop(late);
+    fx.assert_clean();
+    assert!(!fx.project.join("copy.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(fx.project.join("a.txt")).unwrap(),
+        "real a\n"
+    );
+}

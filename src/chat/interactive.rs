@@ -206,6 +206,11 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
                         prefix = None;
                         speculator.prepare(None);
                     }
+                    if matches!(cmd, Command::Accept | Command::Abort) {
+                        // Speculations branch off the session's branch: gone before it is.
+                        speculator.prepare(None);
+                        speculator.settle();
+                    }
                     if commands::apply(&mut session, cmd) == Flow::Exit {
                         break;
                     }
@@ -228,6 +233,7 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
                             .as_ref()
                             .is_some_and(|a| a.always_allows(tool))
                     },
+                    into_branch: session.shadow.is_some(),
                     ask: &|changes| {
                         if let Ok(mut r) = renderer.lock() {
                             r.end_line();
@@ -301,6 +307,7 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
                 agent: session.agent.clone(),
                 background: session.llm.background.clone(),
                 project: session.agent.context().workspace.shown_root().to_path_buf(),
+                base: session.shadow.as_ref().map(|s| s.base()),
                 mode: session.agent.options().approval,
                 pipeline: true,
                 telemetry: telemetry.clone(),

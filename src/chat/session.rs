@@ -35,7 +35,7 @@ pub(crate) struct Session {
     pub approver: Option<Arc<ChatApprover>>,
     /// Suggestions wanted (flag and setting).
     pub suggest: bool,
-    /// Speculation wanted (flag, setting, and not in a shadow session).
+    /// Speculation wanted (flag and setting).
     pub speculate: bool,
     /// The config file's suggestion, cache-sharing, speculation and telemetry switches.
     pub settings: FollowupSettings,
@@ -94,9 +94,9 @@ impl Session {
                 mode: args.approval,
             }),
         };
-        // A shadow session's edits are not in the project yet: a speculation branched from
-        // the project would not see them.
-        let speculate = !args.no_speculate && settings.speculation && !args.shadow;
+        // In a shadow session a speculation branches off the session's branch (it sees the
+        // session's edits; accepting it writes into that branch, not into the project).
+        let speculate = !args.no_speculate && settings.speculation;
         let mut tools = ToolRegistry::configured(&llm.config.tools);
         let mut ctx = ToolContext::new(workspace);
         ctx.background = Some(llm.background.clone());

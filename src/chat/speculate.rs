@@ -24,6 +24,8 @@ pub(crate) struct Template {
     pub agent: Agent,
     pub background: BackgroundLlm,
     pub project: std::path::PathBuf,
+    /// `--shadow`: the session's branch, which speculations branch off.
+    pub base: Option<shade_agent::ShadowBase>,
     pub mode: ApprovalMode,
     pub pipeline: bool,
     pub telemetry: Telemetry,
@@ -70,6 +72,7 @@ impl Speculator {
                 agent: t.agent,
                 background: t.background,
                 project: t.project,
+                base: t.base,
                 mode: t.mode,
                 pipeline: t.pipeline,
                 telemetry: t.telemetry,
@@ -117,16 +120,22 @@ impl Speculator {
         aborting.push(std::thread::spawn(move || drop(leftover)));
     }
 
-    /// At the end of the session: no new speculation, the current one aborted, and every
-    /// abort finished (nothing left mounted).
-    pub fn shutdown(&self) {
-        self.prepare(None);
+    /// Before the session's branch is accepted or aborted: the current speculation (if any)
+    /// dropped and every abort and disposal finished, so no branch of it is mounted.
+    pub fn settle(&self) {
         if let Some(s) = lock(&self.current).take() {
             s.abort();
         }
         for h in std::mem::take(&mut *lock(&self.aborting)) {
             let _ = h.join();
         }
+    }
+
+    /// At the end of the session: no new speculation, the current one aborted, and every
+    /// abort finished (nothing left mounted).
+    pub fn shutdown(&self) {
+        self.prepare(None);
+        self.settle();
     }
 }
 
@@ -155,6 +164,8 @@ pub(crate) struct Asking<'a> {
     pub mode: ApprovalMode,
     pub allowed: &'a dyn Fn(&str) -> bool,
     pub ask: &'a dyn Fn(&str) -> Confirm,
+    /// `--shadow`: the speculation is written into the session's branch, not the project.
+    pub into_branch: bool,
 }
 
 /// Accept `spec` for the session: wait for it if it is still running (showing its turn as
@@ -267,11 +278,16 @@ pub(crate) fn accept(
             event.time_saved_ms = Some(saved.as_millis() as u64);
             telemetry.record_speculation(&event);
             let written = plural(applied.files, "change");
+            let place = if asking.into_branch {
+                " into the session's branch"
+            } else {
+                ""
+            };
             if !was_running {
                 let ms = accepted_at.elapsed().as_millis();
-                eprintln!("shade: speculated ahead: {written} written in {ms} ms");
+                eprintln!("shade: speculated ahead: {written} written{place} in {ms} ms");
             } else if applied.files > 0 {
-                eprintln!("shade: {written} written");
+                eprintln!("shade: {written} written{place}");
             }
             Accepted::Applied {
                 continue_live: matches!(applied.status, Status::Boundary(_)),

@@ -26,7 +26,7 @@ use crate::followup::generate::{generate_pipelined, SuggestionOutcome};
 use crate::followup::telemetry::{SpeculationEvent, SpeculationEventOutcome, Telemetry};
 use crate::llm::{Message, Usage};
 use crate::query_loop::{Agent, EventSink};
-use crate::shadow::{Shadow, ShadowOptions};
+use crate::shadow::{Shadow, ShadowBase, ShadowOptions};
 pub use gate::{SpeculationGate, MAX_SPECULATION_MESSAGES};
 use shade_fusefs::{AcceptError, AcceptFlags};
 
@@ -70,6 +70,9 @@ pub struct Start {
     pub background: BackgroundLlm,
     /// The real project.
     pub project: PathBuf,
+    /// In a `--shadow` session, the session's branch: the speculation branches off it (it
+    /// sees the session's unaccepted edits) and its accept writes there, not into the project.
+    pub base: Option<ShadowBase>,
     /// The user's approval mode.
     pub mode: ApprovalMode,
     /// Compute the next suggestion when the speculation completes.
@@ -360,8 +363,13 @@ fn count_tool_uses(events: &[AgentEvent]) -> usize {
 /// The speculative run itself; returns how it ended.
 async fn run(start: Start, shared: &Arc<Shared>, cancel: &CancellationToken) -> Status {
     let project = start.project.clone();
+    let base = start.base.clone();
     let shadow = match tokio::task::spawn_blocking(move || {
-        Shadow::create(&project, ShadowOptions::speculative(COMMAND_TIME_LIMIT))
+        let options = ShadowOptions::speculative(COMMAND_TIME_LIMIT);
+        match base {
+            Some(base) => base.create_child(options),
+            None => Shadow::create(&project, options),
+        }
     })
     .await
     {

@@ -379,6 +379,7 @@ async fn one_pass(
                     agent: spec.agent.clone(),
                     background: spec.background.clone(),
                     project: spec.project.clone(),
+                    base: None,
                     mode: ApprovalMode::Yolo,
                     pipeline: true,
                     telemetry: Telemetry::disabled(),
