@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::wait_until;
+
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::Arc;
@@ -204,14 +206,6 @@ fn py_files(project: &Path) {
     let config = project.parent().unwrap().join("config/shade");
     std::fs::create_dir_all(&config).unwrap();
     std::fs::write(config.join("config.toml"), CONFIG).unwrap();
-}
-
-fn wait_until(what: &str, secs: u64, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn read(p: PathBuf) -> String {

@@ -7,7 +7,9 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use common::wait_until;
+
+use std::time::Duration;
 
 use common::chat::{wait_ghost, wait_prompt, Chat};
 use common::tty::Tty;
@@ -18,14 +20,6 @@ use shade_testkit::{
 
 fn read(chat: &Chat, rel: &str) -> String {
     std::fs::read_to_string(chat.project.join(rel)).unwrap()
-}
-
-fn wait_until(what: &str, secs: u64, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Type a prompt and submit it.
@@ -277,21 +271,6 @@ fn until_speculated(chat: &Chat, flags: &[&str]) -> Tty {
 
 const WRITE_QUESTION: &str = "write these changes into the project?";
 
-/// No branch of this session is mounted or left in the state dir, no command of it runs.
-fn assert_nothing_left(chat: &Chat) {
-    wait_until("the branches to be dropped", 60, || {
-        std::fs::read_dir(chat.state.join("branches"))
-            .map(|d| d.count() == 0)
-            .unwrap_or(true)
-    });
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
-    let state = chat.state.display().to_string();
-    assert!(
-        !mounts.lines().any(|l| l.contains(&state)),
-        "a branch is still mounted:\n{mounts}"
-    );
-}
-
 #[test]
 fn a_speculation_accepted_in_default_mode_asks_once_and_yes_writes_it() {
     let chat = fixing_project(fixing_model);
@@ -328,7 +307,7 @@ fn a_speculation_accepted_in_default_mode_asks_once_and_yes_writes_it() {
     wait_ghost(&tty, "commit this");
     tty.keys(&["C-d"]);
     wait_until("the session to end", 60, || !tty.alive());
-    assert_nothing_left(&chat);
+    chat.assert_nothing_left();
 }
 
 #[test]
@@ -348,7 +327,7 @@ fn no_to_a_speculation_writes_nothing_and_runs_nothing() {
         .all(|r| r["model"] == "fast-model"));
     assert_eq!(questions(&tty), 0);
     assert!(!common::chat::ghost_shown(&tty, "fix it"));
-    assert_nothing_left(&chat);
+    chat.assert_nothing_left();
     // Up and Enter runs it live, asking at each step.
     tty.keys(&["Up"]);
     tty.wait_for("the recalled prompt", 60, |s| {
@@ -384,7 +363,7 @@ fn ctrl_c_at_the_speculation_question_cancels() {
     assert!(turn_requests(&chat, "fix it and run the tests")
         .iter()
         .all(|r| r["model"] == "fast-model"));
-    assert_nothing_left(&chat);
+    chat.assert_nothing_left();
     assert!(tty.alive());
 }
 
@@ -445,7 +424,7 @@ fn ctrl_c_while_an_accepted_speculation_runs() {
     // Nothing half-written landed, the command is gone, the branch unmounted.
     assert!(!chat.project.join("half.txt").exists());
     wait_until("the build to be killed", 60, || sleeps_left().is_empty());
-    assert_nothing_left(&chat);
+    chat.assert_nothing_left();
     // No suggestion offers the same again; the session goes on.
     assert!(!common::chat::ghost_shown(&tty, "build the release"));
     say(&tty, "anything else?");
@@ -454,7 +433,7 @@ fn ctrl_c_while_an_accepted_speculation_runs() {
     assert!(!chat.project.join("half.txt").exists());
     tty.keys(&["C-d"]);
     wait_until("the session to end", 60, || !tty.alive());
-    assert_nothing_left(&chat);
+    chat.assert_nothing_left();
 }
 
 const SUMMARY: &str = "- the user counted one";
@@ -766,7 +745,7 @@ fn closing_the_terminal_of_a_shadow_session_mid_turn_leaves_nothing_mounted() {
     say(&tty, "work slowly");
     tty.wait_text("⋯ shell sleep 98", 60);
     drop(tty);
-    assert_nothing_left(&chat);
+    chat.assert_nothing_left();
     wait_until("the command to be killed", 60, || {
         std::process::Command::new("pgrep")
             .args(["-f", "sleep 98"])
@@ -825,5 +804,5 @@ fn approvals_in_a_shadow_session_write_into_its_branch() {
     assert_eq!(read(&chat, "NEW.md"), "new\n");
     tty.keys(&["C-d"]);
     wait_until("the session to end", 60, || !tty.alive());
-    assert_nothing_left(&chat);
+    chat.assert_nothing_left();
 }

@@ -7,8 +7,10 @@
 
 mod common;
 
+use common::wait_until;
+
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::chat::{wait_ghost, wait_prompt, Chat};
 use common::tty::Tty;
@@ -106,34 +108,11 @@ fn served(chat: &Chat, user: &str, step: usize, model: &str) -> usize {
         .count()
 }
 
-fn wait_until(what: &str, secs: u64, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn speculation_events(chat: &Chat) -> Vec<Value> {
     chat.telemetry()
         .into_iter()
         .filter(|e| e["event"] == "speculation")
         .collect()
-}
-
-/// No branch of this session is mounted and none is left in the state dir.
-fn assert_nothing_left(chat: &Chat) {
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
-    let state = chat.state.display().to_string();
-    assert!(
-        !mounts.lines().any(|l| l.contains(&state)),
-        "a branch is still mounted:\n{mounts}"
-    );
-    let branches = chat.state.join("branches");
-    let left: Vec<_> = std::fs::read_dir(&branches)
-        .map(|d| d.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default();
-    assert!(left.is_empty(), "branch stores left behind: {left:?}");
 }
 
 fn read(p: &Path) -> String {
@@ -202,12 +181,8 @@ fn an_accepted_speculation_is_already_done_and_lands_in_the_real_tree() {
     // Leaving ends the running speculation of the next suggestion too.
     tty.keys(&["C-d"]);
     wait_until("the session to end", 60, || !tty.alive());
-    wait_until("branches to be gone", 60, || {
-        std::fs::read_dir(chat.state.join("branches"))
-            .map(|d| d.count() == 0)
-            .unwrap_or(true)
-    });
-    assert_nothing_left(&chat);
+    wait_until("branches to be gone", 60, || chat.branch_dirs() == 0);
+    chat.assert_nothing_left();
 }
 
 #[test]
@@ -229,12 +204,8 @@ fn typing_something_else_drops_the_speculation_and_leaves_nothing() {
             .iter()
             .any(|e| e["outcome"] == "aborted")
     });
-    wait_until("the branch to be gone", 60, || {
-        std::fs::read_dir(chat.state.join("branches"))
-            .map(|d| d.count() == 0)
-            .unwrap_or(true)
-    });
-    assert_nothing_left(&chat);
+    wait_until("the branch to be gone", 60, || chat.branch_dirs() == 0);
+    chat.assert_nothing_left();
     let names: Vec<String> = std::fs::read_dir(&chat.project)
         .unwrap()
         .flatten()
@@ -297,11 +268,9 @@ fn a_boundary_mid_speculation_continues_live_from_where_it_stopped() {
     // Closing the terminal (SIGHUP) ends the session cleanly: no branch is left.
     drop(tty);
     wait_until("branches to be gone after SIGHUP", 60, || {
-        std::fs::read_dir(chat.state.join("branches"))
-            .map(|d| d.count() == 0)
-            .unwrap_or(true)
+        chat.branch_dirs() == 0
     });
-    assert_nothing_left(&chat);
+    chat.assert_nothing_left();
 }
 
 #[test]
@@ -355,7 +324,7 @@ fn a_shadow_session_keeps_edits_in_its_branch_until_accept() {
     wait_prompt(&tty);
     tty.keys(&["C-d"]);
     wait_until("the session to end", 60, || !tty.alive());
-    assert_nothing_left(&chat);
+    chat.assert_nothing_left();
 }
 
 /// The model of a `--shadow` session: a live turn fixes add.sh (in the session's branch),
@@ -388,8 +357,8 @@ fn shadow_model(body: &Value) -> Reply {
 }
 
 /// A `--shadow` session whose live turn fixed add.sh in its branch, with the suggestion
-/// "run the tests" shown and its speculation run to the end.
-fn shadow_session_speculated(chat: &Chat) -> Tty {
+/// "run the tests" shown (its speculation starting).
+fn shadow_session_suggesting(chat: &Chat) -> Tty {
     let tty = chat.start(&["--shadow", "--approval", "yolo"]);
     tty.type_text("hello");
     tty.keys(&["Enter"]);
@@ -399,26 +368,16 @@ fn shadow_session_speculated(chat: &Chat) -> Tty {
     tty.keys(&["Enter"]);
     tty.wait_text("Fixed add.sh.", 60);
     wait_ghost(&tty, "run the tests");
+    tty
+}
+
+/// [`shadow_session_suggesting`], with the speculation run to the end.
+fn shadow_session_speculated(chat: &Chat) -> Tty {
+    let tty = shadow_session_suggesting(chat);
     wait_until("the speculated answer", 60, || {
         served(chat, "run the tests", 1, "fast-model") == 1
     });
     tty
-}
-
-/// Shade mounts of this session's state dir now.
-fn mounts_of(chat: &Chat) -> usize {
-    let state = chat.state.display().to_string();
-    std::fs::read_to_string("/proc/mounts")
-        .unwrap()
-        .lines()
-        .filter(|l| l.contains(&state))
-        .count()
-}
-
-fn branch_dirs(chat: &Chat) -> usize {
-    std::fs::read_dir(chat.state.join("branches"))
-        .map(|d| d.count())
-        .unwrap_or(0)
 }
 
 #[test]
@@ -468,7 +427,7 @@ fn a_shadow_session_speculates_on_its_branch_and_accept_lands_there() {
     assert_eq!(read(&chat.project.join("result.txt")), "PASS\n");
     tty.keys(&["C-d"]);
     wait_until("the session to end", 60, || !tty.alive());
-    assert_nothing_left(&chat);
+    chat.assert_nothing_left();
 }
 
 #[test]
@@ -485,10 +444,10 @@ fn a_shadow_session_drops_a_speculation_it_does_not_take() {
     });
     // Only the session's own branch is left mounted.
     wait_until("the speculation's branch to be gone", 60, || {
-        branch_dirs(&chat) == 1
+        chat.branch_dirs() == 1
     });
     assert_eq!(
-        mounts_of(&chat),
+        chat.mounts(),
         1,
         "{}",
         std::fs::read_to_string("/proc/mounts").unwrap()
@@ -502,7 +461,7 @@ fn a_shadow_session_drops_a_speculation_it_does_not_take() {
     wait_prompt(&tty);
     tty.keys(&["C-d"]);
     wait_until("the session to end", 60, || !tty.alive());
-    assert_nothing_left(&chat);
+    chat.assert_nothing_left();
     assert_eq!(read(&chat.project.join("add.sh")), BUGGY);
     assert!(!chat.project.join("result.txt").exists());
 }
@@ -534,21 +493,13 @@ fn a_shadow_session_refuses_a_speculation_whose_base_changed_and_runs_live() {
     wait_prompt(&tty);
     tty.keys(&["C-d"]);
     wait_until("the session to end", 60, || !tty.alive());
-    assert_nothing_left(&chat);
+    chat.assert_nothing_left();
 }
 
 #[test]
 fn accepting_a_shadow_session_drops_its_speculation_first() {
     let chat = setup_with(shadow_model);
-    let tty = chat.start(&["--shadow", "--approval", "yolo"]);
-    tty.type_text("hello");
-    tty.keys(&["Enter"]);
-    tty.wait_text("Hello.", 60);
-    wait_prompt(&tty);
-    tty.type_text("fix add.sh");
-    tty.keys(&["Enter"]);
-    tty.wait_text("Fixed add.sh.", 60);
-    wait_ghost(&tty, "run the tests");
+    let tty = shadow_session_suggesting(&chat);
     // The speculation has its branch (it asked the model for its first step).
     wait_until("the speculation's first call", 60, || {
         served(&chat, "run the tests", 0, "fast-model") == 1
@@ -560,9 +511,9 @@ fn accepting_a_shadow_session_drops_its_speculation_first() {
     assert_eq!(read(&chat.project.join("add.sh")), FIXED);
     assert!(!chat.project.join("result.txt").exists());
     // Only the session's fresh branch is left.
-    assert_eq!(branch_dirs(&chat), 1);
-    assert_eq!(mounts_of(&chat), 1);
+    assert_eq!(chat.branch_dirs(), 1);
+    assert_eq!(chat.mounts(), 1);
     tty.keys(&["C-d"]);
     wait_until("the session to end", 60, || !tty.alive());
-    assert_nothing_left(&chat);
+    chat.assert_nothing_left();
 }

@@ -67,6 +67,34 @@ impl Chat {
     }
 
     /// Telemetry events so far.
+    /// Branch stores of this session in the state dir now.
+    pub fn branch_dirs(&self) -> usize {
+        std::fs::read_dir(self.state.join("branches"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
+    /// Shade mounts of this session's state dir now.
+    pub fn mounts(&self) -> usize {
+        let state = self.state.display().to_string();
+        std::fs::read_to_string("/proc/mounts")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(&state))
+            .count()
+    }
+
+    /// Once the session has dropped its branches (waited for), none is mounted or stored.
+    pub fn assert_nothing_left(&self) {
+        super::wait_until("the branches to be dropped", 60, || self.branch_dirs() == 0);
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+        let state = self.state.display().to_string();
+        assert!(
+            !mounts.lines().any(|l| l.contains(&state)),
+            "a branch is still mounted:\n{mounts}"
+        );
+    }
+
     pub fn telemetry(&self) -> Vec<Value> {
         read_jsonl(&self.state.join("telemetry.jsonl"))
     }

@@ -123,5 +123,17 @@ pub fn assert_no_shade_mounts(state: &StateDir) {
     let left: Vec<&str> = mounts.lines().filter(|l| l.contains(&root)).collect();
     assert!(left.is_empty(), "mounts left behind: {left:#?}");
 }
+/// Poll `cond` every 50 ms until it holds; panic naming `what` after `secs` seconds.
+pub fn wait_until(what: &str, secs: u64, cond: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 pub mod chat;
 pub mod tty;
