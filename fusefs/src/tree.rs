@@ -388,10 +388,14 @@ impl Tree {
         }
         if let Some(ino) = self.path_ino.get(rel).copied() {
             // Forgotten by the kernel but kept (keep_path_inos): known again under its number.
-            self.inodes.entry(ino).or_insert_with(|| Inode {
-                target: InodeTarget::Path(rel.to_path_buf()),
-                lookups: 0,
-            });
+            // Without that option a path's number lives exactly as long as its inode, so
+            // the usual lookup pays no second map access.
+            if self.keep_path_inos {
+                self.inodes.entry(ino).or_insert_with(|| Inode {
+                    target: InodeTarget::Path(rel.to_path_buf()),
+                    lookups: 0,
+                });
+            }
             return ino;
         }
         let ino = self.alloc_ino();
