@@ -88,10 +88,15 @@ pub fn render(files: &[InstructionFile]) -> String {
     out
 }
 
+/// The nearest of `dir` and its ancestors holding `.git` (a directory, or a worktree's file).
+pub fn repository_root(dir: &Path) -> Option<&Path> {
+    dir.ancestors().find(|a| a.join(".git").exists())
+}
+
 /// `dir`'s ancestors from the repository root down, not `dir` itself; none outside a
 /// repository (a stray `AGENTS.md` in a home directory is not this project's).
 fn ancestors_within_repository(dir: &Path) -> Vec<PathBuf> {
-    let Some(repo_root) = dir.ancestors().find(|a| a.join(".git").exists()) else {
+    let Some(repo_root) = repository_root(dir) else {
         return Vec::new();
     };
     let mut chain: Vec<PathBuf> = dir

@@ -36,7 +36,7 @@ pub fn system_prompt(ctx: &ToolContext) -> String {
 /// whether the project is under git.
 fn environment(ctx: &ToolContext) -> String {
     let root = ctx.workspace.shown_root();
-    let git = if root.ancestors().any(|a| a.join(".git").exists()) {
+    let git = if instructions::repository_root(root).is_some() {
         "yes"
     } else {
         "no"
