@@ -284,4 +284,54 @@ fn at_mentions_complete_and_bang_commands_run() {
             .is_some_and(|c| c.contains("$ echo typed-by-$USER-hand") && c.contains("TYPED-BY-"))),
         "{msgs:?}"
     );
+    // Ctrl-C stops a command of the user's that would outlast the wait below, and the
+    // session goes on.
+    wait_prompt(&tty);
+    tty.type_text("!touch started.flag; sleep 600; echo never-printed");
+    tty.keys(&["Enter"]);
+    common::wait_until("the command to start", 60, || {
+        chat.project.join("started.flag").exists()
+    });
+    tty.keys(&["C-c"]);
+    tty.wait_text("(cancelled)", 60);
+    wait_prompt(&tty);
+    // (The typed line holds the words; the output would be a line of its own.)
+    assert!(!tty.screen().lines().any(|l| l.trim() == "never-printed"));
+    assert!(tty.alive());
+}
+
+/// A conversation left with Ctrl-D is picked up with `--continue` in a new terminal: the
+/// screen says which one and how it ended, and the next turn carries the earlier exchange.
+#[test]
+fn continue_picks_the_last_conversation_up_in_a_new_terminal() {
+    let chat = Chat::new(router);
+    let tty = chat.start(&["--no-speculate", "--no-suggest"]);
+    tty.type_text("hello");
+    tty.keys(&["Enter"]);
+    tty.wait_text("Ask me about the project.", 60);
+    wait_prompt(&tty);
+    tty.keys(&["C-d"]);
+    common::wait_until("the first session to end", 60, || !tty.alive());
+    drop(tty);
+
+    let tty = chat.start(&["--no-speculate", "--no-suggest", "--continue"]);
+    tty.wait_text("resumed conversation", 60);
+    tty.wait_text("last answer: Hello! Ask me about the project.", 60);
+    tty.type_text("what is in here?");
+    tty.keys(&["Enter"]);
+    tty.wait_text("There is a README.", 60);
+    let sent = chat.llm.requests();
+    let msgs = sent.last().unwrap()["messages"].as_array().unwrap().clone();
+    let texts: Vec<&str> = msgs
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        texts[1..],
+        [
+            "hello",
+            "Hello! Ask me about the project.",
+            "what is in here?"
+        ]
+    );
 }

@@ -66,7 +66,6 @@ impl Chat {
         tty
     }
 
-    /// Telemetry events so far.
     /// Branch stores of this session in the state dir now.
     pub fn branch_dirs(&self) -> usize {
         std::fs::read_dir(self.state.join("branches"))
@@ -95,6 +94,7 @@ impl Chat {
         );
     }
 
+    /// Telemetry events so far.
     pub fn telemetry(&self) -> Vec<Value> {
         read_jsonl(&self.state.join("telemetry.jsonl"))
     }
