@@ -230,15 +230,9 @@ fn new_id(now: u64) -> String {
     format!("{local}-{:04x}", fastrand::u16(..))
 }
 
-/// The first line of `text`, at most 72 characters.
+/// The first line of `text`, at most 72 characters (71 and `…` when cut).
 pub fn one_line(text: &str) -> String {
-    let line = text.lines().next().unwrap_or("").trim();
-    if line.chars().count() > 72 {
-        let cut: String = line.chars().take(71).collect();
-        format!("{cut}…")
-    } else {
-        line.to_string()
-    }
+    crate::llm::error::truncate_chars(text.lines().next().unwrap_or("").trim(), 71)
 }
 
 #[cfg(test)]
