@@ -216,17 +216,11 @@ impl Session {
         sink: &EventSink,
         cancel: &CancellationToken,
     ) -> Result<RunOutcome, AgentError> {
-        let prompt = &with_mentions(prompt, &self.agent.context().workspace);
-        if self.conversation.is_empty() {
-            self.conversation = self.agent.start_conversation(prompt);
-        } else {
-            if self.context_nearly_full() {
-                self.compact_reporting(sink, cancel).await;
-            }
-            self.conversation.push(Message::User {
-                content: prompt.to_string(),
-            });
+        let prompt = with_mentions(prompt, &self.agent.context().workspace);
+        if !self.conversation.is_empty() && self.context_nearly_full() {
+            self.compact_reporting(sink, cancel).await;
         }
+        self.add_user_message(prompt);
         let tokens = self.last_prompt_tokens.clone();
         let inner = sink.clone();
         let metered: EventSink = Arc::new(move |e: AgentEvent| {
@@ -294,10 +288,15 @@ impl Session {
         let note = format!(
             "I ran this shell command myself; its result is for your information:\n$ {command}\n{content}"
         );
+        self.add_user_message(note);
+    }
+
+    /// The user's message, starting the conversation (system prompt first) if there is none.
+    fn add_user_message(&mut self, content: String) {
         if self.conversation.is_empty() {
-            self.conversation = self.agent.start_conversation(&note);
+            self.conversation = self.agent.start_conversation(&content);
         } else {
-            self.conversation.push(Message::User { content: note });
+            self.conversation.push(Message::User { content });
         }
     }
 
