@@ -326,3 +326,84 @@ fn accepted_git_commands_run_no_configured_program() {
     assert!(refused_but_runs >= 10, "{refused_but_runs}");
     assert!(accepted >= 20, "{accepted}");
 }
+
+/// A commit carrying a (fake) signature, so `%G?` makes git verify it with `gpg.program`.
+fn signed_commit(r: &Path) {
+    let tree = stdout(&git(r, &["rev-parse", "HEAD^{tree}"]));
+    let parent = stdout(&git(r, &["rev-parse", "HEAD"]));
+    let object = format!(
+        "tree {}\nparent {}\nauthor t <t@example.com> 1700000000 +0000\n\
+         committer t <t@example.com> 1700000000 +0000\n\
+         gpgsig -----BEGIN PGP SIGNATURE-----\n \n iQEzBAABCAAdFiEE\n -----END PGP SIGNATURE-----\n\nsigned\n",
+        tree.trim(),
+        parent.trim()
+    );
+    let path = r.join(".git/signed-commit");
+    std::fs::write(&path, object).unwrap();
+    let id = stdout(&git(
+        r,
+        &["hash-object", "-w", "-t", "commit", path.to_str().unwrap()],
+    ));
+    git(r, &["update-ref", "HEAD", id.trim()]);
+}
+
+/// `format.pretty` (directly, or naming a `pretty.<alias>`) with `%G?` makes `git log` run
+/// `gpg.program`: not read-only, and running it really runs the program.
+#[test]
+fn git_log_with_a_signature_format_is_refused_and_really_runs_gpg() {
+    let r = repo();
+    signed_commit(r.path());
+    let bin = tempfile::tempdir().unwrap();
+    let marker = bin.path().join("ran");
+    let prog = marker_program(bin.path(), "gpg", &marker);
+    git(r.path(), &["config", "gpg.program", &prog]);
+    for (key, value) in [("format.pretty", "%h %G? %s"), ("pretty.sig", "%H %G?")] {
+        git(r.path(), &["config", key, value]);
+        if key == "pretty.sig" {
+            git(r.path(), &["config", "format.pretty", "sig"]);
+        }
+        for script in ["git log -1", "git show --no-patch"] {
+            let o = check_in(r.path(), &[script]);
+            assert_eq!(o.status.code(), Some(1), "{key}: {script}");
+            assert!(stdout(&o).contains(key), "{key}: {}", stdout(&o));
+        }
+        assert!(!marker.exists(), "classifying must not run anything");
+        git(r.path(), &["log", "-1"]);
+        assert!(marker.exists(), "git log ran gpg.program ({key})");
+        std::fs::remove_file(&marker).unwrap();
+        git(r.path(), &["config", "--unset", key]);
+    }
+    // The same through `-c` in a clean repository.
+    git(r.path(), &["config", "--unset", "format.pretty"]);
+    let o = check_in(r.path(), &["git -c 'format.pretty=%G?' log -1"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert_eq!(stdout(&check_in(r.path(), &["git log -1"])), "read-only\n");
+}
+
+/// An embedded repository added as a gitlink (or a submodule) is entered by `git status` and
+/// `git diff`, which run its own `core.fsmonitor`: its configuration is checked too, and so
+/// is the repository `-C` names.
+#[test]
+fn git_status_runs_an_embedded_repositorys_fsmonitor_and_is_refused() {
+    let r = repo();
+    let inner = r.path().join("inner");
+    std::fs::create_dir(&inner).unwrap();
+    git(&inner, &["init", "-q"]);
+    git(&inner, &["commit", "-q", "--allow-empty", "-m", "i"]);
+    git(r.path(), &["add", "inner"]);
+    git(r.path(), &["commit", "-qm", "embed"]);
+    assert_eq!(stdout(&check_in(r.path(), &["git status"])), "read-only\n");
+
+    let bin = tempfile::tempdir().unwrap();
+    let marker = bin.path().join("ran");
+    let prog = marker_program(bin.path(), "monitor", &marker);
+    git(&inner, &["config", "core.fsmonitor", &prog]);
+    for script in ["git status", "git diff", "git -C inner status"] {
+        let o = check_in(r.path(), &[script]);
+        assert_eq!(o.status.code(), Some(1), "{script}: {}", stdout(&o));
+        assert!(stdout(&o).contains("core.fsmonitor"), "{}", stdout(&o));
+    }
+    assert!(!marker.exists(), "classifying must not run anything");
+    git(r.path(), &["status", "--short"]);
+    assert!(marker.exists(), "git status ran the embedded fsmonitor");
+}

@@ -221,6 +221,18 @@ enum Ending {
     Cancelled,
 }
 
+/// The environment of the model's commands, in the project and in a branch alike (`None`:
+/// removed). They must not see shade's credentials, nothing may wait for a terminal that is
+/// not there, and git's read commands must not rewrite `.git/index` to refresh its stat
+/// cache (`GIT_OPTIONAL_LOCKS=0`): a read-only command leaves the repository as it was.
+const COMMAND_ENV: [(&str, Option<&str>); 5] = [
+    ("OPENAI_API_KEY", None),
+    ("GIT_TERMINAL_PROMPT", Some("0")),
+    ("PAGER", Some("cat")),
+    ("GIT_PAGER", Some("cat")),
+    ("GIT_OPTIONAL_LOCKS", Some("0")),
+];
+
 async fn run_command(
     command: &str,
     root: &std::path::Path,
@@ -230,16 +242,15 @@ async fn run_command(
     cancel: &CancellationToken,
 ) -> Result<ToolOutput, ToolError> {
     let shell = shell_program();
-    let mut child = tokio::process::Command::new(shell)
+    let mut child = tokio::process::Command::new(shell);
+    for (k, _) in COMMAND_ENV.iter().filter(|(_, v)| v.is_none()) {
+        child.env_remove(k);
+    }
+    let mut child = child
         .arg("-c")
         .arg(command)
         .current_dir(root)
-        // The model's commands must not see shade's credentials, and nothing may wait for
-        // a terminal that is not there.
-        .env_remove("OPENAI_API_KEY")
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .env("PAGER", "cat")
-        .env("GIT_PAGER", "cat")
+        .envs(COMMAND_ENV.iter().filter_map(|(k, v)| v.map(|v| (k, v))))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -356,15 +367,10 @@ async fn run_in_shadow(
     cancel: &CancellationToken,
 ) -> Result<(ToolOutput, Option<&'static str>), ToolError> {
     let shell = shell_program();
-    let env = [
-        ("OPENAI_API_KEY", None),
-        ("GIT_TERMINAL_PROMPT", Some("0")),
-        ("PAGER", Some("cat")),
-        ("GIT_PAGER", Some("cat")),
-    ]
-    .into_iter()
-    .map(|(k, v)| (OsString::from(k), v.map(OsString::from)))
-    .collect();
+    let env = COMMAND_ENV
+        .iter()
+        .map(|(k, v)| (OsString::from(k), v.map(OsString::from)))
+        .collect();
     let cmd = shadow::Command {
         argv: vec![shell.into(), "-c".into(), command.into()],
         cwd: ctx.workspace.shown_root().to_path_buf(),

@@ -1,22 +1,24 @@
 //! `git`: read subcommands only, listing forms of `branch`/`tag`/`remote`/`config`, and no
 //! global options that change which repository, configuration or helper programs git uses.
 //!
-//! Global options: `-c`/`--config-env` can set `core.fsmonitor` or `diff.external` (a
-//! program), `-C`/`--git-dir`/`--work-tree` point git at a repository whose configuration was
-//! not checked, `--exec-path` swaps git's helper programs, `-p` starts a pager. All are
-//! refused; only options that change nothing of that kind (`--no-pager`, pathspec modes)
-//! pass.
+//! Global options: `-C`/`--git-dir`/`--work-tree` point git at another repository and
+//! `-c KEY=VALUE` can set `core.fsmonitor` or `diff.external` (a program): they are passed to
+//! the configuration check, which then reads exactly the configuration the command would
+//! use. `--config-env` (a value from the environment), `--namespace`/`--bare`,
+//! `--exec-path` (git's helper programs from elsewhere) and `-p` (a pager) are refused.
 //!
 //! `status`, `diff`, `log`, `show`, `blame`, `ls-files`, `grep` and kin can run programs named
 //! in configuration:
 //! `core.fsmonitor` and `filter.*` (status and diff refresh the index), hooks
 //! (`post-index-change` when the refreshed index is written), `diff.external`, `diff.*.textconv`
-//! and `diff.*.command`, `gpg.program` through `log.showSignature`, and submodules with their own
+//! and `diff.*.command`, `gpg.program` through `log.showSignature` or a `%G` placeholder in
+//! `format.pretty`/`pretty.<alias>`, and submodules with their own
 //! configuration. They are read-only only when [`config_hazard`] finds none of these in the
 //! repository the command runs in. A pager only starts on a terminal, which the agent's
 //! commands never have, so pager settings are not a hazard here (`-p` still is).
 
-use std::path::Path;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use super::programs::long_is;
@@ -76,6 +78,9 @@ pub(super) const NETWORK: &[&str] = &[
 
 pub(super) fn check(args: &[Arg], walker: &mut Walker) -> Check {
     let mut i = 0;
+    // `-C DIR`, `--git-dir`, `--work-tree` and `-c KEY=VALUE`, in order: the configuration
+    // check runs git with them, so it reads the configuration the command would use.
+    let mut globals: Vec<String> = Vec::new();
     while let Some(a) = args.get(i) {
         let Some(v) = a.value.as_deref() else {
             return Err(format!(
@@ -99,15 +104,32 @@ pub(super) fn check(args: &[Arg], walker: &mut Walker) -> Check {
                 continue;
             }
             "--version" => return Ok(()),
-            v if v.starts_with("-c") || v.starts_with("--config-env") => {
-                "sets configuration that can make git run programs (core.fsmonitor, diff.external)"
+            "-C" | "-c" | "--git-dir" | "--work-tree" => {
+                let Some(value) = args.get(i + 1).and_then(|a| a.value.as_deref()) else {
+                    return Err(format!(
+                        "`git {v}` has a value that is only known when the command runs"
+                    ));
+                };
+                globals.extend([v.to_string(), value.to_string()]);
+                i += 2;
+                continue;
             }
-            v if v.starts_with("-C")
-                || v.starts_with("--git-dir")
-                || v.starts_with("--work-tree")
-                || v.starts_with("--namespace")
-                || v == "--bare" =>
-            {
+            v if v.starts_with("--git-dir=") || v.starts_with("--work-tree=") => {
+                // Kept as option-value pairs, like the others.
+                let (opt, value) = v.split_once('=').unwrap_or((v, ""));
+                globals.extend([opt.to_string(), value.to_string()]);
+                i += 1;
+                continue;
+            }
+            v if v.starts_with("-C") || v.starts_with("-c") => {
+                globals.extend([v[..2].to_string(), v[2..].to_string()]);
+                i += 1;
+                continue;
+            }
+            v if v.starts_with("--config-env") => {
+                "sets configuration from the environment, which this check does not read"
+            }
+            v if v.starts_with("--namespace") || v == "--bare" => {
                 "points git at a repository whose configuration was not checked"
             }
             v if v.starts_with("--exec-path") => "runs git's helper programs from elsewhere",
@@ -151,22 +173,31 @@ pub(super) fn check(args: &[Arg], walker: &mut Walker) -> Check {
             "`git {sub} --` is not a listing form of `git {sub}`"
         ));
     }
+    // Another repository or configuration: checked even for commands that read the
+    // object store only (`-c include.path`, `--git-dir` of an unknown repository).
+    if !globals.is_empty() {
+        walker.git_config_allows(sub, &globals)?;
+    }
     match sub {
         s if PLAIN_READS.contains(&s) => Ok(()),
-        s if CONFIG_READS.contains(&s) => walker.git_config_allows(s),
+        s if CONFIG_READS.contains(&s) => walker.git_config_allows(s, &globals),
         "branch" => branch(&rest),
         "tag" => tag(&rest),
         "remote" => remote(&rest),
         "config" => config(&rest),
         "worktree" if rest.first() == Some(&"list") => Ok(()),
-        "stash" if rest.first() == Some(&"list") => walker.git_config_allows("stash list"),
-        "stash" if rest.first() == Some(&"show") => walker.git_config_allows("stash show"),
+        "stash" if rest.first() == Some(&"list") => {
+            walker.git_config_allows("stash list", &globals)
+        }
+        "stash" if rest.first() == Some(&"show") => {
+            walker.git_config_allows("stash show", &globals)
+        }
         "reflog"
             if rest
                 .first()
                 .is_none_or(|r| *r == "show" || r.starts_with('-')) =>
         {
-            walker.git_config_allows("reflog")
+            walker.git_config_allows("reflog", &globals)
         }
         s if NETWORK.contains(&s) => Err(format!(
             "`git {s}` talks to a remote repository and changes local refs or files"
@@ -333,21 +364,34 @@ fn config(rest: &[&str]) -> Check {
     }
 }
 
-/// The first configuration key (or file) in `dir`'s effective git configuration that would
-/// make a read command run a program, or why the configuration could not be read.
-pub(super) fn config_hazard(dir: &Path) -> Option<String> {
+/// The first configuration key (or file) in the effective git configuration of a command run
+/// in `dir` with the global options `globals` (`-C`, `--git-dir`, `--work-tree`, `-c`) that
+/// would make a read command run a program, or why the configuration could not be read.
+pub(super) fn config_hazard(dir: &Path, globals: &[String]) -> Option<String> {
+    config_hazard_at(dir, globals, 0)
+}
+
+/// Submodules (and embedded repositories added as gitlinks) nested deeper than this are
+/// not looked into: the command is then not called read-only.
+const MAX_SUBMODULE_DEPTH: usize = 4;
+
+fn config_hazard_at(dir: &Path, globals: &[String], depth: usize) -> Option<String> {
     if std::env::var_os("GIT_EXTERNAL_DIFF").is_some() {
         return Some("GIT_EXTERNAL_DIFF in the environment".into());
     }
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(["config", "--list", "-z"])
-        .env("GIT_OPTIONAL_LOCKS", "0")
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output();
-    let out = match out {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(globals)
+            .args(args)
+            .env("GIT_OPTIONAL_LOCKS", "0")
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+    };
+    // `-c` settings are listed too (command-line scope), and include files are followed.
+    let out = match git(&["config", "--list", "-z"]) {
         Ok(o) if o.status.success() => o.stdout,
         Ok(_) => return Some("`git config --list` failed".into()),
         Err(e) => return Some(format!("could not run `git config`: {e}")),
@@ -359,20 +403,60 @@ pub(super) fn config_hazard(dir: &Path) -> Option<String> {
             return Some(key.to_string());
         }
     }
-    let hook = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(["rev-parse", "--git-path", "hooks/post-index-change"])
-        .env("GIT_OPTIONAL_LOCKS", "0")
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output();
+    let hook = git(&[
+        "rev-parse",
+        "--path-format=absolute",
+        "--git-path",
+        "hooks/post-index-change",
+    ]);
     if let Ok(o) = hook {
         if o.status.success() {
             let path = String::from_utf8_lossy(&o.stdout).trim().to_string();
-            if !path.is_empty() && dir.join(&path).exists() {
+            if !path.is_empty() && Path::new(&path).exists() {
                 return Some("hook post-index-change".into());
             }
+        }
+    }
+    // `status` and `diff` look into every populated submodule — a gitlink in the index,
+    // with or without `.gitmodules` — by running git there, with that repository's own
+    // configuration (its `core.fsmonitor`, …): each is checked the same way.
+    let top = match git(&["rev-parse", "--show-toplevel"]) {
+        Ok(o) if o.status.success() => {
+            PathBuf::from(String::from_utf8_lossy(&o.stdout).trim_end_matches('\n'))
+        }
+        // Not in a work tree (a bare repository, no repository): no submodules to enter.
+        _ => return None,
+    };
+    let listing = match git(&["ls-files", "--stage", "-z", "--full-name", "--", ":/"]) {
+        Ok(o) if o.status.success() => o.stdout,
+        _ => return Some("`git ls-files` failed".into()),
+    };
+    // `-c` settings reach git in the submodule too (GIT_CONFIG_PARAMETERS); `-C` and the rest
+    // do not.
+    let inherited: Vec<String> = globals
+        .chunks(2)
+        .filter(|pair| pair.first().is_some_and(|o| o == "-c"))
+        .flatten()
+        .cloned()
+        .collect();
+    for entry in listing.split(|b| *b == 0) {
+        let Some(tab) = entry.iter().position(|b| *b == b'\t') else {
+            continue;
+        };
+        if !entry.starts_with(b"160000 ") {
+            continue;
+        }
+        let rel = Path::new(std::ffi::OsStr::from_bytes(&entry[tab + 1..]));
+        let sub = top.join(rel);
+        if !sub.join(".git").exists() {
+            continue; // not populated: git does not enter it
+        }
+        let shown = rel.to_string_lossy();
+        if depth >= MAX_SUBMODULE_DEPTH {
+            return Some(format!("submodule {shown} nested too deep to check"));
+        }
+        if let Some(h) = config_hazard_at(&sub, &inherited, depth + 1) {
+            return Some(format!("{h} in submodule {shown}"));
         }
     }
     None
@@ -395,6 +479,9 @@ pub(super) fn key_runs_programs(key: &str, value: &str) -> bool {
         ("diff", "command" | "textconv") => has_subsection,
         ("filter", "clean" | "smudge" | "process") => has_subsection,
         ("log", "showsignature") => !off,
+        // `%G?` and the other `%G` placeholders verify signatures: they run `gpg.program`.
+        // `format.pretty` may also name a `pretty.<alias>`, which is checked on its own.
+        ("format", "pretty") | ("pretty", _) => value.contains("%G"),
         ("submodule", _) => true,
         ("trace2", _) => true,
         _ => false,

@@ -27,6 +27,7 @@ mod words;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use serde::Serialize;
@@ -83,7 +84,7 @@ fn classify_with(script: &str, repo: Option<&Path>) -> Verdict {
         src,
         repo,
         changes_dir: false,
-        git_hazard: None,
+        git_hazard: HashMap::new(),
     };
     let outcome = walker.check_script(root);
     Verdict {
@@ -103,9 +104,9 @@ struct Walker<'s, 'r> {
     /// The script changes directory somewhere (`cd`, `pushd`, `popd`), so a git command may
     /// run in a repository other than `repo`.
     changes_dir: bool,
-    /// The repository's git configuration check, done once, on the first git command that
-    /// needs it.
-    git_hazard: Option<Option<String>>,
+    /// The repository's git configuration checks, done once per set of git's global options
+    /// (`-C`, `-c`, …), on the first git command that needs it.
+    git_hazard: HashMap<Vec<String>, Option<String>>,
 }
 
 /// The first characters of a node's text, on one line, for reasons.
@@ -455,7 +456,7 @@ impl Walker<'_, '_> {
 
     /// Git commands that can run configured programs: cleared only by a check of the
     /// repository they run in.
-    fn git_config_allows(&mut self, sub: &str) -> Check {
+    fn git_config_allows(&mut self, sub: &str, globals: &[String]) -> Check {
         let Some(repo) = self.repo else {
             return Err(format!(
                 "`git {sub}` can run programs named in git configuration (core.fsmonitor, \
@@ -470,7 +471,8 @@ impl Walker<'_, '_> {
         }
         let hazard = self
             .git_hazard
-            .get_or_insert_with(|| git::config_hazard(repo))
+            .entry(globals.to_vec())
+            .or_insert_with(|| git::config_hazard(repo, globals))
             .clone();
         match hazard {
             None => Ok(()),

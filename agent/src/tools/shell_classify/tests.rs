@@ -525,13 +525,21 @@ fn git() {
         ("git config --unset user.name", "changes configuration"),
         (
             "git -c core.fsmonitor=evil status",
-            "`git -c` sets configuration",
+            "configuration was not checked",
         ),
-        ("git -c diff.external=x diff", "sets configuration"),
-        ("git --config-env=a.b=C log", "sets configuration"),
-        ("git -C /tmp/other log", "points git at a repository"),
-        ("git --git-dir=/x/.git log", "points git at a repository"),
-        ("git --work-tree=/x status", "points git at a repository"),
+        (
+            "git -c diff.external=x diff",
+            "configuration was not checked",
+        ),
+        ("git -c diff.external=x rev-parse HEAD", "not checked"),
+        (
+            "git --config-env=a.b=C log",
+            "sets configuration from the environment",
+        ),
+        ("git -C /tmp/other log", "configuration was not checked"),
+        ("git --git-dir=/x/.git log", "configuration was not checked"),
+        ("git --work-tree=/x status", "configuration was not checked"),
+        ("git -C \"$d\" log", "only known when the command runs"),
         ("git --exec-path=/tmp log", "helper programs"),
         ("git -p log", "starts a pager"),
         ("git --paginate log", "starts a pager"),
@@ -614,6 +622,72 @@ fn repository_configuration_decides_git_reads() {
     assert!(v.reason.unwrap().contains("after a directory change"));
 }
 
+/// `git log` verifies signatures (runs `gpg.program`) when the configured pretty format has a
+/// `%G` placeholder, directly or through a `pretty.<alias>`; `-C`, `--git-dir` and `-c` are
+/// judged by the configuration they make git use.
+#[test]
+fn pretty_formats_and_global_options_decide_git_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let git = |args: &[&str]| {
+        let st = std::process::Command::new("git")
+            .arg("-C")
+            .arg(dir.path())
+            .args(args)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .status()
+            .unwrap();
+        assert!(st.success(), "git {args:?}");
+    };
+    git(&["init", "-q"]);
+    let clean = tempfile::tempdir().unwrap();
+    let clean_dir = clean.path().to_str().unwrap().to_string();
+    let st = std::process::Command::new("git")
+        .args(["init", "-q", &clean_dir])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert!(classify_in("git log -1", dir.path()).read_only);
+
+    git(&["config", "format.pretty", "%h %G? %s"]);
+    let v = classify_in("git log -1", dir.path());
+    assert!(!v.read_only);
+    assert!(v.reason.unwrap().contains("format.pretty"));
+
+    git(&["config", "format.pretty", "sig"]);
+    git(&["config", "pretty.sig", "%H %G?"]);
+    let v = classify_in("git show", dir.path());
+    assert!(v.reason.unwrap().contains("pretty.sig"));
+
+    // From a clean repository, `-C` and `--git-dir` into the configured one are refused …
+    let target = dir.path().to_str().unwrap();
+    for script in [
+        format!("git -C {target} log -1"),
+        format!("git --git-dir={target}/.git log -1"),
+        format!("git --git-dir {target}/.git status"),
+    ] {
+        let v = classify_in(&script, clean.path());
+        assert!(!v.read_only, "{script}");
+        assert!(v.reason.unwrap().contains("pretty.sig"), "{script}");
+    }
+    // … `-C` back into a clean one is read-only, and `-c` is checked as set.
+    assert!(classify_in(&format!("git -C {clean_dir} log -1"), dir.path()).read_only);
+    assert!(classify_in("git -c color.ui=never log -1", clean.path()).read_only);
+    for (script, key) in [
+        ("git -c 'format.pretty=%G?' log -1", "format.pretty"),
+        ("git -c core.fsmonitor=/tmp/x status", "core.fsmonitor"),
+        ("git -c diff.external=x diff", "diff.external"),
+        (
+            "git -c core.hooksPath=/tmp rev-parse HEAD",
+            "core.hookspath",
+        ),
+    ] {
+        let v = classify_in(script, clean.path());
+        assert!(!v.read_only, "{script}");
+        assert!(v.reason.unwrap().contains(key), "{script}");
+    }
+}
+
 #[test]
 fn configuration_keys_that_run_programs() {
     for (k, v) in [
@@ -627,6 +701,9 @@ fn configuration_keys_that_run_programs() {
         ("filter.x.clean", "x"),
         ("filter.x.smudge", "x"),
         ("log.showSignature", "true"),
+        ("format.pretty", "%h %G? %s"),
+        ("format.pretty", "format:%GS"),
+        ("pretty.sig", "%H %G?"),
         ("submodule.lib.url", "u"),
         ("trace2.eventTarget", "/tmp/t"),
     ] {
@@ -640,6 +717,8 @@ fn configuration_keys_that_run_programs() {
         ("diff.textconv", "x"),
         ("diff.algorithm", "patience"),
         ("remote.origin.url", "u"),
+        ("format.pretty", "oneline"),
+        ("pretty.short", "%h %s"),
     ] {
         assert!(!key_runs_programs(k, v), "{k}={v}");
     }
