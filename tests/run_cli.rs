@@ -277,3 +277,96 @@ fn a_killed_shade_leaves_the_tree_untouched_and_is_cleaned_up() {
     let o = sh(&fx, &[], "cat a.txt");
     assert_eq!(String::from_utf8_lossy(&o.stdout), "real\n");
 }
+
+/// Run `cmd`, but if it has not finished after `secs`, abort every FUSE connection mounted
+/// under `state` (a deadlocked FUSE server leaves its callers unkillable otherwise) and fail.
+fn output_within(mut cmd: Command, secs: u64, state: &std::path::Path) -> Output {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(o) => o.unwrap(),
+        Err(_) => {
+            let root = state.to_string_lossy().to_string();
+            let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+            for l in mounts.lines().filter(|l| l.contains(&root)) {
+                let dev = l.split(' ').nth(2).unwrap_or("");
+                let minor = dev.split(':').nth(1).unwrap_or("");
+                let _ = fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), "1");
+                if let Some(point) = l.split(' ').nth(4) {
+                    let _ = Command::new("umount").args(["-l", point]).status();
+                }
+            }
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            panic!("{cmd:?} did not finish in {secs} s (deadlocked on its own mount?)");
+        }
+    }
+}
+
+/// A project that contains shade's state directory (`cd ~ && shade run …` with the default
+/// `~/.local/state/shade`): the branch does not show the state directory, so a command that
+/// walks the whole project finishes instead of making the FUSE server read its own mount,
+/// and the command cannot create it in the branch either. A project that is the state
+/// directory or inside it is refused in one line.
+#[test]
+fn a_project_containing_the_state_dir_hides_it() {
+    let fx = Fixture::new();
+    fx.write("a.txt", "a\n");
+    fx.write(".local/state/other", "o\n");
+    let state = fx.project.join(".local/state/shade");
+    let run = |args: &[&str]| {
+        let mut c = fx.shade();
+        c.env("SHADE_STATE_DIR", &state).arg("run").args(args);
+        output_within(c, 120, &state)
+    };
+
+    let o = run(&["--", "find", "."]);
+    assert!(o.status.success(), "{}", out(&o));
+    let found = String::from_utf8_lossy(&o.stdout);
+    assert!(found.lines().any(|l| l == "./a.txt"), "{found}");
+    assert!(
+        found.lines().any(|l| l == "./.local/state/other"),
+        "{found}"
+    );
+    assert!(!found.contains("shade"), "{found}");
+
+    let o = run(&[
+        "--",
+        "sh",
+        "-c",
+        "ls -la . .local/state; ls .local/state/shade || echo hidden; \
+         mkdir .local/state/shade || echo refused",
+    ]);
+    assert!(o.status.success(), "{}", out(&o));
+    let listed = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        listed.contains("other") && listed.contains("a.txt"),
+        "{listed}"
+    );
+    assert!(!listed.contains(" shade"), "{listed}");
+    assert!(
+        listed.contains("hidden") && listed.contains("refused"),
+        "{listed}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("A .local"),
+        "{}",
+        out(&o)
+    );
+    assert_no_shade_mounts(&shade_fusefs::StateDir::at(state.clone()));
+
+    for project in [state.clone(), state.join("branches")] {
+        let o = run(&["-C", project.to_str().unwrap(), "--", "true"]);
+        assert_eq!(o.status.code(), Some(125), "{}", out(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("inside shade's state directory"), "{err}");
+    }
+}

@@ -86,6 +86,8 @@ pub enum BranchError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{project} is inside shade's state directory {state}; choose another project or SHADE_STATE_DIR")]
+    InsideState { project: PathBuf, state: PathBuf },
     #[error("mounting the branch at {path} failed: {source}")]
     Mount {
         path: PathBuf,
@@ -115,6 +117,36 @@ pub struct Branch {
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// Where shade's state directory lies relative to `project` (both canonical): inside it
+/// (`Some(relative path)`, which the branch hides), or elsewhere (`None`). A project that is
+/// the state directory or inside it is refused — except a live branch's mount point, which a
+/// branch of a branch has as its project.
+fn state_inside(project: &Path, state: &StateDir) -> Result<Option<PathBuf>, BranchError> {
+    let root = std::fs::canonicalize(state.root()).map_err(|source| BranchError::State {
+        path: state.root().to_path_buf(),
+        source,
+    })?;
+    if let Ok(rel) = root.strip_prefix(project) {
+        if !rel.as_os_str().is_empty() {
+            return Ok(Some(rel.to_path_buf()));
+        }
+    }
+    if project.starts_with(&root) {
+        let branches = root.join("branches");
+        let in_a_mount = project.strip_prefix(&branches).is_ok_and(|rest| {
+            let mut parts = rest.components();
+            parts.next().is_some() && parts.next().is_some_and(|c| c.as_os_str() == "mnt")
+        });
+        if !in_a_mount {
+            return Err(BranchError::InsideState {
+                project: project.to_path_buf(),
+                state: root,
+            });
+        }
+    }
+    Ok(None)
+}
+
 impl Branch {
     /// Create and mount a new branch of `project`.
     pub fn create(project: &Path, opts: &BranchOptions) -> Result<Branch, BranchError> {
@@ -131,7 +163,7 @@ impl Branch {
         if !meta.is_dir() {
             return Err(BranchError::NotADirectory { path: project });
         }
-        let lower = Lower::open(&project).map_err(|source| BranchError::Project {
+        let mut lower = Lower::open(&project).map_err(|source| BranchError::Project {
             path: project.clone(),
             source,
         })?;
@@ -176,6 +208,9 @@ impl Branch {
                 })
         };
         mk(&opts.state.branches(), 0o755)?;
+        if let Some(rel) = state_inside(&project, &opts.state)? {
+            lower.hide(&rel);
+        }
         // The mount admits every uid (allow_other): this 0700 directory is what keeps
         // users outside the command away from it. The command reaches the branch through
         // its bind mount over the project's path, which needs no path through here.

@@ -15,6 +15,11 @@ use std::path::{Path, PathBuf};
 pub(crate) struct Lower {
     root: PathBuf,
     fd: OwnedFd,
+    /// shade's state directory when it lies inside the project (relative to the root): the
+    /// branch neither shows nor reads it. Its branch mount points are under it, so reading
+    /// it through lower would make the FUSE server wait on its own mount (a deadlock), and
+    /// a command must not reach other branches' stores or the accept journals through it.
+    hidden: Option<PathBuf>,
 }
 
 /// One entry of a lower directory listing.
@@ -59,7 +64,27 @@ impl Lower {
         Ok(Lower {
             root: root.to_path_buf(),
             fd,
+            hidden: None,
         })
+    }
+
+    /// Hide `rel` (and everything under it) from this lower: it does not exist here.
+    pub fn hide(&mut self, rel: &Path) {
+        self.hidden = Some(rel.to_path_buf());
+    }
+
+    /// Is `rel` the hidden path or under it? Such paths do not exist in lower, and the
+    /// branch refuses to create them.
+    pub fn is_hidden(&self, rel: &Path) -> bool {
+        self.hidden.as_deref().is_some_and(|h| rel.starts_with(h))
+    }
+
+    /// The C path of `rel` for an `*at()` call, or ENOENT for a hidden path.
+    fn cpath(&self, rel: &Path) -> io::Result<CString> {
+        if self.is_hidden(rel) {
+            return Err(io::Error::from_raw_os_error(libc::ENOENT));
+        }
+        cpath(rel)
     }
 
     /// The real path of the project, for messages and for the accept engine.
@@ -69,6 +94,9 @@ impl Lower {
 
     /// `lstat` of a lower path; `Ok(None)` when it does not exist (or a parent is not a dir).
     pub fn stat(&self, rel: &Path) -> io::Result<Option<libc::stat>> {
+        if self.is_hidden(rel) {
+            return Ok(None);
+        }
         let c = cpath(rel)?;
         // SAFETY: zeroed stat is a valid out-buffer for fstatat.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -108,7 +136,7 @@ impl Lower {
 
     /// `openat` below the lower root with `flags` (close-on-exec always).
     fn open_at(&self, rel: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
-        let c = cpath(rel)?;
+        let c = self.cpath(rel)?;
         // SAFETY: valid dir fd and C string.
         let fd =
             cvt(unsafe { libc::openat(self.fd.as_raw_fd(), c.as_ptr(), flags | libc::O_CLOEXEC) })?;
@@ -131,7 +159,7 @@ impl Lower {
         for entry in dir.iter() {
             let entry = entry.map_err(io::Error::from)?;
             let name = entry.file_name().to_bytes();
-            if name == b"." || name == b".." {
+            if name == b"." || name == b".." || self.is_hidden(&rel.join(OsStr::from_bytes(name))) {
                 continue;
             }
             let file_type = match entry.file_type() {
@@ -155,7 +183,7 @@ impl Lower {
 
     /// Target of a lower symlink.
     pub fn read_link(&self, rel: &Path) -> io::Result<OsString> {
-        let c = cpath(rel)?;
+        let c = self.cpath(rel)?;
         let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
         // SAFETY: buffer is valid for buf.len() bytes.
         let n = unsafe {

@@ -244,6 +244,11 @@ impl Overlay {
     /// The path of `name` inside directory inode `parent`, with the name checked.
     pub fn child_path(&self, t: &Tree, parent: u64, name: &OsStr) -> Res<PathBuf> {
         let path = Self::lookup_path(t, parent, name)?;
+        // shade's own state directory (see `Lower::hide`) cannot be made in the branch
+        // either: accept would write it into the real one.
+        if self.lower.is_hidden(&path) {
+            return Err(libc::EACCES);
+        }
         // Changes need the parent to exist now: lower may have lost it meanwhile.
         match t.resolve(&self.lower, split(&path).0)? {
             o if o.is_dir() => Ok(path),
