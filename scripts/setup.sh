@@ -98,3 +98,9 @@ if command -v npm >/dev/null 2>&1; then
         rm -rf "$tmp"
     fi
 fi
+
+# A plain user for the tests that must hold without root (FUSE through the setuid
+# fusermount3 when /dev/fuse is 0600, the sandbox as a plain user).
+if [[ $(id -u) -eq 0 ]]; then
+    id shadetest >/dev/null 2>&1 || useradd --create-home --shell /bin/bash shadetest
+fi

@@ -81,6 +81,10 @@ pub enum BranchError {
     NotADirectory { path: PathBuf },
     #[error("cannot open /dev/fuse ({0}); shade needs FUSE (modprobe fuse, or run the container with --device /dev/fuse)")]
     NoFuse(std::io::Error),
+    /// `/dev/fuse` exists but this user may not open it (mode 0600): fusermount3 cannot help,
+    /// it opens the device with the caller's rights.
+    #[error("cannot open /dev/fuse ({0}); a user who is not root needs it mode 0666 (as desktop distributions ship it: chmod 0666 /dev/fuse), fusermount3 opens it with your rights too")]
+    FuseDenied(std::io::Error),
     #[error("state directory {path}: {source}")]
     State {
         path: PathBuf,
@@ -177,12 +181,16 @@ impl Branch {
             })?;
         // A user who may open /dev/fuse but not mount(2) is mounted through the setuid
         // fusermount3 (fuser does it as libfuse does). One who may not open /dev/fuse
-        // cannot use FUSE at all: fusermount3 opens it with the user's own rights.
+        // cannot use FUSE at all: fusermount3 opens it with the user's own rights too
+        // (libfuse drops its privileges for that open), so it is no way around mode 0600.
         std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open("/dev/fuse")
-            .map_err(BranchError::NoFuse)?;
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::EACCES | libc::EPERM) => BranchError::FuseDenied(e),
+                _ => BranchError::NoFuse(e),
+            })?;
 
         let id = format!(
             "{}-{}-{}",
