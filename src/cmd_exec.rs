@@ -1,6 +1,7 @@
 //! `shade exec`: one-shot, non-interactive agent run in the current project. Prints the
 //! streamed answer and one line per tool call, or (`--json`) every event as a JSON line.
 
+use shade_fusefs::quote::visible_controls;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -324,24 +325,32 @@ fn print_json(e: AgentEvent) {
 pub(crate) struct Renderer {
     /// The last thing written to stdout did not end with a newline.
     mid_line: bool,
+    /// stdout is a terminal: the model's text is shown with its control characters made
+    /// visible (an escape sequence could clear the screen or forge a line); a pipe gets it
+    /// byte for byte.
+    terminal: bool,
     /// Renders the answer's Markdown; None: the text goes out exactly as it came.
     markdown: Option<crate::markdown::Stream>,
 }
 
 impl Default for Renderer {
     fn default() -> Self {
+        use std::io::IsTerminal;
         Renderer {
             mid_line: false,
+            terminal: std::io::stdout().is_terminal(),
             markdown: crate::markdown::wanted().then(crate::markdown::Stream::default),
         }
     }
 }
 
 impl Renderer {
+    /// One line of shade's own (a tool call, a note): what it quotes from the model or a
+    /// tool is shown, never obeyed, pipe or not.
     pub(crate) fn line(&mut self, s: &str) {
         self.end_line();
         let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{s}");
+        let _ = writeln!(out, "{}", visible_controls(s));
         let _ = out.flush();
     }
 
@@ -369,6 +378,12 @@ impl Renderer {
     pub(crate) fn render(&mut self, e: &AgentEvent) {
         match e {
             AgentEvent::TextDelta { text } => {
+                let text = if self.terminal {
+                    visible_controls(text)
+                } else {
+                    std::borrow::Cow::Borrowed(text.as_str())
+                };
+                let text = text.as_ref();
                 let mut out = std::io::stdout().lock();
                 match &mut self.markdown {
                     Some(md) => {
@@ -407,15 +422,17 @@ impl Renderer {
                 delay_ms,
                 reason,
             } => eprintln!(
-                "shade: {reason}; retry {attempt} in {:.1} s",
+                "shade: {}; retry {attempt} in {:.1} s",
+                visible_controls(reason),
                 *delay_ms as f64 / 1000.0
             ),
-            AgentEvent::ModelSwitch { from, to, reason } => {
-                eprintln!("shade: switching model {from} → {to} ({reason})")
-            }
+            AgentEvent::ModelSwitch { from, to, reason } => eprintln!(
+                "{}",
+                visible_controls(&format!("shade: switching model {from} → {to} ({reason})"))
+            ),
             AgentEvent::Error { message } => {
                 self.end_line();
-                eprintln!("shade: {message}");
+                eprintln!("shade: {}", visible_controls(message));
             }
             AgentEvent::Done { reason, .. } => {
                 self.end_line();
@@ -437,14 +454,14 @@ impl Approver for TerminalApprover {
     fn ask<'a>(&'a self, request: ApprovalRequest<'a>) -> BoxFuture<'a, Answer> {
         let mut question = String::new();
         if let Some(diff) = request.preview {
-            question.push_str(diff);
+            question.push_str(&visible_controls(diff));
             if !diff.ends_with('\n') {
                 question.push('\n');
             }
         }
         question.push_str(&format!(
             "shade: allow the agent to {}? [y/N] ",
-            request.what
+            visible_controls(request.what)
         ));
         Box::pin(async move {
             let answer = tokio::task::spawn_blocking(move || {

@@ -3,6 +3,7 @@
 //! same; this command does only that.
 
 use clap::Args;
+use shade_fusefs::quote::quote_path;
 use shade_fusefs::StateDir;
 
 #[derive(Args)]
@@ -13,16 +14,16 @@ pub fn main(_args: RecoverArgs) -> i32 {
     match shade_fusefs::accept::recover(&state) {
         Ok(r) => {
             for p in &r.rolled_forward {
-                println!("finished interrupted accept in {}", p.display());
+                println!("finished interrupted accept in {}", quote_path(p));
             }
             for p in &r.dropped {
                 println!(
                     "dropped the journal of an accept into the dead branch {}",
-                    p.display()
+                    quote_path(p)
                 );
             }
             for p in &r.rolled_back {
-                println!("rolled back interrupted accept in {}", p.display());
+                println!("rolled back interrupted accept in {}", quote_path(p));
             }
         }
         Err(e) => {

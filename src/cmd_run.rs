@@ -7,6 +7,7 @@ use clap::Args;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use serde::Serialize;
 use shade_fusefs::sandbox::{self, Isolation, Output, RunSpec, Termination};
+use shade_fusefs::quote::{quote_path, visible_controls};
 use shade_fusefs::{AcceptError, AcceptFlags, Branch, BranchOptions, Change, StateDir};
 use std::ffi::OsString;
 use std::io::Write;
@@ -70,7 +71,21 @@ struct Report<'a> {
 pub(crate) struct ConflictJson {
     #[serde(serialize_with = "shade_fusefs::lossy_path")]
     path: PathBuf,
+    /// The exact bytes of a name that is not UTF-8 (`path` shows it with U+FFFD).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    path_bytes: Option<Vec<u8>>,
     reason: String,
+}
+
+/// A conflict as one terminal line: its path quoted (see `shade_fusefs::quote`), the rest as
+/// the accept engine says it.
+pub(crate) fn conflict_line(c: &shade_fusefs::Conflict) -> String {
+    let text = c.to_string();
+    let shown = c.path.display().to_string();
+    match text.strip_prefix(&shown) {
+        Some(rest) => format!("{}{rest}", quote_path(&c.path)),
+        None => visible_controls(&text).into_owned(),
+    }
 }
 
 pub fn main(args: RunArgs) -> i32 {
@@ -86,12 +101,12 @@ pub fn startup_recovery(state: &StateDir) {
     match shade_fusefs::accept::recover(state) {
         Ok(r) => {
             for p in &r.rolled_forward {
-                eprintln!("shade: finished an interrupted accept in {}", p.display());
+                eprintln!("shade: finished an interrupted accept in {}", quote_path(p));
             }
             for p in &r.dropped {
                 eprintln!(
                     "shade: dropped the journal of an accept into the dead branch {}",
-                    p.display()
+                    quote_path(p)
                 );
             }
             for p in &r.rolled_back {
@@ -227,13 +242,14 @@ pub(crate) fn report_conflicts(
         "shade: not accepted: {} path{} changed in {} since the branch read them:",
         list.len(),
         if list.len() == 1 { "" } else { "s" },
-        project.display()
+        quote_path(project)
     );
     list.iter()
         .map(|c| {
-            eprintln!("  {c}");
+            eprintln!("  {}", conflict_line(c));
             ConflictJson {
                 path: c.path.clone(),
+                path_bytes: shade_fusefs::non_utf8_bytes(&c.path).map(<[u8]>::to_vec),
                 reason: c.to_string(),
             }
         })

@@ -10,7 +10,11 @@ pub const CONFLICT: i32 = 124;
 
 /// Print shade's own error as one clear line and return the exit status for it.
 pub fn fail(err: &anyhow::Error) -> i32 {
-    eprintln!("shade: {}", one_line(err));
+    // Errors name paths and carry other programs' words: no raw control characters.
+    eprintln!(
+        "shade: {}",
+        shade_fusefs::quote::visible_controls(&one_line(err))
+    );
     SHADE_ERROR
 }
 

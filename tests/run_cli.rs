@@ -370,3 +370,63 @@ fn a_project_containing_the_state_dir_hides_it() {
         assert!(err.contains("inside shade's state directory"), "{err}");
     }
 }
+
+/// File names a command makes are shown as git quotes them: one that carries an escape
+/// sequence and a carriage return (which printed raw erase the line and show a harmless
+/// `M README.md`) and one with a newline (which printed raw splits the changeset line) come
+/// out quoted, and no raw control byte reaches stderr. `--json` names a name that is not
+/// UTF-8 exactly, in `path_bytes`.
+#[test]
+fn names_with_control_characters_are_quoted_and_json_keeps_bytes() {
+    let fx = Fixture::new();
+    fx.write("README.md", "r\n");
+    let o = fx
+        .shade()
+        .args(["run", "--diff", "--", "python3", "-c"])
+        .arg(
+            "open('evil\\x1b[2K\\rM README.md', 'w').write('x\\n'); \
+             open('new\\nline', 'w').write('y\\n')",
+        )
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", out(&o));
+    assert!(
+        !o.stderr.iter().any(|b| *b == 0x1b || *b == b'\r'),
+        "{:?}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(
+        lines.contains(&"A \"evil\\033[2K\\rM README.md\""),
+        "{err}"
+    );
+    assert!(lines.contains(&"A \"new\\nline\""), "{err}");
+    assert!(!lines.contains(&"M README.md"), "{err}");
+    let diff = String::from_utf8_lossy(&o.stdout);
+    assert!(diff.contains("+++ \"b/new\\nline\""), "{diff}");
+    assert!(!o.stdout.contains(&0x1b), "{diff}");
+
+    let o = fx
+        .shade()
+        .args(["run", "--json", "--", "python3", "-c"])
+        .arg("import os; open(os.fsencode('caf') + b'\\xe9\\xff', 'w').write('z')")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", out(&o));
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", out(&o)));
+    let change = &v["changes"][0];
+    assert_eq!(change["path"], "caf\u{fffd}\u{fffd}", "{v}");
+    let bytes: Vec<u64> = change["path_bytes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"))
+        .iter()
+        .map(|b| b.as_u64().unwrap())
+        .collect();
+    assert_eq!(bytes, [b'c', b'a', b'f', 0xe9, 0xff].map(u64::from), "{v}");
+    // UTF-8 names have no `path_bytes`.
+    let o = sh(&fx, &["--json"], "echo x > plain");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["changes"][0].get("path_bytes").is_none(), "{v}");
+}

@@ -37,15 +37,12 @@ impl ChangeKind {
 }
 
 /// One changed path. Directory renames are one entry; paths are relative to the project.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// In JSON a name that is not UTF-8 also comes as its exact bytes (`path_bytes`,
+/// `old_path_bytes`: arrays of numbers), since `path` can only show it with U+FFFD.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Change {
     pub kind: ChangeKind,
-    #[serde(serialize_with = "lossy_path")]
     pub path: PathBuf,
-    #[serde(
-        skip_serializing_if = "Option::is_none",
-        serialize_with = "lossy_old_path"
-    )]
     pub old_path: Option<PathBuf>,
     pub is_dir: bool,
     /// Under a gitignored path (build output); accept skips these unless asked.
@@ -58,25 +55,55 @@ pub fn lossy_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Erro
     s.serialize_str(&p.to_string_lossy())
 }
 
-fn lossy_old_path<S: serde::Serializer>(p: &Option<PathBuf>, s: S) -> Result<S::Ok, S::Error> {
-    match p {
-        Some(p) => lossy_path(p, s),
-        None => s.serialize_none(),
+/// The exact bytes of a name that is not valid UTF-8 (`None` for one that is): JSON reports
+/// give them beside the lossy string, so a consumer can name the file exactly.
+pub fn non_utf8_bytes(p: &Path) -> Option<&[u8]> {
+    p.to_str().is_none().then(|| p.as_os_str().as_bytes())
+}
+
+impl Serialize for Change {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut m = s.serialize_struct("Change", 7)?;
+        m.serialize_field("kind", &self.kind)?;
+        m.serialize_field("path", &self.path.to_string_lossy())?;
+        match non_utf8_bytes(&self.path) {
+            Some(b) => m.serialize_field("path_bytes", b)?,
+            None => m.skip_field("path_bytes")?,
+        }
+        match &self.old_path {
+            Some(old) => {
+                m.serialize_field("old_path", &old.to_string_lossy())?;
+                match non_utf8_bytes(old) {
+                    Some(b) => m.serialize_field("old_path_bytes", b)?,
+                    None => m.skip_field("old_path_bytes")?,
+                }
+            }
+            None => {
+                m.skip_field("old_path")?;
+                m.skip_field("old_path_bytes")?;
+            }
+        }
+        m.serialize_field("is_dir", &self.is_dir)?;
+        m.serialize_field("ignored", &self.ignored)?;
+        m.end()
     }
 }
 
+/// One line like `git status --short`, names quoted for a terminal (see [`crate::quote`]).
 impl std::fmt::Display for Change {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::quote::quote_path;
         let slash = if self.is_dir { "/" } else { "" };
         match &self.old_path {
             Some(old) => write!(
                 f,
                 "{} {}{slash} -> {}{slash}",
                 self.kind.letter(),
-                old.display(),
-                self.path.display()
+                quote_path(old),
+                quote_path(&self.path)
             ),
-            None => write!(f, "{} {}{slash}", self.kind.letter(), self.path.display()),
+            None => write!(f, "{} {}{slash}", self.kind.letter(), quote_path(&self.path)),
         }
     }
 }
@@ -609,29 +636,21 @@ impl Overlay {
                 _ => Vec::new(),
             };
             let a = c.old_path.as_ref().unwrap_or(&c.path);
+            // Header names quoted as git quotes them (`--- "a/evil\033…"`), see crate::quote.
+            let side = |prefix: &[u8], p: &Path| {
+                crate::quote::quote_bytes(&[prefix, p.as_os_str().as_bytes()].concat())
+                    .into_owned()
+            };
+            let (qa, qb) = (side(b"a/", a), side(b"b/", &c.path));
             if old.contains(&0) || new.contains(&0) {
-                out.push_str(&format!(
-                    "Binary files a/{} and b/{} differ\n",
-                    a.display(),
-                    c.path.display()
-                ));
+                out.push_str(&format!("Binary files {qa} and {qb} differ\n"));
                 continue;
             }
             let (old, new) = (String::from_utf8_lossy(&old), String::from_utf8_lossy(&new));
             let diff = similar::TextDiff::from_lines(old.as_ref(), new.as_ref());
-            let text = diff
-                .unified_diff()
-                .header(
-                    &format!("a/{}", a.display()),
-                    &format!("b/{}", c.path.display()),
-                )
-                .to_string();
+            let text = diff.unified_diff().header(&qa, &qb).to_string();
             if !text.is_empty() {
-                out.push_str(&format!(
-                    "diff --shade a/{} b/{}\n",
-                    a.display(),
-                    c.path.display()
-                ));
+                out.push_str(&format!("diff --shade {qa} {qb}\n"));
                 out.push_str(&text);
             }
         }

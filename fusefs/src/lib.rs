@@ -18,6 +18,7 @@ mod node;
 mod overlay;
 pub mod plan;
 mod privs;
+pub mod quote;
 pub mod sandbox;
 pub mod state;
 mod tree;
@@ -25,7 +26,7 @@ mod watch;
 
 pub use accept::{AcceptError, AcceptOptions, AcceptReport, Conflict};
 pub use branch::{cleanup_stale, AcceptFlags, Branch, BranchError, BranchOptions};
-pub use changeset::{lossy_path, Change, ChangeKind, Changeset};
+pub use changeset::{lossy_path, non_utf8_bytes, Change, ChangeKind, Changeset};
 pub use fingerprint::{Base, Fingerprint};
 pub use plan::{Perms, PlanOp, RelPath};
 pub use state::StateDir;

@@ -1,6 +1,7 @@
 //! Inline approvals in the chat: the diff an edit would make, then one key — y (yes), n or Esc
 //! (no), a (always, for this tool, for the rest of the session). Ctrl-C cancels the turn.
 
+use shade_fusefs::quote::visible_controls;
 use std::collections::HashSet;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -77,8 +78,9 @@ impl Approver for ChatApprover {
             }
         }
         question.push_str(&format!(
-            "\x1b[1mallow the agent to {}?\x1b[0m [y]es / [n]o / [a]lways for {tool} ",
-            request.what
+            "\x1b[1mallow the agent to {}?\x1b[0m [y]es / [n]o / [a]lways for {} ",
+            visible_controls(request.what),
+            visible_controls(&tool)
         ));
         let cancel = self.turn();
         Box::pin(async move {
@@ -180,6 +182,8 @@ fn read_key(question: &str, cancel: &CancellationToken) -> Key {
 fn colour_diff(diff: &str) -> String {
     diff.lines()
         .map(|l| {
+            // What the model wrote (and the names it chose) is shown, never obeyed.
+            let l = visible_controls(l);
             if l.starts_with("+++") || l.starts_with("---") {
                 format!("\x1b[1m{l}\x1b[0m\n")
             } else if l.starts_with('+') {

@@ -269,7 +269,7 @@ fn print_refusal(e: &shade_fusefs::AcceptError) {
                 plural(list.len(), "path")
             );
             for c in list {
-                println!("  {c}");
+                println!("  {}", crate::cmd_run::conflict_line(c));
             }
         }
         other => println!("not accepted, nothing written: {other}"),

@@ -125,10 +125,14 @@ impl Hinter for GhostHinter {
         };
         if self.shown.is_empty() {
             String::new()
-        } else if use_ansi_coloring {
-            format!("\x1b[2m{}\x1b[0m", self.shown)
         } else {
-            self.shown.clone()
+            // The model's suggestion is shown, never obeyed (Tab still fills it as it is).
+            let shown = shade_fusefs::quote::visible_controls(&self.shown);
+            if use_ansi_coloring {
+                format!("\x1b[2m{shown}\x1b[0m")
+            } else {
+                shown.into_owned()
+            }
         }
     }
 

@@ -284,7 +284,10 @@ impl Session {
             }
             Err(e) => format!("Could not run: {e}"),
         };
-        println!("{}", content.trim_end());
+        println!(
+            "{}",
+            shade_fusefs::quote::visible_controls(content.trim_end())
+        );
         let note = format!(
             "I ran this shell command myself; its result is for your information:\n$ {command}\n{content}"
         );

@@ -317,7 +317,7 @@ fn report_not_applied(e: &AcceptError) {
                 plural(list.len(), "path")
             );
             for c in list {
-                eprintln!("  {c}");
+                eprintln!("  {}", crate::cmd_run::conflict_line(c));
             }
         }
         other => eprintln!("shade: speculation not applied ({other}); running live"),

@@ -57,6 +57,7 @@ impl View {
             .map(|(w, _)| usize::from(w))
             .unwrap_or(80);
         // One terminal row, so that a carriage return takes it all back.
+        let text = shade_fusefs::quote::visible_controls(text);
         let shown: String = text.chars().take(width.saturating_sub(1).max(1)).collect();
         let mut err = std::io::stderr().lock();
         let _ = write!(err, "\r\x1b[K\x1b[2m{shown}\x1b[0m");
