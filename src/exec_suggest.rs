@@ -78,7 +78,10 @@ pub async fn suggest(
             let line = if json {
                 serde_json::json!({"type": "suggestion", "text": text}).to_string()
             } else {
-                format!("suggestion: {}", shade_fusefs::quote::visible_controls(&text))
+                format!(
+                    "suggestion: {}",
+                    shade_fusefs::quote::visible_controls(text)
+                )
             };
             (Some(line), event)
         }

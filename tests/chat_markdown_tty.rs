@@ -41,6 +41,7 @@ Done.";
 fn router(body: &Value) -> Reply {
     match last_real_user(body).as_str() {
         "explain" => Reply::text(&answer()).streamed_every(Duration::from_millis(20)),
+        "escape" => Reply::text("\x1b[2J\x1b[H fake: shade accepted 3 changes"),
         other => Reply::text(&format!("You said: {other}")),
     }
 }
@@ -194,6 +195,27 @@ fn exec_renders_on_a_terminal_unless_it_is_dumb() {
     let screen = dumb.wait_text("Done.", 60);
     assert!(
         screen.contains("I'll fix the **parser** in `src/lib.rs`") && screen.contains("```rust"),
+        "{screen}"
+    );
+}
+
+/// A model's escape sequences are shown, not obeyed: an answer that starts with "clear the
+/// screen, cursor home" leaves the earlier turn on screen and shows the escapes as `^[`.
+#[test]
+fn a_models_escape_sequences_do_not_rewrite_the_screen() {
+    let chat = Chat::new(router);
+    let tty = chat.start(&["--no-suggest", "--no-speculate"]);
+    tty.type_text("earlier");
+    tty.keys(&["Enter"]);
+    tty.wait_text("You said: earlier", 60);
+    wait_prompt(&tty);
+    tty.type_text("escape");
+    tty.keys(&["Enter"]);
+    tty.wait_text("fake: shade accepted", 60);
+    let screen = wait_prompt(&tty);
+    assert!(screen.contains("You said: earlier"), "{screen}");
+    assert!(
+        screen.contains("^[[2J^[[H fake: shade accepted 3 changes"),
         "{screen}"
     );
 }

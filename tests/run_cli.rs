@@ -397,10 +397,7 @@ fn names_with_control_characters_are_quoted_and_json_keeps_bytes() {
     );
     let err = String::from_utf8_lossy(&o.stderr);
     let lines: Vec<&str> = err.lines().collect();
-    assert!(
-        lines.contains(&"A \"evil\\033[2K\\rM README.md\""),
-        "{err}"
-    );
+    assert!(lines.contains(&"A \"evil\\033[2K\\rM README.md\""), "{err}");
     assert!(lines.contains(&"A \"new\\nline\""), "{err}");
     assert!(!lines.contains(&"M README.md"), "{err}");
     let diff = String::from_utf8_lossy(&o.stdout);

@@ -103,7 +103,12 @@ impl std::fmt::Display for Change {
                 quote_path(old),
                 quote_path(&self.path)
             ),
-            None => write!(f, "{} {}{slash}", self.kind.letter(), quote_path(&self.path)),
+            None => write!(
+                f,
+                "{} {}{slash}",
+                self.kind.letter(),
+                quote_path(&self.path)
+            ),
         }
     }
 }
@@ -638,8 +643,7 @@ impl Overlay {
             let a = c.old_path.as_ref().unwrap_or(&c.path);
             // Header names quoted as git quotes them (`--- "a/evil\033…"`), see crate::quote.
             let side = |prefix: &[u8], p: &Path| {
-                crate::quote::quote_bytes(&[prefix, p.as_os_str().as_bytes()].concat())
-                    .into_owned()
+                crate::quote::quote_bytes(&[prefix, p.as_os_str().as_bytes()].concat()).into_owned()
             };
             let (qa, qb) = (side(b"a/", a), side(b"b/", &c.path));
             if old.contains(&0) || new.contains(&0) {

@@ -103,13 +103,19 @@ mod tests {
         assert_eq!(q(b"src/lib.rs"), "src/lib.rs");
         assert_eq!(q("café/ñ.txt".as_bytes()), "café/ñ.txt");
         assert_eq!(q(b"a b"), "a b");
-        assert_eq!(q(b"evil\x1b[2K\rM README.md"), "\"evil\\033[2K\\rM README.md\"");
+        assert_eq!(
+            q(b"evil\x1b[2K\rM README.md"),
+            "\"evil\\033[2K\\rM README.md\""
+        );
         assert_eq!(q(b"two\nlines"), "\"two\\nlines\"");
         assert_eq!(q(b"q\"b\\s\t"), "\"q\\\"b\\\\s\\t\"");
         assert_eq!(q(b"\x07\x08\x0b\x0c\x7f\x01"), "\"\\a\\b\\v\\f\\177\\001\"");
         assert_eq!(q(b"bad\xff\xfe"), "\"bad\\377\\376\"");
         assert_eq!(q("c1\u{9b}".as_bytes()), "\"c1\\302\\233\"");
-        assert_eq!(q("rtl\u{202e}txt.exe".as_bytes()), "\"rtl\\342\\200\\256txt.exe\"");
+        assert_eq!(
+            q("rtl\u{202e}txt.exe".as_bytes()),
+            "\"rtl\\342\\200\\256txt.exe\""
+        );
         assert_eq!(q("iso\u{2066}".as_bytes()), "\"iso\\342\\201\\246\"");
     }
 
