@@ -22,7 +22,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
 rounds=${1:-3}
 
-"$repo/scripts/setup.sh"
+"$repo/scripts/setup.sh" bench
 if [[ -n ${SHADE_BIN:-} ]]; then
     shade=$SHADE_BIN
 else

@@ -14,7 +14,7 @@ if [[ $(id -u) -ne 0 ]]; then
 fi
 
 if [[ -x $repo/scripts/setup.sh ]]; then
-    "$repo/scripts/setup.sh"
+    "$repo/scripts/setup.sh" bench
 elif ! command -v fuse-overlayfs >/dev/null 2>&1; then
     # The peer overlay the benchmark compares against.
     "${SUDO[@]}" apt-get update -qq </dev/null >/dev/null

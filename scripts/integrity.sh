@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 
-scripts/setup.sh
+scripts/setup.sh test
 FSX_N=${FSX_N:-50000}
 STRESS_T=${STRESS_T:-2}
 

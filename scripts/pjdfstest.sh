@@ -9,7 +9,7 @@
 #   --exclude-char0
 #             do not count failures of the `...::char` cases (see EXCLUSIONS below).
 #
-# Needs root (a third of the cases chown or switch users) and `pjdfstest` (scripts/setup.sh).
+# Needs root (a third of the cases chown or switch users) and `pjdfstest` (scripts/setup.sh test).
 # Prints the failing cases with their first message line, then, as the last line,
 #   pjdfstest: N passed, M failed, K skipped
 # and exits 1 if M > 0, 2 on a usage or set-up error.
@@ -53,7 +53,7 @@ die() {
 [[ -d $DIR ]] || die "$DIR is not a directory"
 [[ $(id -u) -eq 0 ]] || die "must run as root (the suite chowns files and switches users)"
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
-command -v pjdfstest >/dev/null || die "pjdfstest not installed: run scripts/setup.sh"
+command -v pjdfstest >/dev/null || die "pjdfstest not installed: run scripts/setup.sh test"
 command -v setpriv >/dev/null || die "setpriv (util-linux) not found"
 for entry in "${USERS[@]}"; do
     getent passwd "${entry%%:*}" >/dev/null || die "user ${entry%%:*} does not exist"

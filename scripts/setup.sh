@@ -1,30 +1,55 @@
 #!/usr/bin/env bash
-# Installs what shade's tests, conformance suites and benchmarks need on a fresh Debian
-# machine that has only the Rust toolchain. Idempotent and quiet: it prints only what it
-# installs, runs `apt-get update` only when an apt package is missing, and never prompts
-# (CI runs it as root with no stdin).
+# Installs what shade needs on a fresh Debian machine that has only the Rust toolchain, in
+# parts, so the demo does not wait for the test and benchmark tools:
+#   demo    what shade itself and scripts/demo.sh use (FUSE, git, tmux): seconds
+#   test    + the test suite's tools: pjdfstest and fsx (two `cargo install` builds), ruff,
+#           stress-ng, … (scripts/test.sh, scripts/integrity.sh)
+#   bench   + the benchmark's: fuse-overlayfs, hyperfine, ripgrep, the npm cache (bench/run.sh)
+# Every part includes `demo`. Idempotent and quiet: it prints only what it installs, runs
+# `apt-get update` only when an apt package is missing, and never prompts (CI runs it as root
+# with no stdin).
 #
-# Usage: scripts/setup.sh
+# Usage: scripts/setup.sh [demo|test|bench|all]...   (default: all)
 set -euo pipefail
 
 export DEBIAN_FRONTEND=noninteractive
 
+parts=("$@")
+((${#parts[@]})) || parts=(all)
+want_test=false want_bench=false
+for part in "${parts[@]}"; do
+    case $part in
+        demo) ;;
+        test) want_test=true ;;
+        bench) want_bench=true ;;
+        all) want_test=true want_bench=true ;;
+        *) echo "usage: scripts/setup.sh [demo|test|bench|all]..." >&2; exit 2 ;;
+    esac
+done
+
 # apt package -> a file or command that shows it is installed. Checking a file rather than
 # `dpkg -s` keeps the common "already set up" path fast and works for -dev packages.
+# shade itself and the demo (every part):
 declare -A APT_PROBE=(
     [fuse3]=fusermount3               # fusermount3: unprivileged mount/unmount of FUSE
+    [git]=git                         # the demo's project is a git repository; git in branches
+    [tmux]=tmux                       # the demo and the interactive tests show `shade chat` in a real terminal
+)
+# The test suite:
+declare -A TEST_PROBE=(
     [libacl1-dev]=/usr/include/sys/acl.h  # build dependency of the pjdfstest crate
-    [fuse-overlayfs]=fuse-overlayfs   # peer overlay for comparison benchmarks and script checks
     [stress-ng]=stress-ng             # filesystem stress class with --verify
-    [git]=git                         # git inside branches (tests)
     [procps]=ps                       # ps/pgrep for leftover-process checks
     [iproute2]=ip                     # network-namespace checks
     [attr]=setfattr                   # xattr tests
     [python3]=python3                 # fidelity tests: xattrs and a unix socket from a script
     [util-linux]=setpriv              # pjdfstest.sh checks access as other users; setsid in tests
+)
+# The benchmark:
+declare -A BENCH_PROBE=(
+    [fuse-overlayfs]=fuse-overlayfs   # peer overlay for comparison benchmarks
     [hyperfine]=hyperfine             # benchmarks
     [ripgrep]=rg                      # benchmark: `rg` over the tree (agent workloads)
-    [tmux]=tmux                       # interactive tests drive `shade chat` in a real terminal
 )
 
 have() {
@@ -45,6 +70,16 @@ missing=()
 for pkg in "${!APT_PROBE[@]}"; do
     have "${APT_PROBE[$pkg]}" || missing+=("$pkg")
 done
+if $want_test; then
+    for pkg in "${!TEST_PROBE[@]}"; do
+        have "${TEST_PROBE[$pkg]}" || missing+=("$pkg")
+    done
+fi
+if $want_bench; then
+    for pkg in "${!BENCH_PROBE[@]}"; do
+        have "${BENCH_PROBE[$pkg]}" || missing+=("$pkg")
+    done
+fi
 
 if ((${#missing[@]})); then
     echo "setup: installing apt packages: ${missing[*]}"
@@ -54,48 +89,52 @@ if ((${#missing[@]})); then
         >/dev/null 2> >(grep -v '^debconf: delaying package configuration' >&2)
 fi
 
-# Rust tools from crates.io, installed into cargo's bin dir (on PATH with rustup).
-export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
-for tool in pjdfstest fsx; do
-    if ! command -v "$tool" >/dev/null 2>&1; then
-        echo "setup: cargo install --locked $tool"
-        # Its own target dir so it never shares a lock with a workspace build.
-        CARGO_TARGET_DIR="${TMPDIR:-/tmp}/shade-setup-target" \
-            cargo install --locked --quiet "$tool" </dev/null
-    fi
-done
-
-# Checkers for `shade lint` tests: ruff (a batch linter with JSON output, and `ruff server`,
-# the language server the warm-checker tests drive), pinned so its messages stay the same.
-RUFF_VERSION=0.17.6
-if [[ "$(ruff --version 2>/dev/null)" != "ruff $RUFF_VERSION" ]]; then
-    echo "setup: pip install ruff==$RUFF_VERSION"
-    python3 -m pip install --quiet --disable-pip-version-check "ruff==$RUFF_VERSION" </dev/null \
-        2> >(grep -v 'Running pip as the .root. user' >&2)
-    command -v pyenv >/dev/null 2>&1 && pyenv rehash
-fi
-# The lint tests' example crate checks offline: fetch its dependency while the registry is
-# reachable (a no-op when it is already in cargo's cache).
-cargo fetch --locked --quiet --manifest-path "$(dirname "$0")/../examples/lint-demo/Cargo.toml" </dev/null
-
-# The benchmark's npm workload installs bench/npm's lock file with `npm ci --offline`:
-# fill npm's cache once per lock file (needs the npm registry; skipped without npm).
-if command -v npm >/dev/null 2>&1; then
-    repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-    lock=$repo/bench/npm/package-lock.json
-    stamp="$HOME/.npm/shade-bench-$(sha256sum "$lock" | cut -c1-16)"
-    if [[ ! -e $stamp ]]; then
-        echo "setup: filling the npm cache for the benchmark (bench/npm)"
-        tmp=$(mktemp -d)
-        cp "$repo/bench/npm/package.json" "$lock" "$tmp/"
-        # Not fatal: only the benchmark needs it, and it reports the row as skipped.
-        if (cd "$tmp" && npm ci --prefer-offline --ignore-scripts --no-audit --no-fund \
-            --loglevel=error </dev/null >/dev/null); then
-            touch "$stamp"
-        else
-            echo "setup: npm cache not filled; the benchmark will skip its npm row" >&2
+if $want_test; then
+    # Rust tools from crates.io, installed into cargo's bin dir (on PATH with rustup).
+    export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+    for tool in pjdfstest fsx; do
+        if ! command -v "$tool" >/dev/null 2>&1; then
+            echo "setup: cargo install --locked $tool"
+            # Its own target dir so it never shares a lock with a workspace build.
+            CARGO_TARGET_DIR="${TMPDIR:-/tmp}/shade-setup-target" \
+                cargo install --locked --quiet "$tool" </dev/null
         fi
-        rm -rf "$tmp"
+    done
+
+    # Checkers for `shade lint` tests: ruff (a batch linter with JSON output, and `ruff server`,
+    # the language server the warm-checker tests drive), pinned so its messages stay the same.
+    RUFF_VERSION=0.17.6
+    if [[ "$(ruff --version 2>/dev/null)" != "ruff $RUFF_VERSION" ]]; then
+        echo "setup: pip install ruff==$RUFF_VERSION"
+        python3 -m pip install --quiet --disable-pip-version-check "ruff==$RUFF_VERSION" </dev/null \
+            2> >(grep -v 'Running pip as the .root. user' >&2)
+        command -v pyenv >/dev/null 2>&1 && pyenv rehash
+    fi
+    # The lint tests' example crate checks offline: fetch its dependency while the registry is
+    # reachable (a no-op when it is already in cargo's cache).
+    cargo fetch --locked --quiet --manifest-path "$(dirname "$0")/../examples/lint-demo/Cargo.toml" </dev/null
+fi
+
+if $want_bench; then
+    # The benchmark's npm workload installs bench/npm's lock file with `npm ci --offline`:
+    # fill npm's cache once per lock file (needs the npm registry; skipped without npm).
+    if command -v npm >/dev/null 2>&1; then
+        repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+        lock=$repo/bench/npm/package-lock.json
+        stamp="$HOME/.npm/shade-bench-$(sha256sum "$lock" | cut -c1-16)"
+        if [[ ! -e $stamp ]]; then
+            echo "setup: filling the npm cache for the benchmark (bench/npm)"
+            tmp=$(mktemp -d)
+            cp "$repo/bench/npm/package.json" "$lock" "$tmp/"
+            # Not fatal: only the benchmark needs it, and it reports the row as skipped.
+            if (cd "$tmp" && npm ci --prefer-offline --ignore-scripts --no-audit --no-fund \
+                --loglevel=error </dev/null >/dev/null); then
+                touch "$stamp"
+            else
+                echo "setup: npm cache not filled; the benchmark will skip its npm row" >&2
+            fi
+            rm -rf "$tmp"
+        fi
     fi
 fi
 

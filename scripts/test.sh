@@ -12,7 +12,7 @@ if [[ ! -c /dev/fuse ]]; then
     echo "test.sh: /dev/fuse is missing (modprobe fuse, or give the container --device /dev/fuse)" >&2
     exit 1
 fi
-scripts/setup.sh
+scripts/setup.sh test
 
 echo "== unit and integration tests"
 # The integrity tests run below, once, with their figures shown.

@@ -115,15 +115,15 @@ async fn run(args: ExecArgs) -> i32 {
             mode: args.approval,
         })
     };
-    let settings = match args.suggest.then(|| {
-        FollowupSettings::load(&Overrides {
-            config_file: args.llm.config.clone(),
-            ..Overrides::default()
-        })
-    }) {
-        Some(Err(e)) => return exit::fail(&e.into()),
-        Some(Ok(s)) => s,
-        None => FollowupSettings::default(),
+    let loaded = FollowupSettings::load(&Overrides {
+        config_file: args.llm.config.clone(),
+        ..Overrides::default()
+    });
+    let settings = match loaded {
+        Ok(s) => s,
+        Err(e) if args.suggest => return exit::fail(&e.into()),
+        // Without --suggest only the telemetry switch is used: on, as by default.
+        Err(_) => FollowupSettings::default(),
     };
     let mut tools = ToolRegistry::configured(&llm.config.tools);
     let shadow = if args.shadow {
@@ -154,7 +154,7 @@ async fn run(args: ExecArgs) -> i32 {
         }
         ctx = shadow.tool_context(&ctx);
     }
-    let agent = Agent::new(
+    let mut agent = Agent::new(
         llm.provider.clone(),
         tools.clone(),
         ctx,
@@ -166,6 +166,11 @@ async fn run(args: ExecArgs) -> i32 {
             temperature: None,
         },
     );
+    if settings.telemetry {
+        agent.set_telemetry(shade_agent::followup::telemetry::Telemetry::from_env(
+            shade_agent::followup::new_session_id(),
+        ));
+    }
     let cancel = CancellationToken::new();
     // Registered before the run starts, so an early Ctrl-C cancels instead of killing us.
     match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) {
@@ -201,7 +206,7 @@ async fn run(args: ExecArgs) -> i32 {
         Ok(outcome) => (
             match outcome.stop {
                 StopReason::Completed | StopReason::Boundary => 0,
-                StopReason::TurnLimit => TURN_LIMIT,
+                StopReason::TurnLimit | StopReason::LoopDetected => TURN_LIMIT,
                 StopReason::Cancelled => INTERRUPTED,
                 StopReason::Error => exit::SHADE_ERROR,
             },

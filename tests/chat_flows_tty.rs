@@ -690,6 +690,61 @@ fn no_question_for_a_speculation_whose_tools_the_user_always_allows() {
     assert_eq!(read(&chat, "result.txt"), "PASS\n");
 }
 
+/// A model that writes a file (asking first), then suggests looking at it — slowly, so the
+/// suggestion arrives well after the prompt is back.
+fn slow_suggestion_model(body: &Value) -> Reply {
+    let user = last_real_user(body);
+    if is_suggestion_request(body) {
+        let next = if user == "write a draft" {
+            "show me the draft"
+        } else {
+            ""
+        };
+        return Reply::text(next).after(Duration::from_secs(2));
+    }
+    match (user.as_str(), tool_results_since_user(body)) {
+        ("write a draft", 0) => Reply::tool(
+            "write_file",
+            json!({"path": "DRAFT.md", "content": "draft\n"}),
+        ),
+        ("write a draft", _) => Reply::text("Wrote the draft."),
+        ("show me the draft", _) => Reply::text("It says: draft"),
+        (other, _) => Reply::text(&format!("You said: {other}")),
+    }
+}
+
+#[test]
+fn an_enter_typed_after_an_approval_does_not_swallow_the_suggestion() {
+    let chat = Chat::new(slow_suggestion_model);
+    let tty = chat.start(&["--no-speculate"]);
+    say(&tty, "write a draft");
+    tty.wait_text(QUESTION, 60);
+    // `y`, then Enter out of habit, at once: the Enter reaches the prompt while the
+    // suggestion is still on its way.
+    tty.keys(&["y", "Enter"]);
+    tty.wait_text("Wrote the draft.", 60);
+    assert_eq!(read(&chat, "DRAFT.md"), "draft\n");
+    // The suggestion still shows, on the same prompt: the Enter submitted nothing.
+    wait_ghost(&tty, "show me the draft");
+    let h = tty.history();
+    assert_eq!(
+        h.lines().filter(|l| l.starts_with("shade>")).count(),
+        2,
+        "an empty line was submitted:\n{h}"
+    );
+    // Tab fills it in, Enter sends it.
+    tty.keys(&["Tab"]);
+    tty.wait_for("the filled prompt", 10, |s| {
+        common::chat::prompt_line(s).contains("show me the draft")
+    });
+    tty.keys(&["Enter"]);
+    tty.wait_text("It says: draft", 60);
+    assert_eq!(turn_requests(&chat, "show me the draft").len(), 1);
+    let ev = chat.wait_suggestion_events(1);
+    assert_eq!(ev[0]["outcome"], "accepted", "{ev:?}");
+    assert_eq!(ev[0]["accept_method"], "tab", "{ev:?}");
+}
+
 #[test]
 fn typing_ahead_during_a_turn_waits_for_the_prompt_without_garbling_the_answer() {
     let chat = Chat::new(|body: &Value| {

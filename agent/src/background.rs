@@ -125,6 +125,9 @@ pub struct ModelTokens {
     pub foreground_calls: u64,
     /// Number of background calls.
     pub background_calls: u64,
+    /// Calls whose answer carried no `usage` (some local servers send none): their tokens
+    /// are unknown, not zero.
+    pub unreported_calls: u64,
 }
 
 /// Token use of a session, per model — what `/stats` prints.
@@ -147,6 +150,14 @@ impl TokenStats {
             slot.completion_tokens += usage.completion_tokens;
             slot.cached_tokens += usage.cached_tokens;
             *calls += 1;
+        }
+    }
+
+    /// Count a call whose answer reported no token usage.
+    pub fn record_unreported(&self, model: &str, background: bool) {
+        self.record(model, background, &Usage::default());
+        if let Ok(mut map) = self.inner.lock() {
+            map.entry(model.to_string()).or_default().unreported_calls += 1;
         }
     }
 
@@ -179,9 +190,15 @@ impl LlmProvider for MeteredProvider {
     ) -> BoxFuture<'a, Result<Completion, LlmError>> {
         Box::pin(async move {
             let completion = self.inner.complete(request, on_event, cancel).await?;
-            let usage = completion.usage.clone().unwrap_or_default();
-            self.stats
-                .record(&completion.model, request.prompt_id.is_some(), &usage);
+            match &completion.usage {
+                Some(usage) => {
+                    self.stats
+                        .record(&completion.model, request.prompt_id.is_some(), usage)
+                }
+                None => self
+                    .stats
+                    .record_unreported(&completion.model, request.prompt_id.is_some()),
+            }
             Ok(completion)
         })
     }

@@ -19,6 +19,9 @@ pub enum StopReason {
     /// A call gate (speculation) stopped the run before a call it may not make; the calls
     /// before it ran and have their results.
     Boundary,
+    /// The model repeated itself (the same tool call, or the same text, over and over) and
+    /// was stopped; see [`crate::loop_detect`].
+    LoopDetected,
 }
 
 /// One event of a run.

@@ -42,6 +42,7 @@ pub mod housekeeping;
 pub mod instructions;
 pub mod lint;
 pub mod llm;
+pub mod loop_detect;
 pub mod mentions;
 pub mod prompt;
 pub mod query_loop;

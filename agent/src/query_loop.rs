@@ -10,9 +10,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::approval::{decide, Answer, ApprovalMode, ApprovalRequest, Approver, Decision};
 use crate::events::{AgentEvent, StopReason};
+use crate::followup::telemetry::Telemetry;
 use crate::llm::{
     ChatRequest, FinishReason, LlmError, LlmEvent, LlmProvider, Message, ToolCall, Usage,
 };
+use crate::loop_detect::{CallLoops, CallVerdict, ContentLoops, LoopEvent};
 use crate::tools::{Tool, ToolContext, ToolError, ToolRegistry};
 
 /// Where events go. `Fn` + `Sync` so tools running concurrently can report.
@@ -114,6 +116,8 @@ pub struct Agent {
     /// Internal prompt id of a background agent (speculation): its requests are tagged as
     /// background work (thinking off, kept out of the main cassette, counted apart).
     request_tag: Option<String>,
+    /// Where detected loops are counted (`loop_detected` lines).
+    telemetry: Telemetry,
 }
 
 #[derive(Clone)]
@@ -151,7 +155,13 @@ impl Agent {
             approver,
             options,
             request_tag: None,
+            telemetry: Telemetry::disabled(),
         }
+    }
+
+    /// Count detected loops in `telemetry` (off until set).
+    pub fn set_telemetry(&mut self, telemetry: Telemetry) {
+        self.telemetry = telemetry;
     }
 
     /// The tool context (workspace, todos, memory paths).
@@ -287,6 +297,19 @@ impl Agent {
         let finish = |stop, turns, final_text: String, usage: Usage| {
             finish_at(stop, None, turns, final_text, usage)
         };
+        let mut call_loops = CallLoops::default();
+        let record_loop = |kind, action, tool: Option<&str>, repeats, turns, model: &str| {
+            self.telemetry.record(&LoopEvent {
+                event: "loop_detected",
+                kind,
+                action,
+                tool: tool.map(str::to_string),
+                repeats,
+                model_calls: turns,
+                model: model.to_string(),
+                background: self.request_tag.is_some(),
+            });
+        };
         loop {
             if cancel.is_cancelled() {
                 return finish(StopReason::Cancelled, turns, final_text, usage);
@@ -314,9 +337,30 @@ impl Agent {
                 background: self.request_tag.is_some(),
                 prompt_id: self.request_tag.clone(),
             };
+            // A reply that repeats one piece of text over and over is cut off at once.
+            let call_cancel = cancel.child_token();
+            let content_loop: std::sync::Mutex<(ContentLoops, ContentLoops, Option<String>)> =
+                Default::default();
+            let watch = |delta: &str, reasoning: bool| {
+                if let Ok(mut w) = content_loop.lock() {
+                    let (text, thinking, found) = &mut *w;
+                    if found.is_some() {
+                        return;
+                    }
+                    let detector = if reasoning { thinking } else { text };
+                    if let Some(why) = detector.push(delta) {
+                        *found = Some(why);
+                        call_cancel.cancel();
+                    }
+                }
+            };
             let sink = |e: LlmEvent| match e {
-                LlmEvent::Text(text) => events(AgentEvent::TextDelta { text }),
-                LlmEvent::Reasoning(_) => {}
+                LlmEvent::Text(text) => {
+                    watch(&text, false);
+                    events(AgentEvent::TextDelta { text })
+                }
+                // Reasoning (`reasoning_content`, `<think>`) is never shown or kept.
+                LlmEvent::Reasoning(r) => watch(&r, true),
                 LlmEvent::Retry {
                     attempt,
                     delay_ms,
@@ -333,15 +377,31 @@ impl Agent {
                     events(AgentEvent::ModelSwitch { from, to, reason })
                 }
             };
-            let completion = match self.provider.complete(&request, &sink, cancel).await {
+            let result = self.provider.complete(&request, &sink, &call_cancel).await;
+            let looped = content_loop.lock().ok().and_then(|mut w| w.2.take());
+            if let (Some(why), false) = (looped, cancel.is_cancelled()) {
+                record_loop(
+                    "content",
+                    "stopped",
+                    None,
+                    crate::loop_detect::CONTENT_REPEATS,
+                    turns,
+                    &model,
+                );
+                events(AgentEvent::Error { message: why });
+                return finish(StopReason::LoopDetected, turns, final_text, usage);
+            }
+            let mut completion = match result {
                 Ok(c) => c,
                 Err(LlmError::Cancelled) => {
                     return finish(StopReason::Cancelled, turns, final_text, usage)
                 }
                 Err(e) => {
-                    events(AgentEvent::Error {
-                        message: e.to_string(),
-                    });
+                    let message = match e.local_server_hint() {
+                        Some(hint) => format!("{e} — {hint}"),
+                        None => e.to_string(),
+                    };
+                    events(AgentEvent::Error { message });
                     events(AgentEvent::Done {
                         reason: StopReason::Error,
                         turns,
@@ -362,6 +422,19 @@ impl Agent {
                     completion_tokens: u.completion_tokens,
                     cached_tokens: u.cached_tokens,
                 });
+            }
+            // Tool calls a local model wrote as text (see `llm::text_calls`).
+            if completion.tool_calls.is_empty() {
+                let prefix = format!("text_call_{turns}_");
+                if let Some((text, calls)) =
+                    crate::llm::text_calls::extract(&completion.text, &specs, &prefix)
+                {
+                    completion.text = text;
+                    completion.tool_calls = calls;
+                    if completion.finish_reason != FinishReason::Length {
+                        completion.finish_reason = FinishReason::ToolCalls;
+                    }
+                }
             }
             final_text = completion.text.clone();
             // The gate decides before anything runs: the calls up to the first refused one
@@ -395,7 +468,32 @@ impl Agent {
                     });
                 }
             }
-            if !(completion.text.is_empty() && calls.is_empty() && boundary.is_some()) {
+            // Loop detection: the calls up to the first one repeated too often run; the run
+            // stops there. Calls repeated a little less run with a note to the model.
+            let mut steer: Vec<Option<String>> = Vec::with_capacity(calls.len());
+            let mut looped = None;
+            for (i, c) in calls.iter().enumerate() {
+                match call_loops.check(&c.name, &c.arguments) {
+                    (CallVerdict::Run, _) => steer.push(None),
+                    (CallVerdict::Steer(note), n) => {
+                        record_loop("tool_call", "steered", Some(&c.name), n, turns, &model);
+                        steer.push(Some(note));
+                    }
+                    (CallVerdict::Stop(why), n) => {
+                        record_loop("tool_call", "stopped", Some(&c.name), n, turns, &model);
+                        looped = Some((i, why));
+                        break;
+                    }
+                }
+            }
+            if let Some((i, _)) = &looped {
+                calls.truncate(*i);
+                boundary = None;
+            }
+            if !(completion.text.is_empty()
+                && calls.is_empty()
+                && (boundary.is_some() || looped.is_some()))
+            {
                 conversation.push(Message::Assistant {
                     content: completion.text.clone(),
                     tool_calls: calls.clone(),
@@ -403,6 +501,12 @@ impl Agent {
             }
             if calls.is_empty() && boundary.is_some() {
                 return finish_at(StopReason::Boundary, boundary, turns, final_text, usage);
+            }
+            if calls.is_empty() {
+                if let Some((_, why)) = looped {
+                    events(AgentEvent::Error { message: why });
+                    return finish(StopReason::LoopDetected, turns, final_text, usage);
+                }
             }
             if completion.tool_calls.is_empty() {
                 if completion.finish_reason == FinishReason::Length {
@@ -413,11 +517,19 @@ impl Agent {
                 return finish(StopReason::Completed, turns, final_text, usage);
             }
             let results = self.run_tools(&calls, events, cancel).await;
-            for (call, outcome) in calls.iter().zip(results) {
+            for ((call, outcome), note) in calls.iter().zip(results).zip(&steer) {
+                let content = match note {
+                    Some(note) => format!("{}\n\n{note}", outcome.content),
+                    None => outcome.content,
+                };
                 conversation.push(Message::Tool {
                     tool_call_id: call.id.clone(),
-                    content: outcome.content,
+                    content,
                 });
+            }
+            if let Some((_, why)) = looped {
+                events(AgentEvent::Error { message: why });
+                return finish(StopReason::LoopDetected, turns, final_text, usage);
             }
             if boundary.is_some() {
                 return finish_at(StopReason::Boundary, boundary, turns, final_text, usage);

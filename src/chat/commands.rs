@@ -288,6 +288,15 @@ fn stats(session: &super::session::Session) -> String {
     );
     let mut bg_total = 0;
     for (model, t) in &snap {
+        // No call of this model reported usage: its token counts are unknown, not 0.
+        let unknown = t.unreported_calls == t.foreground_calls + t.background_calls;
+        let n = |v: u64| {
+            if unknown {
+                "n/a".to_string()
+            } else {
+                v.to_string()
+            }
+        };
         for (who, u, calls) in [
             ("", &t.foreground, t.foreground_calls),
             (" (background)", &t.background, t.background_calls),
@@ -302,14 +311,23 @@ fn stats(session: &super::session::Session) -> String {
                 "{:<28} {:>6} {:>10} {:>10} {:>10}\n",
                 format!("{model}{who}"),
                 calls,
-                u.prompt_tokens,
-                u.cached_tokens,
-                u.completion_tokens
+                n(u.prompt_tokens),
+                n(u.cached_tokens),
+                n(u.completion_tokens)
             ));
         }
     }
     s.push_str(&format!(
         "background work (suggestions, speculation, summaries): {bg_total} tokens\n"
     ));
+    for (model, t) in &snap {
+        if t.unreported_calls > 0 {
+            s.push_str(&format!(
+                "{model}: {} of {} calls reported no token usage (the server sent none); their tokens are not counted above\n",
+                t.unreported_calls,
+                t.foreground_calls + t.background_calls
+            ));
+        }
+    }
     s
 }

@@ -8,7 +8,7 @@
 
 use std::borrow::Cow;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,12 @@ pub(crate) struct Ghost {
     pub accepted: Mutex<Option<(String, AcceptMethod)>>,
     /// Was the line empty at the last repaint? (The suggestion only shows on an empty line.)
     pub line_empty: AtomicBool,
+    /// The suggestion request on its way (its number; 0: none). While one is, an Enter on
+    /// the empty line is one typed out of habit (after a one-key approval, or as the answer
+    /// ends): it must not submit an empty line that throws the coming suggestion away.
+    awaiting: AtomicU64,
+    /// Numbers the suggestion requests.
+    requests: AtomicU64,
 }
 
 impl Ghost {
@@ -41,7 +47,29 @@ impl Ghost {
             ctl: Mutex::new(ctl),
             accepted: Mutex::new(None),
             line_empty: AtomicBool::new(true),
+            awaiting: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
         }
+    }
+
+    /// A suggestion request starts; pass the number to [`Ghost::arrived`] when it ends.
+    pub fn requested(&self) -> u64 {
+        let n = self.requests.fetch_add(1, Ordering::SeqCst) + 1;
+        self.awaiting.store(n, Ordering::SeqCst);
+        n
+    }
+
+    /// Request `n` ended, however (suggested, suppressed, failed, cancelled).
+    pub fn arrived(&self, n: u64) {
+        let _ = self
+            .awaiting
+            .compare_exchange(n, 0, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// Is a suggestion on its way: requested, or set and waiting for its delay?
+    fn coming(&self) -> bool {
+        self.awaiting.load(Ordering::SeqCst) != 0
+            || self.ctl.lock().is_ok_and(|c| c.pending().is_some())
     }
 
     fn visible(&self) -> Option<String> {
@@ -184,6 +212,25 @@ impl EditMode for FollowupKeys {
             if let Ok(mut ctl) = self.ghost.ctl.lock() {
                 ctl.keystroke(Instant::now());
             }
+            // Enter, or Ctrl-J: what an Enter typed during a turn reads as (the terminal
+            // turned it into a newline while it was not in raw mode).
+            let enter = (*code == KeyCode::Enter && *modifiers == KeyModifiers::NONE)
+                || (*code == KeyCode::Char('j') && *modifiers == KeyModifiers::CONTROL);
+            if enter
+                && !showing
+                && self.ghost.line_empty.load(Ordering::SeqCst)
+                && self.ghost.coming()
+            {
+                // Nothing typed and a suggestion on its way: submitting the empty line would
+                // only drop the suggestion. The Enter does nothing; the suggestion shows.
+                return ReedlineEvent::None;
+            }
+            let code = if enter { &KeyCode::Enter } else { code };
+            let modifiers = if enter {
+                &KeyModifiers::NONE
+            } else {
+                modifiers
+            };
             if showing && *modifiers == KeyModifiers::NONE {
                 let fill = |text: String| EditCommand::InsertString(text);
                 match code {

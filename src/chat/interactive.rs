@@ -168,12 +168,16 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
             _ => continue,
         };
         ctrl_c_armed = false;
-        if let Some(c) = pending.take() {
-            c.cancel();
-        }
         let text = editor::submitted_text(&line);
         let text = text.trim().to_string();
         let text = text.as_str();
+        if text.is_empty() {
+            // Nothing to send: whatever suggestion is coming or shown stays.
+            continue;
+        }
+        if let Some(c) = pending.take() {
+            c.cancel();
+        }
         // Take the speculation before the controller is reset (which would drop it): it is
         // used only when the submitted text is exactly the suggestion it ran.
         let accepted = ghost.accepted.lock().ok().and_then(|mut a| a.take());
@@ -185,9 +189,6 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
             ctl.clear(Instant::now());
         }
         speculator.on_dismissed();
-        if text.is_empty() {
-            continue;
-        }
         if let Some(command) = text.strip_prefix('!').map(str::trim) {
             if !command.is_empty() {
                 prefix = None;
@@ -365,7 +366,9 @@ fn spawn_suggestion(
     let background = session.llm.background.clone();
     let cached = prefix.filter(|_| session.settings.cache_sharing);
     let conversation: Vec<Message> = session.conversation.clone();
+    let request = ghost.requested();
     session.runtime.spawn(async move {
+        let _done = Arrived(&ghost, request);
         let source = match &cached {
             Some(p) => SuggestionSource::Cached(p),
             None => SuggestionSource::Standalone(&conversation),
@@ -400,4 +403,13 @@ fn spawn_suggestion(
         }
     });
     cancel
+}
+
+/// Tells the editor a suggestion request ended, however its task ends (even cancelled).
+struct Arrived<'a>(&'a Ghost, u64);
+
+impl Drop for Arrived<'_> {
+    fn drop(&mut self) {
+        self.0.arrived(self.1);
+    }
 }

@@ -54,7 +54,7 @@ pub(crate) fn run(mut session: Session, _runtime: &tokio::runtime::Runtime) -> i
         code = match outcome {
             Ok(o) => match o.stop {
                 StopReason::Completed | StopReason::Boundary => 0,
-                StopReason::TurnLimit => 2,
+                StopReason::TurnLimit | StopReason::LoopDetected => 2,
                 StopReason::Cancelled => {
                     session.close();
                     return 130;

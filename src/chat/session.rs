@@ -127,6 +127,10 @@ impl Session {
                 temperature: None,
             },
         );
+        let id = new_session_id();
+        if settings.telemetry {
+            agent.set_telemetry(shade_agent::followup::telemetry::Telemetry::from_env(id));
+        }
         let shadow = if args.shadow {
             let shadow = Shadow::create(agent.context().workspace.root(), ShadowOptions::live())
                 .context("cannot create the session's branch")?;
@@ -153,7 +157,7 @@ impl Session {
             settings,
             last_turn_failed: false,
             last_prompt_tokens: Arc::new(Mutex::new(0)),
-            id: new_session_id(),
+            id,
             runtime,
             saved,
             store,

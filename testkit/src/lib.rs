@@ -29,6 +29,11 @@ pub struct Reply {
     pub prompt_tokens: u64,
     /// Answer with this HTTP error status and message instead.
     pub error: Option<(u16, String)>,
+    /// `reasoning_content` deltas streamed before the text (as vLLM and llama.cpp send a
+    /// thinking model's reasoning).
+    pub reasoning: Vec<String>,
+    /// Send no `usage` chunk (as some local servers do).
+    pub no_usage: bool,
 }
 
 impl Reply {
@@ -74,6 +79,18 @@ impl Reply {
     /// The same answer after `delay`.
     pub fn after(mut self, delay: Duration) -> Self {
         self.delay = delay;
+        self
+    }
+
+    /// The same answer with `reasoning` streamed first as `reasoning_content` deltas.
+    pub fn reasoning(mut self, reasoning: &str) -> Self {
+        self.reasoning = reasoning.split_inclusive(' ').map(str::to_string).collect();
+        self
+    }
+
+    /// The same answer without a `usage` chunk.
+    pub fn without_usage(mut self) -> Self {
+        self.no_usage = true;
         self
     }
 
@@ -169,6 +186,11 @@ fn serve(mut conn: TcpStream, seq: u64, router: &Router, reqs: &Mutex<Vec<Value>
             .is_ok()
             && conn.flush().is_ok()
     };
+    for text in &reply.reasoning {
+        if !send(&mut conn, json!({"reasoning_content": text}), Value::Null) {
+            return;
+        }
+    }
     for text in &reply.chunks {
         thread::sleep(reply.chunk_delay);
         if !send(&mut conn, json!({"content": text}), Value::Null) {
@@ -188,6 +210,11 @@ fn serve(mut conn: TcpStream, seq: u64, router: &Router, reqs: &Mutex<Vec<Value>
         "tool_calls"
     };
     if !send(&mut conn, json!({}), json!(finish)) {
+        return;
+    }
+    if reply.no_usage {
+        let _ = conn.write_all(b"data: [DONE]\n\n");
+        let _ = conn.flush();
         return;
     }
     let usage = json!({"id": id, "object": "chat.completion.chunk", "model": model, "choices": [],

@@ -45,6 +45,10 @@ impl LlmError {
     /// Worth another attempt with the same request: rate limits, server errors, broken
     /// connections. Never auth/validation (4xx other than 408/409/429).
     pub fn is_retryable(&self) -> bool {
+        if self.local_server_hint().is_some() {
+            // A server set up without tool calls answers the same every time.
+            return false;
+        }
         match self {
             Self::Http { status, .. } => {
                 matches!(status, 408 | 409 | 429) || (500..=599).contains(status)
@@ -52,6 +56,25 @@ impl LlmError {
             Self::Connect(_) | Self::Timeout(_) | Self::Truncated(_) => true,
             Self::Provider(msg) => looks_overloaded(msg),
             _ => false,
+        }
+    }
+
+    /// What to change when a local server refuses the request's tools (llama.cpp without
+    /// `--jinja`, vLLM without a tool-call parser, an Ollama model without tool support):
+    /// their own messages name a flag, not the fix.
+    pub fn local_server_hint(&self) -> Option<&'static str> {
+        let msg = match self {
+            Self::Http { message, .. } | Self::Provider(message) => message.to_ascii_lowercase(),
+            _ => return None,
+        };
+        if msg.contains("--jinja") {
+            Some("llama.cpp's server takes tool calls only when started with --jinja (llama-server --jinja …)")
+        } else if msg.contains("enable-auto-tool-choice") || msg.contains("tool-call-parser") {
+            Some("vLLM takes tool calls only when started with --enable-auto-tool-choice --tool-call-parser NAME (the parser of the model's family, e.g. hermes for Qwen)")
+        } else if msg.contains("does not support tools") {
+            Some("this model's Ollama template has no tool calls: use a model listed with the \"tools\" capability (ollama show MODEL)")
+        } else {
+            None
         }
     }
 

@@ -9,6 +9,7 @@ pub mod provider;
 pub mod retry;
 pub mod sse;
 pub mod stream;
+pub mod text_calls;
 pub mod think;
 pub mod types;
 

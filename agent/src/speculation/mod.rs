@@ -426,6 +426,7 @@ async fn run(start: Start, shared: &Arc<Shared>, cancel: &CancellationToken) -> 
             StopReason::TurnLimit => Status::Boundary("turn_limit".into()),
             StopReason::Cancelled => Status::Aborted,
             StopReason::Error => Status::Failed("the model call failed".into()),
+            StopReason::LoopDetected => Status::Failed("the model repeated itself".into()),
         },
         Err(e) => Status::Failed(e.to_string()),
     };
