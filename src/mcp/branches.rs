@@ -105,8 +105,9 @@ impl Branches {
 
     /// The live branch `id`.
     pub fn get(&self, id: &str) -> Result<Arc<Entry>, String> {
-        lock(&self.live).get(id).cloned().ok_or_else(|| {
-            let ids: Vec<String> = lock(&self.live).keys().cloned().collect();
+        let found = lock(&self.live).get(id).cloned();
+        found.ok_or_else(|| {
+            let ids = self.ids();
             if ids.is_empty() {
                 format!("no branch `{id}`: there is no live branch; call create_branch first")
             } else {
