@@ -159,7 +159,10 @@ async fn tools_are_listed_with_truthful_annotations() {
         "accept_branch",
         "abort_branch",
     ] {
-        assert!(names.contains(&expected), "{expected} missing from {names:?}");
+        assert!(
+            names.contains(&expected),
+            "{expected} missing from {names:?}"
+        );
     }
     let read_only = [
         "list_branches",
@@ -194,7 +197,12 @@ async fn tools_are_listed_with_truthful_annotations() {
         }
     }
     // check_command is the classifier of `shade check-command`.
-    let verdict = ok(&client, "check_command", json!({"command": "grep -rn foo src"})).await;
+    let verdict = ok(
+        &client,
+        "check_command",
+        json!({"command": "grep -rn foo src"}),
+    )
+    .await;
     assert!(verdict.contains("\"read_only\":true"), "{verdict}");
     let verdict = ok(&client, "check_command", json!({"command": "rm -rf src"})).await;
     assert!(verdict.contains("\"read_only\":false"), "{verdict}");
@@ -211,10 +219,20 @@ async fn branch_write_test_diff_accept() {
     let client = connect(&fx, Some(ElicitationAction::Accept), &[]).await;
     let b = branch(&client).await;
     let lib = "pub fn add(a: i32, b: i32) -> i32 {\n    a + b\n}\n\npub fn double(a: i32) -> i32 {\n    let unused = 1;\n    add(a, a)\n}\n\n#[test]\nfn adds() {\n    assert_eq!(add(2, 2), 4);\n}\n\n#[test]\nfn doubles() {\n    assert_eq!(double(21), 42);\n}\n";
-    ok(&client, "write_file", json!({"branch": b, "path": "src/lib.rs", "content": lib})).await;
+    ok(
+        &client,
+        "write_file",
+        json!({"branch": b, "path": "src/lib.rs", "content": lib}),
+    )
+    .await;
     // The project's own copy is untouched until accept.
     assert!(!fx.read("src/lib.rs").contains("double"));
-    let read = ok(&client, "read_file", json!({"branch": b, "path": "src/lib.rs"})).await;
+    let read = ok(
+        &client,
+        "read_file",
+        json!({"branch": b, "path": "src/lib.rs"}),
+    )
+    .await;
     assert!(read.contains("pub fn double"), "{read}");
 
     let out = ok(
@@ -242,7 +260,10 @@ async fn branch_write_test_diff_accept() {
     let accepted = ok(&client, "accept_branch", json!({"branch": b})).await;
     assert!(accepted.contains("M src/lib.rs"), "{accepted}");
     assert_eq!(fx.read("src/lib.rs"), lib);
-    assert!(!fx.project.join("target").exists(), "target/ is not accepted");
+    assert!(
+        !fx.project.join("target").exists(),
+        "target/ is not accepted"
+    );
     let asked = client.service().asked.lock().unwrap().clone();
     assert_eq!(asked.len(), 1, "accept asks the user once: {asked:?}");
     assert!(asked[0].contains("M src/lib.rs"), "{asked:?}");
@@ -262,8 +283,18 @@ async fn conflicting_accept_is_refused() {
     fx.write("other.txt", "keep\n");
     let client = connect(&fx, None, &["--no-lint"]).await;
     let b = branch(&client).await;
-    ok(&client, "edit", json!({"branch": b, "path": "notes.txt", "old_string": "one", "new_string": "two"})).await;
-    ok(&client, "write_file", json!({"branch": b, "path": "new.txt", "content": "new\n"})).await;
+    ok(
+        &client,
+        "edit",
+        json!({"branch": b, "path": "notes.txt", "old_string": "one", "new_string": "two"}),
+    )
+    .await;
+    ok(
+        &client,
+        "write_file",
+        json!({"branch": b, "path": "new.txt", "content": "new\n"}),
+    )
+    .await;
     fx.write("notes.txt", "the user's edit\n");
 
     let (err, text) = call(&client, "accept_branch", json!({"branch": b})).await;
@@ -273,7 +304,10 @@ async fn conflicting_accept_is_refused() {
     assert_eq!(fx.read("notes.txt"), "the user's edit\n");
     assert!(!fx.project.join("new.txt").exists(), "all or nothing");
     let listed = ok(&client, "list_branches", json!({})).await;
-    assert!(listed.contains(&format!("{b}: 2 changed paths")), "{listed}");
+    assert!(
+        listed.contains(&format!("{b}: 2 changed paths")),
+        "{listed}"
+    );
     let aborted = ok(&client, "abort_branch", json!({"branch": b})).await;
     assert!(aborted.contains("aborted"), "{aborted}");
     assert_eq!(fx.read("notes.txt"), "the user's edit\n");
@@ -289,7 +323,12 @@ async fn declined_confirmation_writes_nothing() {
     fx.write("a.txt", "a\n");
     let client = connect(&fx, Some(ElicitationAction::Decline), &["--no-lint"]).await;
     let b = branch(&client).await;
-    ok(&client, "write_file", json!({"branch": b, "path": "a.txt", "content": "b\n"})).await;
+    ok(
+        &client,
+        "write_file",
+        json!({"branch": b, "path": "a.txt", "content": "b\n"}),
+    )
+    .await;
     let (err, text) = call(&client, "accept_branch", json!({"branch": b})).await;
     assert!(err && text.contains("declined"), "{text}");
     assert_eq!(fx.read("a.txt"), "a\n");
@@ -313,15 +352,30 @@ async fn two_clients_at_once() {
     let (b1, b2) = tokio::join!(branch(&one), branch(&two));
     let b1b = branch(&one).await;
     tokio::join!(
-        ok(&one, "write_file", json!({"branch": b1, "path": "one.txt", "content": "1\n"})),
-        ok(&two, "write_file", json!({"branch": b2, "path": "two.txt", "content": "2\n"})),
-        ok(&one, "write_file", json!({"branch": b1b, "path": "three.txt", "content": "3\n"})),
+        ok(
+            &one,
+            "write_file",
+            json!({"branch": b1, "path": "one.txt", "content": "1\n"})
+        ),
+        ok(
+            &two,
+            "write_file",
+            json!({"branch": b2, "path": "two.txt", "content": "2\n"})
+        ),
+        ok(
+            &one,
+            "write_file",
+            json!({"branch": b1b, "path": "three.txt", "content": "3\n"})
+        ),
     );
     let (l1, l2) = tokio::join!(
         ok(&one, "run_command", json!({"branch": b1, "command": "ls"})),
         ok(&two, "run_command", json!({"branch": b2, "command": "ls"})),
     );
-    assert!(l1.contains("one.txt") && !l1.contains("two.txt") && !l1.contains("three.txt"), "{l1}");
+    assert!(
+        l1.contains("one.txt") && !l1.contains("two.txt") && !l1.contains("three.txt"),
+        "{l1}"
+    );
     assert!(l2.contains("two.txt") && !l2.contains("one.txt"), "{l2}");
     let (a1, a2) = tokio::join!(
         call(&one, "accept_branch", json!({"branch": b1})),
@@ -332,7 +386,10 @@ async fn two_clients_at_once() {
     assert_eq!(fx.read("two.txt"), "2\n");
     assert!(!fx.project.join("three.txt").exists());
     tokio::join!(disconnect(one), disconnect(two));
-    assert!(!fx.project.join("three.txt").exists(), "an unaccepted branch dies with its session");
+    assert!(
+        !fx.project.join("three.txt").exists(),
+        "an unaccepted branch dies with its session"
+    );
     assert_no_shade_mounts(&fx.state);
 }
 
@@ -346,8 +403,18 @@ async fn disconnect_drops_every_branch() {
     let client = connect(&fx, None, &["--no-lint"]).await;
     let b1 = branch(&client).await;
     let b2 = branch(&client).await;
-    ok(&client, "write_file", json!({"branch": b1, "path": "a.txt", "content": "changed\n"})).await;
-    ok(&client, "run_command", json!({"branch": b2, "command": "rm a.txt; echo x > b.txt"})).await;
+    ok(
+        &client,
+        "write_file",
+        json!({"branch": b1, "path": "a.txt", "content": "changed\n"}),
+    )
+    .await;
+    ok(
+        &client,
+        "run_command",
+        json!({"branch": b2, "command": "rm a.txt; echo x > b.txt"}),
+    )
+    .await;
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let root = fx.state.root().to_string_lossy().to_string();
     assert!(
@@ -358,7 +425,9 @@ async fn disconnect_drops_every_branch() {
     let peer = client.peer().clone();
     let running = tokio::spawn(async move {
         let args = json!({"branch": b2, "command": "sleep 300"});
-        let Value::Object(args) = args else { unreachable!() };
+        let Value::Object(args) = args else {
+            unreachable!()
+        };
         peer.call_tool(CallToolRequestParams::new("run_command").with_arguments(args))
             .await
     });
@@ -367,4 +436,127 @@ async fn disconnect_drops_every_branch() {
     running.abort();
     assert_no_shade_mounts(&fx.state);
     assert_eq!(snapshot(&fx.project), before);
+}
+
+/// SIGTERM (what a client or a supervisor sends) ends the session like end of input:
+/// every branch unmounted, the project unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drops_every_branch() {
+    let fx = Fixture::new();
+    fx.write("a.txt", "a\n");
+    let before = snapshot(&fx.project);
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_shade"));
+    cmd.args(["mcp", "--no-lint"])
+        .current_dir(&fx.project)
+        .env("SHADE_STATE_DIR", fx.state.root());
+    let transport = TokioChildProcess::new(cmd).unwrap();
+    let pid = transport.id().unwrap() as i32;
+    let client = TestClient {
+        answer: None,
+        asked: Arc::default(),
+    }
+    .serve(transport)
+    .await
+    .unwrap();
+    let b = branch(&client).await;
+    ok(
+        &client,
+        "write_file",
+        json!({"branch": b, "path": "a.txt", "content": "b\n"}),
+    )
+    .await;
+    let root = fx.state.root().to_string_lossy().to_string();
+    let mounted = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .any(|l| l.contains(&root))
+    };
+    assert!(mounted());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    // The server closes the session itself: the client sees the end of its output.
+    common::wait_until("shade mcp to exit on SIGTERM", 30, || {
+        !std::path::Path::new(&format!("/proc/{pid}/cmdline")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| s.contains(") Z "))
+                .unwrap_or(true)
+    });
+    assert_no_shade_mounts(&fx.state);
+    assert_eq!(snapshot(&fx.project), before);
+    drop(client);
+}
+
+/// Commands run in the speculative sandbox: no network (not even to the host's
+/// loopback), the rest of the file system read-only, a private /tmp.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_are_sandboxed() {
+    let fx = Fixture::new();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let outside = tempfile::Builder::new()
+        .prefix("shade-mcp-outside-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let marker = tempfile::Builder::new()
+        .prefix("shade-mcp-tmp-")
+        .tempfile_in("/tmp")
+        .unwrap();
+    let marker_name = marker
+        .path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    let client = connect(&fx, None, &["--no-lint"]).await;
+    let b = branch(&client).await;
+    let net = ok(
+        &client,
+        "run_command",
+        json!({"branch": b, "command": format!("exec 3<>/dev/tcp/127.0.0.1/{port} && echo CONNECTED")}),
+    )
+    .await;
+    assert!(
+        !net.contains("CONNECTED") && !net.starts_with("Exit code: 0"),
+        "{net}"
+    );
+    let write = ok(
+        &client,
+        "run_command",
+        json!({"branch": b, "command": format!("echo x > {}/escaped", outside.path().display())}),
+    )
+    .await;
+    assert!(!write.starts_with("Exit code: 0"), "{write}");
+    assert!(!outside.path().join("escaped").exists());
+    let tmp = ok(
+        &client,
+        "run_command",
+        json!({"branch": b, "command": format!("ls -A /tmp; echo scratch > /tmp/{marker_name}-scratch && echo TMP_OK")}),
+    )
+    .await;
+    assert!(
+        tmp.contains("TMP_OK") && !tmp.contains(&marker_name),
+        "{tmp}"
+    );
+    let scratch = format!("/tmp/{marker_name}-scratch");
+    assert!(!std::path::Path::new(&scratch).exists(), "/tmp is private");
+    let inside = ok(
+        &client,
+        "run_command",
+        json!({"branch": b, "command": "echo made > made.txt && pwd"}),
+    )
+    .await;
+    assert!(inside.starts_with("Exit code: 0"), "{inside}");
+    assert!(
+        inside.contains(&fx.project.display().to_string()),
+        "runs at the real path: {inside}"
+    );
+    assert!(!fx.project.join("made.txt").exists());
+    let changes = ok(&client, "list_changes", json!({"branch": b})).await;
+    assert_eq!(changes.trim(), "A made.txt");
+    disconnect(client).await;
+    assert_no_shade_mounts(&fx.state);
 }

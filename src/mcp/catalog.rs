@@ -52,7 +52,12 @@ fn branch_property() -> Value {
 
 /// The annotations of a tool; open-world is always false (no network, nothing outside the
 /// project's branch).
-fn annotations(title: &str, read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations {
+fn annotations(
+    title: &str,
+    read_only: bool,
+    destructive: bool,
+    idempotent: bool,
+) -> ToolAnnotations {
     let a = ToolAnnotations::with_title(title)
         .read_only(read_only)
         .open_world(false);

@@ -37,7 +37,10 @@ pub struct McpArgs {
 
 /// Serves MCP on stdin/stdout until the client goes away; exit 0, or 125 on shade's errors.
 pub fn main(args: McpArgs) -> i32 {
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => return exit::fail(&e.into()),
     };

@@ -82,7 +82,11 @@ impl ShadeServer {
                     .branches
                     .get(id)
                     .ok()
-                    .and_then(|e| e.shadow().as_ref().map(|s| s.changeset(false).changes.len()))
+                    .and_then(|e| {
+                        e.shadow()
+                            .as_ref()
+                            .map(|s| s.changeset(false).changes.len())
+                    })
                     .unwrap_or(0);
                 format!("{id}: {n} changed path{}", plural(n))
             })
@@ -96,7 +100,7 @@ impl ShadeServer {
             .and_then(Value::as_str)
             .ok_or("invalid arguments: `command` (a string) is required")?;
         let verdict = shell_classify::classify_in(command, self.branches.project());
-        Ok(serde_json::to_string(&verdict).map_err(|e| e.to_string())?)
+        serde_json::to_string(&verdict).map_err(|e| e.to_string())
     }
 
     /// One of the agent's tools, in branch `id`: arguments repaired as the agent's loop
@@ -111,10 +115,12 @@ impl ShadeServer {
         let entry = self.branches.get(id)?;
         let ctx = &entry.ctx;
         if tool.name() == "diagnostics" && ctx.lint.is_none() {
-            return Err("No lints in this session: shade mcp was started with --no-lint, or shade \
+            return Err(
+                "No lints in this session: shade mcp was started with --no-lint, or shade \
                         found no checker for the project (set `[lint] command` in shade's config \
                         file). Run the project's checker with run_command instead."
-                .into());
+                    .into(),
+            );
         }
         let prepared = tool.prepare(Value::Object(args), ctx, cancel).await;
         let out = tool
@@ -165,9 +171,9 @@ impl ShadeServer {
         let entry = self.branches.get(id)?;
         let check = entry.clone();
         blocking(move || match check.shadow().as_ref() {
-            Some(s) => s.check_accept(AcceptFlags::default()).map_err(|e| {
-                refusal(&e, "Nothing was written and the branch is kept")
-            }),
+            Some(s) => s
+                .check_accept(AcceptFlags::default())
+                .map_err(|e| refusal(&e, "Nothing was written and the branch is kept")),
             None => Err("the branch is being accepted or aborted".to_string()),
         })
         .await?;
