@@ -560,3 +560,103 @@ async fn commands_are_sandboxed() {
     disconnect(client).await;
     assert_no_shade_mounts(&fx.state);
 }
+
+/// `shade mcp --http`: one server, a session per client, each with its own branches; a
+/// client that closes its session drops its branches; SIGTERM drops the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamable_http_sessions() {
+    use rmcp::transport::StreamableHttpClientTransport;
+    use tokio::io::AsyncBufReadExt;
+
+    let fx = Fixture::new();
+    fx.write("a.txt", "a\n");
+    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_shade"))
+        .args(["mcp", "--no-lint", "--http", "127.0.0.1:0"])
+        .current_dir(&fx.project)
+        .env("SHADE_STATE_DIR", fx.state.root())
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(server.stderr.take().unwrap()).lines();
+    let first = lines.next_line().await.unwrap().unwrap();
+    let url = first
+        .strip_prefix("shade mcp: serving ")
+        .unwrap_or_else(|| panic!("unexpected first line: {first}"))
+        .to_string();
+    let connect = || async {
+        let client = TestClient {
+            answer: None,
+            asked: Arc::default(),
+        };
+        client
+            .serve(StreamableHttpClientTransport::from_uri(url.clone()))
+            .await
+            .unwrap()
+    };
+    let (one, two) = tokio::join!(connect(), connect());
+    let (b1, b2) = tokio::join!(branch(&one), branch(&two));
+    assert_eq!(
+        (b1.as_str(), b2.as_str()),
+        ("b1", "b1"),
+        "ids are per session"
+    );
+    tokio::join!(
+        ok(
+            &one,
+            "write_file",
+            json!({"branch": b1, "path": "a.txt", "content": "one\n"})
+        ),
+        ok(
+            &two,
+            "write_file",
+            json!({"branch": b2, "path": "two.txt", "content": "2\n"})
+        ),
+    );
+    let seen = ok(
+        &one,
+        "run_command",
+        json!({"branch": b1, "command": "cat a.txt; ls"}),
+    )
+    .await;
+    assert!(seen.contains("one") && !seen.contains("two.txt"), "{seen}");
+    let root = fx.state.root().to_string_lossy().to_string();
+    let mounts = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(&root))
+            .count()
+    };
+    // Session two goes away without accepting: its branch is dropped, session one's lives.
+    let before = mounts();
+    disconnect(two).await;
+    common::wait_until("the closed session's branch to be unmounted", 30, || {
+        mounts() < before
+    });
+    assert!(!fx.project.join("two.txt").exists());
+    let accepted = ok(&one, "accept_branch", json!({"branch": b1})).await;
+    assert!(accepted.contains("M a.txt"), "{accepted}");
+    assert_eq!(fx.read("a.txt"), "one\n");
+    // A third session with a live branch when the server is told to stop.
+    let three = connect().await;
+    let b3 = branch(&three).await;
+    ok(
+        &three,
+        "write_file",
+        json!({"branch": b3, "path": "three.txt", "content": "3\n"}),
+    )
+    .await;
+    let pid = server.id().unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = server.wait().await.unwrap();
+    assert!(status.success(), "{status}");
+    assert_no_shade_mounts(&fx.state);
+    assert!(!fx.project.join("three.txt").exists());
+    drop((one, three));
+}

@@ -144,8 +144,16 @@ impl Branches {
     }
 }
 
+/// A session that ends (its handler dropped, e.g. an HTTP session closed) drops its
+/// branches; unmounting blocks, so a runtime worker hands its task to another thread.
 impl Drop for Branches {
     fn drop(&mut self) {
-        self.close_all();
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        match Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(|| self.close_all())
+            }
+            _ => self.close_all(),
+        }
     }
 }

@@ -1,13 +1,16 @@
 //! `shade mcp`: an MCP server giving any MCP client (Claude Code, Codex, qwen-code, …)
-//! branches of the project it is started in. One process serves one client over stdio;
-//! its branches live as long as the session (end of input, SIGTERM/SIGINT/SIGHUP) unless
-//! accepted, and are unmounted before it exits. A crash is cleaned up by the next shade
+//! branches of the project it is started in. Over stdio one process serves one client;
+//! with `--http` one process serves many, a session each. Branches live as long as their
+//! session (end of input, SIGTERM/SIGINT/SIGHUP, the HTTP session closed) unless accepted,
+//! and are unmounted before the process exits. A crash is cleaned up by the next shade
 //! start (`cleanup_stale`).
 
 mod branches;
 mod catalog;
+mod http;
 mod server;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,9 +36,14 @@ pub struct McpArgs {
     /// Do not run the project's checker after edits (the `lint` tool then says so).
     #[arg(long)]
     pub no_lint: bool,
+    /// Serve MCP's streamable HTTP transport on this address (e.g. 127.0.0.1:8765; port 0
+    /// picks one) instead of stdio; every client session gets its own branches.
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<SocketAddr>,
 }
 
-/// Serves MCP on stdin/stdout until the client goes away; exit 0, or 125 on shade's errors.
+/// Serves MCP on stdin/stdout until the client goes away (or over HTTP until a termination
+/// signal); exit 0, or 125 on shade's errors.
 pub fn main(args: McpArgs) -> i32 {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -44,7 +52,10 @@ pub fn main(args: McpArgs) -> i32 {
         Ok(rt) => rt,
         Err(e) => return exit::fail(&e.into()),
     };
-    let result = runtime.block_on(serve_stdio(args));
+    let result = match args.http {
+        Some(addr) => runtime.block_on(serve_http(addr, args)),
+        None => runtime.block_on(serve_stdio(args)),
+    };
     // A blocking stdin read cannot be cancelled (stdin not a pipe): do not wait for it.
     runtime.shutdown_timeout(Duration::from_secs(1));
     match result {
@@ -53,8 +64,8 @@ pub fn main(args: McpArgs) -> i32 {
     }
 }
 
-/// The session's branches for `args`, after the usual start-up recovery.
-fn session(args: &McpArgs) -> anyhow::Result<Arc<Branches>> {
+/// What every session's branches share, after the usual start-up recovery.
+fn session_options(args: &McpArgs) -> anyhow::Result<SessionOptions> {
     let state = StateDir::from_env();
     crate::cmd_run::startup_recovery(&state);
     let dir = match &args.dir {
@@ -64,17 +75,31 @@ fn session(args: &McpArgs) -> anyhow::Result<Arc<Branches>> {
     let project = std::fs::canonicalize(&dir)
         .with_context(|| format!("project directory {}", dir.display()))?;
     anyhow::ensure!(project.is_dir(), "{} is not a directory", project.display());
-    Ok(Arc::new(Branches::new(SessionOptions {
+    Ok(SessionOptions {
         project,
         state,
         time_limit: Duration::from_secs(args.timeout.max(1)),
         lint: !args.no_lint,
-    })))
+    })
+}
+
+/// Many sessions over HTTP until SIGTERM, SIGINT or SIGHUP; every branch is dropped before
+/// it returns.
+async fn serve_http(addr: SocketAddr, args: McpArgs) -> anyhow::Result<()> {
+    let options = session_options(&args)?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let on_signal = stop.clone();
+    let mut signals = Signals::new()?;
+    tokio::spawn(async move {
+        signals.any().await;
+        on_signal.cancel();
+    });
+    http::serve(addr, options, args.timeout.max(1), stop).await
 }
 
 /// One session over stdio; every branch is dropped before it returns.
 async fn serve_stdio(args: McpArgs) -> anyhow::Result<()> {
-    let branches = session(&args)?;
+    let branches = Arc::new(Branches::new(session_options(&args)?));
     let server = ShadeServer::new(branches.clone(), args.timeout.max(1));
     let served = serve_until_signal(server).await;
     let b = branches.clone();
@@ -86,24 +111,45 @@ async fn serve_stdio(args: McpArgs) -> anyhow::Result<()> {
 
 /// Runs the session until the client closes stdin or a termination signal arrives.
 async fn serve_until_signal(server: ShadeServer) -> anyhow::Result<()> {
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut hup = signal(SignalKind::hangup())?;
+    let mut signals = Signals::new()?;
     let transport = rmcp::transport::stdio_pipes();
     let running = tokio::select! {
         r = server.serve(transport) => r.context("MCP handshake")?,
-        _ = term.recv() => return Ok(()),
-        _ = int.recv() => return Ok(()),
-        _ = hup.recv() => return Ok(()),
+        _ = signals.any() => return Ok(()),
     };
     let stop = running.cancellation_token();
     let waiting = running.waiting();
     tokio::pin!(waiting);
     tokio::select! {
         r = &mut waiting => { r.context("MCP session")?; }
-        _ = term.recv() => stop.cancel(),
-        _ = int.recv() => stop.cancel(),
-        _ = hup.recv() => stop.cancel(),
+        _ = signals.any() => stop.cancel(),
     }
     Ok(())
+}
+
+/// The signals that end a session: SIGTERM, SIGINT, SIGHUP. Once listened for they no
+/// longer kill the process, so the branches are always dropped first.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> anyhow::Result<Signals> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// Waits for the first of them.
+    async fn any(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+            _ = self.hup.recv() => {}
+        }
+    }
 }
