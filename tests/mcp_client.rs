@@ -124,3 +124,47 @@ fn mcp_tools_are_offered_called_and_approved_like_writes() {
     assert_no_shade_mounts(&fx.state);
     assert_eq!(fx.read("a.txt"), "a\n");
 }
+
+/// `shade chat` (reading prompts from stdin) has the same tools, and closes the server
+/// when it ends: the branch the server made is unmounted by the server itself.
+#[test]
+fn chat_offers_mcp_tools_and_closes_the_servers() {
+    let fx = Fixture::new();
+    let config = fx.tmp.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "enable_followup_suggestions = false\n\n[mcp_servers.shade]\ncommand = {:?}\nargs = [\"mcp\", \"--no-lint\"]\nenv = {{ SHADE_STATE_DIR = {:?} }}\n",
+            env!("CARGO_BIN_EXE_shade"),
+            fx.state.root().display().to_string(),
+        ),
+    )
+    .unwrap();
+    let llm = FakeLlm::start(Arc::new(model)).unwrap();
+    let mut child = fx
+        .shade()
+        .args(["chat", "--approval", "yolo", "--no-suggest", "--config"])
+        .arg(&config)
+        .env("OPENAI_BASE_URL", &llm.base_url)
+        .env("OPENAI_API_KEY", "test-key")
+        .env("SHADE_MODEL", "main-model")
+        .env("SHADE_LOG", "error")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"check and branch\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    let results = tool_results(&llm);
+    assert!(results[0].contains("\"read_only\":false"), "{results:#?}");
+    assert!(results[1].contains("Created branch b1"), "{results:#?}");
+    assert_no_shade_mounts(&fx.state);
+}
