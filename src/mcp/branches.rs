@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use shade_agent::lint::tool::{session_hook, LintHook};
@@ -46,8 +46,11 @@ pub struct Branches {
     options: SessionOptions,
     next: AtomicU64,
     live: Mutex<BTreeMap<String, Arc<Entry>>>,
-    /// The project's linter, made on the first branch (it starts a baseline check).
-    lint: OnceLock<Option<Arc<LintHook>>>,
+    /// The project's linter, made on the first branch (it starts a baseline check): `None`
+    /// until then, `Some(None)` without one.
+    lint: Mutex<Option<Option<Arc<LintHook>>>>,
+    /// Set when the session ends: no branch may be made after.
+    closed: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -61,7 +64,8 @@ impl Branches {
             options,
             next: AtomicU64::new(1),
             live: Mutex::default(),
-            lint: OnceLock::new(),
+            lint: Mutex::default(),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -72,6 +76,10 @@ impl Branches {
 
     /// Mounts a new branch (blocking) and returns its id.
     pub fn create(&self) -> anyhow::Result<String> {
+        anyhow::ensure!(
+            !self.closed.load(Ordering::SeqCst),
+            "the session is ending; no new branch"
+        );
         let mut options = ShadowOptions::speculative(self.options.time_limit);
         options.branch.state = self.options.state.clone();
         let shadow = Shadow::create(&self.options.project, options)?;
@@ -84,23 +92,29 @@ impl Branches {
             shadow: Mutex::new(Some(shadow)),
             ctx,
         });
-        lock(&self.live).insert(id.clone(), entry);
+        let mut live = lock(&self.live);
+        if self.closed.load(Ordering::SeqCst) {
+            drop(live);
+            drop(entry);
+            anyhow::bail!("the session is ending; no new branch");
+        }
+        live.insert(id.clone(), entry);
         Ok(id)
     }
 
     /// The session's lint hook (made once; `None` without a usable checker or with lint off).
     fn lint_hook(&self) -> Option<Arc<LintHook>> {
-        self.lint
-            .get_or_init(|| {
-                if !self.options.lint {
-                    return None;
-                }
-                session_hook(&self.options.project, None, true).unwrap_or_else(|e| {
-                    tracing::warn!("no lints in shade mcp: {e}");
-                    None
-                })
+        let mut lint = lock(&self.lint);
+        lint.get_or_insert_with(|| {
+            if !self.options.lint {
+                return None;
+            }
+            session_hook(&self.options.project, None, true).unwrap_or_else(|e| {
+                tracing::warn!("no lints in shade mcp: {e}");
+                None
             })
-            .clone()
+        })
+        .clone()
     }
 
     /// The live branch `id`.
@@ -134,6 +148,7 @@ impl Branches {
     /// Drops every branch (blocking): commands in them are killed, mounts unmounted,
     /// stores removed. What the session ends with.
     pub fn close_all(&self) {
+        self.closed.store(true, Ordering::SeqCst);
         let all = std::mem::take(&mut *lock(&self.live));
         for (id, entry) in all {
             if let Some(shadow) = entry.shadow().take() {
@@ -141,6 +156,8 @@ impl Branches {
                 shadow.abort();
             }
         }
+        // The linter's own branches (baseline checks, language servers) go with it.
+        drop(lock(&self.lint).take());
     }
 }
 
