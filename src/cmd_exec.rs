@@ -126,6 +126,7 @@ async fn run(args: ExecArgs) -> i32 {
         Err(_) => FollowupSettings::default(),
     };
     let mut tools = ToolRegistry::configured(&llm.config.tools);
+    let mcp = connect_mcp(&llm.config.tools, workspace.root(), &mut tools).await;
     let shadow = if args.shadow {
         crate::cmd_run::startup_recovery(&StateDir::from_env());
         match Shadow::create(workspace.root(), ShadowOptions::live()) {
@@ -232,6 +233,7 @@ async fn run(args: ExecArgs) -> i32 {
         crate::exec_suggest::suggest(&llm.background, settings, finished, args.json, &cancel).await;
     }
     drop(agent);
+    mcp.close().await;
     match shadow {
         Some(shadow) => finish_shadow(shadow, &args, stop, status),
         None => status,
@@ -485,4 +487,21 @@ impl Approver for TerminalApprover {
             }
         })
     }
+}
+
+/// Starts the `[mcp_servers]` of the config and offers their tools; a server that fails is
+/// said in one line and left out.
+pub(crate) async fn connect_mcp(
+    config: &shade_agent::tools::config::ToolsConfig,
+    project: &std::path::Path,
+    tools: &mut ToolRegistry,
+) -> shade_agent::tools::mcp::McpServers {
+    let mcp = shade_agent::tools::mcp::McpServers::connect(&config.mcp_servers, project).await;
+    for w in &mcp.warnings {
+        eprintln!("shade: {w}");
+    }
+    for t in &mcp.tools {
+        tools.add(t.clone());
+    }
+    mcp
 }

@@ -13,6 +13,7 @@ mod exec_suggest;
 mod exit;
 mod llm_setup;
 mod markdown;
+mod mcp;
 
 use clap::{Parser, Subcommand};
 
@@ -42,6 +43,8 @@ enum Command {
     /// Say whether the agent treats a shell command as read-only, and if not, why.
     #[command(name = "check-command")]
     Check(cmd_check::CheckArgs),
+    /// Serve branches of the project to an MCP client (Claude Code, Codex, …) over stdio.
+    Mcp(mcp::McpArgs),
 }
 
 fn main() {
@@ -54,6 +57,7 @@ fn main() {
         Command::Chat(args) => chat::main(args),
         Command::Recover(args) => cmd_recover::main(args),
         Command::Check(args) => cmd_check::main(args),
+        Command::Mcp(args) => mcp::main(args),
     };
     std::process::exit(code);
 }

@@ -61,11 +61,21 @@ pub enum Decision {
 pub fn decide(mode: ApprovalMode, kind: ToolKind, read_only: bool, summary: &str) -> Decision {
     let writes = match kind {
         ToolKind::Read | ToolKind::Fetch | ToolKind::Meta => false,
-        ToolKind::Execute => !read_only,
+        ToolKind::Execute | ToolKind::Mcp => !read_only,
         ToolKind::Edit | ToolKind::Memory => true,
     };
     if !writes {
         return Decision::Allow;
+    }
+    if kind == ToolKind::Mcp {
+        // Another program's tool: auto-edit covers file edits only.
+        return match mode {
+            ApprovalMode::Yolo => Decision::Allow,
+            ApprovalMode::Plan => Decision::Deny(format!(
+                "plan mode allows only MCP tools their server marks read-only, and `{summary}` is not"
+            )),
+            _ => Decision::Ask(format!("call the MCP tool `{summary}`")),
+        };
     }
     let is_shell = kind == ToolKind::Execute;
     match (mode, is_shell) {
@@ -159,6 +169,13 @@ mod tests {
         assert!(matches!(d(Plan, Execute, false), Decision::Deny(_)));
         assert_eq!(d(Plan, Execute, true), Decision::Allow);
         assert!(matches!(d(Plan, Memory, false), Decision::Deny(_)));
+        // MCP tools: read-only ones as reads, the others asked even in auto-edit.
+        assert!(matches!(d(Default, Mcp, true), Decision::Allow));
+        assert!(matches!(d(Plan, Mcp, true), Decision::Allow));
+        assert!(matches!(d(Default, Mcp, false), Decision::Ask(_)));
+        assert!(matches!(d(AutoEdit, Mcp, false), Decision::Ask(_)));
+        assert!(matches!(d(Yolo, Mcp, false), Decision::Allow));
+        assert!(matches!(d(Plan, Mcp, false), Decision::Deny(_)));
         assert_eq!("auto-edit".parse::<ApprovalMode>(), Ok(AutoEdit));
         assert!("nope".parse::<ApprovalMode>().is_err());
     }

@@ -49,6 +49,20 @@ pub(crate) struct Session {
     /// The conversation as saved after each turn (`--continue`, `--resume`).
     saved: SavedSession,
     store: SessionStore,
+    /// The `[mcp_servers]` whose tools the agent has; closed when the session ends.
+    mcp: Option<shade_agent::tools::mcp::McpServers>,
+}
+
+/// Leaving closes the MCP servers (stdio ones see their input end).
+impl Drop for Session {
+    fn drop(&mut self) {
+        let Some(mcp) = self.mcp.take() else { return };
+        if tokio::runtime::Handle::try_current().is_err() {
+            self.runtime.block_on(mcp.close());
+        } else {
+            self.runtime.spawn(mcp.close());
+        }
+    }
 }
 
 /// Where conversations are saved: `$SHADE_STATE_DIR/sessions`.
@@ -98,6 +112,11 @@ impl Session {
         // session's edits; accepting it writes into that branch, not into the project).
         let speculate = !args.no_speculate && settings.speculation;
         let mut tools = ToolRegistry::configured(&llm.config.tools);
+        let mcp = runtime.block_on(crate::cmd_exec::connect_mcp(
+            &llm.config.tools,
+            workspace.root(),
+            &mut tools,
+        ));
         let mut ctx = ToolContext::new(workspace);
         ctx.background = Some(llm.background.clone());
         ctx.token_stats = Some(llm.stats.clone());
@@ -161,6 +180,7 @@ impl Session {
             runtime,
             saved,
             store,
+            mcp: Some(mcp),
         })
     }
 

@@ -7,7 +7,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::error::LlmError;
-use crate::tools::config::{OutputBudget, ToolsConfig, WebFetchConfig, WebSearchConfig};
+use crate::tools::config::{
+    McpServerConfig, OutputBudget, ToolsConfig, WebFetchConfig, WebSearchConfig,
+};
 
 /// How to turn thinking off for background calls: providers spell it differently, and an
 /// unknown parameter is a 400 on OpenAI, so it is only sent where it is understood.
@@ -128,6 +130,8 @@ pub struct FileConfig {
     pub web_fetch: Option<WebFetchConfig>,
     /// `[web_search]`: see [`ToolsConfig::web_search`].
     pub web_search: Option<WebSearchConfig>,
+    /// `[mcp_servers.NAME]`: see [`ToolsConfig::mcp_servers`].
+    pub mcp_servers: Option<std::collections::BTreeMap<String, McpServerConfig>>,
 }
 
 /// Values given on the command line; they win over everything else.
@@ -195,6 +199,7 @@ impl LlmConfig {
         set(&mut self.tools.output_budget, f.output_budget.clone());
         set(&mut self.tools.web_fetch, f.web_fetch.clone());
         set_opt(&mut self.tools.web_search, f.web_search.clone());
+        set(&mut self.tools.mcp_servers, f.mcp_servers.clone());
     }
 
     /// Merge environment variables (`get` abstracts `std::env` for tests).

@@ -116,7 +116,12 @@ impl CallGate for SpeculationGate {
                 self.note(call.name, ToolKind::Execute, false, &summary);
                 None
             }
-            ToolKind::Fetch | ToolKind::Memory | ToolKind::Meta => Some(call.name.to_string()),
+            // An MCP tool acts outside the branch: only one its server marks read-only may
+            // run ahead of the user.
+            ToolKind::Mcp if tool.is_read_only(args) => None,
+            ToolKind::Fetch | ToolKind::Memory | ToolKind::Meta | ToolKind::Mcp => {
+                Some(call.name.to_string())
+            }
         }
     }
 
@@ -160,6 +165,57 @@ mod tests {
                 assert_eq!(gate.check(&call), None, "{mode:?}");
                 assert!(!gate.would_ask(), "{mode:?}");
             }
+        }
+    }
+
+    /// A stand-in for an MCP server's tool, read-only or not as its server says.
+    struct ServerTool(bool);
+
+    impl Tool for ServerTool {
+        fn name(&self) -> &'static str {
+            "mcp__srv__t"
+        }
+        fn spec(&self) -> crate::llm::ToolSpec {
+            crate::llm::ToolSpec {
+                name: "mcp__srv__t".into(),
+                description: String::new(),
+                parameters: serde_json::json!({"type": "object"}),
+            }
+        }
+        fn kind(&self) -> ToolKind {
+            ToolKind::Mcp
+        }
+        fn is_read_only(&self, _args: &serde_json::Value) -> bool {
+            self.0
+        }
+        fn run<'a>(
+            &'a self,
+            _args: serde_json::Value,
+            _ctx: &'a ToolContext,
+            _cancel: &'a tokio_util::sync::CancellationToken,
+        ) -> crate::llm::BoxFuture<'a, Result<crate::tools::ToolOutput, crate::tools::ToolError>>
+        {
+            Box::pin(async { Err(crate::tools::ToolError::Failed("not run".into())) })
+        }
+    }
+
+    /// An MCP call is a boundary for a speculation unless its server marks it read-only.
+    #[test]
+    fn mcp_calls_are_boundaries_unless_read_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(crate::workspace::Workspace::new(dir.path()).unwrap());
+        let args = serde_json::json!({});
+        for (read_only, stops) in [(true, false), (false, true)] {
+            let tool: Arc<dyn Tool> = Arc::new(ServerTool(read_only));
+            let gate = SpeculationGate::new(ApprovalMode::Yolo);
+            let call = GateCall {
+                name: "mcp__srv__t",
+                tool: Some(&tool),
+                args: Some(&args),
+                read_only,
+                ctx: &ctx,
+            };
+            assert_eq!(gate.check(&call).is_some(), stops, "read_only {read_only}");
         }
     }
 }

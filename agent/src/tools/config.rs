@@ -1,6 +1,8 @@
-//! Tool settings read from the config file (`[output_budget]`, `[web_fetch]`, `[web_search]`),
-//! kept apart from the model client's so that the registry can be built from them: a tool
+//! Tool settings read from the config file (`[output_budget]`, `[web_fetch]`, `[web_search]`,
+//! `[mcp_servers.NAME]`), kept apart from the model client's so that the registry can be built from them: a tool
 //! whose provider is not configured is not offered to the model at all.
+
+use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
@@ -17,6 +19,50 @@ pub struct ToolsConfig {
     /// `[web_search]`; `None`: no `web_search` tool.
     #[serde(default)]
     pub web_search: Option<WebSearchConfig>,
+    /// `[mcp_servers.NAME]`: MCP servers whose tools are offered to the model.
+    #[serde(default)]
+    pub mcp_servers: BTreeMap<String, McpServerConfig>,
+}
+
+/// One MCP server, configured as Codex and Claude Code do: a program to start (stdio:
+/// `command`, `args`, `env`, `cwd`) or a streamable HTTP endpoint (`url`, `headers`,
+/// `bearer_token_env_var`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerConfig {
+    /// `"stdio"` or `"http"` (Claude Code's field); implied by `command` or `url`.
+    #[serde(default, rename = "type")]
+    pub kind: Option<String>,
+    /// The program to start (stdio).
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Environment variables set for it.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Its working directory (default: the project).
+    #[serde(default)]
+    pub cwd: Option<std::path::PathBuf>,
+    /// The endpoint of a streamable HTTP server (`http://`).
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Headers sent to it.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// An environment variable holding a bearer token for it (Codex's field).
+    #[serde(default)]
+    pub bearer_token_env_var: Option<String>,
+    /// Seconds to wait for the server to start and list its tools (default 30).
+    #[serde(default)]
+    pub startup_timeout_sec: Option<u64>,
+    /// Seconds one tool call may take (default 600).
+    #[serde(default)]
+    pub tool_timeout_sec: Option<u64>,
+    /// `false` keeps it configured but not started.
+    #[serde(default)]
+    pub enabled: Option<bool>,
 }
 
 /// Tokens of output a tool may return before it is summarised by the fast model; 0 never

@@ -8,6 +8,7 @@ pub mod edit;
 pub mod glob;
 pub mod grep;
 pub mod ls;
+pub mod mcp;
 pub mod memory;
 pub mod read_file;
 pub mod repair;
@@ -46,6 +47,9 @@ pub enum ToolKind {
     Memory,
     /// Only updates agent state (todo list).
     Meta,
+    /// A tool of an MCP server: it acts outside shade (and outside any branch); read-only
+    /// only when the server marks it so.
+    Mcp,
 }
 
 /// A successful result.

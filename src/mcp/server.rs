@@ -1,0 +1,382 @@
+//! The MCP server of one session: lists the tools of [`super::catalog`] and runs their calls
+//! against the session's [`Branches`]. A tool that fails answers with a tool error (text the
+//! model reads and can act on), never a protocol error.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ElicitRequestParams,
+    ElicitationAction, ElicitationSchema, Implementation, InitializeResult, ListToolsResult,
+    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde_json::{Map, Value};
+use shade_agent::tools::{shell_classify, Tool, ToolError};
+use shade_fusefs::{AcceptError, AcceptFlags, Change};
+use tokio_util::sync::CancellationToken;
+
+use super::branches::Branches;
+use super::catalog::{self, Action};
+
+/// The handler of one MCP session (one client).
+#[derive(Clone)]
+pub struct ShadeServer {
+    branches: Arc<Branches>,
+    tools: Arc<Vec<catalog::Entry>>,
+}
+
+/// A tool's answer: text for the model, and whether it is an error.
+type Answer = Result<String, String>;
+
+impl ShadeServer {
+    /// A server whose branches live in `branches`; commands are limited to `time_limit_secs`.
+    pub fn new(branches: Arc<Branches>, time_limit_secs: u64) -> ShadeServer {
+        ShadeServer {
+            branches,
+            tools: Arc::new(catalog::all(time_limit_secs)),
+        }
+    }
+
+    /// Runs one call; `Err` is the text of a tool error.
+    async fn dispatch(
+        &self,
+        action: Action,
+        mut args: Map<String, Value>,
+        context: &RequestContext<RoleServer>,
+    ) -> Answer {
+        match action {
+            Action::Create => self.create().await,
+            Action::List => Ok(self.list()),
+            Action::CheckCommand => self.check_command(&args),
+            Action::Agent(tool) => {
+                let id = take_branch(&mut args)?;
+                self.agent_tool(&id, tool, args, &context.ct).await
+            }
+            Action::Changes => self.changes(&take_branch(&mut args)?).await,
+            Action::Diff => self.diff(&take_branch(&mut args)?).await,
+            Action::Accept => self.accept(&take_branch(&mut args)?, context).await,
+            Action::Abort => self.abort(&take_branch(&mut args)?).await,
+        }
+    }
+
+    async fn create(&self) -> Answer {
+        let branches = self.branches.clone();
+        let id = blocking(move || branches.create().map_err(|e| format!("{e:#}"))).await?;
+        Ok(format!(
+            "Created branch {id} of {}. Pass \"branch\": \"{id}\" to the file and command tools; \
+             nothing reaches the project until accept_branch.",
+            self.branches.project().display()
+        ))
+    }
+
+    fn list(&self) -> String {
+        let ids = self.branches.ids();
+        if ids.is_empty() {
+            return "No live branches; create_branch makes one.".into();
+        }
+        ids.iter()
+            .map(|id| {
+                let n = self
+                    .branches
+                    .get(id)
+                    .ok()
+                    .and_then(|e| {
+                        e.shadow()
+                            .as_ref()
+                            .map(|s| s.changeset(false).changes.len())
+                    })
+                    .unwrap_or(0);
+                format!("{id}: {n} changed path{}", plural(n))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn check_command(&self, args: &Map<String, Value>) -> Answer {
+        let command = args
+            .get("command")
+            .and_then(Value::as_str)
+            .ok_or("invalid arguments: `command` (a string) is required")?;
+        let verdict = shell_classify::classify_in(command, self.branches.project());
+        serde_json::to_string(&verdict).map_err(|e| e.to_string())
+    }
+
+    /// One of the agent's tools, in branch `id`: arguments repaired as the agent's loop
+    /// does ([`Tool::prepare`]), then run.
+    async fn agent_tool(
+        &self,
+        id: &str,
+        tool: Arc<dyn Tool>,
+        args: Map<String, Value>,
+        cancel: &CancellationToken,
+    ) -> Answer {
+        let entry = self.branches.get(id)?;
+        let ctx = &entry.ctx;
+        if tool.name() == "diagnostics" && ctx.lint.is_none() {
+            return Err(
+                "No lints in this session: shade mcp was started with --no-lint, or shade \
+                        found no checker for the project (set `[lint] command` in shade's config \
+                        file). Run the project's checker with run_command instead."
+                    .into(),
+            );
+        }
+        let prepared = tool.prepare(Value::Object(args), ctx, cancel).await;
+        let out = tool
+            .run(prepared.args, ctx, cancel)
+            .await
+            .map_err(|e| tool_error(&e))?;
+        Ok(match prepared.note {
+            Some(note) => format!("{}\n{note}", out.content),
+            None => out.content,
+        })
+    }
+
+    /// The branch's changeset (ignored paths left out, as accept does).
+    async fn changeset(&self, id: &str) -> Result<Vec<Change>, String> {
+        let entry = self.branches.get(id)?;
+        blocking(move || match entry.shadow().as_ref() {
+            Some(s) => Ok(s.changeset(false).changes),
+            None => Err("the branch is being accepted or aborted".to_string()),
+        })
+        .await
+    }
+
+    async fn changes(&self, id: &str) -> Answer {
+        let changes = self.changeset(id).await?;
+        if changes.is_empty() {
+            return Ok(format!("Branch {id} has no changes."));
+        }
+        Ok(lines(&changes))
+    }
+
+    async fn diff(&self, id: &str) -> Answer {
+        let entry = self.branches.get(id)?;
+        let text = blocking(move || match entry.shadow().as_ref() {
+            Some(s) => Ok(s.diff(&s.changeset(false))),
+            None => Err("the branch is being accepted or aborted".to_string()),
+        })
+        .await?;
+        if text.is_empty() {
+            return Ok(format!("Branch {id} has no changes."));
+        }
+        Ok(text)
+    }
+
+    /// Accept: refused on conflicts (branch kept), confirmed by the user where the client
+    /// can ask, then written atomically and the branch closed.
+    async fn accept(&self, id: &str, context: &RequestContext<RoleServer>) -> Answer {
+        let changes = self.changeset(id).await?;
+        let entry = self.branches.get(id)?;
+        let check = entry.clone();
+        blocking(move || match check.shadow().as_ref() {
+            Some(s) => s
+                .check_accept(AcceptFlags::default())
+                .map_err(|e| refusal(&e, "Nothing was written and the branch is kept")),
+            None => Err("the branch is being accepted or aborted".to_string()),
+        })
+        .await?;
+        if !changes.is_empty() {
+            confirm(id, &self.branches, &changes, context).await?;
+        }
+        let entry = self.branches.remove(id).unwrap_or(entry);
+        let Some(shadow) = entry.shadow().take() else {
+            return Err("the branch is being accepted or aborted".into());
+        };
+        let project = self.branches.project().display().to_string();
+        blocking(move || {
+            shadow
+                .accept(AcceptFlags::default())
+                .map_err(|e| refusal(&e, "Nothing was written; the branch is closed"))
+        })
+        .await?;
+        if changes.is_empty() {
+            return Ok(format!("Branch {id} had no changes; it is closed."));
+        }
+        Ok(format!(
+            "Accepted branch {id} into {project}: {} change{} written; the branch is closed.\n{}",
+            changes.len(),
+            plural(changes.len()),
+            lines(&changes)
+        ))
+    }
+
+    async fn abort(&self, id: &str) -> Answer {
+        let entry = self.branches.get(id)?;
+        self.branches.remove(id);
+        let shadow = entry.shadow().take();
+        blocking(move || {
+            if let Some(s) = shadow {
+                s.abort();
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(format!(
+            "Branch {id} aborted: its changes are dropped and the project is unchanged."
+        ))
+    }
+}
+
+/// Asks the user to confirm accepting branch `id` when the client declared elicitation;
+/// otherwise the client's own approval of the `accept_branch` call is the confirmation.
+async fn confirm(
+    id: &str,
+    branches: &Branches,
+    changes: &[Change],
+    context: &RequestContext<RoleServer>,
+) -> Result<(), String> {
+    let asks = context
+        .client_capabilities()
+        .is_some_and(|c| c.elicitation.is_some());
+    if !asks {
+        return Ok(());
+    }
+    let message = format!(
+        "Write branch {id} into {}? {} change{}:\n{}",
+        branches.project().display(),
+        changes.len(),
+        plural(changes.len()),
+        lines(changes)
+    );
+    let schema: ElicitationSchema =
+        serde_json::from_value(serde_json::json!({"type": "object", "properties": {}}))
+            .map_err(|e| e.to_string())?;
+    let request = ElicitRequestParams::FormElicitationParams {
+        meta: None,
+        message,
+        requested_schema: schema,
+    };
+    match context.peer.create_elicitation(request).await {
+        Ok(r) if r.action == ElicitationAction::Accept => Ok(()),
+        Ok(r) => Err(format!(
+            "Not accepted: the user {} the confirmation. Nothing was written and branch {id} \
+             is kept.",
+            if r.action == ElicitationAction::Decline {
+                "declined"
+            } else {
+                "cancelled"
+            }
+        )),
+        Err(e) => Err(format!(
+            "Not accepted: the confirmation could not be asked ({e}). Nothing was written and \
+             branch {id} is kept."
+        )),
+    }
+}
+
+/// Why an accept was refused, naming every conflicting path.
+fn refusal(e: &AcceptError, outcome: &str) -> String {
+    match e {
+        AcceptError::Conflicts(list) => {
+            let mut s = format!(
+                "Not accepted: {} path{} changed in the project since the branch read {}. {outcome}.",
+                list.len(),
+                plural(list.len()),
+                if list.len() == 1 { "it" } else { "them" }
+            );
+            for c in list {
+                s.push_str(&format!("\n  {c}"));
+            }
+            s
+        }
+        other => format!("Not accepted: {other}. {outcome}."),
+    }
+}
+
+fn take_branch(args: &mut Map<String, Value>) -> Result<String, String> {
+    match args.remove("branch") {
+        Some(Value::String(id)) => Ok(id),
+        _ => Err("invalid arguments: `branch` (the id create_branch returned) is required".into()),
+    }
+}
+
+fn tool_error(e: &ToolError) -> String {
+    format!("Error: {e}")
+}
+
+fn lines(changes: &[Change]) -> String {
+    changes
+        .iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// Runs blocking branch work (mounts, changesets, accepts) off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| format!("shade's task failed: {e}"))?
+}
+
+impl ServerHandler for ShadeServer {
+    fn get_info(&self) -> ServerConfig {
+        let mut info = InitializeResult::new(ServerCapabilities::builder().enable_tools().build());
+        info.server_info = Implementation::new("shade", env!("CARGO_PKG_VERSION"));
+        info.instructions = Some(format!(
+            "shade gives you branches of the project {}: copy-on-write views of it in which you \
+             read, write and edit files and run commands (builds, tests) sandboxed, without \
+             touching the user's files. create_branch, work in it, look at list_changes/diff, then \
+             accept_branch writes the changes into the project (conflict-checked, all or nothing) \
+             or abort_branch drops them. Branches not accepted vanish when this session ends.",
+            self.branches.project().display()
+        ));
+        info
+    }
+
+    /// Only revisions with a session (initialize): a branch lives as long as its session.
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(ProtocolVersion::known_up_to(
+            &ProtocolVersion::LATEST_WITH_INITIALIZE,
+        ))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(
+            self.tools.iter().map(|e| e.tool.clone()).collect(),
+        ))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<rmcp::model::Tool> {
+        self.tools
+            .iter()
+            .find(|e| e.tool.name == name)
+            .map(|e| e.tool.clone())
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let Some(entry) = self.tools.iter().find(|e| e.tool.name == request.name) else {
+            return Err(McpError::invalid_params(
+                format!("unknown tool `{}`", request.name),
+                None,
+            ));
+        };
+        let args = request.arguments.unwrap_or_default();
+        let answer = self.dispatch(entry.action.clone(), args, &context).await;
+        Ok(match answer {
+            Ok(text) => CallToolResult::success(vec![ContentBlock::text(text)]),
+            Err(text) => CallToolResult::error(vec![ContentBlock::text(text)]),
+        }
+        .into())
+    }
+}

@@ -1,0 +1,662 @@
+//! `shade mcp` driven by a real MCP client (rmcp's, over stdio) spawning the real binary:
+//! branches made, written, built and tested in, diffed, accepted (confirmed through
+//! elicitation), refused on conflicts, two clients at once, and nothing left behind when a
+//! client goes away. Needs root and /dev/fuse (fails loudly without).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{assert_no_shade_mounts, snapshot, Fixture};
+use rmcp::model::{
+    CallToolRequestParams, ClientCapabilities, ClientConfig, ElicitRequestParams, ElicitResult,
+    ElicitationAction, Implementation, ProtocolVersion,
+};
+use rmcp::service::{RequestContext, RunningService};
+use rmcp::transport::TokioChildProcess;
+use rmcp::{ClientHandler, ErrorData as McpError, RoleClient, ServiceExt};
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+
+/// A client that answers accept's confirmation with `answer` (`None`: it declares no
+/// elicitation capability at all) and keeps the messages it was asked.
+#[derive(Clone)]
+struct TestClient {
+    answer: Option<ElicitationAction>,
+    asked: Arc<Mutex<Vec<String>>>,
+}
+
+impl ClientHandler for TestClient {
+    fn get_info(&self) -> ClientConfig {
+        let caps: ClientCapabilities = if self.answer.is_some() {
+            serde_json::from_value(json!({"elicitation": {}})).unwrap()
+        } else {
+            ClientCapabilities::default()
+        };
+        ClientConfig::new(caps, Implementation::new("shade-test", "1"))
+            .with_protocol_version(ProtocolVersion::V_2025_06_18)
+    }
+
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, McpError> {
+        if let ElicitRequestParams::FormElicitationParams { message, .. } = request {
+            self.asked.lock().unwrap().push(message);
+        }
+        Ok(ElicitResult::new(
+            self.answer.clone().unwrap_or(ElicitationAction::Decline),
+        ))
+    }
+}
+
+type Client = RunningService<RoleClient, TestClient>;
+
+/// `shade mcp` on the fixture's project (extra `args`), connected.
+async fn connect(fx: &Fixture, answer: Option<ElicitationAction>, args: &[&str]) -> Client {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_shade"));
+    cmd.arg("mcp")
+        .args(args)
+        .current_dir(&fx.project)
+        .env("SHADE_STATE_DIR", fx.state.root())
+        // The branch is bound at the project's path: cargo must build there, not in a
+        // target dir of the outer test run.
+        .env_remove("CARGO_TARGET_DIR")
+        .env_remove("CARGO_BUILD_TARGET_DIR");
+    let transport = TokioChildProcess::new(cmd).unwrap();
+    let client = TestClient {
+        answer,
+        asked: Arc::default(),
+    };
+    client.serve(transport).await.unwrap()
+}
+
+/// Calls `name` with `args`; returns (is_error, text of the result).
+async fn call(client: &Client, name: &str, args: Value) -> (bool, String) {
+    let Value::Object(args) = args else {
+        panic!("arguments must be an object")
+    };
+    let params = CallToolRequestParams::new(name.to_string()).with_arguments(args);
+    let result = client.call_tool(params).await.unwrap();
+    let text = result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect::<Vec<_>>()
+        .join("\n");
+    (result.is_error == Some(true), text)
+}
+
+/// Calls `name`, asserting it succeeds; returns its text.
+async fn ok(client: &Client, name: &str, args: Value) -> String {
+    let (err, text) = call(client, name, args).await;
+    assert!(!err, "{name} failed: {text}");
+    text
+}
+
+/// Creates a branch and returns its id.
+async fn branch(client: &Client) -> String {
+    let text = ok(client, "create_branch", json!({})).await;
+    let id = text
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .trim_end_matches(|c: char| !c.is_alphanumeric());
+    assert!(id.starts_with('b'), "{text}");
+    id.to_string()
+}
+
+/// A tiny crate with no dependencies, so `cargo test --offline` works in a branch.
+fn tiny_crate(fx: &Fixture) {
+    fx.write(
+        "Cargo.toml",
+        "[package]\nname = \"tiny\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\n",
+    );
+    fx.write(
+        "src/lib.rs",
+        "pub fn add(a: i32, b: i32) -> i32 {\n    a + b\n}\n\n#[test]\nfn adds() {\n    assert_eq!(add(2, 2), 4);\n}\n",
+    );
+    fx.write(".gitignore", "/target\n");
+    let lock = std::process::Command::new("cargo")
+        .args(["generate-lockfile", "--offline"])
+        .current_dir(&fx.project)
+        .env_remove("CARGO_TARGET_DIR")
+        .status()
+        .unwrap();
+    assert!(lock.success(), "cargo generate-lockfile");
+}
+
+/// Closes the client (stdin closed, as clients do) and waits for `shade mcp` to exit.
+async fn disconnect(client: Client) {
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_are_listed_with_truthful_annotations() {
+    let fx = Fixture::new();
+    let client = connect(&fx, None, &["--no-lint"]).await;
+    let info = client.peer_info().unwrap();
+    assert_eq!(
+        info.server_info.as_ref().map(|s| s.name.as_str()),
+        Some("shade")
+    );
+    let tools = client.list_all_tools().await.unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    for expected in [
+        "create_branch",
+        "list_branches",
+        "read_file",
+        "write_file",
+        "edit",
+        "grep",
+        "glob",
+        "ls",
+        "run_command",
+        "list_changes",
+        "diff",
+        "lint",
+        "check_command",
+        "accept_branch",
+        "abort_branch",
+    ] {
+        assert!(
+            names.contains(&expected),
+            "{expected} missing from {names:?}"
+        );
+    }
+    let read_only = [
+        "list_branches",
+        "read_file",
+        "grep",
+        "glob",
+        "ls",
+        "list_changes",
+        "diff",
+        "lint",
+        "check_command",
+    ];
+    for t in &tools {
+        let a = t.annotations.as_ref().unwrap();
+        let name = t.name.as_ref();
+        assert_eq!(a.open_world_hint, Some(false), "{name}");
+        assert_eq!(a.read_only_hint, Some(read_only.contains(&name)), "{name}");
+        if !read_only.contains(&name) {
+            let destructive = matches!(name, "accept_branch" | "abort_branch");
+            assert_eq!(a.destructive_hint, Some(destructive), "{name}");
+        }
+        assert!(
+            t.description.as_ref().unwrap().len() > 60,
+            "{name} needs a description a model can use"
+        );
+        if !matches!(name, "create_branch" | "list_branches" | "check_command") {
+            let required = t.input_schema.get("required").unwrap();
+            assert!(
+                required.as_array().unwrap().contains(&json!("branch")),
+                "{name} takes a branch"
+            );
+        }
+    }
+    // check_command is the classifier of `shade check-command`.
+    let verdict = ok(
+        &client,
+        "check_command",
+        json!({"command": "grep -rn foo src"}),
+    )
+    .await;
+    assert!(verdict.contains("\"read_only\":true"), "{verdict}");
+    let verdict = ok(&client, "check_command", json!({"command": "rm -rf src"})).await;
+    assert!(verdict.contains("\"read_only\":false"), "{verdict}");
+    disconnect(client).await;
+    assert_no_shade_mounts(&fx.state);
+}
+
+/// Create, write, `cargo test` in the branch, diff, lint, accept (confirmed by the user
+/// through elicitation): the project gets the change, and only it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn branch_write_test_diff_accept() {
+    let fx = Fixture::new();
+    tiny_crate(&fx);
+    let client = connect(&fx, Some(ElicitationAction::Accept), &[]).await;
+    let b = branch(&client).await;
+    let lib = "pub fn add(a: i32, b: i32) -> i32 {\n    a + b\n}\n\npub fn double(a: i32) -> i32 {\n    let unused = 1;\n    add(a, a)\n}\n\n#[test]\nfn adds() {\n    assert_eq!(add(2, 2), 4);\n}\n\n#[test]\nfn doubles() {\n    assert_eq!(double(21), 42);\n}\n";
+    ok(
+        &client,
+        "write_file",
+        json!({"branch": b, "path": "src/lib.rs", "content": lib}),
+    )
+    .await;
+    // The project's own copy is untouched until accept.
+    assert!(!fx.read("src/lib.rs").contains("double"));
+    let read = ok(
+        &client,
+        "read_file",
+        json!({"branch": b, "path": "src/lib.rs"}),
+    )
+    .await;
+    assert!(read.contains("pub fn double"), "{read}");
+
+    let out = ok(
+        &client,
+        "run_command",
+        json!({"branch": b, "command": "cargo test --offline 2>&1"}),
+    )
+    .await;
+    assert!(out.starts_with("Exit code: 0"), "{out}");
+    assert!(out.contains("test doubles ... ok"), "{out}");
+    assert!(
+        !fx.project.join("target").exists(),
+        "the build stays in the branch"
+    );
+
+    let lint = ok(&client, "lint", json!({"branch": b})).await;
+    assert!(lint.contains("unused variable: `unused`"), "{lint}");
+
+    let changes = ok(&client, "list_changes", json!({"branch": b})).await;
+    assert_eq!(changes.trim(), "M src/lib.rs");
+    let diff = ok(&client, "diff", json!({"branch": b})).await;
+    assert!(diff.contains("+++ b/src/lib.rs"), "{diff}");
+    assert!(diff.contains("+pub fn double(a: i32) -> i32 {"), "{diff}");
+
+    let accepted = ok(&client, "accept_branch", json!({"branch": b})).await;
+    assert!(accepted.contains("M src/lib.rs"), "{accepted}");
+    assert_eq!(fx.read("src/lib.rs"), lib);
+    assert!(
+        !fx.project.join("target").exists(),
+        "target/ is not accepted"
+    );
+    let asked = client.service().asked.lock().unwrap().clone();
+    assert_eq!(asked.len(), 1, "accept asks the user once: {asked:?}");
+    assert!(asked[0].contains("M src/lib.rs"), "{asked:?}");
+    // The branch is gone.
+    let (err, text) = call(&client, "diff", json!({"branch": b})).await;
+    assert!(err && text.contains("no branch"), "{text}");
+    disconnect(client).await;
+    assert_no_shade_mounts(&fx.state);
+}
+
+/// The user changed the file the branch wrote: accept is refused naming it, nothing is
+/// written, the branch is kept (and can be aborted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicting_accept_is_refused() {
+    let fx = Fixture::new();
+    fx.write("notes.txt", "one\n");
+    fx.write("other.txt", "keep\n");
+    let client = connect(&fx, None, &["--no-lint"]).await;
+    let b = branch(&client).await;
+    ok(
+        &client,
+        "edit",
+        json!({"branch": b, "path": "notes.txt", "old_string": "one", "new_string": "two"}),
+    )
+    .await;
+    ok(
+        &client,
+        "write_file",
+        json!({"branch": b, "path": "new.txt", "content": "new\n"}),
+    )
+    .await;
+    fx.write("notes.txt", "the user's edit\n");
+
+    let (err, text) = call(&client, "accept_branch", json!({"branch": b})).await;
+    assert!(err, "accept must be refused: {text}");
+    assert!(text.contains("notes.txt"), "{text}");
+    assert!(text.contains("branch is kept"), "{text}");
+    assert_eq!(fx.read("notes.txt"), "the user's edit\n");
+    assert!(!fx.project.join("new.txt").exists(), "all or nothing");
+    let listed = ok(&client, "list_branches", json!({})).await;
+    assert!(
+        listed.contains(&format!("{b}: 2 changed paths")),
+        "{listed}"
+    );
+    let aborted = ok(&client, "abort_branch", json!({"branch": b})).await;
+    assert!(aborted.contains("aborted"), "{aborted}");
+    assert_eq!(fx.read("notes.txt"), "the user's edit\n");
+    assert_eq!(fx.read("other.txt"), "keep\n");
+    disconnect(client).await;
+    assert_no_shade_mounts(&fx.state);
+}
+
+/// A user who declines the confirmation keeps the project as it was and the branch alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declined_confirmation_writes_nothing() {
+    let fx = Fixture::new();
+    fx.write("a.txt", "a\n");
+    let client = connect(&fx, Some(ElicitationAction::Decline), &["--no-lint"]).await;
+    let b = branch(&client).await;
+    ok(
+        &client,
+        "write_file",
+        json!({"branch": b, "path": "a.txt", "content": "b\n"}),
+    )
+    .await;
+    let (err, text) = call(&client, "accept_branch", json!({"branch": b})).await;
+    assert!(err && text.contains("declined"), "{text}");
+    assert_eq!(fx.read("a.txt"), "a\n");
+    let changes = ok(&client, "list_changes", json!({"branch": b})).await;
+    assert_eq!(changes.trim(), "M a.txt");
+    disconnect(client).await;
+    assert_eq!(fx.read("a.txt"), "a\n");
+    assert_no_shade_mounts(&fx.state);
+}
+
+/// Two clients (two `shade mcp` processes) on one project, each with its own branches:
+/// neither sees the other's work, both accept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_at_once() {
+    let fx = Fixture::new();
+    fx.write("shared.txt", "shared\n");
+    let (one, two) = tokio::join!(
+        connect(&fx, None, &["--no-lint"]),
+        connect(&fx, None, &["--no-lint"])
+    );
+    let (b1, b2) = tokio::join!(branch(&one), branch(&two));
+    let b1b = branch(&one).await;
+    tokio::join!(
+        ok(
+            &one,
+            "write_file",
+            json!({"branch": b1, "path": "one.txt", "content": "1\n"})
+        ),
+        ok(
+            &two,
+            "write_file",
+            json!({"branch": b2, "path": "two.txt", "content": "2\n"})
+        ),
+        ok(
+            &one,
+            "write_file",
+            json!({"branch": b1b, "path": "three.txt", "content": "3\n"})
+        ),
+    );
+    let (l1, l2) = tokio::join!(
+        ok(&one, "run_command", json!({"branch": b1, "command": "ls"})),
+        ok(&two, "run_command", json!({"branch": b2, "command": "ls"})),
+    );
+    assert!(
+        l1.contains("one.txt") && !l1.contains("two.txt") && !l1.contains("three.txt"),
+        "{l1}"
+    );
+    assert!(l2.contains("two.txt") && !l2.contains("one.txt"), "{l2}");
+    let (a1, a2) = tokio::join!(
+        call(&one, "accept_branch", json!({"branch": b1})),
+        call(&two, "accept_branch", json!({"branch": b2})),
+    );
+    assert!(!a1.0 && !a2.0, "{a1:?} {a2:?}");
+    assert_eq!(fx.read("one.txt"), "1\n");
+    assert_eq!(fx.read("two.txt"), "2\n");
+    assert!(!fx.project.join("three.txt").exists());
+    tokio::join!(disconnect(one), disconnect(two));
+    assert!(
+        !fx.project.join("three.txt").exists(),
+        "an unaccepted branch dies with its session"
+    );
+    assert_no_shade_mounts(&fx.state);
+}
+
+/// A client that goes away without accepting, even with a command still running in a
+/// branch, leaves no mount and an unchanged project.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_drops_every_branch() {
+    let fx = Fixture::new();
+    fx.write("a.txt", "a\n");
+    let before = snapshot(&fx.project);
+    let client = connect(&fx, None, &["--no-lint"]).await;
+    let b1 = branch(&client).await;
+    let b2 = branch(&client).await;
+    ok(
+        &client,
+        "write_file",
+        json!({"branch": b1, "path": "a.txt", "content": "changed\n"}),
+    )
+    .await;
+    ok(
+        &client,
+        "run_command",
+        json!({"branch": b2, "command": "rm a.txt; echo x > b.txt"}),
+    )
+    .await;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let root = fx.state.root().to_string_lossy().to_string();
+    assert!(
+        mounts.lines().filter(|l| l.contains(&root)).count() >= 2,
+        "both branches are mounted while the session lives"
+    );
+    // A command still running when the client leaves.
+    let peer = client.peer().clone();
+    let running = tokio::spawn(async move {
+        let args = json!({"branch": b2, "command": "sleep 300"});
+        let Value::Object(args) = args else {
+            unreachable!()
+        };
+        peer.call_tool(CallToolRequestParams::new("run_command").with_arguments(args))
+            .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    disconnect(client).await;
+    running.abort();
+    assert_no_shade_mounts(&fx.state);
+    assert_eq!(snapshot(&fx.project), before);
+}
+
+/// SIGTERM (what a client or a supervisor sends) ends the session like end of input:
+/// every branch unmounted, the project unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drops_every_branch() {
+    let fx = Fixture::new();
+    fx.write("a.txt", "a\n");
+    let before = snapshot(&fx.project);
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_shade"));
+    cmd.args(["mcp", "--no-lint"])
+        .current_dir(&fx.project)
+        .env("SHADE_STATE_DIR", fx.state.root());
+    let transport = TokioChildProcess::new(cmd).unwrap();
+    let pid = transport.id().unwrap() as i32;
+    let client = TestClient {
+        answer: None,
+        asked: Arc::default(),
+    }
+    .serve(transport)
+    .await
+    .unwrap();
+    let b = branch(&client).await;
+    ok(
+        &client,
+        "write_file",
+        json!({"branch": b, "path": "a.txt", "content": "b\n"}),
+    )
+    .await;
+    let root = fx.state.root().to_string_lossy().to_string();
+    let mounted = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .any(|l| l.contains(&root))
+    };
+    assert!(mounted());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    // The server closes the session itself: the client sees the end of its output.
+    common::wait_until("shade mcp to exit on SIGTERM", 30, || {
+        !std::path::Path::new(&format!("/proc/{pid}/cmdline")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| s.contains(") Z "))
+                .unwrap_or(true)
+    });
+    assert_no_shade_mounts(&fx.state);
+    assert_eq!(snapshot(&fx.project), before);
+    drop(client);
+}
+
+/// Commands run in the speculative sandbox: no network (not even to the host's
+/// loopback), the rest of the file system read-only, a private /tmp.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_are_sandboxed() {
+    let fx = Fixture::new();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let outside = tempfile::Builder::new()
+        .prefix("shade-mcp-outside-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let marker = tempfile::Builder::new()
+        .prefix("shade-mcp-tmp-")
+        .tempfile_in("/tmp")
+        .unwrap();
+    let marker_name = marker
+        .path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    let client = connect(&fx, None, &["--no-lint"]).await;
+    let b = branch(&client).await;
+    let net = ok(
+        &client,
+        "run_command",
+        json!({"branch": b, "command": format!("exec 3<>/dev/tcp/127.0.0.1/{port} && echo CONNECTED")}),
+    )
+    .await;
+    assert!(
+        !net.contains("CONNECTED") && !net.starts_with("Exit code: 0"),
+        "{net}"
+    );
+    let write = ok(
+        &client,
+        "run_command",
+        json!({"branch": b, "command": format!("echo x > {}/escaped", outside.path().display())}),
+    )
+    .await;
+    assert!(!write.starts_with("Exit code: 0"), "{write}");
+    assert!(!outside.path().join("escaped").exists());
+    let tmp = ok(
+        &client,
+        "run_command",
+        json!({"branch": b, "command": format!("ls -A /tmp; echo scratch > /tmp/{marker_name}-scratch && echo TMP_OK")}),
+    )
+    .await;
+    assert!(
+        tmp.contains("TMP_OK") && !tmp.contains(&marker_name),
+        "{tmp}"
+    );
+    let scratch = format!("/tmp/{marker_name}-scratch");
+    assert!(!std::path::Path::new(&scratch).exists(), "/tmp is private");
+    let inside = ok(
+        &client,
+        "run_command",
+        json!({"branch": b, "command": "echo made > made.txt && pwd"}),
+    )
+    .await;
+    assert!(inside.starts_with("Exit code: 0"), "{inside}");
+    assert!(
+        inside.contains(&fx.project.display().to_string()),
+        "runs at the real path: {inside}"
+    );
+    assert!(!fx.project.join("made.txt").exists());
+    let changes = ok(&client, "list_changes", json!({"branch": b})).await;
+    assert_eq!(changes.trim(), "A made.txt");
+    disconnect(client).await;
+    assert_no_shade_mounts(&fx.state);
+}
+
+/// `shade mcp --http`: one server, a session per client, each with its own branches; a
+/// client that closes its session drops its branches; SIGTERM drops the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamable_http_sessions() {
+    use rmcp::transport::StreamableHttpClientTransport;
+    use tokio::io::AsyncBufReadExt;
+
+    let fx = Fixture::new();
+    fx.write("a.txt", "a\n");
+    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_shade"))
+        .args(["mcp", "--no-lint", "--http", "127.0.0.1:0"])
+        .current_dir(&fx.project)
+        .env("SHADE_STATE_DIR", fx.state.root())
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(server.stderr.take().unwrap()).lines();
+    let first = lines.next_line().await.unwrap().unwrap();
+    let url = first
+        .strip_prefix("shade mcp: serving ")
+        .unwrap_or_else(|| panic!("unexpected first line: {first}"))
+        .to_string();
+    let connect = || async {
+        let client = TestClient {
+            answer: None,
+            asked: Arc::default(),
+        };
+        client
+            .serve(StreamableHttpClientTransport::from_uri(url.clone()))
+            .await
+            .unwrap()
+    };
+    let (one, two) = tokio::join!(connect(), connect());
+    let (b1, b2) = tokio::join!(branch(&one), branch(&two));
+    assert_eq!(
+        (b1.as_str(), b2.as_str()),
+        ("b1", "b1"),
+        "ids are per session"
+    );
+    tokio::join!(
+        ok(
+            &one,
+            "write_file",
+            json!({"branch": b1, "path": "a.txt", "content": "one\n"})
+        ),
+        ok(
+            &two,
+            "write_file",
+            json!({"branch": b2, "path": "two.txt", "content": "2\n"})
+        ),
+    );
+    let seen = ok(
+        &one,
+        "run_command",
+        json!({"branch": b1, "command": "cat a.txt; ls"}),
+    )
+    .await;
+    assert!(seen.contains("one") && !seen.contains("two.txt"), "{seen}");
+    let root = fx.state.root().to_string_lossy().to_string();
+    let mounts = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(&root))
+            .count()
+    };
+    // Session two goes away without accepting: its branch is dropped, session one's lives.
+    let before = mounts();
+    disconnect(two).await;
+    common::wait_until("the closed session's branch to be unmounted", 30, || {
+        mounts() < before
+    });
+    assert!(!fx.project.join("two.txt").exists());
+    let accepted = ok(&one, "accept_branch", json!({"branch": b1})).await;
+    assert!(accepted.contains("M a.txt"), "{accepted}");
+    assert_eq!(fx.read("a.txt"), "one\n");
+    // A third session with a live branch when the server is told to stop.
+    let three = connect().await;
+    let b3 = branch(&three).await;
+    ok(
+        &three,
+        "write_file",
+        json!({"branch": b3, "path": "three.txt", "content": "3\n"}),
+    )
+    .await;
+    let pid = server.id().unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = server.wait().await.unwrap();
+    assert!(status.success(), "{status}");
+    assert_no_shade_mounts(&fx.state);
+    assert!(!fx.project.join("three.txt").exists());
+    drop((one, three));
+}
