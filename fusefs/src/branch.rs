@@ -313,6 +313,17 @@ impl Branch {
             })
     }
 
+    /// What the branch read before the changes it would accept (`reads.rs`).
+    fn read_bases(&self, flags: AcceptFlags) -> Vec<crate::plan::ReadBase> {
+        let changes = self.overlay.changeset(flags.include_ignored);
+        self.overlay.read_bases(&changes, flags.include_ignored)
+    }
+
+    /// How many lower paths the branch has read so far (files, symlinks and listings).
+    pub fn reads_recorded(&self) -> usize {
+        self.overlay.tree().reads.len()
+    }
+
     /// Plan and apply: the accept's common part.
     fn apply(&self, flags: AcceptFlags) -> Result<AcceptReport, AcceptError> {
         accept::apply(
@@ -321,6 +332,7 @@ impl Branch {
             &AcceptOptions {
                 force: flags.force,
                 state: self.state.clone(),
+                reads: self.read_bases(flags),
             },
         )
     }
@@ -329,7 +341,12 @@ impl Branch {
     /// keeps the branch mounted, so an interactive caller can report and let the user decide.
     /// (The accept checks again: the project may change in between.)
     pub fn check_accept(&self, flags: AcceptFlags) -> Result<(), AcceptError> {
-        accept::check_plan(&self.project, &self.plan(flags)?, flags.force)
+        accept::check_plan(
+            &self.project,
+            &self.plan(flags)?,
+            &self.read_bases(flags),
+            flags.force,
+        )
     }
 
     /// [`Branch::accept`] without unmounting first, for a caller that knows nothing can

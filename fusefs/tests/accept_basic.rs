@@ -12,6 +12,7 @@ fn opts(env: &Env, force: bool) -> AcceptOptions {
     AcceptOptions {
         force,
         state: env.state.clone(),
+        reads: Vec::new(),
     }
 }
 

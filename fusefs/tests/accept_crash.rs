@@ -294,6 +294,7 @@ fn crash_child() {
             &AcceptOptions {
                 force: false,
                 state: env.state.clone(),
+                reads: Vec::new(),
             },
         )
         .unwrap();

@@ -8,9 +8,9 @@
 //! path the plan itself deleted or created earlier is not compared with lower again.
 
 use super::safe_path::{base_matches, invalid_reason, observe, rebase, Seen};
-use super::{AcceptError, Conflict};
+use super::{sys, AcceptError, Conflict};
 use crate::fingerprint::Base;
-use crate::plan::PlanOp;
+use crate::plan::{PlanOp, ReadBase};
 use std::collections::BTreeMap;
 use std::io;
 use std::ops::Bound;
@@ -201,7 +201,12 @@ pub fn validate(plan: &[PlanOp]) -> Result<(), AcceptError> {
 
 /// Check every op against lower (`root` is the project dir fd). Returns the guard to journal
 /// for each op, or every conflict found.
-pub fn preflight(root: RawFd, plan: &[PlanOp], force: bool) -> Result<Vec<Guard>, AcceptError> {
+pub fn preflight(
+    root: RawFd,
+    plan: &[PlanOp],
+    reads: &[ReadBase],
+    force: bool,
+) -> Result<Vec<Guard>, AcceptError> {
     let known = plan
         .iter()
         .filter(|op| op.base_at().is_some())
@@ -221,6 +226,7 @@ pub fn preflight(root: RawFd, plan: &[PlanOp], force: bool) -> Result<Vec<Guard>
             path: path.to_path_buf(),
             expected,
             found,
+            read: false,
         });
     };
     for op in plan {
@@ -308,6 +314,35 @@ pub fn preflight(root: RawFd, plan: &[PlanOp], force: bool) -> Result<Vec<Guard>
                 sim.renames.push((from.clone(), to.clone()));
             }
             PlanOp::Delete { path, .. } => sim.set(path, Planned::Gone),
+        }
+    }
+    if !force {
+        // Reads the branch's changes may derive from, checked where they were read.
+        for r in reads {
+            let seen = if r.path.as_os_str().is_empty() {
+                // The project root's own listing.
+                Seen::Base(sys::fstat(root).map_err(|e| Sim::io(&r.path, e))?)
+            } else {
+                observe(root, &r.path).map_err(|e| Sim::io(&r.path, e))?
+            };
+            let now = match seen {
+                Seen::Blocked { at } => Base::Present(at),
+                Seen::Base(b) => b,
+            };
+            let blocked = matches!(seen, Seen::Blocked { .. });
+            if (blocked || !r.holds(&now)) && !conflicts.iter().any(|c| c.path == r.path) {
+                let shown = if r.path.as_os_str().is_empty() {
+                    PathBuf::from(".")
+                } else {
+                    r.path.clone()
+                };
+                conflicts.push(Conflict {
+                    path: shown,
+                    expected: Base::Present(r.seen),
+                    found: now,
+                    read: true,
+                });
+            }
         }
     }
     if conflicts.is_empty() {

@@ -26,7 +26,7 @@ pub use fault::KILL_AT_STEP_ENV;
 pub use recover::{recover, RecoverReport};
 
 use crate::fingerprint::Base;
-use crate::plan::{PlanOp, RelPath};
+use crate::plan::{PlanOp, ReadBase, RelPath};
 use crate::state::StateDir;
 use check::Guard;
 use journal::{JOp, JPath, Journal, Phase};
@@ -41,6 +41,8 @@ pub struct AcceptOptions {
     pub force: bool,
     /// Where the journal goes (outside the project, so a crash can be recovered).
     pub state: StateDir,
+    /// What the branch read before the changes it accepts (checked unless `force`).
+    pub reads: Vec<ReadBase>,
 }
 
 /// What an accept changed, for the CLI's summary.
@@ -65,6 +67,9 @@ pub struct Conflict {
     pub expected: Base,
     /// What lower has now (for a path behind a symlinked or replaced parent: that parent).
     pub found: Base,
+    /// The branch did not change this path but read it (or listed it) before a change it
+    /// accepts, which may derive from what it read.
+    pub read: bool,
 }
 
 fn describe(b: &Base) -> &'static str {
@@ -95,9 +100,17 @@ impl fmt::Display for Conflict {
                     describe(&self.found)
                 )
             }
+            _ if self.read && matches!(self.expected, Base::Present(fp) if fp.is_dir()) => {
+                "entries added or removed meanwhile".to_string()
+            }
             _ => "changed meanwhile".to_string(),
         };
-        write!(f, "{}: {what} in the project", self.path.display())
+        let why = if self.read {
+            " (the branch read it before making its changes)"
+        } else {
+            ""
+        };
+        write!(f, "{}: {what} in the project{why}", self.path.display())
     }
 }
 
@@ -147,11 +160,16 @@ fn new_id() -> String {
 
 /// Would [`apply`] refuse `plan` now? The same validation and conflict check, writing
 /// nothing: a caller that keeps its branch on a refusal (an interactive session) asks first.
-pub fn check_plan(root: &Path, plan: &[PlanOp], force: bool) -> Result<(), AcceptError> {
+pub fn check_plan(
+    root: &Path,
+    plan: &[PlanOp],
+    reads: &[ReadBase],
+    force: bool,
+) -> Result<(), AcceptError> {
     check::validate(plan)?;
     let root = std::fs::canonicalize(root).map_err(io_err(root))?;
     let root_fd = sys::open_dir_path(&root).map_err(io_err(&root))?;
-    check::preflight(root_fd.as_raw_fd(), plan, force).map(|_| ())
+    check::preflight(root_fd.as_raw_fd(), plan, reads, force).map(|_| ())
 }
 
 /// Apply `plan` (in the given order) to the project at `root`, all or nothing.
@@ -167,7 +185,7 @@ pub fn apply(
     let root = std::fs::canonicalize(root).map_err(io_err(root))?;
     let root_fd = sys::open_dir_path(&root).map_err(io_err(&root))?;
     sys::lock_exclusive(&root_fd).map_err(io_err(&root))?;
-    let guards = check::preflight(root_fd.as_raw_fd(), &plan, opts.force)?;
+    let guards = check::preflight(root_fd.as_raw_fd(), &plan, &opts.reads, opts.force)?;
 
     let mut report = AcceptReport::default();
     let id = new_id();

@@ -92,6 +92,17 @@ pub fn lstat_at(dir: RawFd, name: &OsStr) -> io::Result<Option<libc::stat>> {
     }
 }
 
+/// `fstat` of an open file or directory, as a base.
+pub fn fstat(fd: RawFd) -> io::Result<crate::fingerprint::Base> {
+    // SAFETY: zeroed stat is a valid out buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and out buffer.
+    retry(|| unsafe { libc::fstat(fd, &mut st) })?;
+    Ok(crate::fingerprint::Base::Present(
+        crate::fingerprint::Fingerprint::from_stat(&st),
+    ))
+}
+
 /// `mkdirat`.
 pub fn mkdir_at(dir: RawFd, name: &OsStr, mode: u32) -> io::Result<()> {
     let c = cstr(name)?;

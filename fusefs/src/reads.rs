@@ -1,0 +1,148 @@
+//! What a branch read of lower, so accept can refuse a lost update.
+//!
+//! A command that reads `file`, works, then writes it must not overwrite an edit the user
+//! made in between, although the copy-up (the write's own base) happened after that edit.
+//! So the branch remembers, per lower path, the fingerprint of the object the first time it
+//! served its data (a file's first READ, a symlink's readlink, a directory's listing), and
+//! when. The fingerprint is taken with `fstat` on the very descriptor the data is then read
+//! from, before any byte of it is served: a change during or after the read changes `ctime`
+//! (or the inode), so the record never matches a version the branch did not see entirely.
+//! Only the first read counts (the kernel's page cache serves later ones without asking),
+//! and recording costs one `fstat` and one map insert per file per branch — taken when the
+//! lower descriptor is opened, never on the per-READ path.
+//!
+//! Which reads accept checks (the rule, also in the README): data flow inside a command is
+//! unknowable, so every read that *precedes* a change the accept writes counts — the written
+//! file may derive from it — and reads after the branch's last accepted change do not (a
+//! `cargo test` run after the edits read the whole tree, but wrote nothing accepted after).
+//! A directory listing counts only when the branch, after listing it, removed or renamed an
+//! accepted entry of that same directory (`rm *.o`, `for f in *; do mv …`: what it removed may
+//! have been chosen from the listing; a created entry is guarded by its own absent base), and
+//! it conflicts only if lower's entries changed (its mtime), not for edits of files inside. Reads of ignored paths (build
+//! output such as `target/`) are not checked unless ignored paths are accepted too.
+
+use crate::changeset::{ChangeKind, Changeset};
+use crate::fingerprint::Fingerprint;
+use crate::overlay::Overlay;
+use crate::plan::ReadBase;
+use crate::tree::{split, Entry, Tree};
+use rustc_hash::FxHashMap;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+struct Seen {
+    when: SystemTime,
+    fp: Fingerprint,
+}
+
+struct Listed {
+    lower: PathBuf,
+    when: SystemTime,
+    fp: Fingerprint,
+}
+
+/// The first read of every lower path (files, symlinks) and listing (directories).
+#[derive(Default)]
+pub(crate) struct Reads {
+    /// By lower path.
+    files: FxHashMap<PathBuf, Seen>,
+    /// By the directory's path in the branch.
+    listings: FxHashMap<PathBuf, Listed>,
+}
+
+impl Reads {
+    /// The branch is about to serve data of the lower object at `lower`, which `st` (taken
+    /// from the descriptor the data comes from) describes. Only the first read is kept.
+    pub fn file(&mut self, lower: &Path, st: &libc::stat) {
+        if self.files.contains_key(lower) {
+            return;
+        }
+        self.files.insert(
+            lower.to_path_buf(),
+            Seen {
+                when: SystemTime::now(),
+                fp: Fingerprint::from_stat(st),
+            },
+        );
+    }
+
+    /// The branch is about to list directory `dir` (its lower source `lower`, as `st`).
+    pub fn listing(&mut self, dir: &Path, lower: &Path, st: &libc::stat) {
+        if self.listings.contains_key(dir) {
+            return;
+        }
+        self.listings.insert(
+            dir.to_path_buf(),
+            Listed {
+                lower: lower.to_path_buf(),
+                when: SystemTime::now(),
+                fp: Fingerprint::from_stat(st),
+            },
+        );
+    }
+
+    /// How many lower paths were read (files and listings).
+    pub fn len(&self) -> usize {
+        self.files.len() + self.listings.len()
+    }
+}
+
+/// When the branch last changed what it shows at `path` (a changed path of the changeset).
+fn changed_at(t: &Tree, path: &Path) -> SystemTime {
+    let own = |p: &Path| match t.slots.get(p).map(|s| &s.entry) {
+        Some(Entry::Node(n)) => Some(n.state().meta.ctime),
+        Some(Entry::Dir(d)) => Some(d.meta.ctime),
+        _ => None,
+    };
+    // A deletion has no object left: its directory changed when the entry went.
+    own(path)
+        .or_else(|| own(split(path).0))
+        .unwrap_or_else(SystemTime::now)
+}
+
+impl Overlay {
+    /// The reads accept must check for `changes` (see the module doc for the rule).
+    pub(crate) fn read_bases(&self, changes: &Changeset, include_ignored: bool) -> Vec<ReadBase> {
+        let t = self.tree();
+        let mut last: Option<SystemTime> = None;
+        let mut dirs: FxHashMap<&Path, SystemTime> = FxHashMap::default();
+        for c in &changes.changes {
+            let when = changed_at(&t, &c.path);
+            last = Some(last.map_or(when, |l| l.max(when)));
+            // Entries removed or moved away may have been chosen from a listing; a new
+            // entry is guarded by its own (absent) base already.
+            if !matches!(c.kind, ChangeKind::Deleted | ChangeKind::Renamed) {
+                continue;
+            }
+            for p in std::iter::once(&c.path).chain(c.old_path.as_ref()) {
+                let d = dirs.entry(split(p).0).or_insert(when);
+                *d = (*d).max(when);
+            }
+        }
+        let Some(last) = last else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (lower, seen) in &t.reads.files {
+            if seen.when > last || (!include_ignored && self.ignore.is_ignored(lower, false)) {
+                continue;
+            }
+            out.push(ReadBase {
+                path: lower.clone(),
+                seen: seen.fp,
+                listing: false,
+            });
+        }
+        for (dir, listed) in &t.reads.listings {
+            if dirs.get(dir.as_path()).is_some_and(|w| *w >= listed.when) {
+                out.push(ReadBase {
+                    path: listed.lower.clone(),
+                    seen: listed.fp,
+                    listing: true,
+                });
+            }
+        }
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        out
+    }
+}
