@@ -266,6 +266,8 @@ fn finish_shadow(shadow: Shadow, args: &ExecArgs, stop: Option<StopReason>, code
         error: None,
     };
     let mut final_code = code;
+    let signals =
+        (args.accept && stop == Some(StopReason::Completed)).then(shade_fusefs::DeferSignals::new);
     if args.accept && stop == Some(StopReason::Completed) {
         let n = changes.changes.len();
         match shadow.accept(AcceptFlags::default()) {
@@ -308,7 +310,7 @@ fn finish_shadow(shadow: Shadow, args: &ExecArgs, stop: Option<StopReason>, code
             let _ = out.flush();
         }
     }
-    final_code
+    crate::cmd_run::after_deferred(signals, final_code)
 }
 
 fn print_json(e: AgentEvent) {

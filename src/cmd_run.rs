@@ -169,6 +169,8 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     let mut conflicts = Vec::new();
     let mut error = None;
     let mut final_code = code;
+    // Held until the accept's outcome is reported: a signal meanwhile waits for both.
+    let signals = (args.accept && ok).then(shade_fusefs::DeferSignals::new);
     if args.accept && ok {
         let n = changes.changes.len();
         match branch.accept(AcceptFlags {
@@ -215,7 +217,17 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
         serde_json::to_writer(&mut out, &report)?;
         writeln!(out)?;
     }
-    Ok(final_code)
+    Ok(after_deferred(signals, final_code))
+}
+
+/// The exit status once an accept and its report are done: 128+N when signal N came while
+/// they ran (they were finished first, as said on stderr), else `code`.
+pub(crate) fn after_deferred(signals: Option<shade_fusefs::DeferSignals>, code: i32) -> i32 {
+    let Some(sig) = signals.and_then(|g| g.take().into_iter().next()) else {
+        return code;
+    };
+    eprintln!("shade: stopped by signal {sig} after the accept was finished");
+    128 + sig
 }
 
 /// Says on stderr why an accept was refused, and returns the conflicts for `--json`.

@@ -19,11 +19,13 @@ mod fault;
 mod journal;
 mod recover;
 mod safe_path;
+mod signals;
 mod stage;
 mod sys;
 
 pub use fault::KILL_AT_STEP_ENV;
 pub use recover::{recover, RecoverReport};
+pub use signals::DeferSignals;
 
 use crate::fingerprint::Base;
 use crate::plan::{PlanOp, ReadBase, RelPath};
@@ -182,6 +184,8 @@ pub fn apply(
     opts: &AcceptOptions,
 ) -> Result<AcceptReport, AcceptError> {
     check::validate(&plan)?;
+    // From here until the accept is complete (or rolled back), a termination signal waits.
+    let _signals = DeferSignals::new();
     let root = std::fs::canonicalize(root).map_err(io_err(root))?;
     let root_fd = sys::open_dir_path(&root).map_err(io_err(&root))?;
     sys::lock_exclusive(&root_fd).map_err(io_err(&root))?;

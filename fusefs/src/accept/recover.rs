@@ -90,6 +90,7 @@ fn dead_branch_mount(state: &crate::state::StateDir, root: &Path) -> bool {
 /// project is gone or unreadable) is left in place and logged; the first such error is
 /// returned after all others were processed.
 pub fn recover(state: &crate::state::StateDir) -> io::Result<RecoverReport> {
+    let _signals = super::DeferSignals::new();
     let dir = state.journals();
     let mut report = RecoverReport::default();
     let entries = match std::fs::read_dir(&dir) {
