@@ -271,13 +271,11 @@ fn finish_shadow(shadow: Shadow, args: &ExecArgs, stop: Option<StopReason>, code
     if args.accept && stop == Some(StopReason::Completed) {
         let n = changes.changes.len();
         match shadow.accept(AcceptFlags::default()) {
-            Ok(_) => {
+            Ok(report) => {
                 event.accepted = true;
-                if !args.json {
-                    eprintln!(
-                        "shade: accepted {n} change{}",
-                        if n == 1 { "" } else { "s" }
-                    );
+                if !crate::cmd_run::report_accepted(n, &report, args.json) {
+                    event.error = Some(crate::cmd_run::not_applied_summary(&report));
+                    final_code = exit::SHADE_ERROR;
                 }
             }
             Err(AcceptError::Conflicts(list)) => {
@@ -285,7 +283,7 @@ fn finish_shadow(shadow: Shadow, args: &ExecArgs, stop: Option<StopReason>, code
                 final_code = exit::CONFLICT;
             }
             Err(e) => {
-                eprintln!("shade: accept failed, the project is unchanged: {e}");
+                eprintln!("shade: {e}");
                 event.error = Some(e.to_string());
                 final_code = exit::SHADE_ERROR;
             }

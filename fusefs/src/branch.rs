@@ -488,11 +488,8 @@ pub fn cleanup_stale(state: &StateDir) -> Vec<String> {
 
 fn pid_alive(pid: i32) -> bool {
     // A recycled pid keeps a stale branch alive until that process exits: harmless.
-    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
-        Ok(()) => true,
-        Err(nix::errno::Errno::EPERM) => true,
-        Err(_) => false,
-    }
+    // A zombie (exited, not reaped) serves no branch: it is dead too.
+    crate::accept::process_alive(pid)
 }
 
 /// Readahead for the mount, in KiB: one full-size (1 MiB) FUSE READ per step.

@@ -24,7 +24,7 @@ pub mod state;
 mod tree;
 mod watch;
 
-pub use accept::{AcceptError, AcceptOptions, AcceptReport, Conflict, DeferSignals};
+pub use accept::{AcceptError, AcceptOptions, AcceptReport, Conflict, DeferSignals, NotApplied};
 pub use branch::{cleanup_stale, AcceptFlags, Branch, BranchError, BranchOptions};
 pub use changeset::{lossy_path, Change, ChangeKind, Changeset};
 pub use fingerprint::{Base, Fingerprint};

@@ -200,13 +200,14 @@ pub fn validate(plan: &[PlanOp]) -> Result<(), AcceptError> {
 }
 
 /// Check every op against lower (`root` is the project dir fd). Returns the guard to journal
-/// for each op, or every conflict found.
+/// for each op and what roll-forward is to find at its path before running it (its
+/// pre-state), or every conflict found.
 pub fn preflight(
     root: RawFd,
     plan: &[PlanOp],
     reads: &[ReadBase],
     force: bool,
-) -> Result<Vec<Guard>, AcceptError> {
+) -> Result<Vec<(Guard, Base)>, AcceptError> {
     let known = plan
         .iter()
         .filter(|op| op.base_at().is_some())
@@ -300,7 +301,11 @@ pub fn preflight(
             }
             _ => Guard::None,
         };
-        guards.push(guard);
+        let pre = match op {
+            PlanOp::RenameDir { .. } => Base::Absent,
+            other => sim.observed(other.path())?,
+        };
+        guards.push((guard, pre));
         match op {
             PlanOp::WriteFile { path, .. }
             | PlanOp::Link { path, .. }

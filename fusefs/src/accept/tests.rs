@@ -41,6 +41,8 @@ fn journal_round_trips_non_utf8_paths() {
         staging: "s".into(),
         phase: Phase::Committed,
         ops: vec![],
+        set_aside: vec![],
+        written_ns: None,
     };
     j.store(d.path()).unwrap();
     let back = Journal::load(&d.path().join("t.json")).unwrap();
@@ -96,7 +98,10 @@ fn recover_drops_a_journal_into_a_dead_branch_and_keeps_a_live_ones() {
                 n: 0,
                 path: JPath::new(Path::new("f.txt")),
                 symlink: false,
+                pre: None,
             }],
+            set_aside: vec![],
+            written_ns: None,
         };
         std::fs::create_dir_all(state.journals()).unwrap();
         j.store(&state.journals()).unwrap();
@@ -117,4 +122,19 @@ fn recover_drops_a_journal_into_a_dead_branch_and_keeps_a_live_ones() {
     journal("live", std::process::id());
     assert!(super::recover(&state).is_err());
     assert_eq!(std::fs::read_dir(state.journals()).unwrap().count(), 1);
+}
+
+#[test]
+fn a_zombie_owner_counts_as_dead() {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id() as i32;
+    // Not reaped yet: it turns into a zombie once it has exited.
+    let start = std::time::Instant::now();
+    while !super::sys::zombie(pid) {
+        assert!(start.elapsed().as_secs() < 30, "the child never exited");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(!super::process_alive(pid));
+    assert!(super::process_alive(std::process::id() as i32));
+    child.wait().unwrap();
 }
