@@ -440,14 +440,27 @@ impl Exec<'_> {
         }
         let now = observe(self.root.as_raw_fd(), path)?.base();
         if !base_matches(base, &now) {
-            // Trashed by an earlier run, or removed meanwhile: either way gone. Anything
-            // else there now is a change made since, left alone.
-            return Ok(match now {
-                Base::Absent => Ok(()),
-                _ => Err(Skip::Changed(format!(
+            // Trashed by an earlier run (then its trash is beside it, and what is there now
+            // is a later op's), or removed meanwhile: either way gone. Anything else there
+            // now is a change made since, left alone.
+            if now == Base::Absent {
+                return Ok(Ok(()));
+            }
+            let trashed = match open_parent(self.root.as_raw_fd(), path, false) {
+                Ok((parent, _)) => {
+                    sys::lstat_at(parent.as_raw_fd(), OsStr::new(&trash_name(&self.j.id, n)))?
+                        .is_some()
+                }
+                Err(e) if is_gone(&e) => false,
+                Err(e) => return Err(e),
+            };
+            return Ok(if trashed {
+                Ok(())
+            } else {
+                Err(Skip::Changed(format!(
                     "{} changed since the accept began; not deleted",
                     describe(&now)
-                ))),
+                )))
             });
         }
         let (parent, name) = match open_parent(self.root.as_raw_fd(), path, false) {
