@@ -156,14 +156,21 @@ impl Overlay {
                         .get(&ino)
                         .cloned();
                     match cached {
-                        Some(f) => f,
+                        Some(f) if offset > 0 => f,
+                        Some(f) => {
+                            // A read from the start: a new pass over the file, which may
+                            // see a version changed since the descriptor was opened.
+                            if let Some(lp) = t.natural_lower(p) {
+                                t.reads.file(&lp, &fstat(&f).map_err(errno)?);
+                            }
+                            f
+                        }
                         None => {
                             let Obj::Lower(lp, _) = t.resolve(&self.lower, p)? else {
                                 return Err(libc::EIO);
                             };
                             let f = Arc::new(self.lower.open_file(&lp).map_err(errno)?);
                             // The first read of this file: note what is served (`reads.rs`).
-                            // Later reads come from this descriptor while it stays cached.
                             t.reads.file(&lp, &fstat(&f).map_err(errno)?);
                             self.lower_fds
                                 .lock()

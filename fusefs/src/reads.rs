@@ -7,9 +7,11 @@
 //! when. The fingerprint is taken with `fstat` on the very descriptor the data is then read
 //! from, before any byte of it is served: a change during or after the read changes `ctime`
 //! (or the inode), so the record never matches a version the branch did not see entirely.
-//! Only the first read counts (the kernel's page cache serves later ones without asking),
-//! and recording costs one `fstat` and one map insert per file per branch — taken when the
-//! lower descriptor is opened, never on the per-READ path.
+//! The version last served counts: a file re-read after the user changed it (the kernel's
+//! cache of it is dropped when lower changes, so the re-read reaches shade) is recorded anew,
+//! at the time of that read — the branch has seen the user's change. Recording costs one
+//! `fstat` and one map lookup per pass over a file (its READ at offset 0, which reaches
+//! shade only when the kernel's page cache does not have it), nothing for the other READs.
 //!
 //! Which reads accept checks (the rule, also in the README): data flow inside a command is
 //! unknowable, so every read that *precedes* a change the accept writes counts — the written
@@ -52,9 +54,19 @@ pub(crate) struct Reads {
 
 impl Reads {
     /// The branch is about to serve data of the lower object at `lower`, which `st` (taken
-    /// from the descriptor the data comes from) describes. Only the first read is kept.
+    /// from the descriptor the data comes from) describes. A file read again in the same
+    /// version keeps its first record; in another version, the new one replaces it.
     pub fn file(&mut self, lower: &Path, st: &libc::stat) {
-        if self.files.contains_key(lower) {
+        let fp = Fingerprint::from_stat(st);
+        if let Some(seen) = self.files.get_mut(lower) {
+            // Read again in another version (the user changed it and the branch read the
+            // change): that version is what it saw last, from now.
+            if seen.fp != fp {
+                *seen = Seen {
+                    when: SystemTime::now(),
+                    fp,
+                };
+            }
             return;
         }
         self.files.insert(
