@@ -177,3 +177,39 @@ fn the_agent_reading_a_file_the_user_then_edits_does_not_overwrite_the_edit() {
     assert_eq!(o.status.code(), Some(124), "{}", text(&o));
     assert_eq!(fx.read("notes.txt"), "first\nUSER EDIT\n");
 }
+
+#[test]
+fn a_directory_removed_in_the_branch_keeps_what_the_user_changed_inside_it() {
+    // `rm -rf docs` in the branch, while the user edits a file in docs and adds another:
+    // accepting would delete the tree as it is then, with the user's work in it.
+    for user in ["edit", "add"] {
+        let fx = Fixture::new();
+        fx.write("docs/a.md", "a\n");
+        fx.write("docs/sub/b.md", "b\n");
+        let script = format!("rm -rf docs; {WAIT}");
+        let (child, ready, go) = spawn_run(&fx, "a", &script);
+        wait_flag(&ready);
+        match user {
+            "edit" => fx.write("docs/sub/b.md", "USER EDIT\n"),
+            _ => fx.write("docs/sub/new.md", "USER NEW\n"),
+        }
+        std::fs::write(&go, "").unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(124), "{user}: {}", text(&o));
+        assert!(fx.project.join("docs/a.md").exists(), "{user}");
+        match user {
+            "edit" => assert_eq!(fx.read("docs/sub/b.md"), "USER EDIT\n"),
+            _ => assert_eq!(fx.read("docs/sub/new.md"), "USER NEW\n"),
+        }
+    }
+    // Without a change inside, the removal is accepted.
+    let fx = Fixture::new();
+    fx.write("docs/a.md", "a\n");
+    let o = fx
+        .shade()
+        .args(["run", "--accept", "--", "rm", "-rf", "docs"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(!fx.project.join("docs").exists());
+}

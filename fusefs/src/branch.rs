@@ -316,7 +316,13 @@ impl Branch {
     /// What the branch read before the changes it would accept (`reads.rs`).
     fn read_bases(&self, flags: AcceptFlags) -> Vec<crate::plan::ReadBase> {
         let changes = self.overlay.changeset(flags.include_ignored);
-        self.overlay.read_bases(&changes, flags.include_ignored)
+        let bases = self.overlay.read_bases(&changes, flags.include_ignored);
+        tracing::debug!(
+            recorded = self.reads_recorded(),
+            checked = bases.len(),
+            "reads the accept checks"
+        );
+        bases
     }
 
     /// How many lower paths the branch has read so far (files, symlinks and listings).

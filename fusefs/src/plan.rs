@@ -156,6 +156,9 @@ pub struct ReadBase {
     pub seen: crate::fingerprint::Fingerprint,
     /// A directory listing: compared by identity and entries (mtime), not by its files.
     pub listing: bool,
+    /// A directory the plan deletes as a whole: besides its entries, nothing below it may
+    /// have changed (ctime, in ns since the epoch) after this time, when the branch saw it.
+    pub subtree_since: Option<i64>,
 }
 
 impl ReadBase {

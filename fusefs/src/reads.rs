@@ -24,7 +24,7 @@
 //! output such as `target/`) are not checked unless ignored paths are accepted too.
 
 use crate::changeset::{ChangeKind, Changeset};
-use crate::fingerprint::Fingerprint;
+use crate::fingerprint::{Base, Fingerprint};
 use crate::overlay::Overlay;
 use crate::plan::ReadBase;
 use crate::tree::{split, Entry, Tree};
@@ -37,7 +37,7 @@ struct Seen {
     fp: Fingerprint,
 }
 
-struct Listed {
+pub(crate) struct Listed {
     lower: PathBuf,
     when: SystemTime,
     fp: Fingerprint,
@@ -49,7 +49,7 @@ pub(crate) struct Reads {
     /// By lower path.
     files: FxHashMap<PathBuf, Seen>,
     /// By the directory's path in the branch.
-    listings: FxHashMap<PathBuf, Listed>,
+    pub(crate) listings: FxHashMap<PathBuf, Listed>,
 }
 
 impl Reads {
@@ -143,6 +143,7 @@ impl Overlay {
                 path: lower.clone(),
                 seen: seen.fp,
                 listing: false,
+                subtree_since: None,
             });
         }
         for (dir, listed) in &t.reads.listings {
@@ -151,10 +152,41 @@ impl Overlay {
                     path: listed.lower.clone(),
                     seen: listed.fp,
                     listing: true,
+                    subtree_since: None,
                 });
             }
+        }
+        // A directory deleted as a whole: its files were removed in the branch one by one,
+        // but accept removes the tree as it is then; anything added, removed or changed in
+        // it after the branch saw it would be lost with it.
+        for c in &changes.changes {
+            if c.kind != ChangeKind::Deleted || !c.is_dir {
+                continue;
+            }
+            let Some(slot) = t.slots.get(&c.path) else {
+                continue;
+            };
+            let (Base::Present(base), Some(lower)) = (slot.base, slot.base_at.clone()) else {
+                continue;
+            };
+            let (seen, since) = match t.reads.listings.get(&c.path) {
+                Some(l) => (l.fp, ns(l.when)),
+                None => (base, base.ctime_ns.max(base.mtime_ns)),
+            };
+            out.push(ReadBase {
+                path: lower,
+                seen,
+                listing: true,
+                subtree_since: Some(since),
+            });
         }
         out.sort_by(|a, b| a.path.cmp(&b.path));
         out
     }
+}
+
+fn ns(t: SystemTime) -> i64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
 }

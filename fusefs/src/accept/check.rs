@@ -14,7 +14,7 @@ use crate::plan::{PlanOp, ReadBase};
 use std::collections::BTreeMap;
 use std::io;
 use std::ops::Bound;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
 /// What an earlier op left at a path.
@@ -335,7 +335,14 @@ pub fn preflight(
                 Seen::Base(b) => b,
             };
             let blocked = matches!(seen, Seen::Blocked { .. });
-            if (blocked || !r.holds(&now)) && !conflicts.iter().any(|c| c.path == r.path) {
+            let mut changed = blocked || !r.holds(&now);
+            if let (false, Some(since)) = (changed, r.subtree_since) {
+                let dir =
+                    super::safe_path::open_dir(root, &r.path).map_err(|e| Sim::io(&r.path, e))?;
+                changed = super::safe_path::changed_below(dir.as_raw_fd(), since)
+                    .map_err(|e| Sim::io(&r.path, e))?;
+            }
+            if changed && !conflicts.iter().any(|c| c.path == r.path) {
                 let shown = if r.path.as_os_str().is_empty() {
                     PathBuf::from(".")
                 } else {

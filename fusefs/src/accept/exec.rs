@@ -14,7 +14,7 @@
 use super::journal::{
     journal_path, rescued_name, trash_name, xdev_tmp_name, JOp, JPath, Journal, Phase, SetAside,
 };
-use super::safe_path::{base_matches, observe, open_dir, open_parent, rebase};
+use super::safe_path::{base_matches, changed_below, observe, open_dir, open_parent, rebase};
 use super::{fault, stage, sys};
 use crate::fingerprint::{Base, Fingerprint};
 use crate::plan::Perms;
@@ -467,6 +467,17 @@ impl Exec<'_> {
             Err(e) if is_gone(&e) => return Ok(Ok(())),
             r => r?,
         };
+        // A whole tree goes: not if something in it changed since the accept began.
+        if let (Base::Present(fp), Some(since)) = (base, self.j.written_ns) {
+            if fp.is_dir() {
+                let dir = sys::open_dir_at(parent.as_raw_fd(), &name)?;
+                if changed_below(dir.as_raw_fd(), since)? {
+                    return Ok(Err(Skip::Changed(
+                        "something inside it changed since the accept began; not deleted".into(),
+                    )));
+                }
+            }
+        }
         self.trash(parent.as_raw_fd(), &name, n)?;
         self.touched.insert(parent_of(path));
         Ok(Ok(()))

@@ -229,6 +229,14 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> AcceptError + '_ {
     }
 }
 
+/// Wall-clock time in ns since the epoch (file ctimes compare with it).
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
 /// A unique id for one accept: pid and wall-clock nanoseconds.
 fn new_id() -> String {
     let nanos = std::time::SystemTime::now()
@@ -419,6 +427,8 @@ pub fn apply(
     // The commit point.
     j.ops = ops;
     j.phase = Phase::Committed;
+    // What changes after this moment is the user's (roll-forward leaves it alone).
+    j.written_ns = Some(now_ns());
     if let Err(e) = fault::step().and_then(|()| j.store(&dir)) {
         j.phase = Phase::Staging;
         return Err(roll_back_after(
