@@ -161,6 +161,15 @@ impl Sim {
         if matches!(self.nearest(p), Some(Planned::Gone)) {
             return Ok(Base::Absent);
         }
+        // Inside a directory the plan makes (after deleting what was there), nothing is.
+        let made = p
+            .ancestors()
+            .skip(1)
+            .filter(|a| !a.as_os_str().is_empty())
+            .find_map(|a| self.planned.get(a).copied());
+        if made == Some(Planned::Mkdir) {
+            return Ok(Base::Absent);
+        }
         let mb = self.map_back(p);
         Ok(observe(self.root, &mb)
             .map_err(|e| Self::io(&mb, e))?
