@@ -315,6 +315,9 @@ impl Branch {
 
     /// What the branch read before the changes it would accept (`reads.rs`).
     fn read_bases(&self, flags: AcceptFlags) -> Vec<crate::plan::ReadBase> {
+        if self.reads_recorded() == 0 && !self.overlay.deletes_a_directory() {
+            return Vec::new(); // and no changeset to compute again
+        }
         let changes = self.overlay.changeset(flags.include_ignored);
         let bases = self.overlay.read_bases(&changes, flags.include_ignored);
         tracing::debug!(

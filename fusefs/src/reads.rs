@@ -113,6 +113,18 @@ fn changed_at(t: &Tree, path: &Path) -> SystemTime {
 }
 
 impl Overlay {
+    /// Whether the branch removed a lower directory (whose tree accept checks).
+    pub(crate) fn deletes_a_directory(&self) -> bool {
+        self.tree().slots.values().any(|s| {
+            let gone = match &s.entry {
+                Entry::Whiteout => true,
+                Entry::Dir(d) => d.lower.is_none(), // removed and made again
+                Entry::Node(_) => true,             // replaced by a file
+            };
+            gone && matches!(s.base, Base::Present(fp) if fp.is_dir())
+        })
+    }
+
     /// The reads accept must check for `changes` (see the module doc for the rule).
     pub(crate) fn read_bases(&self, changes: &Changeset, include_ignored: bool) -> Vec<ReadBase> {
         let t = self.tree();
