@@ -171,17 +171,31 @@ impl Overlay {
         // A directory deleted as a whole: its files were removed in the branch one by one,
         // but accept removes the tree as it is then; anything added, removed or changed in
         // it after the branch saw it would be lost with it.
-        for c in &changes.changes {
-            if c.kind != ChangeKind::Deleted || !c.is_dir {
+        // Moved directories keep what is in them: only trees that go are checked.
+        let moved: Vec<&PathBuf> = changes
+            .changes
+            .iter()
+            .filter_map(|c| c.old_path.as_ref())
+            .collect();
+        for (path, slot) in &t.slots {
+            if moved.contains(&path) {
                 continue;
             }
-            let Some(slot) = t.slots.get(&c.path) else {
-                continue;
+            let gone = match &slot.entry {
+                Entry::Whiteout | Entry::Node(_) => true,
+                Entry::Dir(d) => d.lower.is_none(), // removed and made again
             };
             let (Base::Present(base), Some(lower)) = (slot.base, slot.base_at.clone()) else {
                 continue;
             };
-            let (seen, since) = match t.reads.listings.get(&c.path) {
+            if !gone
+                || !base.is_dir()
+                || path.as_os_str().is_empty()
+                || (!include_ignored && self.ignore.is_ignored(path, true))
+            {
+                continue;
+            }
+            let (seen, since) = match t.reads.listings.get(path) {
                 Some(l) => (l.fp, ns(l.when)),
                 None => (base, base.ctime_ns.max(base.mtime_ns)),
             };
