@@ -1,4 +1,5 @@
-//! Ctrl-C, SIGTERM and SIGHUP sent to `shade run --accept` while its accept of 2,000 files
+//! Ctrl-C, SIGTERM and SIGHUP sent to `shade run --accept` (and `shade exec --shadow
+//! --accept`) while its accept of 2,000 files
 //! runs (issue 19): the accept is finished first, so the tree is fully old or fully new with
 //! nothing of accept's own left — checked without running `shade recover` — and what shade
 //! said is true of it. The real binary; the signal goes at a random point after the journal
@@ -8,7 +9,10 @@
 mod common;
 
 use common::Fixture;
+use serde_json::{json, Value};
+use shade_testkit::{tool_results_since_user, FakeLlm, Reply};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const FILES: usize = 2000;
@@ -25,21 +29,38 @@ impl Lcg {
     }
 }
 
-fn trial(sig: i32, rng: &mut Lcg) {
+const SCRIPT: &str = "for f in f*; do echo new > $f; done";
+
+/// `shade run --accept`, or the agent (`exec --shadow --accept`) running the same script.
+enum Via<'a> {
+    Run,
+    Exec(&'a FakeLlm),
+}
+
+fn trial(sig: i32, rng: &mut Lcg, via: Via) {
     let fx = Fixture::new();
     for i in 0..FILES {
         std::fs::write(fx.project.join(format!("f{i:04}")), "old\n").unwrap();
     }
-    let mut child = fx
-        .shade()
-        .args([
-            "run",
-            "--accept",
-            "--",
-            "sh",
-            "-c",
-            "for f in f*; do echo new > $f; done",
-        ])
+    let mut cmd = fx.shade();
+    match via {
+        Via::Run => {
+            cmd.args(["run", "--accept", "--", "sh", "-c", SCRIPT]);
+        }
+        Via::Exec(llm) => {
+            let config = fx.tmp.path().join("config.toml");
+            std::fs::write(&config, "").unwrap();
+            cmd.args(["exec", "--shadow", "--accept", "--approval", "yolo"])
+                .arg("--config")
+                .arg(&config)
+                .arg("rewrite every file")
+                .env("OPENAI_BASE_URL", &llm.base_url)
+                .env("OPENAI_API_KEY", "test-key")
+                .env("SHADE_MODEL", "main-model")
+                .env("XDG_CONFIG_HOME", fx.tmp.path());
+        }
+    }
+    let mut child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -95,7 +116,7 @@ fn trial(sig: i32, rng: &mut Lcg) {
         assert_eq!(new, FILES, "{what}");
     }
     if new == FILES {
-        assert!(err.contains("accepted 2000 changes"), "{what}");
+        assert!(err.contains(&format!("accepted {FILES} changes")), "{what}");
         assert!(
             o.status.code() == Some(0) || o.status.code() == Some(128 + sig),
             "{what}"
@@ -118,7 +139,27 @@ fn termination_signals_during_accept_wait_for_it() {
     let mut rng = Lcg(seed);
     for _ in 0..2 {
         for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            trial(sig, &mut rng);
+            trial(sig, &mut rng, Via::Run);
         }
+    }
+}
+
+#[test]
+fn termination_signals_during_the_agents_accept_wait_for_it() {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    eprintln!("seed {seed}");
+    let mut rng = Lcg(seed);
+    let llm = FakeLlm::start(Arc::new(|body: &Value| {
+        match tool_results_since_user(body) {
+            0 => Reply::tool("shell", json!({ "command": SCRIPT })),
+            _ => Reply::text("Done."),
+        }
+    }))
+    .unwrap();
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        trial(sig, &mut rng, Via::Exec(&llm));
     }
 }
