@@ -274,16 +274,16 @@ fn finish_shadow(shadow: Shadow, args: &ExecArgs, stop: Option<StopReason>, code
         error: None,
     };
     let mut final_code = code;
+    let signals =
+        (args.accept && stop == Some(StopReason::Completed)).then(shade_fusefs::DeferSignals::new);
     if args.accept && stop == Some(StopReason::Completed) {
         let n = changes.changes.len();
         match shadow.accept(AcceptFlags::default()) {
-            Ok(_) => {
+            Ok(report) => {
                 event.accepted = true;
-                if !args.json {
-                    eprintln!(
-                        "shade: accepted {n} change{}",
-                        if n == 1 { "" } else { "s" }
-                    );
+                if !crate::cmd_run::report_accepted(n, &report, args.json) {
+                    event.error = Some(crate::cmd_run::not_applied_summary(&report));
+                    final_code = exit::SHADE_ERROR;
                 }
             }
             Err(AcceptError::Conflicts(list)) => {
@@ -291,7 +291,7 @@ fn finish_shadow(shadow: Shadow, args: &ExecArgs, stop: Option<StopReason>, code
                 final_code = exit::CONFLICT;
             }
             Err(e) => {
-                eprintln!("shade: accept failed, the project is unchanged: {e}");
+                eprintln!("shade: {e}");
                 event.error = Some(e.to_string());
                 final_code = exit::SHADE_ERROR;
             }
@@ -316,7 +316,7 @@ fn finish_shadow(shadow: Shadow, args: &ExecArgs, stop: Option<StopReason>, code
             let _ = out.flush();
         }
     }
-    final_code
+    crate::cmd_run::after_deferred(signals, final_code)
 }
 
 fn print_json(e: AgentEvent) {

@@ -103,6 +103,15 @@ pub fn startup_recovery(state: &StateDir) {
             for p in &r.rolled_forward {
                 eprintln!("shade: finished an interrupted accept in {}", quote_path(p));
             }
+            for (p, a) in &r.not_applied {
+                eprintln!("shade:   left out (changed since) in {}: {a}", p.display());
+            }
+            for p in &r.project_gone {
+                eprintln!(
+                    "shade: dropped the journal of an interrupted accept into {}, which no longer exists",
+                    p.display()
+                );
+            }
             for p in &r.dropped {
                 eprintln!(
                     "shade: dropped the journal of an accept into the dead branch {}",
@@ -184,19 +193,19 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     let mut conflicts = Vec::new();
     let mut error = None;
     let mut final_code = code;
+    // Held until the accept's outcome is reported: a signal meanwhile waits for both.
+    let signals = (args.accept && ok).then(shade_fusefs::DeferSignals::new);
     if args.accept && ok {
         let n = changes.changes.len();
         match branch.accept(AcceptFlags {
             include_ignored: args.include_ignored,
             force: args.force,
         }) {
-            Ok(_) => {
+            Ok(report) => {
                 accepted = true;
-                if !args.json {
-                    eprintln!(
-                        "shade: accepted {n} change{}",
-                        if n == 1 { "" } else { "s" }
-                    );
+                if !report_accepted(n, &report, args.json) {
+                    error = Some(not_applied_summary(&report));
+                    final_code = exit::SHADE_ERROR;
                 }
             }
             Err(AcceptError::Conflicts(list)) => {
@@ -204,7 +213,9 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
                 final_code = exit::CONFLICT;
             }
             Err(e) => {
-                eprintln!("shade: accept failed, the project is unchanged: {e}");
+                // The error says what the project is left as (unchanged, or partly changed
+                // and how to finish it).
+                eprintln!("shade: {e}");
                 error = Some(e.to_string());
                 final_code = exit::SHADE_ERROR;
             }
@@ -230,7 +241,55 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
         serde_json::to_writer(&mut out, &report)?;
         writeln!(out)?;
     }
-    Ok(final_code)
+    Ok(after_deferred(signals, final_code))
+}
+
+/// The exit status once an accept and its report are done: 128+N when signal N came while
+/// they ran (they were finished first, as said on stderr), else `code`.
+pub(crate) fn after_deferred(signals: Option<shade_fusefs::DeferSignals>, code: i32) -> i32 {
+    let Some(sig) = signals.and_then(|g| g.take().into_iter().next()) else {
+        return code;
+    };
+    eprintln!("shade: stopped by signal {sig} after the accept was finished");
+    128 + sig
+}
+
+/// Says on stderr what an accept of `n` changes did; false when some were left out because
+/// their paths changed while it ran (listed, with where the branch's versions are kept).
+pub(crate) fn report_accepted(n: usize, report: &shade_fusefs::AcceptReport, json: bool) -> bool {
+    let left = report.not_applied.len();
+    if left == 0 {
+        if !json {
+            eprintln!(
+                "shade: accepted {n} change{}",
+                if n == 1 { "" } else { "s" }
+            );
+        }
+        return true;
+    }
+    eprintln!(
+        "shade: accepted all but {left} of {n} changes: {} changed in the project while the \
+         accept ran and {} left as they are now:",
+        if left == 1 {
+            "this path"
+        } else {
+            "these paths"
+        },
+        if left == 1 { "is" } else { "are" },
+    );
+    for a in &report.not_applied {
+        eprintln!("  {a}");
+    }
+    false
+}
+
+/// One line naming what an accept left out (for `--json`'s `error`).
+pub(crate) fn not_applied_summary(report: &shade_fusefs::AcceptReport) -> String {
+    let list: Vec<String> = report.not_applied.iter().map(ToString::to_string).collect();
+    format!(
+        "not applied (changed while the accept ran): {}",
+        list.join("; ")
+    )
 }
 
 /// Says on stderr why an accept was refused, and returns the conflicts for `--json`.

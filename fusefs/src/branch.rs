@@ -356,6 +356,26 @@ impl Branch {
             })
     }
 
+    /// What the branch read before the changes it would accept (`reads.rs`).
+    fn read_bases(&self, flags: AcceptFlags) -> Vec<crate::plan::ReadBase> {
+        if self.reads_recorded() == 0 && !self.overlay.deletes_a_directory() {
+            return Vec::new(); // and no changeset to compute again
+        }
+        let changes = self.overlay.changeset(flags.include_ignored);
+        let bases = self.overlay.read_bases(&changes, flags.include_ignored);
+        tracing::debug!(
+            recorded = self.reads_recorded(),
+            checked = bases.len(),
+            "reads the accept checks"
+        );
+        bases
+    }
+
+    /// How many lower paths the branch has read so far (files, symlinks and listings).
+    pub fn reads_recorded(&self) -> usize {
+        self.overlay.tree().reads.len()
+    }
+
     /// Plan and apply: the accept's common part.
     fn apply(&self, flags: AcceptFlags) -> Result<AcceptReport, AcceptError> {
         accept::apply(
@@ -364,6 +384,7 @@ impl Branch {
             &AcceptOptions {
                 force: flags.force,
                 state: self.state.clone(),
+                reads: self.read_bases(flags),
             },
         )
     }
@@ -372,7 +393,12 @@ impl Branch {
     /// keeps the branch mounted, so an interactive caller can report and let the user decide.
     /// (The accept checks again: the project may change in between.)
     pub fn check_accept(&self, flags: AcceptFlags) -> Result<(), AcceptError> {
-        accept::check_plan(&self.project, &self.plan(flags)?, flags.force)
+        accept::check_plan(
+            &self.project,
+            &self.plan(flags)?,
+            &self.read_bases(flags),
+            flags.force,
+        )
     }
 
     /// [`Branch::accept`] without unmounting first, for a caller that knows nothing can
@@ -514,11 +540,8 @@ pub fn cleanup_stale(state: &StateDir) -> Vec<String> {
 
 fn pid_alive(pid: i32) -> bool {
     // A recycled pid keeps a stale branch alive until that process exits: harmless.
-    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
-        Ok(()) => true,
-        Err(nix::errno::Errno::EPERM) => true,
-        Err(_) => false,
-    }
+    // A zombie (exited, not reaped) serves no branch: it is dead too.
+    crate::accept::process_alive(pid)
 }
 
 /// Readahead for the mount, in KiB: one full-size (1 MiB) FUSE READ per step.

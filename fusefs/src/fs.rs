@@ -458,10 +458,11 @@ impl Filesystem for ShadeFs {
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let o = &self.overlay;
-        let t = o.tree();
+        let mut t = o.tree();
         match o.obj_of(&t, ino.0) {
             Ok(Obj::Node(n)) if n.kind == NodeKind::Symlink => reply.data(n.target.as_bytes()),
             Ok(Obj::Lower(lp, st)) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
+                t.reads.file(&lp, &st);
                 match o.lower.read_link(&lp) {
                     Ok(target) => reply.data(target.as_bytes()),
                     Err(e) => reply.error(err(errno(e))),
@@ -682,6 +683,9 @@ impl Filesystem for ShadeFs {
                 obj if obj.is_dir() => Err(libc::EISDIR),
                 Obj::Lower(lp, _) if !writes && !trunc => {
                     let file = o.lower.open_file(&lp).map_err(errno)?;
+                    // Data is read through this descriptor only: note what it is now.
+                    let st = crate::overlay::fstat(&file).map_err(errno)?;
+                    t.reads.file(&lp, &st);
                     Ok(Handle::Lower { ino: ino.0, file })
                 }
                 _ => {

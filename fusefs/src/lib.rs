@@ -19,14 +19,15 @@ mod overlay;
 pub mod plan;
 mod privs;
 pub mod quote;
+mod reads;
 pub mod sandbox;
 pub mod state;
 mod tree;
 mod watch;
 
-pub use accept::{AcceptError, AcceptOptions, AcceptReport, Conflict};
+pub use accept::{AcceptError, AcceptOptions, AcceptReport, Conflict, DeferSignals, NotApplied};
 pub use branch::{cleanup_stale, AcceptFlags, Branch, BranchError, BranchOptions};
 pub use changeset::{lossy_path, non_utf8_bytes, Change, ChangeKind, Changeset};
 pub use fingerprint::{Base, Fingerprint};
-pub use plan::{Perms, PlanOp, RelPath};
+pub use plan::{Perms, PlanOp, ReadBase, RelPath};
 pub use state::StateDir;

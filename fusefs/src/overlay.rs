@@ -140,7 +140,7 @@ impl Overlay {
     /// Read from whatever `ino` is now: its node, or the lower file (fd cached).
     pub fn read_ino(&self, ino: u64, buf: &mut [u8], offset: u64) -> Res<usize> {
         let file = {
-            let t = self.tree();
+            let mut t = self.tree();
             match t.inodes.get(&ino).map(|i| &i.target) {
                 Some(InodeTarget::Node(n)) => {
                     let n = n.clone();
@@ -156,12 +156,22 @@ impl Overlay {
                         .get(&ino)
                         .cloned();
                     match cached {
-                        Some(f) => f,
+                        Some(f) if offset > 0 => f,
+                        Some(f) => {
+                            // A read from the start: a new pass over the file, which may
+                            // see a version changed since the descriptor was opened.
+                            if let Some(lp) = t.natural_lower(p) {
+                                t.reads.file(&lp, &fstat(&f).map_err(errno)?);
+                            }
+                            f
+                        }
                         None => {
                             let Obj::Lower(lp, _) = t.resolve(&self.lower, p)? else {
                                 return Err(libc::EIO);
                             };
                             let f = Arc::new(self.lower.open_file(&lp).map_err(errno)?);
+                            // The first read of this file: note what is served (`reads.rs`).
+                            t.reads.file(&lp, &fstat(&f).map_err(errno)?);
                             self.lower_fds
                                 .lock()
                                 .unwrap_or_else(PoisonError::into_inner)
@@ -200,8 +210,15 @@ impl Overlay {
             (ino, FileType::Directory, ".".into()),
             (parent_ino, FileType::Directory, "..".into()),
         ];
-        if let (Some(w), Some(src)) = (&self.watch, t.lower_of(&rel)) {
-            w.watch_dir(&src);
+        let mut t = t;
+        if let Some(src) = t.lower_of(&rel) {
+            if let Some(w) = &self.watch {
+                w.watch_dir(&src);
+            }
+            // Taken before the entries are read: a change meanwhile moves its mtime.
+            if let Ok(Some(st)) = self.lower.stat(&src) {
+                t.reads.listing(&rel, &src, &st);
+            }
         }
         entries.extend(self.list(&t, &rel)?);
         Ok(entries)
@@ -548,6 +565,18 @@ impl Overlay {
     pub fn is_empty_dir(&self, t: &Tree, rel: &Path) -> Res<bool> {
         Ok(self.list(t, rel)?.is_empty())
     }
+}
+
+/// `fstat` of an open lower file: what its data is now (for `Reads`).
+pub(crate) fn fstat(f: &File) -> std::io::Result<libc::stat> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a zeroed stat is a valid out buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid fd and out buffer.
+    if unsafe { libc::fstat(f.as_raw_fd(), &mut st) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st)
 }
 
 fn mode_type(m: u32) -> FileType {

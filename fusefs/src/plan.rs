@@ -145,3 +145,34 @@ impl PlanOp {
         }
     }
 }
+
+/// A lower object the branch read before it made a change the plan writes: accept refuses
+/// (a conflict) when it is no longer what the branch saw, since the change may derive from it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadBase {
+    /// Where in lower it was read (before any op of the plan runs).
+    pub path: RelPath,
+    /// What it was when the branch first read it.
+    pub seen: crate::fingerprint::Fingerprint,
+    /// A directory listing: compared by identity and entries (mtime), not by its files.
+    pub listing: bool,
+    /// A directory the plan deletes as a whole: besides its entries, nothing below it may
+    /// have changed (ctime, in ns since the epoch) after this time, when the branch saw it.
+    pub subtree_since: Option<i64>,
+}
+
+impl ReadBase {
+    /// Whether `now` (what lower has at `path` now) is still what the branch read.
+    pub fn holds(&self, now: &crate::fingerprint::Base) -> bool {
+        match now {
+            crate::fingerprint::Base::Absent => false,
+            crate::fingerprint::Base::Present(fp) if self.listing => {
+                fp.is_dir()
+                    && fp.dev == self.seen.dev
+                    && fp.ino == self.seen.ino
+                    && fp.mtime_ns == self.seen.mtime_ns
+            }
+            crate::fingerprint::Base::Present(fp) => *fp == self.seen,
+        }
+    }
+}

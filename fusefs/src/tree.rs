@@ -77,6 +77,8 @@ pub(crate) struct Tree {
     /// Keep a path's inode number after the kernel forgets it, so the object shows the same
     /// `st_ino` for the branch's whole life (see `BranchOptions::stable_inodes`).
     pub keep_path_inos: bool,
+    /// What the branch read of lower, for accept's read-conflict check (`reads.rs`).
+    pub reads: crate::reads::Reads,
     next_ino: u64,
 }
 
@@ -107,6 +109,7 @@ impl Tree {
             path_ino,
             orphans: FxHashMap::default(),
             keep_path_inos: false,
+            reads: crate::reads::Reads::default(),
             next_ino: 2,
         }
     }

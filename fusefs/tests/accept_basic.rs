@@ -12,6 +12,7 @@ fn opts(env: &Env, force: bool) -> AcceptOptions {
     AcceptOptions {
         force,
         state: env.state.clone(),
+        reads: Vec::new(),
     }
 }
 
@@ -112,7 +113,8 @@ fn applies_every_kind_of_op() {
             written: 7,
             created_dirs: 2,
             renamed_dirs: 1,
-            deleted: 4
+            deleted: 4,
+            not_applied: vec![],
         }
     );
 

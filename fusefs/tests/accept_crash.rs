@@ -18,7 +18,9 @@
 mod accept_common;
 
 use accept_common::{materialize, snapshot, Entry, Env, Snap};
-use shade_fusefs::accept::{apply, recover, AcceptOptions, KILL_AT_STEP_ENV};
+use shade_fusefs::accept::{
+    apply, recover, AcceptOptions, FAIL_AT_STEP_ENV, KILL_AT_STEP_ENV, RUN_AT_STEP_ENV,
+};
 use shade_fusefs::{Base, Perms, PlanOp};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -102,6 +104,14 @@ fn old_tree() -> Snap {
         );
     }
     s.insert(p("f2t"), Entry::File(content("f2t", 1), 0o644));
+    // A directory removed and made again, with a new file of an old name.
+    s.insert(p("redo"), Entry::Dir(0o755));
+    for k in 0..3 {
+        s.insert(
+            p(format!("redo/r{k}")),
+            Entry::File(content("redo", k), 0o644),
+        );
+    }
     s
 }
 
@@ -109,9 +119,11 @@ fn changes() -> Vec<Abs> {
     let mut v = vec![Abs::RenameDir(p("ren_a"), p("ren_b"))];
     v.push(Abs::Delete(p("t2f")));
     v.push(Abs::Delete(p("f2t")));
+    v.push(Abs::Delete(p("redo")));
     v.push(Abs::Mkdir(p("newdir"), 0o755));
     v.push(Abs::Mkdir(p("newdir/sub"), 0o750));
     v.push(Abs::Mkdir(p("f2t"), 0o755));
+    v.push(Abs::Mkdir(p("redo"), 0o750));
     for d in 0..20 {
         for f in 0..15 {
             let i = d * 15 + f;
@@ -149,6 +161,7 @@ fn changes() -> Vec<Abs> {
     v.push(Abs::Write(p("ren_b/new1"), content("rennew", 1), 0o644));
     v.push(Abs::Write(p("t2f"), content("t2f-file", 2), 0o644));
     v.push(Abs::Write(p("f2t/a"), content("f2t-a", 3), 0o644));
+    v.push(Abs::Write(p("redo/r1"), content("redo-new", 1), 0o644));
     v.push(Abs::Link(p("d00/l0"), p("f01")));
     v.push(Abs::Link(p("d01/lnew"), p("../d00/f00")));
     v.push(Abs::HardLink(p("d03/hard"), p("newdir/sub/m0")));
@@ -286,6 +299,29 @@ fn crash_child() {
     let mut env = Env::at_existing(&dir);
     if std::env::var(CHILD_MODE_ENV).as_deref() == Ok("recover") {
         recover(&env.state).unwrap();
+    } else if std::env::var(CHILD_MODE_ENV).as_deref() == Ok("fault") {
+        // Say how the accept ended, for the fault harness.
+        let plan = plan(&mut env, &changes());
+        let opts = AcceptOptions {
+            force: false,
+            state: env.state.clone(),
+            reads: Vec::new(),
+        };
+        let outcome = match apply(&env.root, plan, &opts) {
+            Ok(r) if r.not_applied.is_empty() => "ok".to_string(),
+            Ok(r) => format!(
+                "partial {}",
+                r.not_applied
+                    .iter()
+                    .map(|n| n.path.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            Err(e) if e.nothing_written() => format!("unchanged {e}"),
+            Err(e @ shade_fusefs::AcceptError::Unfinished { .. }) => format!("unfinished {e}"),
+            Err(e) => format!("other {e}"),
+        };
+        std::fs::write(dir.join("outcome"), outcome).unwrap();
     } else {
         let plan = plan(&mut env, &changes());
         apply(
@@ -294,6 +330,7 @@ fn crash_child() {
             &AcceptOptions {
                 force: false,
                 state: env.state.clone(),
+                reads: Vec::new(),
             },
         )
         .unwrap();
@@ -319,6 +356,8 @@ fn run_child(dir: &Path, mode: &str, kill: Kill) -> bool {
     .env(CHILD_DIR_ENV, dir)
     .env(CHILD_MODE_ENV, mode)
     .env_remove(KILL_AT_STEP_ENV)
+    .env_remove(FAIL_AT_STEP_ENV)
+    .env_remove(RUN_AT_STEP_ENV)
     .stdout(Stdio::null())
     .stderr(Stdio::piped());
     if let Kill::AtStep(n) = kill {
@@ -618,5 +657,175 @@ fn crash_harness() {
         "{} of {} crash trials failed",
         h.failures.len(),
         h.trials
+    );
+}
+
+/// Run the fault child on `dir` with `var=value`; returns its outcome line.
+fn run_fault_child(dir: &Path, var: &str, value: &str) -> String {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "crash_child",
+            "--nocapture",
+            "--test-threads=1",
+            "-q",
+        ])
+        .env(CHILD_DIR_ENV, dir)
+        .env(CHILD_MODE_ENV, "fault")
+        .env_remove(KILL_AT_STEP_ENV)
+        .env_remove(FAIL_AT_STEP_ENV)
+        .env_remove(RUN_AT_STEP_ENV)
+        .env(var, value)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "fault child failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read_to_string(dir.join("outcome")).unwrap()
+}
+
+/// Every step of accept made to fail (ENOSPC, EDQUOT, EMFILE, EIO in turn), and a concurrent
+/// rename of a file the accept replaces placed at steps along the way. After each, checked
+/// before any recovery: a failure that says "unchanged" left exactly the old tree and
+/// nothing of accept's own; one that says "not finished" left every path old or new and its
+/// journal, and recovery completes it to exactly the new tree; the rename's file survives
+/// with its content, and whatever was not applied because of it is reported.
+#[test]
+fn fault_harness() {
+    let old = old_tree();
+    let new = model(&old, &changes());
+    let h = Harness {
+        old: old.clone(),
+        new: new.clone(),
+        trials: 0,
+        failures: Vec::new(),
+        completed_runs: 0,
+        committed_kills: 0,
+    };
+    let mut failures = Vec::new();
+    let mut trials = 0;
+    let (mut unchanged, mut unfinished) = (0, 0);
+    let errnos = ["ENOSPC", "EDQUOT", "EMFILE", "EIO"];
+    // Every step up to the commit point is alike (staging); after it each op differs.
+    let staged = changes().len() as u64;
+    let mut step = 1;
+    loop {
+        let errno = errnos[(step % 4) as usize];
+        trials += 1;
+        let env = h.fresh();
+        let outcome = run_fault_child(&env.dir, FAIL_AT_STEP_ENV, &format!("{step}:{errno}"));
+        let label = format!("{errno} at step {step}: {outcome}");
+        let now = snapshot(&env.root);
+        let check = || -> Result<(), String> {
+            if outcome.starts_with("unchanged") {
+                if now != old {
+                    return Err(format!("said unchanged, but: {}", first_diff(&now, &old)));
+                }
+                std::panic::catch_unwind(|| env.assert_clean())
+                    .map_err(|_| "said unchanged, but left scratch or a journal".to_string())?;
+            } else if outcome.starts_with("unfinished") {
+                check_not_torn(&now, &old, &new)?;
+                if journal_phase(&env).is_none() {
+                    return Err("said not finished, but no journal is left".into());
+                }
+                let r = recover(&env.state).map_err(|e| format!("recover: {e}"))?;
+                if !r.not_applied.is_empty() {
+                    return Err(format!("recover left out {:?}", r.not_applied));
+                }
+                let after = snapshot(&env.root);
+                if after != new {
+                    return Err(format!("after recover: {}", first_diff(&after, &new)));
+                }
+                std::panic::catch_unwind(|| env.assert_clean())
+                    .map_err(|_| "recover left scratch or a journal".to_string())?;
+            } else if outcome == "ok" {
+                if now != new {
+                    return Err(format!("said ok, but: {}", first_diff(&now, &new)));
+                }
+            } else {
+                return Err("unexpected outcome".into());
+            }
+            Ok(())
+        };
+        match outcome.split(' ').next() {
+            Some("unchanged") => unchanged += 1,
+            Some("unfinished") => unfinished += 1,
+            _ => {}
+        }
+        if let Err(e) = check() {
+            failures.push(format!("{label}: {e}"));
+        }
+        // Past the last step nothing fails: the accept ran to its end (checked above).
+        if !(outcome.starts_with("unchanged") || outcome.starts_with("unfinished")) || step > 5000 {
+            break;
+        }
+        step += if step + 8 < staged { 7 } else { 1 };
+    }
+
+    // A concurrent rename of a file the accept replaces (d05/f00), at steps along the way.
+    let victim = p("d05/f00");
+    let moved = p("d05/f00.user");
+    let old_bytes = old.get(&victim).cloned();
+    let new_bytes = new.get(&victim).cloned();
+    let mut renames = 0;
+    for step in (1..).step_by(41) {
+        trials += 1;
+        renames += 1;
+        let env = h.fresh();
+        let cmd = format!(
+            "mv {} {}",
+            env.root.join(&victim).display(),
+            env.root.join(&moved).display()
+        );
+        let outcome = run_fault_child(&env.dir, RUN_AT_STEP_ENV, &format!("{step}:{cmd}"));
+        let label = format!("rename at step {step}: {outcome}");
+        let now = snapshot(&env.root);
+        if (outcome == "ok" && !now.contains_key(&moved) && now == new) || step > 5000 {
+            // Past the accept's last step: the rename never ran.
+            renames -= 1;
+            break;
+        }
+        let check = || -> Result<(), String> {
+            let user = now.get(&moved).cloned();
+            if user.is_none() {
+                return Err("the user's renamed file is gone".into());
+            }
+            if user != old_bytes && user != new_bytes {
+                return Err("the user's renamed file is torn".into());
+            }
+            let mut rest = now.clone();
+            rest.remove(&moved);
+            check_not_torn(&rest, &old, &new)?;
+            if outcome.starts_with("partial") && !outcome.contains("d05/f00") {
+                return Err("left out something else".into());
+            }
+            if !(outcome == "ok" || outcome.starts_with("partial")) {
+                return Err("unexpected outcome".into());
+            }
+            if journal_phase(&env).is_some() {
+                return Err("a journal was left".into());
+            }
+            Ok(())
+        };
+        if let Err(e) = check() {
+            failures.push(format!("{label}: {e}"));
+        }
+    }
+    println!(
+        "accept fault harness: {trials} trials ({unchanged} unchanged, {unfinished} not finished, \
+         {renames} concurrent renames), {} failures",
+        failures.len()
+    );
+    for f in failures.iter().take(10) {
+        println!("  FAIL {f}");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} fault trials failed",
+        failures.len()
     );
 }

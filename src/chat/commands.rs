@@ -253,7 +253,16 @@ fn accept_shadow(session: &mut super::session::Session) {
         return;
     }
     match shadow.accept(shade_fusefs::AcceptFlags::default()) {
-        Ok(_) => println!("accepted {}", plural(n, "change")),
+        Ok(report) if report.not_applied.is_empty() => println!("accepted {}", plural(n, "change")),
+        Ok(report) => {
+            println!(
+                "accepted all but {} of {n}: changed in the project while the accept ran, left as they are:",
+                report.not_applied.len()
+            );
+            for a in &report.not_applied {
+                println!("  {a}");
+            }
+        }
         Err(e) => print_refusal(&e),
     }
     if let Err(e) = session.renew_shadow() {
@@ -272,7 +281,8 @@ fn print_refusal(e: &shade_fusefs::AcceptError) {
                 println!("  {}", crate::cmd_run::conflict_line(c));
             }
         }
-        other => println!("not accepted, nothing written: {other}"),
+        other if other.nothing_written() => println!("not accepted, nothing written: {other}"),
+        other => println!("shade: {other}"),
     }
 }
 

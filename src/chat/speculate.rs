@@ -320,7 +320,10 @@ fn report_not_applied(e: &AcceptError) {
                 eprintln!("  {}", crate::cmd_run::conflict_line(c));
             }
         }
-        other => eprintln!("shade: speculation not applied ({other}); running live"),
+        other if other.nothing_written() => {
+            eprintln!("shade: speculation not applied ({other}); running live")
+        }
+        other => eprintln!("shade: speculation {other}"),
     }
 }
 

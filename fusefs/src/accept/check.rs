@@ -8,13 +8,13 @@
 //! path the plan itself deleted or created earlier is not compared with lower again.
 
 use super::safe_path::{base_matches, invalid_reason, observe, rebase, Seen};
-use super::{AcceptError, Conflict};
+use super::{sys, AcceptError, Conflict};
 use crate::fingerprint::Base;
-use crate::plan::PlanOp;
+use crate::plan::{PlanOp, ReadBase};
 use std::collections::BTreeMap;
 use std::io;
 use std::ops::Bound;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
 /// What an earlier op left at a path.
@@ -161,6 +161,15 @@ impl Sim {
         if matches!(self.nearest(p), Some(Planned::Gone)) {
             return Ok(Base::Absent);
         }
+        // Inside a directory the plan makes (after deleting what was there), nothing is.
+        let made = p
+            .ancestors()
+            .skip(1)
+            .filter(|a| !a.as_os_str().is_empty())
+            .find_map(|a| self.planned.get(a).copied());
+        if made == Some(Planned::Mkdir) {
+            return Ok(Base::Absent);
+        }
         let mb = self.map_back(p);
         Ok(observe(self.root, &mb)
             .map_err(|e| Self::io(&mb, e))?
@@ -200,8 +209,14 @@ pub fn validate(plan: &[PlanOp]) -> Result<(), AcceptError> {
 }
 
 /// Check every op against lower (`root` is the project dir fd). Returns the guard to journal
-/// for each op, or every conflict found.
-pub fn preflight(root: RawFd, plan: &[PlanOp], force: bool) -> Result<Vec<Guard>, AcceptError> {
+/// for each op and what roll-forward is to find at its path before running it (its
+/// pre-state), or every conflict found.
+pub fn preflight(
+    root: RawFd,
+    plan: &[PlanOp],
+    reads: &[ReadBase],
+    force: bool,
+) -> Result<Vec<(Guard, Base)>, AcceptError> {
     let known = plan
         .iter()
         .filter(|op| op.base_at().is_some())
@@ -221,6 +236,7 @@ pub fn preflight(root: RawFd, plan: &[PlanOp], force: bool) -> Result<Vec<Guard>
             path: path.to_path_buf(),
             expected,
             found,
+            read: false,
         });
     };
     for op in plan {
@@ -294,7 +310,11 @@ pub fn preflight(root: RawFd, plan: &[PlanOp], force: bool) -> Result<Vec<Guard>
             }
             _ => Guard::None,
         };
-        guards.push(guard);
+        let pre = match op {
+            PlanOp::RenameDir { .. } => Base::Absent,
+            other => sim.observed(other.path())?,
+        };
+        guards.push((guard, pre));
         match op {
             PlanOp::WriteFile { path, .. }
             | PlanOp::Link { path, .. }
@@ -308,6 +328,42 @@ pub fn preflight(root: RawFd, plan: &[PlanOp], force: bool) -> Result<Vec<Guard>
                 sim.renames.push((from.clone(), to.clone()));
             }
             PlanOp::Delete { path, .. } => sim.set(path, Planned::Gone),
+        }
+    }
+    if !force {
+        // Reads the branch's changes may derive from, checked where they were read.
+        for r in reads {
+            let seen = if r.path.as_os_str().is_empty() {
+                // The project root's own listing.
+                Seen::Base(sys::fstat(root).map_err(|e| Sim::io(&r.path, e))?)
+            } else {
+                observe(root, &r.path).map_err(|e| Sim::io(&r.path, e))?
+            };
+            let now = match seen {
+                Seen::Blocked { at } => Base::Present(at),
+                Seen::Base(b) => b,
+            };
+            let blocked = matches!(seen, Seen::Blocked { .. });
+            let mut changed = blocked || !r.holds(&now);
+            if let (false, Some(since)) = (changed, r.subtree_since) {
+                let dir =
+                    super::safe_path::open_dir(root, &r.path).map_err(|e| Sim::io(&r.path, e))?;
+                changed = super::safe_path::changed_below(dir.as_raw_fd(), since)
+                    .map_err(|e| Sim::io(&r.path, e))?;
+            }
+            if changed && !conflicts.iter().any(|c| c.path == r.path) {
+                let shown = if r.path.as_os_str().is_empty() {
+                    PathBuf::from(".")
+                } else {
+                    r.path.clone()
+                };
+                conflicts.push(Conflict {
+                    path: shown,
+                    expected: Base::Present(r.seen),
+                    found: now,
+                    read: true,
+                });
+            }
         }
     }
     if conflicts.is_empty() {

@@ -69,11 +69,16 @@ pub enum Phase {
 /// and trash `.shade-trash-<id>-<n>` beside the path.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum JOp {
-    /// Rename staged `n` (a file or a symlink) onto `path`.
+    /// Rename staged `n` (a file or a symlink) onto `path`, while `path` still is `pre`.
     Place {
         n: usize,
         path: JPath,
         symlink: bool,
+        /// What the accept expects at `path` before this op (checked at the commit point):
+        /// anything else there is a change made since, which is never overwritten. `None`
+        /// in journals of version 1 (see `Journal::committed_ns`).
+        #[serde(default)]
+        pre: Option<Base>,
     },
     /// Make sure a directory exists at `path` with these permissions (and extended
     /// attributes; its times are set last, once nothing else changes inside it).
@@ -88,6 +93,13 @@ pub enum JOp {
         times: Option<(Timestamp, Timestamp)>,
         #[serde(default)]
         xattrs: Option<Vec<(Vec<u8>, Vec<u8>)>>,
+        /// What the accept expects at `path` before this op.
+        #[serde(default)]
+        pre: Option<Base>,
+        /// A new directory staged (empty) as `n`, renamed into place: applying then needs no
+        /// new inode, so a full file system fails the accept before its commit point.
+        #[serde(default)]
+        staged: bool,
     },
     /// Make `path` a hard link to `target` (through a temporary name beside `path`, renamed
     /// over it), unless it already is one.
@@ -95,6 +107,9 @@ pub enum JOp {
         n: usize,
         path: JPath,
         target: JPath,
+        /// What the accept expects at `path` before this op.
+        #[serde(default)]
+        pre: Option<Base>,
     },
     /// Move `from` to `to` while `from` is still `base_from`; a `to` matching `base_to` is
     /// trashed first.
@@ -133,6 +148,36 @@ pub struct Journal {
     pub staging: String,
     pub phase: Phase,
     pub ops: Vec<JOp>,
+    /// Ops not applied because their path changed after the commit point, and where their
+    /// new content is kept (recorded with `Applied`).
+    #[serde(default)]
+    pub set_aside: Vec<SetAside>,
+    /// When the journal file was last written (read from it by `load`): for a version 1
+    /// journal, which has no pre-states, a path whose ctime is later changed after that.
+    #[serde(skip)]
+    pub written_ns: Option<i64>,
+}
+
+/// The journal version this shade writes: 2 records each op's expected pre-state.
+pub const VERSION: u32 = 2;
+
+/// One change an accept did not apply because the user changed its path meanwhile.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAside {
+    /// The op's index (its staged entry, if any, is `n` in the rescue directory).
+    pub n: usize,
+    /// The project path it was for (relative).
+    pub path: JPath,
+    /// What was found there instead.
+    pub reason: String,
+    /// Whether the branch's version was kept (in the rescue directory, as `n`).
+    pub kept: bool,
+}
+
+/// Name of the directory (at the project root) that keeps the branch's version of paths an
+/// accept set aside: the staging directory, renamed.
+pub fn rescued_name(id: &str) -> String {
+    format!(".shade-rescued-{id}")
 }
 
 /// Name of the staging directory for accept `id`.
@@ -179,8 +224,22 @@ impl Journal {
 
     /// Read a journal file.
     pub fn load(path: &Path) -> io::Result<Journal> {
+        use std::os::unix::fs::MetadataExt;
         let bytes = std::fs::read(path)?;
-        serde_json::from_slice(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+        let mut j: Journal = serde_json::from_slice(&bytes)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        if j.version > VERSION {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "journal version {} is newer than this shade understands ({VERSION})",
+                    j.version
+                ),
+            ));
+        }
+        let m = std::fs::metadata(path)?;
+        j.written_ns = Some(m.mtime() * 1_000_000_000 + m.mtime_nsec());
+        Ok(j)
     }
 
     /// Remove this journal (the last step of an accept or a recovery), and any half-written

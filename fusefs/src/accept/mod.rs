@@ -19,14 +19,21 @@ mod fault;
 mod journal;
 mod recover;
 mod safe_path;
+mod signals;
 mod stage;
 mod sys;
 
-pub use fault::KILL_AT_STEP_ENV;
-pub use recover::{recover, RecoverReport};
+pub use fault::{FAIL_AT_STEP_ENV, KILL_AT_STEP_ENV, RUN_AT_STEP_ENV};
+pub use recover::{drop_journal, recover, RecoverReport};
+pub use signals::DeferSignals;
+
+/// Whether process `pid` is alive (not gone, not a zombie): owners of branches and journals.
+pub fn process_alive(pid: i32) -> bool {
+    sys::process_alive(pid)
+}
 
 use crate::fingerprint::Base;
-use crate::plan::{PlanOp, RelPath};
+use crate::plan::{PlanOp, ReadBase, RelPath};
 use crate::state::StateDir;
 use check::Guard;
 use journal::{JOp, JPath, Journal, Phase};
@@ -41,6 +48,42 @@ pub struct AcceptOptions {
     pub force: bool,
     /// Where the journal goes (outside the project, so a crash can be recovered).
     pub state: StateDir,
+    /// What the branch read before the changes it accepts (checked unless `force`).
+    pub reads: Vec<ReadBase>,
+}
+
+/// A change that was not applied because its path changed after the accept's commit
+/// point (the user edited it while the accept ran, or before a recovery finished it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotApplied {
+    /// The project path (relative).
+    pub path: RelPath,
+    /// What was found there instead.
+    pub reason: String,
+    /// Where the branch's version of it is kept (absolute), if it had content.
+    pub kept_at: Option<PathBuf>,
+}
+
+impl fmt::Display for NotApplied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path.display(), self.reason)?;
+        if let Some(k) = &self.kept_at {
+            write!(f, "; the branch's version is kept in {}", k.display())?;
+        }
+        Ok(())
+    }
+}
+
+fn not_applied(root: &Path, id: &str, s: &[journal::SetAside]) -> Vec<NotApplied> {
+    s.iter()
+        .map(|s| NotApplied {
+            path: s.path.path().to_path_buf(),
+            reason: s.reason.clone(),
+            kept_at: s
+                .kept
+                .then(|| root.join(journal::rescued_name(id)).join(s.n.to_string())),
+        })
+        .collect()
 }
 
 /// What an accept changed, for the CLI's summary.
@@ -54,6 +97,9 @@ pub struct AcceptReport {
     pub renamed_dirs: usize,
     /// Files, symlinks or directory trees removed (`Delete`).
     pub deleted: usize,
+    /// Changes left out because their path changed while the accept ran (after its
+    /// conflict check); everything else was applied. Empty in the usual case.
+    pub not_applied: Vec<NotApplied>,
 }
 
 /// One path where lower no longer is what the branch started from.
@@ -65,6 +111,9 @@ pub struct Conflict {
     pub expected: Base,
     /// What lower has now (for a path behind a symlinked or replaced parent: that parent).
     pub found: Base,
+    /// The branch did not change this path but read it (or listed it) before a change it
+    /// accepts, which may derive from what it read.
+    pub read: bool,
 }
 
 fn describe(b: &Base) -> &'static str {
@@ -95,9 +144,17 @@ impl fmt::Display for Conflict {
                     describe(&self.found)
                 )
             }
+            _ if self.read && matches!(self.expected, Base::Present(fp) if fp.is_dir()) => {
+                "entries added or removed meanwhile".to_string()
+            }
             _ => "changed meanwhile".to_string(),
         };
-        write!(f, "{}: {what} in the project", self.path.display())
+        let why = if self.read {
+            " (the branch read it before making its changes)"
+        } else {
+            ""
+        };
+        write!(f, "{}: {what} in the project{why}", self.path.display())
     }
 }
 
@@ -112,14 +169,50 @@ pub enum AcceptError {
     /// was touched.
     #[error("refusing to accept {}: {reason}", .path.display())]
     Unsafe { path: RelPath, reason: String },
-    /// A system call failed. Before the commit point the project is untouched; after it
-    /// the journal stays and [`recover`] finishes the accept.
-    #[error("accept failed at {}: {source}", .path.display())]
+    /// A system call failed before anything was written: the project is unchanged (the
+    /// staging directory was removed again).
+    #[error("accept failed at {}: {source}; the project is unchanged", .path.display())]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
+    /// A system call failed after the commit point: `done` of `total` steps are in the
+    /// project, the rest is journaled, and `shade recover` (or any later shade start) finishes
+    /// it, leaving alone every path changed since.
+    #[error(
+        "accept not finished: {done} of {total} steps were applied when {} failed: {source};          the project is partly changed until `shade recover` finishes the accept (journal          {id}; paths changed since are not overwritten)",
+        .path.display()
+    )]
+    Unfinished {
+        id: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+        done: usize,
+        total: usize,
+    },
+    /// A system call failed before the commit point and removing the staging directory
+    /// failed too: the project's files are unchanged, but the scratch directory is left.
+    #[error(
+        "accept failed at {}: {source}; the project's files are unchanged, but {} is left          (`shade recover` removes it)",
+        .path.display(),
+        .staging.display()
+    )]
+    StagingLeft {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+        staging: PathBuf,
+    },
+}
+
+impl AcceptError {
+    /// Whether the project is exactly as before (refusals and failures before the commit
+    /// point): callers may say "nothing written" and keep or retry the branch.
+    pub fn nothing_written(&self) -> bool {
+        !matches!(self, AcceptError::Unfinished { .. })
+    }
 }
 
 fn list(c: &[Conflict]) -> String {
@@ -136,6 +229,14 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> AcceptError + '_ {
     }
 }
 
+/// Wall-clock time in ns since the epoch (file ctimes compare with it).
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
 /// A unique id for one accept: pid and wall-clock nanoseconds.
 fn new_id() -> String {
     let nanos = std::time::SystemTime::now()
@@ -147,11 +248,16 @@ fn new_id() -> String {
 
 /// Would [`apply`] refuse `plan` now? The same validation and conflict check, writing
 /// nothing: a caller that keeps its branch on a refusal (an interactive session) asks first.
-pub fn check_plan(root: &Path, plan: &[PlanOp], force: bool) -> Result<(), AcceptError> {
+pub fn check_plan(
+    root: &Path,
+    plan: &[PlanOp],
+    reads: &[ReadBase],
+    force: bool,
+) -> Result<(), AcceptError> {
     check::validate(plan)?;
     let root = std::fs::canonicalize(root).map_err(io_err(root))?;
     let root_fd = sys::open_dir_path(&root).map_err(io_err(&root))?;
-    check::preflight(root_fd.as_raw_fd(), plan, force).map(|_| ())
+    check::preflight(root_fd.as_raw_fd(), plan, reads, force).map(|_| ())
 }
 
 /// Apply `plan` (in the given order) to the project at `root`, all or nothing.
@@ -164,24 +270,29 @@ pub fn apply(
     opts: &AcceptOptions,
 ) -> Result<AcceptReport, AcceptError> {
     check::validate(&plan)?;
+    // From here until the accept is complete (or rolled back), a termination signal waits.
+    let _signals = DeferSignals::new();
     let root = std::fs::canonicalize(root).map_err(io_err(root))?;
     let root_fd = sys::open_dir_path(&root).map_err(io_err(&root))?;
     sys::lock_exclusive(&root_fd).map_err(io_err(&root))?;
-    let guards = check::preflight(root_fd.as_raw_fd(), &plan, opts.force)?;
+    let guards = check::preflight(root_fd.as_raw_fd(), &plan, &opts.reads, opts.force)?;
 
     let mut report = AcceptReport::default();
     let id = new_id();
     let dir = opts.state.journals();
     let mut j = Journal {
-        version: 1,
+        version: journal::VERSION,
         id: id.clone(),
         root: JPath::new(&root),
         staging: journal::staging_name(&id),
         phase: Phase::Staging,
         ops: Vec::with_capacity(plan.len()),
+        set_aside: Vec::new(),
+        written_ns: None,
     };
-    fault::step();
-    j.store(&dir).map_err(io_err(&dir))?;
+    fault::step()
+        .and_then(|()| j.store(&dir))
+        .map_err(io_err(&dir))?;
 
     // Stage; any failure here rolls back to an untouched project.
     let files = plan
@@ -193,8 +304,9 @@ pub fn apply(
         let staging =
             stage::create_dir(&root_fd, &j.staging).map_err(io_err(&root.join(&j.staging)))?;
         let mut ops = Vec::with_capacity(plan.len());
-        for (n, (op, guard)) in plan.iter_mut().zip(&guards).enumerate() {
+        for (n, (op, (guard, pre))) in plan.iter_mut().zip(&guards).enumerate() {
             let created = matches!(op, PlanOp::Mkdir { .. });
+            let pre = Some(*pre);
             let jop = match op {
                 PlanOp::WriteFile {
                     path,
@@ -208,6 +320,7 @@ pub fn apply(
                         n,
                         path: JPath::new(path),
                         symlink: false,
+                        pre,
                     }
                 }
                 PlanOp::Special {
@@ -223,6 +336,7 @@ pub fn apply(
                         n,
                         path: JPath::new(path),
                         symlink: false,
+                        pre,
                     }
                 }
                 PlanOp::Link { path, target, .. } => {
@@ -231,6 +345,7 @@ pub fn apply(
                         n,
                         path: JPath::new(path),
                         target: JPath::new(target),
+                        pre,
                     }
                 }
                 PlanOp::Symlink { path, target, .. } => {
@@ -240,10 +355,14 @@ pub fn apply(
                         n,
                         path: JPath::new(path),
                         symlink: true,
+                        pre,
                     }
                 }
                 PlanOp::Mkdir { path, perms, .. } | PlanOp::SetPerms { path, perms, .. } => {
                     report.created_dirs += usize::from(created);
+                    if created {
+                        stage::dir(&staging, n).map_err(io_err(path))?;
+                    }
                     JOp::Dir {
                         n,
                         path: JPath::new(path),
@@ -253,6 +372,8 @@ pub fn apply(
                         created,
                         times: perms.times,
                         xattrs: perms.xattrs.clone(),
+                        pre,
+                        staged: created,
                     }
                 }
                 PlanOp::RenameDir { from, to, .. } => {
@@ -300,30 +421,65 @@ pub fn apply(
     })();
     let ops = match staged {
         Ok(ops) => ops,
-        Err(e) => {
-            if let Err(rb) = exec::roll_back_locked(&root_fd, &j, &dir) {
-                tracing::warn!(error = %rb, "rolling back a failed accept");
-            }
-            return Err(e);
-        }
+        Err(e) => return Err(roll_back_after(&root_fd, &root, &j, &dir, e)),
     };
 
     // The commit point.
     j.ops = ops;
     j.phase = Phase::Committed;
-    fault::step();
-    if let Err(e) = j.store(&dir) {
+    // What changes after this moment is the user's (roll-forward leaves it alone).
+    j.written_ns = Some(now_ns());
+    if let Err(e) = fault::step().and_then(|()| j.store(&dir)) {
         j.phase = Phase::Staging;
-        if let Err(rb) = exec::roll_back_locked(&root_fd, &j, &dir) {
-            tracing::warn!(error = %rb, "rolling back a failed accept");
-        }
-        return Err(AcceptError::Io {
-            path: dir,
-            source: e,
-        });
+        return Err(roll_back_after(
+            &root_fd,
+            &root,
+            &j,
+            &dir,
+            AcceptError::Io {
+                path: dir.clone(),
+                source: e,
+            },
+        ));
     }
-    exec::roll_forward_locked(root_fd, &mut j, &dir).map_err(io_err(&root))?;
-    Ok(report)
+    let total = j.ops.len();
+    match exec::roll_forward_locked(root_fd, &mut j, &dir) {
+        Ok(set_aside) => {
+            report.not_applied = not_applied(&root, &id, &set_aside);
+            Ok(report)
+        }
+        Err(s) => Err(AcceptError::Unfinished {
+            id,
+            path: s.path,
+            source: s.source,
+            done: s.done,
+            total,
+        }),
+    }
+}
+
+/// Undo an accept that failed before its commit point with `e`; says so truthfully when the
+/// staging directory could not be removed.
+fn roll_back_after(
+    root_fd: &std::os::fd::OwnedFd,
+    root: &Path,
+    j: &Journal,
+    dir: &Path,
+    e: AcceptError,
+) -> AcceptError {
+    let Err(rb) = exec::roll_back_locked(root_fd, j, dir) else {
+        return e;
+    };
+    tracing::warn!(error = %rb, "rolling back a failed accept");
+    let (path, source) = match e {
+        AcceptError::Io { path, source } => (path, source),
+        other => return other,
+    };
+    AcceptError::StagingLeft {
+        path,
+        source,
+        staging: root.join(&j.staging),
+    }
 }
 
 #[cfg(test)]

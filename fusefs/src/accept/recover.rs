@@ -56,6 +56,10 @@ pub struct RecoverReport {
     /// Journals of accepts into another branch (a speculation into a `--shadow` session's)
     /// whose branch died with its process: its content is gone, nothing to finish.
     pub dropped: Vec<PathBuf>,
+    /// Journals whose project directory no longer exists: nothing to finish, dropped.
+    pub project_gone: Vec<PathBuf>,
+    /// Changes a roll-forward left out because their path changed since (by project).
+    pub not_applied: Vec<(PathBuf, super::NotApplied)>,
 }
 
 /// Whether `root` is the mount point of a branch in `state` whose serving process is gone
@@ -90,6 +94,7 @@ fn dead_branch_mount(state: &crate::state::StateDir, root: &Path) -> bool {
 /// project is gone or unreadable) is left in place and logged; the first such error is
 /// returned after all others were processed.
 pub fn recover(state: &crate::state::StateDir) -> io::Result<RecoverReport> {
+    let _signals = super::DeferSignals::new();
     let dir = state.journals();
     let mut report = RecoverReport::default();
     let entries = match std::fs::read_dir(&dir) {
@@ -121,10 +126,19 @@ pub fn recover(state: &crate::state::StateDir) -> io::Result<RecoverReport> {
             if dead_branch_mount(state, &root) {
                 return j.remove(&dir).map(|()| report.dropped.push(root));
             }
+            if matches!(std::fs::symlink_metadata(&root), Err(e) if e.kind() == io::ErrorKind::NotFound)
+            {
+                return j.remove(&dir).map(|()| report.project_gone.push(root));
+            }
             match j.phase {
                 Phase::Staging => exec::roll_back(&j, &dir).map(|()| report.rolled_back.push(root)),
                 Phase::Committed | Phase::Applied => {
-                    exec::roll_forward(&mut j, &dir).map(|()| report.rolled_forward.push(root))
+                    let set_aside = exec::roll_forward(&mut j, &dir)?;
+                    for n in super::not_applied(&root, &j.id, &set_aside) {
+                        report.not_applied.push((root.clone(), n));
+                    }
+                    report.rolled_forward.push(root);
+                    Ok(())
                 }
             }
         });
@@ -137,4 +151,29 @@ pub fn recover(state: &crate::state::StateDir) -> io::Result<RecoverReport> {
         Some(e) => Err(e),
         None => Ok(report),
     }
+}
+
+/// Drop journal `id` without finishing or undoing it (`shade recover --drop ID`), for an accept
+/// that cannot be finished; returns the project it was for. Its staging directory, if any,
+/// stays in the project for the user to look at.
+pub fn drop_journal(state: &crate::state::StateDir, id: &str) -> io::Result<PathBuf> {
+    let dir = state.journals();
+    let path = journal_path(&dir, id);
+    if id.contains('/') || !path.exists() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no accept journal {id} in {}", dir.display()),
+        ));
+    }
+    let root = Journal::load(&path)
+        .map(|j| j.root.path().to_path_buf())
+        .unwrap_or_default();
+    for p in [path, super::journal::tmp_path(&dir, id)] {
+        match std::fs::remove_file(p) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    sys::fsync(&sys::open_dir_path(&dir)?)?;
+    Ok(root)
 }

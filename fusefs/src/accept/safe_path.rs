@@ -165,3 +165,29 @@ pub fn open_dir(root: RawFd, path: &Path) -> io::Result<OwnedFd> {
     }
     Ok(cur)
 }
+
+/// Whether anything below the directory `dir` changed after `since` (ns since the epoch):
+/// entries added, removed or renamed in a subdirectory, a file's content or mode.
+pub fn changed_below(dir: RawFd, since: i64) -> io::Result<bool> {
+    for name in sys::list_dir(dir)? {
+        // Accept's own trash and temp files (of an accept running now) are no user change.
+        let b = name.as_encoded_bytes();
+        if b.starts_with(b".shade-trash-") || b.starts_with(b".shade-tmp-") {
+            continue;
+        }
+        let Some(st) = sys::lstat_at(dir, &name)? else {
+            continue;
+        };
+        let fp = Fingerprint::from_stat(&st);
+        if fp.ctime_ns > since || fp.mtime_ns > since {
+            return Ok(true);
+        }
+        if fp.is_dir() {
+            let sub = sys::open_dir_at(dir, &name)?;
+            if changed_below(sub.as_raw_fd(), since)? {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}

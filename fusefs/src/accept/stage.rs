@@ -16,7 +16,7 @@ use crate::plan::Perms;
 
 /// Create the (empty) staging dir `name` under `root`, mode 0700.
 pub fn create_dir(root: &OwnedFd, name: &str) -> io::Result<OwnedFd> {
-    fault::step();
+    fault::step()?;
     sys::mkdir_at(root.as_raw_fd(), OsStr::new(name), 0o700)?;
     sys::open_dir_at(root.as_raw_fd(), OsStr::new(name))
 }
@@ -33,7 +33,7 @@ pub fn file(
     perms: &Perms,
     sync_each: bool,
 ) -> io::Result<()> {
-    fault::step();
+    fault::step()?;
     let name = n.to_string();
     let mut out = sys::create_file_at(staging.as_raw_fd(), OsStr::new(&name), true)?;
     content.seek(SeekFrom::Start(0))?;
@@ -45,9 +45,15 @@ pub fn file(
     Ok(())
 }
 
+/// Stage a new, empty directory (its mode, owner and times are set once it is in place).
+pub fn dir(staging: &OwnedFd, n: usize) -> io::Result<()> {
+    fault::step()?;
+    sys::mkdir_at(staging.as_raw_fd(), OsStr::new(&n.to_string()), 0o700)
+}
+
 /// Stage a symlink.
 pub fn symlink(staging: &OwnedFd, n: usize, target: &Path) -> io::Result<()> {
-    fault::step();
+    fault::step()?;
     sys::symlink_at(
         target.as_os_str(),
         staging.as_raw_fd(),
@@ -59,7 +65,7 @@ pub fn symlink(staging: &OwnedFd, n: usize, target: &Path) -> io::Result<()> {
 /// and times. A device node needs root (CAP_MKNOD): without it this fails, before the
 /// commit point, naming the path.
 pub fn special(staging: &OwnedFd, n: usize, mode: u32, rdev: u64, perms: &Perms) -> io::Result<()> {
-    fault::step();
+    fault::step()?;
     let name = n.to_string();
     let name = OsStr::new(&name);
     sys::mknod_at(staging.as_raw_fd(), name, mode & libc::S_IFMT | 0o600, rdev)?;

@@ -92,6 +92,17 @@ pub fn lstat_at(dir: RawFd, name: &OsStr) -> io::Result<Option<libc::stat>> {
     }
 }
 
+/// `fstat` of an open file or directory, as a base.
+pub fn fstat(fd: RawFd) -> io::Result<crate::fingerprint::Base> {
+    // SAFETY: zeroed stat is a valid out buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and out buffer.
+    retry(|| unsafe { libc::fstat(fd, &mut st) })?;
+    Ok(crate::fingerprint::Base::Present(
+        crate::fingerprint::Fingerprint::from_stat(&st),
+    ))
+}
+
 /// `mkdirat`.
 pub fn mkdir_at(dir: RawFd, name: &OsStr, mode: u32) -> io::Result<()> {
     let c = cstr(name)?;
@@ -171,11 +182,24 @@ pub fn syncfs(fd: &impl AsRawFd) -> io::Result<()> {
     retry(|| unsafe { libc::syncfs(fd.as_raw_fd()) }).map(drop)
 }
 
-/// Whether process `pid` exists (a journal id starts with its writer's pid).
+/// Whether process `pid` exists and has not exited (a journal id starts with its writer's
+/// pid). A zombie — exited, not yet reaped by its parent — is dead: it serves nothing.
 pub fn process_alive(pid: i32) -> bool {
     // SAFETY: signal 0 only checks for existence and permission.
     let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    let exists = r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
+    exists && !zombie(pid)
+}
+
+/// Whether `pid` is a zombie (or dead), from the state field of `/proc/PID/stat`.
+pub fn zombie(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The command name (in parentheses) may hold spaces: the state follows the last ')'.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next())
+        .is_some_and(|state| state == 'Z' || state == 'X')
 }
 
 /// Exclusive `flock` on an fd; released when the fd is closed.

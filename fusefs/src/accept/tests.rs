@@ -41,6 +41,8 @@ fn journal_round_trips_non_utf8_paths() {
         staging: "s".into(),
         phase: Phase::Committed,
         ops: vec![],
+        set_aside: vec![],
+        written_ns: None,
     };
     j.store(d.path()).unwrap();
     let back = Journal::load(&d.path().join("t.json")).unwrap();
@@ -96,7 +98,10 @@ fn recover_drops_a_journal_into_a_dead_branch_and_keeps_a_live_ones() {
                 n: 0,
                 path: JPath::new(Path::new("f.txt")),
                 symlink: false,
+                pre: None,
             }],
+            set_aside: vec![],
+            written_ns: None,
         };
         std::fs::create_dir_all(state.journals()).unwrap();
         j.store(&state.journals()).unwrap();
@@ -117,4 +122,67 @@ fn recover_drops_a_journal_into_a_dead_branch_and_keeps_a_live_ones() {
     journal("live", std::process::id());
     assert!(super::recover(&state).is_err());
     assert_eq!(std::fs::read_dir(state.journals()).unwrap().count(), 1);
+}
+
+#[test]
+fn a_zombie_owner_counts_as_dead() {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id() as i32;
+    // Not reaped yet: it turns into a zombie once it has exited.
+    let start = std::time::Instant::now();
+    while !super::sys::zombie(pid) {
+        assert!(start.elapsed().as_secs() < 30, "the child never exited");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(!super::process_alive(pid));
+    assert!(super::process_alive(std::process::id() as i32));
+    child.wait().unwrap();
+}
+
+#[test]
+fn a_version_1_journal_is_finished_without_overwriting_what_changed_after_it() {
+    use std::os::unix::fs::MetadataExt;
+    let d = tempfile::tempdir().unwrap();
+    let state = crate::state::StateDir::at(d.path().join("state"));
+    let root = d.path().join("project");
+    std::fs::create_dir_all(root.join(".shade-accept-v1")).unwrap();
+    std::fs::write(root.join("kept.txt"), "old kept\n").unwrap();
+    std::fs::write(root.join("edited.txt"), "old edited\n").unwrap();
+    std::fs::write(root.join(".shade-accept-v1/0"), "new kept\n").unwrap();
+    std::fs::write(root.join(".shade-accept-v1/1"), "new edited\n").unwrap();
+    // A journal as shade wrote it before pre-states were recorded.
+    let place =
+        |n: usize, p: &str| serde_json::json!({"Place": {"n": n, "path": p, "symlink": false}});
+    let v1 = serde_json::json!({
+        "version": 1, "id": "v1", "root": root.to_str().unwrap(),
+        "staging": ".shade-accept-v1", "phase": "Committed",
+        "ops": [place(0, "kept.txt"), place(1, "edited.txt")],
+    });
+    std::fs::create_dir_all(state.journals()).unwrap();
+    let jp = state.journals().join("v1.json");
+    std::fs::write(&jp, serde_json::to_vec(&v1).unwrap()).unwrap();
+    // The user edits one of its files after the journal was written.
+    let j = std::fs::metadata(&jp).unwrap();
+    loop {
+        std::fs::write(root.join("edited.txt"), "USER EDIT\n").unwrap();
+        let m = std::fs::metadata(root.join("edited.txt")).unwrap();
+        if (m.ctime(), m.ctime_nsec()) > (j.mtime(), j.mtime_nsec()) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let r = super::recover(&state).unwrap();
+    assert_eq!(r.rolled_forward.len(), 1);
+    assert_eq!(
+        std::fs::read_to_string(root.join("kept.txt")).unwrap(),
+        "new kept\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("edited.txt")).unwrap(),
+        "USER EDIT\n"
+    );
+    assert_eq!(r.not_applied.len(), 1, "{:?}", r.not_applied);
+    let kept = r.not_applied[0].1.kept_at.clone().unwrap();
+    assert_eq!(std::fs::read_to_string(kept).unwrap(), "new edited\n");
+    assert_eq!(std::fs::read_dir(state.journals()).unwrap().count(), 0);
 }

@@ -1,0 +1,165 @@
+//! Ctrl-C, SIGTERM and SIGHUP sent to `shade run --accept` (and `shade exec --shadow
+//! --accept`) while its accept of 2,000 files
+//! runs (issue 19): the accept is finished first, so the tree is fully old or fully new with
+//! nothing of accept's own left — checked without running `shade recover` — and what shade
+//! said is true of it. The real binary; the signal goes at a random point after the journal
+//! appears (`SHADE_SIGNAL_SEED` repeats a run).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::Fixture;
+use serde_json::{json, Value};
+use shade_testkit::{tool_results_since_user, FakeLlm, Reply};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const FILES: usize = 2000;
+
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % below
+    }
+}
+
+const SCRIPT: &str = "for f in f*; do echo new > $f; done";
+
+/// `shade run --accept`, or the agent (`exec --shadow --accept`) running the same script.
+enum Via<'a> {
+    Run,
+    Exec(&'a FakeLlm),
+}
+
+fn trial(sig: i32, rng: &mut Lcg, via: Via) {
+    let fx = Fixture::new();
+    for i in 0..FILES {
+        std::fs::write(fx.project.join(format!("f{i:04}")), "old\n").unwrap();
+    }
+    let mut cmd = fx.shade();
+    match via {
+        Via::Run => {
+            cmd.args(["run", "--accept", "--", "sh", "-c", SCRIPT]);
+        }
+        Via::Exec(llm) => {
+            let config = fx.tmp.path().join("config.toml");
+            std::fs::write(&config, "").unwrap();
+            cmd.args(["exec", "--shadow", "--accept", "--approval", "yolo"])
+                .arg("--config")
+                .arg(&config)
+                .arg("rewrite every file")
+                .env("OPENAI_BASE_URL", &llm.base_url)
+                .env("OPENAI_API_KEY", "test-key")
+                .env("SHADE_MODEL", "main-model")
+                .env("XDG_CONFIG_HOME", fx.tmp.path());
+        }
+    }
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let journals = fx.state.journals();
+    let started = Instant::now();
+    // The accept has begun when its journal exists.
+    let mut seen = false;
+    while started.elapsed() < Duration::from_secs(120) {
+        if std::fs::read_dir(&journals).is_ok_and(|mut d| d.next().is_some()) {
+            seen = true;
+            break;
+        }
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let delay = rng.next(40);
+    std::thread::sleep(Duration::from_millis(delay));
+    // SAFETY: signalling the child we started.
+    unsafe {
+        libc::kill(child.id() as i32, sig);
+    }
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let (mut old, mut new) = (0, 0);
+    let mut other = Vec::new();
+    for e in std::fs::read_dir(&fx.project).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        match std::fs::read_to_string(e.path()).as_deref() {
+            Ok("old\n") => old += 1,
+            Ok("new\n") => new += 1,
+            _ => other.push(name),
+        }
+    }
+    let what = format!(
+        "signal {sig} {delay} ms after the journal (seen: {seen}): status {:?}, {old} old, \
+         {new} new, others {other:?}\nstderr:\n{err}",
+        o.status
+    );
+    assert!(other.is_empty(), "accept left its own files: {what}");
+    assert!(
+        (old == FILES && new == 0) || (new == FILES && old == 0),
+        "the tree is mixed: {what}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&journals)
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "a journal was left: {left:?}: {what}");
+    if err.contains("accepted") {
+        assert_eq!(new, FILES, "{what}");
+    }
+    if new == FILES {
+        assert!(err.contains(&format!("accepted {FILES} changes")), "{what}");
+        assert!(
+            o.status.code() == Some(0) || o.status.code() == Some(128 + sig),
+            "{what}"
+        );
+    }
+}
+
+#[test]
+fn termination_signals_during_accept_wait_for_it() {
+    let seed = std::env::var("SHADE_SIGNAL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("SHADE_SIGNAL_SEED={seed}");
+    let mut rng = Lcg(seed);
+    for _ in 0..2 {
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            trial(sig, &mut rng, Via::Run);
+        }
+    }
+}
+
+#[test]
+fn termination_signals_during_the_agents_accept_wait_for_it() {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    eprintln!("seed {seed}");
+    let mut rng = Lcg(seed);
+    let llm = FakeLlm::start(Arc::new(|body: &Value| {
+        match tool_results_since_user(body) {
+            0 => Reply::tool("shell", json!({ "command": SCRIPT })),
+            _ => Reply::text("Done."),
+        }
+    }))
+    .unwrap();
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        trial(sig, &mut rng, Via::Exec(&llm));
+    }
+}
