@@ -178,6 +178,14 @@ impl Instance {
         Ok(inst)
     }
 
+    /// Changes in the shade branch's changeset (`None` for other systems): a read-only
+    /// command must leave none.
+    pub fn changes(&self) -> Option<usize> {
+        self.branch
+            .as_ref()
+            .map(|b| b.changeset(false).changes.len())
+    }
+
     /// Tear down: unmount, remove the worktree, delete copies and uppers.
     pub fn close(mut self) -> Result<()> {
         self.teardown()
