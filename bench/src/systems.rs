@@ -62,7 +62,6 @@ pub fn shade_options(layout: &Layout, threads: usize) -> BranchOptions {
         memory_budget: 256 << 20,
         allow_other: false,
         threads,
-        stable_inodes: false,
     }
 }
 

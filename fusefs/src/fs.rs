@@ -390,6 +390,7 @@ impl Filesystem for ShadeFs {
                 let mut a = attr(
                     0,
                     &Obj::Dir(crate::node::DirOver {
+                        ino: 0,
                         meta: Meta::new(0, 0, 0),
                         lower: None,
                         lower_fp: None,
@@ -524,6 +525,7 @@ impl Filesystem for ShadeFs {
                 perm |= libc::S_ISGID;
             }
             let d = DirOver {
+                ino: t.alloc_ino(),
                 meta: Meta::new(perm, uid, gid),
                 lower: None,
                 lower_fp: None,

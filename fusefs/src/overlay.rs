@@ -72,6 +72,10 @@ impl Overlay {
         // SHADE_KERNEL_CACHE=0 turns kernel caching of lower objects off (to measure it,
         // or to rule it out when chasing a bug).
         let cache = std::env::var_os("SHADE_KERNEL_CACHE").is_none_or(|v| v != "0");
+        let root_dev = match lower.stat(Path::new("")) {
+            Ok(Some(st)) => st.st_dev,
+            _ => 0,
+        };
         let watch = cache
             .then(|| crate::watch::LowerWatch::new(lower.root()))
             .flatten();
@@ -80,7 +84,7 @@ impl Overlay {
             lower,
             store,
             ignore,
-            tree: Mutex::new(Tree::new()),
+            tree: Mutex::new(Tree::new(root_dev)),
             handles: Mutex::new(FxHashMap::default()),
             next_fh: AtomicU64::new(1),
             lower_fds: Mutex::new(lru::LruCache::new(
@@ -382,10 +386,13 @@ impl Overlay {
             .xattrs(&lp, kind == NodeKind::Symlink)
             .into_iter()
             .collect();
-        let ino = match t.unbind_path(rel) {
-            Some(ino) => ino,
-            None => t.alloc_ino(),
-        };
+        // The file keeps its number (and so its identity) through the copy-up; other
+        // names of a hard-linked lower file stay lower's and get numbers of their own.
+        let ino = t.take_lower_ino(rel, &st);
+        t.unbind_path(rel);
+        if st.st_nlink > 1 {
+            t.path_ino.retain(|_, i| *i != ino);
+        }
         let node = Arc::new(Node::new(ino, kind, meta, size, data, target, Some(lp)));
         if let Some(i) = t.inodes.get_mut(&ino) {
             i.target = InodeTarget::Node(node.clone());
@@ -520,7 +527,10 @@ impl Overlay {
                 if t.slots.contains_key(&child) {
                     continue;
                 }
-                let ino = t.path_ino.get(&child).copied().unwrap_or(e.ino);
+                let ino = match t.path_ino.get(&child) {
+                    Some(&ino) => ino,
+                    None => t.listed_ino(e.ino),
+                };
                 out.push((ino, mode_type(e.file_type), e.name));
             }
         }
@@ -528,10 +538,7 @@ impl Overlay {
             let child = rel.join(name);
             let (ino, kind) = match t.slots.get(&child).map(|s| &s.entry) {
                 Some(Entry::Node(n)) => (n.ino, n.kind.file_type()),
-                Some(Entry::Dir(_)) => (
-                    t.path_ino.get(&child).copied().unwrap_or(u64::MAX),
-                    FileType::Directory,
-                ),
+                Some(Entry::Dir(d)) => (d.ino, FileType::Directory),
                 _ => continue,
             };
             out.push((ino, kind, name.clone()));
