@@ -9,7 +9,7 @@
 //! After each shade sample the branch's changeset is checked: a read-only command must
 //! leave none (a `git status` that rewrites `.git/index` would).
 
-use crate::measures::{Config, Results};
+use crate::measures::{Config, RequestCount, Results};
 use crate::systems::{Instance, Prepared, System};
 use crate::timing::{check_interrupted, sh, time};
 use crate::tree::{Layout, REPO};
@@ -88,6 +88,35 @@ pub fn fresh_branches(layout: &Layout, cfg: &Config, res: &mut Results) -> Resul
             }
             res.push(measure, system.name(), "s", std::mem::take(&mut samples[k]));
             res.push_output(std::mem::take(&mut outputs[k]));
+        }
+    }
+    // Requests, which unlike times do not move with load: one more fresh view per FUSE
+    // system and command, traced.
+    for (measure, cmd) in COMMANDS {
+        for system in [System::Shade, System::FuseOverlayfs] {
+            check_interrupted()?;
+            sh(&repo, cmd)?;
+            let prepared = Prepared::new(system, layout, None)?;
+            let Ok(view) = Instance::create(system, &layout.lower, layout, prepared, cfg.threads)
+            else {
+                continue;
+            };
+            let counted = crate::requests::Tracer::new(view.root()).and_then(|tracer| {
+                let dir = view.root().join(REPO);
+                tracer.count(|| sh(&dir, cmd).map(drop))
+            });
+            view.close()?;
+            match counted {
+                Ok(counts) => res.requests.push(RequestCount {
+                    operation: measure.into(),
+                    system: system.name().into(),
+                    counts,
+                }),
+                Err(e) => {
+                    res.notes
+                        .push(format!("{measure}: requests not counted: {e:#}"));
+                }
+            }
         }
     }
     dirty.dedup();

@@ -403,7 +403,8 @@ fn requests_table(res: &Results, s: &mut String) {
         .collect();
     let _ = writeln!(s, "| operation | {} |", systems.join(" | "));
     let _ = writeln!(s, "|---|{}", "---|".repeat(systems.len()));
-    for op in REQUEST_OPS {
+    let fresh = crate::fresh::COMMANDS.map(|(m, _)| m);
+    for op in REQUEST_OPS.into_iter().chain(fresh) {
         let cells: Vec<String> = systems
             .iter()
             .map(|sys| {
@@ -413,6 +414,9 @@ fn requests_table(res: &Results, s: &mut String) {
                     .map_or("—".into(), |r| r.counts.describe())
             })
             .collect();
+        if cells.iter().all(|c| c == "—") {
+            continue;
+        }
         let _ = writeln!(s, "| {op} | {} |", cells.join(" | "));
     }
     let _ = writeln!(s);
