@@ -5,7 +5,7 @@
 mod common;
 
 use common::Fixture;
-use shade_fusefs::{AcceptFlags, Branch, BranchOptions};
+use shade_fusefs::{AcceptFlags, Branch};
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 
