@@ -427,20 +427,20 @@ impl Tree {
             match self.inodes.get(&key).map(|i| &i.target) {
                 None => return self.bind_path(rel, key),
                 Some(InodeTarget::Path(p)) if p == rel => return self.bind_path(rel, key),
-                Some(InodeTarget::Path(_)) => {
-                    // The same lower object under another name: a hard link keeps both
-                    // names on one inode, as natively; anything else was moved in lower
-                    // (a directory has one name), and the inode follows it here.
-                    let hard_link = st.st_mode & libc::S_IFMT != libc::S_IFDIR && st.st_nlink > 1;
-                    if !hard_link {
-                        self.retarget(key, rel);
-                    }
+                Some(InodeTarget::Path(_))
+                    if st.st_mode & libc::S_IFMT != libc::S_IFDIR && st.st_nlink > 1 =>
+                {
+                    // Another name of a hard-linked lower file: one inode, as natively.
                     if self.path_ino.get(rel) != Some(&key) {
                         self.path_ino.insert(rel.to_path_buf(), key);
                     }
                     return key;
                 }
-                // Held for an object unlinked in the branch (or a node): not this one.
+                // The kernel still holds the number for another object: one unlinked in
+                // the branch, or what another path showed (the object moved in lower, or
+                // lower reused the number of one it deleted). Sharing the inode would let
+                // an open file of the old object read the new one: this path gets its own
+                // number until the kernel forgets the old.
                 Some(_) => {}
             }
         }
@@ -584,5 +584,54 @@ impl Tree {
             lower_fp: Some(Fingerprint::from_stat(st)),
             nlink: st.st_nlink as u32,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn st(dev: u64, ino: u64, mode: u32, nlink: u64) -> libc::stat {
+        // SAFETY: an all-zero stat is a valid value.
+        let mut s: libc::stat = unsafe { std::mem::zeroed() };
+        s.st_dev = dev;
+        s.st_ino = ino;
+        s.st_mode = mode;
+        s.st_nlink = nlink;
+        s
+    }
+
+    const F: u32 = libc::S_IFREG | 0o644;
+    const D: u32 = libc::S_IFDIR | 0o755;
+
+    #[test]
+    fn lower_numbers_show_through_and_never_collide() {
+        let mut t = Tree::new(7);
+        let p = Path::new;
+        // The project's own device: the number itself, stable for the path.
+        assert_eq!(t.lower_ino(p("a"), &st(7, 100, F, 1)), 100);
+        assert_eq!(t.lower_ino(p("a"), &st(7, 100, F, 1)), 100);
+        assert_eq!(t.lower_ino(p("d"), &st(7, 101, D, 2)), 101);
+        // Another device: its index above bit 56.
+        assert_eq!(t.lower_ino(p("m/x"), &st(9, 100, F, 1)), (1 << 56) | 100);
+        // Too large, or the root's node id: a number from the branch's range.
+        let big = t.lower_ino(p("big"), &st(7, 1 << 60, F, 1));
+        assert!(big & BRANCH_INOS != 0);
+        assert!(t.lower_ino(p("one"), &st(7, 1, F, 1)) & BRANCH_INOS != 0);
+        // A hard link shares the number; a different object with a held number does not.
+        assert_eq!(t.lower_ino(p("h1"), &st(7, 200, F, 2)), 200);
+        assert_eq!(t.lower_ino(p("h2"), &st(7, 200, F, 2)), 200);
+        let moved = t.lower_ino(p("b"), &st(7, 100, F, 1));
+        assert!(moved & BRANCH_INOS != 0, "a still holds 100");
+        assert_eq!(t.lower_ino(p("b"), &st(7, 100, F, 1)), moved, "kept for b");
+        // Once the kernel forgets a's inode, b shows lower's number again.
+        t.forget(100, 0);
+        assert_eq!(t.lower_ino(p("b"), &st(7, 100, F, 1)), 100);
+        // A number a branch object took is not given to lower's object elsewhere.
+        t.claim(101);
+        let other = t.lower_ino(p("e"), &st(7, 101, D, 2));
+        assert!(other & BRANCH_INOS != 0);
+        // Branch-range numbers are never lower numbers.
+        assert!(t.alloc_ino() & BRANCH_INOS != 0);
     }
 }
