@@ -386,19 +386,42 @@ impl Overlay {
             .xattrs(&lp, kind == NodeKind::Symlink)
             .into_iter()
             .collect();
-        // The file keeps its number (and so its identity) through the copy-up; other
-        // names of a hard-linked lower file stay lower's and get numbers of their own.
+        // The file keeps its number (and so its identity) through the copy-up.
         let ino = t.take_lower_ino(rel, &st);
         t.unbind_path(rel);
-        if st.st_nlink > 1 {
-            t.path_ino.retain(|_, i| *i != ino);
-        }
         let node = Arc::new(Node::new(ino, kind, meta, size, data, target, Some(lp)));
         if let Some(i) = t.inodes.get_mut(&ino) {
             i.target = InodeTarget::Node(node.clone());
         }
         t.set(&self.lower, rel, Entry::Node(node.clone()));
+        if st.st_nlink > 1 {
+            self.adopt_other_names(t, rel, &node, &st);
+        }
         Ok(node)
+    }
+
+    /// Hard-linked lower file `st` became `node`. The kernel reaches every name of it it
+    /// has looked up through one inode, and writes arrive by inode, not by name: those
+    /// names become links of the node, as one file natively. A name not looked up yet
+    /// stays lower's file (and gets a number of its own), as overlayfs breaks such links.
+    fn adopt_other_names(&self, t: &mut Tree, rel: &Path, node: &Arc<Node>, st: &libc::stat) {
+        let names: Vec<PathBuf> = t
+            .path_ino
+            .iter()
+            .filter(|(p, i)| **i == node.ino && p.as_path() != rel)
+            .map(|(p, _)| p.clone())
+            .collect();
+        for p in names {
+            t.path_ino.remove(&p);
+            let same = matches!(
+                t.resolve(&self.lower, &p),
+                Ok(Obj::Lower(_, s)) if s.st_dev == st.st_dev && s.st_ino == st.st_ino
+            );
+            if same {
+                t.set(&self.lower, &p, Entry::Node(node.clone()));
+                node.state().nlink += 1;
+            }
+        }
     }
 
     /// Give the directory at `rel` its own metadata record (copied from lower first).
