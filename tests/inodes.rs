@@ -134,6 +134,13 @@ fn branch_objects_never_share_a_number_with_project_objects() {
     // natively; h3, never looked up, stays the project's file with a number of its own.
     assert_eq!(ino(&m.join("h2")), ino(&fx.project.join("h1")));
     fs::write(m.join("h1"), "branch\n").unwrap();
+    // Unlinking one name of a hard-linked project file leaves the other writable.
+    fx.write("k1", "k\n");
+    fs::hard_link(fx.project.join("k1"), fx.project.join("k2")).unwrap();
+    assert_eq!(ino(&m.join("k1")), ino(&m.join("k2")));
+    fs::remove_file(m.join("k1")).unwrap();
+    fs::write(m.join("k2"), "k2 written\n").unwrap();
+    assert_eq!(fs::read_to_string(m.join("k2")).unwrap(), "k2 written\n");
     fs::remove_file(m.join("d0/f0.txt")).unwrap();
     fs::write(m.join("d0/f0.txt"), "re-created\n").unwrap();
     drop_caches();

@@ -332,6 +332,23 @@ impl Overlay {
         };
         let gone = match t.resolve(&self.lower, rel) {
             Ok(obj) => {
+                if let Obj::Lower(_, st) = &obj {
+                    if st.st_nlink > 1 && st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+                        // Another name of this hard-linked file leads to the same inode:
+                        // it lives on there (writes to it must still find it).
+                        let other = t
+                            .path_ino
+                            .iter()
+                            .find(|(_, i)| **i == ino)
+                            .map(|(p, _)| p.clone());
+                        if let Some(other) = other {
+                            if let Some(i) = t.inodes.get_mut(&ino) {
+                                i.target = InodeTarget::Path(other);
+                            }
+                            return;
+                        }
+                    }
+                }
                 if let Obj::Lower(lp, st) = &obj {
                     // Handle-less reads of an open, unlinked lower file still need it.
                     if self.caching() && st.st_mode & libc::S_IFMT == libc::S_IFREG {
