@@ -5,7 +5,7 @@
 mod common;
 
 use common::Fixture;
-use shade_fusefs::{AcceptFlags, Branch, BranchOptions};
+use shade_fusefs::{AcceptFlags, Branch};
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 
@@ -23,14 +23,7 @@ fn inner_accept_lands_in_outer_branch_after_caches_dropped() {
     fx.write("b.txt", "lower b\n");
     fx.write("sub/c.txt", "lower c\n");
     fx.write("gone.txt", "to delete\n");
-    let outer = Branch::create(
-        &fx.project,
-        &BranchOptions {
-            stable_inodes: true,
-            ..fx.options()
-        },
-    )
-    .unwrap();
+    let outer = Branch::create(&fx.project, &fx.options()).unwrap();
     let om = outer.mountpoint().to_path_buf();
     // A live edit in the outer branch.
     fs::write(om.join("a.txt"), "outer edit\n").unwrap();
@@ -46,8 +39,8 @@ fn inner_accept_lands_in_outer_branch_after_caches_dropped() {
     fs::write(im.join("sub/new.txt"), "inner new\n").unwrap();
     fs::remove_file(im.join("gone.txt")).unwrap();
     drop_caches();
-    // Without `stable_inodes` the number changes here and the accept below refuses b.txt
-    // and gone.txt as "changed meanwhile".
+    // Were the number to change here, the accept below would refuse b.txt and gone.txt
+    // as "changed meanwhile".
     assert_eq!(fs::metadata(om.join("b.txt")).unwrap().ino(), ino_b1);
     inner.check_accept(AcceptFlags::default()).unwrap();
     inner.accept(AcceptFlags::default()).unwrap();
@@ -73,14 +66,7 @@ fn inner_sees_later_outer_writes_and_refuses_a_conflicting_accept() {
     let fx = Fixture::new();
     fx.write("a.txt", "lower a\n");
     fx.write("sub/c.txt", "lower c\n");
-    let outer = Branch::create(
-        &fx.project,
-        &BranchOptions {
-            stable_inodes: true,
-            ..fx.options()
-        },
-    )
-    .unwrap();
+    let outer = Branch::create(&fx.project, &fx.options()).unwrap();
     let om = outer.mountpoint().to_path_buf();
     let inner = Branch::create(&om, &fx.options()).unwrap();
     let im = inner.mountpoint().to_path_buf();

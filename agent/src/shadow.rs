@@ -53,11 +53,7 @@ impl ShadowOptions {
     /// the branch is writable.
     pub fn live() -> ShadowOptions {
         ShadowOptions {
-            // Speculations branch off it: their accept compares inode numbers.
-            branch: BranchOptions {
-                stable_inodes: true,
-                ..BranchOptions::default()
-            },
+            branch: BranchOptions::default(),
             isolation: Isolation::default(),
             cache_dirs: Vec::new(),
         }

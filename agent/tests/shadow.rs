@@ -485,8 +485,7 @@ async fn a_hundred_shadows_run_commands_side_by_side() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_child_shadow_works_on_the_parents_branch_and_closes_before_it() {
     let fx = fx();
-    let mut live = fx.options(ShadowOptions::live());
-    live.branch.stable_inodes = true;
+    let live = fx.options(ShadowOptions::live());
     let (parent, pctx) = fx.shadow(live);
     fx.call(
         &pctx,

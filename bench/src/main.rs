@@ -7,6 +7,7 @@
 //! Ctrl-C too.
 
 mod agent;
+mod fresh;
 mod measures;
 mod mounts;
 mod report;
@@ -44,12 +45,15 @@ struct Args {
     /// FUSE worker threads per shade branch.
     #[arg(long, default_value_t = 2)]
     threads: usize,
-    /// Only these sections (comma-separated): fileops, requests, agent, create, accept, many.
+    /// Only these sections (comma-separated): fileops, requests, agent, fresh, create,
+    /// accept, many.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
 
-const SECTIONS: [&str; 6] = ["fileops", "requests", "agent", "create", "accept", "many"];
+const SECTIONS: [&str; 7] = [
+    "fileops", "requests", "agent", "fresh", "create", "accept", "many",
+];
 
 fn main() {
     let args = Args::parse();
@@ -131,7 +135,13 @@ fn run(args: &Args) -> Result<()> {
     let rundir = RunDir::create()?;
     let layout = Layout::new(&rundir.tmpfs());
     eprintln!("bench: building trees in {}", layout.base.display());
-    let info = tree::build(&layout, &sizes, want("create"), want("agent"))?;
+    let info = tree::build(
+        &layout,
+        &sizes,
+        want("create"),
+        want("agent"),
+        want("agent") || want("fresh"),
+    )?;
 
     let mut res = Results::default();
     if want("fileops") || want("requests") || want("agent") {
@@ -169,6 +179,9 @@ fn run(args: &Args) -> Result<()> {
             v.close()?;
         }
         r?;
+    }
+    if want("fresh") {
+        fresh::fresh_branches(&layout, &cfg, &mut res)?;
     }
     if want("create") {
         measures::creation(

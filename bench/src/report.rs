@@ -97,6 +97,7 @@ pub fn markdown(res: &Results, title: &str) -> String {
     file_ops_table(res, &mut s);
     requests_table(res, &mut s);
     agent_table(res, &mut s);
+    fresh_table(res, &mut s);
     creation_table(res, &mut s);
     accept_table(res, &mut s);
     many_table(res, &mut s);
@@ -190,6 +191,31 @@ fn agent_table(res: &Results, s: &mut String) {
         res,
         s,
         "Agent workloads: median; time ratio to native (lower is better)",
+        &rows,
+    );
+}
+
+fn fresh_table(res: &Results, s: &mut String) {
+    let [status, diff, rg, find] = crate::fresh::COMMANDS.map(|(m, _)| m);
+    let rows = [
+        (
+            status,
+            "`git status --porcelain` (10k-file repository)",
+            Some(Goal::RatioMax(3.0)),
+        ),
+        (diff, "`git diff --stat`", Some(Goal::RatioMax(3.0))),
+        (rg, "`rg --no-ignore -c 'fn '`", Some(Goal::RatioMax(2.0))),
+        (
+            find,
+            "`find . -type f \\| wc -l`",
+            Some(Goal::RatioMax(3.0)),
+        ),
+    ];
+    ratio_table(
+        res,
+        s,
+        "Fresh branch: each command the first thing in its own new view of the warm \
+         project; median; time ratio to native (lower is better)",
         &rows,
     );
 }
@@ -377,7 +403,8 @@ fn requests_table(res: &Results, s: &mut String) {
         .collect();
     let _ = writeln!(s, "| operation | {} |", systems.join(" | "));
     let _ = writeln!(s, "|---|{}", "---|".repeat(systems.len()));
-    for op in REQUEST_OPS {
+    let fresh = crate::fresh::COMMANDS.map(|(m, _)| m);
+    for op in REQUEST_OPS.into_iter().chain(fresh) {
         let cells: Vec<String> = systems
             .iter()
             .map(|sys| {
@@ -387,6 +414,9 @@ fn requests_table(res: &Results, s: &mut String) {
                     .map_or("—".into(), |r| r.counts.describe())
             })
             .collect();
+        if cells.iter().all(|c| c == "—") {
+            continue;
+        }
         let _ = writeln!(s, "| {op} | {} |", cells.join(" | "));
     }
     let _ = writeln!(s);

@@ -62,7 +62,6 @@ pub fn shade_options(layout: &Layout, threads: usize) -> BranchOptions {
         memory_budget: 256 << 20,
         allow_other: false,
         threads,
-        stable_inodes: false,
     }
 }
 
@@ -176,6 +175,14 @@ impl Instance {
             }
         }
         Ok(inst)
+    }
+
+    /// Changes in the shade branch's changeset (`None` for other systems): a read-only
+    /// command must leave none.
+    pub fn changes(&self) -> Option<usize> {
+        self.branch
+            .as_ref()
+            .map(|b| b.changeset(false).changes.len())
     }
 
     /// Tear down: unmount, remove the worktree, delete copies and uppers.

@@ -85,12 +85,14 @@ impl Layout {
 }
 
 /// Build everything under `layout.base`; the generated tree and the git repos only when
-/// branch creation is measured (`with_creation`), as they take the longest to make.
+/// branch creation is measured (`with_creation`), as they take the longest to make; the
+/// npm project for the agent workloads, `repo/` for them and the fresh-branch section.
 pub fn build(
     layout: &Layout,
     sizes: &Sizes,
     with_creation: bool,
     with_agent: bool,
+    with_repo: bool,
 ) -> Result<TreeInfo> {
     for d in [&layout.lower, &layout.work, &layout.state] {
         mkdir(d)?;
@@ -117,9 +119,12 @@ pub fn build(
     for i in 0..sizes.accept_files {
         std::fs::write(acc.join(format!("f{i:04}.txt")), source_text(i, 2048))?;
     }
-    if with_agent {
-        eprintln!("bench: agent workloads: git repository and npm project");
+    if with_repo {
+        eprintln!("bench: git repository of the tree");
         agent_repo(&layout.lower.join(REPO), &layout.tree())?;
+    }
+    if with_agent {
+        eprintln!("bench: agent workloads: npm project");
         let npm = layout.lower.join(NPM);
         mkdir(&npm)?;
         std::fs::write(

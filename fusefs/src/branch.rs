@@ -31,13 +31,6 @@ pub struct BranchOptions {
     pub allow_other: bool,
     /// FUSE worker threads.
     pub threads: usize,
-    /// Keep every object's inode number for the branch's whole life, even after the kernel
-    /// forgets it (by default an untouched project file gets a new number each time the
-    /// kernel looks it up afresh). A branch that other branches are made of (a `--shadow`
-    /// session's, under its speculations) needs it: their accept compares `st_ino` with
-    /// what they saw, and a new number would be a false conflict. Costs one path entry per
-    /// object ever looked up.
-    pub stable_inodes: bool,
 }
 
 impl Default for BranchOptions {
@@ -47,7 +40,6 @@ impl Default for BranchOptions {
             memory_budget: memory_budget_from_env(),
             allow_other: other_users_permitted(),
             threads: 2,
-            stable_inodes: false,
         }
     }
 }
@@ -240,7 +232,6 @@ impl Branch {
             Store::new(store_dir, opts.memory_budget),
             IgnoreRules::load(&project),
         ));
-        overlay.tree().keep_path_inos = opts.stable_inodes;
         let mut config = Config::default();
         config.mount_options = vec![
             MountOption::FSName(format!("shade:{id}")),

@@ -390,6 +390,7 @@ impl Filesystem for ShadeFs {
                 let mut a = attr(
                     0,
                     &Obj::Dir(crate::node::DirOver {
+                        ino: 0,
                         meta: Meta::new(0, 0, 0),
                         lower: None,
                         lower_fp: None,
@@ -525,6 +526,7 @@ impl Filesystem for ShadeFs {
                 perm |= libc::S_ISGID;
             }
             let d = DirOver {
+                ino: t.alloc_ino(),
                 meta: Meta::new(perm, uid, gid),
                 lower: None,
                 lower_fp: None,
@@ -866,14 +868,15 @@ impl Filesystem for ShadeFs {
             Ok(l) => l,
             Err(e) => return reply.error(err(e)),
         };
-        let mut full = false;
         for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
             if reply.add(INodeNo(*ino), (i + 1) as u64, *kind, name) {
-                full = true;
                 break;
             }
         }
-        if fh.0 == 0 && !full {
+        // Handle-less listings stay cached until the reader's end-of-directory call (an
+        // offset past the last entry): dropped earlier, that call would list the lower
+        // directory again only to answer nothing, for every directory read.
+        if fh.0 == 0 && entries.len() <= offset as usize {
             o.listing_done(ino.0);
         }
         reply.ok();
@@ -899,14 +902,12 @@ impl Filesystem for ShadeFs {
         };
         let dir_attr = o.attr_of(&t, ino.0);
         let dir_lower = t.lower_of(&dir);
-        let mut full = false;
         for (i, (_, _, name)) in entries.iter().enumerate().skip(offset as usize) {
             let off = (i + 1) as u64;
             if name == "." || name == ".." {
                 // The kernel takes no reference for these; any attributes do.
                 let Ok(a) = dir_attr else { continue };
                 if reply.add(a.ino, off, name, &Duration::ZERO, &a, Generation(0)) {
-                    full = true;
                     break;
                 }
                 continue;
@@ -926,7 +927,6 @@ impl Filesystem for ShadeFs {
                 &a,
                 Generation(0),
             ) {
-                full = true;
                 break;
             }
             o.watch_obj(&obj);
@@ -935,7 +935,8 @@ impl Filesystem for ShadeFs {
             }
         }
         drop(t);
-        if fh.0 == 0 && !full {
+        // Kept for the end-of-directory call, as in `readdir`.
+        if fh.0 == 0 && entries.len() <= offset as usize {
             o.listing_done(ino.0);
         }
         reply.ok();

@@ -181,6 +181,9 @@ impl Node {
 /// come from (`None`: created in the branch, or removed and re-created — hides lower).
 #[derive(Clone, Debug)]
 pub(crate) struct DirOver {
+    /// Its inode number: the lower directory's, or one from the branch's range for a
+    /// directory the branch made; it travels with the directory through renames.
+    pub ino: u64,
     pub meta: Meta,
     pub lower: Option<PathBuf>,
     /// Fingerprint of the lower directory at `lower` when the branch first touched it

@@ -72,6 +72,10 @@ impl Overlay {
         // SHADE_KERNEL_CACHE=0 turns kernel caching of lower objects off (to measure it,
         // or to rule it out when chasing a bug).
         let cache = std::env::var_os("SHADE_KERNEL_CACHE").is_none_or(|v| v != "0");
+        let root_dev = match lower.stat(Path::new("")) {
+            Ok(Some(st)) => st.st_dev,
+            _ => 0,
+        };
         let watch = cache
             .then(|| crate::watch::LowerWatch::new(lower.root()))
             .flatten();
@@ -80,7 +84,7 @@ impl Overlay {
             lower,
             store,
             ignore,
-            tree: Mutex::new(Tree::new()),
+            tree: Mutex::new(Tree::new(root_dev)),
             handles: Mutex::new(FxHashMap::default()),
             next_fh: AtomicU64::new(1),
             lower_fds: Mutex::new(lru::LruCache::new(
@@ -350,6 +354,23 @@ impl Overlay {
         };
         let gone = match t.resolve(&self.lower, rel) {
             Ok(obj) => {
+                if let Obj::Lower(_, st) = &obj {
+                    if st.st_nlink > 1 && st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+                        // Another name of this hard-linked file leads to the same inode:
+                        // it lives on there (writes to it must still find it).
+                        let other = t
+                            .path_ino
+                            .iter()
+                            .find(|(_, i)| **i == ino)
+                            .map(|(p, _)| p.clone());
+                        if let Some(other) = other {
+                            if let Some(i) = t.inodes.get_mut(&ino) {
+                                i.target = InodeTarget::Path(other);
+                            }
+                            return;
+                        }
+                    }
+                }
                 if let Obj::Lower(lp, st) = &obj {
                     // Handle-less reads of an open, unlinked lower file still need it.
                     if self.caching() && st.st_mode & libc::S_IFMT == libc::S_IFREG {
@@ -404,16 +425,42 @@ impl Overlay {
             .xattrs(&lp, kind == NodeKind::Symlink)
             .into_iter()
             .collect();
-        let ino = match t.unbind_path(rel) {
-            Some(ino) => ino,
-            None => t.alloc_ino(),
-        };
+        // The file keeps its number (and so its identity) through the copy-up.
+        let ino = t.take_lower_ino(rel, &st);
+        t.unbind_path(rel);
         let node = Arc::new(Node::new(ino, kind, meta, size, data, target, Some(lp)));
         if let Some(i) = t.inodes.get_mut(&ino) {
             i.target = InodeTarget::Node(node.clone());
         }
         t.set(&self.lower, rel, Entry::Node(node.clone()));
+        if st.st_nlink > 1 {
+            self.adopt_other_names(t, rel, &node, &st);
+        }
         Ok(node)
+    }
+
+    /// Hard-linked lower file `st` became `node`. The kernel reaches every name of it it
+    /// has looked up through one inode, and writes arrive by inode, not by name: those
+    /// names become links of the node, as one file natively. A name not looked up yet
+    /// stays lower's file (and gets a number of its own), as overlayfs breaks such links.
+    fn adopt_other_names(&self, t: &mut Tree, rel: &Path, node: &Arc<Node>, st: &libc::stat) {
+        let names: Vec<PathBuf> = t
+            .path_ino
+            .iter()
+            .filter(|(p, i)| **i == node.ino && p.as_path() != rel)
+            .map(|(p, _)| p.clone())
+            .collect();
+        for p in names {
+            t.path_ino.remove(&p);
+            let same = matches!(
+                t.resolve(&self.lower, &p),
+                Ok(Obj::Lower(_, s)) if s.st_dev == st.st_dev && s.st_ino == st.st_ino
+            );
+            if same {
+                t.set(&self.lower, &p, Entry::Node(node.clone()));
+                node.state().nlink += 1;
+            }
+        }
     }
 
     /// Give the directory at `rel` its own metadata record (copied from lower first).
@@ -542,7 +589,10 @@ impl Overlay {
                 if t.slots.contains_key(&child) {
                     continue;
                 }
-                let ino = t.path_ino.get(&child).copied().unwrap_or(e.ino);
+                let ino = match t.path_ino.get(&child) {
+                    Some(&ino) => ino,
+                    None => t.listed_ino(e.ino),
+                };
                 out.push((ino, mode_type(e.file_type), e.name));
             }
         }
@@ -550,10 +600,7 @@ impl Overlay {
             let child = rel.join(name);
             let (ino, kind) = match t.slots.get(&child).map(|s| &s.entry) {
                 Some(Entry::Node(n)) => (n.ino, n.kind.file_type()),
-                Some(Entry::Dir(_)) => (
-                    t.path_ino.get(&child).copied().unwrap_or(u64::MAX),
-                    FileType::Directory,
-                ),
+                Some(Entry::Dir(d)) => (d.ino, FileType::Directory),
                 _ => continue,
             };
             out.push((ino, kind, name.clone()));

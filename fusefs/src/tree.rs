@@ -11,7 +11,7 @@
 use crate::fingerprint::{Base, Fingerprint};
 use crate::lower::Lower;
 use crate::node::{DirOver, Meta, Node};
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
@@ -74,13 +74,32 @@ pub(crate) struct Tree {
     pub path_ino: FxHashMap<PathBuf, u64>,
     /// Lower files unlinked in the branch while the kernel still references them.
     pub orphans: FxHashMap<u64, Arc<std::fs::File>>,
-    /// Keep a path's inode number after the kernel forgets it, so the object shows the same
-    /// `st_ino` for the branch's whole life (see `BranchOptions::stable_inodes`).
-    pub keep_path_inos: bool,
     /// What the branch read of lower, for accept's read-conflict check (`reads.rs`).
     pub reads: crate::reads::Reads,
+    /// Lower devices seen, by index: index 0 is the project's own file system; the index
+    /// goes above a lower inode number's bits (`LOWER_INO_BITS`), like overlayfs' `xino`.
+    devs: Vec<u64>,
+    /// Lower numbers that branch objects took (a copied-up file, a directory with branch
+    /// metadata): the branch's object and lower's are two objects from then on, so lower's
+    /// object, wherever else it shows, gets a number of its own.
+    claimed: FxHashSet<u64>,
+    /// Numbers given to lower objects whose own was unusable (too large, claimed, or still
+    /// held for an unlinked object), by path, with the lower `(dev, ino)` they stand for:
+    /// the same object at the same path keeps its number after the kernel forgets it.
+    fallbacks: FxHashMap<PathBuf, ((u64, u64), u64)>,
     next_ino: u64,
 }
+
+/// Numbers of objects the branch creates have this bit set; lower objects' numbers never
+/// do, so the two cannot collide. The kernel's node id is the shown `st_ino` (fuser sends
+/// one number for both), so these numbers are also the objects' identities.
+pub(crate) const BRANCH_INOS: u64 = 1 << 63;
+/// A lower inode number below `1 << LOWER_INO_BITS` is shown as it is (on the project's
+/// own file system; on others, with the device's index in the bits above). Others get a
+/// number from the branch's range.
+const LOWER_INO_BITS: u32 = 56;
+/// Devices that fit in the bits between `LOWER_INO_BITS` and `BRANCH_INOS`.
+const MAX_DEVS: usize = 1 << (63 - LOWER_INO_BITS);
 
 /// Parent and name of a non-root relative path.
 pub(crate) fn split(rel: &Path) -> (&Path, &OsStr) {
@@ -91,7 +110,8 @@ pub(crate) fn split(rel: &Path) -> (&Path, &OsStr) {
 }
 
 impl Tree {
-    pub fn new() -> Tree {
+    /// An empty view of a lower tree on device `root_dev`.
+    pub fn new(root_dev: u64) -> Tree {
         let mut inodes = FxHashMap::default();
         inodes.insert(
             1,
@@ -108,9 +128,11 @@ impl Tree {
             inodes,
             path_ino,
             orphans: FxHashMap::default(),
-            keep_path_inos: false,
             reads: crate::reads::Reads::default(),
-            next_ino: 2,
+            devs: vec![root_dev],
+            claimed: FxHashSet::default(),
+            fallbacks: FxHashMap::default(),
+            next_ino: BRANCH_INOS | 2,
         }
     }
 
@@ -380,36 +402,150 @@ impl Tree {
         self.children.get(dir).into_iter().flatten()
     }
 
-    /// The inode number the kernel knows `rel` by, or a new one.
+    /// The inode number `rel` shows, bound for the kernel: a branch object's own number,
+    /// a lower object's `st_ino` (see [`Tree::lower_ino`]); the root is always 1.
     pub fn ino_for(&mut self, rel: &Path, obj: &Obj) -> u64 {
-        if let Obj::Node(n) = obj {
-            self.inodes.entry(n.ino).or_insert_with(|| Inode {
-                target: InodeTarget::Node(n.clone()),
-                lookups: 0,
-            });
-            return n.ino;
+        if rel.as_os_str().is_empty() {
+            return 1;
         }
-        if let Some(ino) = self.path_ino.get(rel).copied() {
-            // Forgotten by the kernel but kept (keep_path_inos): known again under its number.
-            // Without that option a path's number lives exactly as long as its inode, so
-            // the usual lookup pays no second map access.
-            if self.keep_path_inos {
-                self.inodes.entry(ino).or_insert_with(|| Inode {
-                    target: InodeTarget::Path(rel.to_path_buf()),
+        match obj {
+            Obj::Node(n) => {
+                self.inodes.entry(n.ino).or_insert_with(|| Inode {
+                    target: InodeTarget::Node(n.clone()),
                     lookups: 0,
                 });
+                n.ino
             }
-            return ino;
+            Obj::Dir(d) => self.bind_path(rel, d.ino),
+            Obj::Lower(_, st) => self.lower_ino(rel, st),
         }
-        let ino = self.alloc_ino();
-        self.path_ino.insert(rel.to_path_buf(), ino);
-        self.inodes.insert(
-            ino,
-            Inode {
-                target: InodeTarget::Path(rel.to_path_buf()),
-                lookups: 0,
-            },
-        );
+    }
+
+    /// The number of lower object `st` shown at `rel`: its own `st_ino` (folded with its
+    /// device's index) unless a branch object took that number or another object still
+    /// holds it; then a number from the branch's range, kept for this object at `rel`.
+    pub fn lower_ino(&mut self, rel: &Path, st: &libc::stat) -> u64 {
+        let id = (st.st_dev, st.st_ino);
+        if let Some(key) = self.lower_key(id).filter(|k| !self.claimed.contains(k)) {
+            match self.inodes.get(&key).map(|i| &i.target) {
+                None => return self.bind_path(rel, key),
+                Some(InodeTarget::Path(p)) if p == rel => return self.bind_path(rel, key),
+                Some(InodeTarget::Path(_))
+                    if st.st_mode & libc::S_IFMT != libc::S_IFDIR && st.st_nlink > 1 =>
+                {
+                    // Another name of a hard-linked lower file: one inode, as natively.
+                    if self.path_ino.get(rel) != Some(&key) {
+                        self.path_ino.insert(rel.to_path_buf(), key);
+                    }
+                    return key;
+                }
+                // The kernel still holds the number for another object: one unlinked in
+                // the branch, or what another path showed (the object moved in lower, or
+                // lower reused the number of one it deleted). Sharing the inode would let
+                // an open file of the old object read the new one: this path gets its own
+                // number until the kernel forgets the old.
+                Some(_) => {}
+            }
+        }
+        let reuse = match self.fallbacks.get(rel) {
+            Some(&(was, ino)) if was == id && !self.claimed.contains(&ino) => {
+                match self.inodes.get(&ino).map(|i| &i.target) {
+                    None => Some(ino),
+                    Some(InodeTarget::Path(p)) if p == rel => Some(ino),
+                    Some(_) => None,
+                }
+            }
+            _ => None,
+        };
+        let ino = match reuse {
+            Some(ino) => ino,
+            None => {
+                let ino = self.alloc_ino();
+                self.fallbacks.insert(rel.to_path_buf(), (id, ino));
+                ino
+            }
+        };
+        self.bind_path(rel, ino)
+    }
+
+    /// A lower `(dev, ino)` as a number no branch-range number can equal (`None`: too
+    /// large, or too many devices); 0 and 1 (the root's node id) are never used.
+    fn lower_key(&mut self, (dev, ino): (u64, u64)) -> Option<u64> {
+        if ino >> LOWER_INO_BITS != 0 {
+            return None;
+        }
+        let idx = match self.devs.iter().position(|&d| d == dev) {
+            Some(i) => i,
+            None if self.devs.len() < MAX_DEVS => {
+                self.devs.push(dev);
+                self.devs.len() - 1
+            }
+            None => return None,
+        };
+        let key = ((idx as u64) << LOWER_INO_BITS) | ino;
+        (key > 1).then_some(key)
+    }
+
+    /// The number an unbound lower entry `ino` of a directory listing shows with
+    /// (`d_ino` has no device: the project's own is assumed, as a mount point's `d_ino`
+    /// is natively that of the directory under it).
+    pub fn listed_ino(&self, ino: u64) -> u64 {
+        if ino >> LOWER_INO_BITS == 0 && ino > 1 && !self.claimed.contains(&ino) {
+            ino
+        } else {
+            BRANCH_INOS
+        }
+    }
+
+    /// A branch object took number `ino` (see `claimed`).
+    pub fn claim(&mut self, ino: u64) {
+        self.claimed.insert(ino);
+    }
+
+    /// Make `ino` the kernel's inode for path `rel`.
+    fn bind_path(&mut self, rel: &Path, ino: u64) -> u64 {
+        match self.inodes.get(&ino).map(|i| &i.target) {
+            None => {
+                self.inodes.insert(
+                    ino,
+                    Inode {
+                        target: InodeTarget::Path(rel.to_path_buf()),
+                        lookups: 0,
+                    },
+                );
+            }
+            Some(InodeTarget::Path(p)) if p != rel => self.retarget(ino, rel),
+            _ => {}
+        }
+        if self.path_ino.get(rel) != Some(&ino) {
+            self.path_ino.insert(rel.to_path_buf(), ino);
+        }
+        ino
+    }
+
+    /// Path inode `ino` now stands for what `rel` shows; its old path no longer names it.
+    fn retarget(&mut self, ino: u64, rel: &Path) {
+        if let Some(Inode {
+            target: InodeTarget::Path(p),
+            ..
+        }) = self.inodes.get_mut(&ino)
+        {
+            let old = std::mem::replace(p, rel.to_path_buf());
+            if self.path_ino.get(&old) == Some(&ino) {
+                self.path_ino.remove(&old);
+            }
+        }
+    }
+
+    /// The number a lower object at `rel` takes into the branch when it gets branch state
+    /// (copy-up, directory metadata): the one the kernel knows it by, else its own. The
+    /// number is claimed: lower's object, wherever else it shows, gets another.
+    pub fn take_lower_ino(&mut self, rel: &Path, st: &libc::stat) -> u64 {
+        let ino = match self.path_ino.get(rel) {
+            Some(&ino) => ino,
+            None => self.lower_ino(rel, st),
+        };
+        self.claim(ino);
         ino
     }
 
@@ -436,19 +572,69 @@ impl Tree {
             ..
         }) = self.inodes.remove(&ino)
         {
-            if self.path_ino.get(&p) == Some(&ino) && !self.keep_path_inos {
+            if self.path_ino.get(&p) == Some(&ino) {
                 self.path_ino.remove(&p);
             }
         }
     }
 
-    /// A fresh directory override for a lower directory (or a new one when `st` is None).
-    pub fn dir_from_lower(&self, rel: &Path, st: &libc::stat) -> DirOver {
+    /// A directory override for the lower directory `st` at `rel`, keeping its number.
+    pub fn dir_from_lower(&mut self, rel: &Path, st: &libc::stat) -> DirOver {
         DirOver {
+            ino: self.take_lower_ino(rel, st),
             meta: Meta::from_stat(st),
             lower: self.natural_lower(rel),
             lower_fp: Some(Fingerprint::from_stat(st)),
             nlink: st.st_nlink as u32,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn st(dev: u64, ino: u64, mode: u32, nlink: u64) -> libc::stat {
+        // SAFETY: an all-zero stat is a valid value.
+        let mut s: libc::stat = unsafe { std::mem::zeroed() };
+        s.st_dev = dev;
+        s.st_ino = ino;
+        s.st_mode = mode;
+        s.st_nlink = nlink;
+        s
+    }
+
+    const F: u32 = libc::S_IFREG | 0o644;
+    const D: u32 = libc::S_IFDIR | 0o755;
+
+    #[test]
+    fn lower_numbers_show_through_and_never_collide() {
+        let mut t = Tree::new(7);
+        let p = Path::new;
+        // The project's own device: the number itself, stable for the path.
+        assert_eq!(t.lower_ino(p("a"), &st(7, 100, F, 1)), 100);
+        assert_eq!(t.lower_ino(p("a"), &st(7, 100, F, 1)), 100);
+        assert_eq!(t.lower_ino(p("d"), &st(7, 101, D, 2)), 101);
+        // Another device: its index above bit 56.
+        assert_eq!(t.lower_ino(p("m/x"), &st(9, 100, F, 1)), (1 << 56) | 100);
+        // Too large, or the root's node id: a number from the branch's range.
+        let big = t.lower_ino(p("big"), &st(7, 1 << 60, F, 1));
+        assert!(big & BRANCH_INOS != 0);
+        assert!(t.lower_ino(p("one"), &st(7, 1, F, 1)) & BRANCH_INOS != 0);
+        // A hard link shares the number; a different object with a held number does not.
+        assert_eq!(t.lower_ino(p("h1"), &st(7, 200, F, 2)), 200);
+        assert_eq!(t.lower_ino(p("h2"), &st(7, 200, F, 2)), 200);
+        let moved = t.lower_ino(p("b"), &st(7, 100, F, 1));
+        assert!(moved & BRANCH_INOS != 0, "a still holds 100");
+        assert_eq!(t.lower_ino(p("b"), &st(7, 100, F, 1)), moved, "kept for b");
+        // Once the kernel forgets a's inode, b shows lower's number again.
+        t.forget(100, 0);
+        assert_eq!(t.lower_ino(p("b"), &st(7, 100, F, 1)), 100);
+        // A number a branch object took is not given to lower's object elsewhere.
+        t.claim(101);
+        let other = t.lower_ino(p("e"), &st(7, 101, D, 2));
+        assert!(other & BRANCH_INOS != 0);
+        // Branch-range numbers are never lower numbers.
+        assert!(t.alloc_ino() & BRANCH_INOS != 0);
     }
 }
