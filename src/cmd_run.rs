@@ -46,6 +46,11 @@ pub struct RunArgs {
     /// Give the command a private, empty /tmp.
     #[arg(long)]
     pub private_tmp: bool,
+    /// Run without the sandbox: only a private mount namespace with the branch bound over
+    /// the project. NOT a security boundary (the command can reach shade, the real project
+    /// and the host); for machines without user namespaces and for file system test suites.
+    #[arg(long)]
+    pub unconfined: bool,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -116,6 +121,11 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     let project = std::fs::canonicalize(&dir)
         .with_context(|| format!("project directory {}", dir.display()))?;
     anyhow::ensure!(project.is_dir(), "{} is not a directory", project.display());
+    anyhow::ensure!(
+        project != std::path::Path::new("/"),
+        "the project cannot be / (its branch would be bound over the whole file system); \
+         give a project directory with -C"
+    );
     // Stay in the same subdirectory when invoked from inside the project.
     let cwd = std::fs::canonicalize(&here)
         .ok()
@@ -144,6 +154,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
         isolation: Isolation {
             network: args.no_network,
             private_tmp: args.private_tmp,
+            unconfined: args.unconfined,
             ..Isolation::default()
         },
         binds: Vec::new(),

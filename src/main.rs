@@ -45,6 +45,10 @@ enum Command {
 }
 
 fn main() {
+    // Nobody may ptrace shade or read its memory and descriptors under /proc/PID, not even
+    // a process of the same user (a command of a branch run unconfined included).
+    // SAFETY: prctl(2) with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0) };
     init_tracing();
     let cli = Cli::try_parse().unwrap_or_else(|e| cmd_check::exit_on_usage_error(e));
     let code = match cli.command {

@@ -45,7 +45,18 @@ pub(crate) fn wait(mut running: Running, ctl: &Control, namespaced: bool) -> Res
         .as_ref()
         .and_then(|f| f.metadata().ok())
         .map(|m| m.ino());
-    let members = Members { pgid: pid, mnt_ns };
+    let pid_ns = running
+        .status
+        .as_ref()
+        .and_then(|s| s.pid_ns.as_ref())
+        .and_then(|f| f.metadata().ok())
+        .map(|m| m.ino());
+    let members = Members {
+        pgid: pid,
+        mnt_ns,
+        pid_ns,
+        monitor: running.status.as_ref().map(|_| pid),
+    };
     let pidfd = pidfd_open(pid);
     let deadline = ctl.timeout.map(|t| Instant::now() + t);
     let wake = ctl.cancel.and_then(Cancel::wake_fd);
@@ -55,18 +66,16 @@ pub(crate) fn wait(mut running: Running, ctl: &Control, namespaced: bool) -> Res
             child::restore_tty(running.tty_handed);
             // Reap only after the sweep: the zombie keeps its pid, and so the process
             // group id, from being reused by an unrelated process meanwhile.
-            let seen = members.terminate(GRACE, ctl.hurry(signals::count()));
+            let leftovers_killed = members.terminate(GRACE, ctl.hurry(signals::count()));
             let status = running
                 .child
                 .wait()
                 .map_err(SandboxError::io("reaping the command"))?;
-            let leftovers_killed = seen.iter().filter(|&&p| p != pid).count();
-            return Ok(finish(
-                running,
-                natural(status),
-                namespaced,
-                leftovers_killed,
-            ));
+            let termination = match running.status.as_mut() {
+                Some(bwrap) => confined_end(status, bwrap.exit_code()),
+                None => natural(status),
+            };
+            return Ok(finish(running, termination, namespaced, leftovers_killed));
         }
         if running.tty_handed && has_stopped(pid) {
             suspend_with(pid);
@@ -95,7 +104,7 @@ pub(crate) fn wait(mut running: Running, ctl: &Control, namespaced: bool) -> Res
     };
 
     // The signal that stopped us counts once; only a further one cuts the grace short.
-    let seen = members.terminate(GRACE, ctl.hurry(signals::count()));
+    let leftovers_killed = members.terminate(GRACE, ctl.hurry(signals::count()));
     if running.child.try_wait().ok().flatten().is_none() {
         // It left its process group and has no namespace to find it by.
         let _ = running.child.kill();
@@ -105,7 +114,6 @@ pub(crate) fn wait(mut running: Running, ctl: &Control, namespaced: bool) -> Res
         .wait()
         .map_err(SandboxError::io("reaping the command"))?;
     child::restore_tty(running.tty_handed);
-    let leftovers_killed = seen.iter().filter(|&&p| p != pid).count();
     Ok(finish(running, stop_reason, namespaced, leftovers_killed))
 }
 
@@ -173,6 +181,24 @@ fn suspend_with(pgid: i32) {
     child::set_foreground(pgid);
     // SAFETY: as above.
     unsafe { libc::killpg(pgid, libc::SIGCONT) };
+}
+
+/// How a confined command ended: bwrap exits with the command's status, or 128+n when a
+/// signal killed it (so a command's own `exit 130` reads as SIGINT too, as in shells); no
+/// status at all means the command never ran, and bwrap said why on its stderr.
+fn confined_end(bwrap: ExitStatus, code: Option<i32>) -> Termination {
+    match code {
+        Some(c) if (129..=128 + 64).contains(&c) => Termination::Signaled(c - 128),
+        Some(c) => Termination::Exited(c),
+        None => match bwrap.signal() {
+            Some(sig) => Termination::Signaled(sig),
+            None => Termination::CannotExec(format!(
+                "the sandbox (bubblewrap) could not start the command (status {}); \
+                 its message is on the command's stderr",
+                bwrap.code().unwrap_or(-1)
+            )),
+        },
+    }
 }
 
 fn natural(status: ExitStatus) -> Termination {
