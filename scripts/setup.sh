@@ -25,6 +25,7 @@ declare -A APT_PROBE=(
     [hyperfine]=hyperfine             # benchmarks
     [ripgrep]=rg                      # benchmark: `rg` over the tree (agent workloads)
     [tmux]=tmux                       # interactive tests drive `shade chat` in a real terminal
+    [bubblewrap]=bwrap                # the sandbox every command in a branch runs in
 )
 
 have() {
@@ -52,6 +53,19 @@ if ((${#missing[@]})); then
     # debconf's "delaying package configuration" notice is noise on minimal images.
     "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null \
         >/dev/null 2> >(grep -v '^debconf: delaying package configuration' >&2)
+fi
+
+# The isolation tests (tests/isolation.rs) run every escape attempt as root and as this plain
+# user too; it needs /dev/fuse to mount its branches (0666 on desktop distributions).
+if [[ $(id -u) -eq 0 ]]; then
+    if ! id shadetest >/dev/null 2>&1; then
+        echo "setup: creating the plain test user shadetest"
+        useradd --create-home --shell /bin/sh shadetest
+    fi
+    if [[ -e /dev/fuse && $(stat -c %a /dev/fuse) != 666 ]]; then
+        echo "setup: chmod 0666 /dev/fuse (plain users mount branches)"
+        chmod 0666 /dev/fuse
+    fi
 fi
 
 # Rust tools from crates.io, installed into cargo's bin dir (on PATH with rustup).

@@ -5,6 +5,7 @@
 mod args;
 mod chat;
 mod cmd_check;
+mod cmd_doctor;
 mod cmd_exec;
 mod cmd_lint;
 mod cmd_recover;
@@ -42,6 +43,8 @@ enum Command {
     /// Say whether the agent treats a shell command as read-only, and if not, why.
     #[command(name = "check-command")]
     Check(cmd_check::CheckArgs),
+    /// Say what isolation this machine gives commands in a branch (sandbox, namespaces, FUSE).
+    Doctor(cmd_doctor::DoctorArgs),
 }
 
 fn main() {
@@ -58,6 +61,7 @@ fn main() {
         Command::Chat(args) => chat::main(args),
         Command::Recover(args) => cmd_recover::main(args),
         Command::Check(args) => cmd_check::main(args),
+        Command::Doctor(args) => cmd_doctor::main(args),
     };
     std::process::exit(code);
 }

@@ -515,6 +515,77 @@ fn inherited_fds(who: Who) {
     e.assert_held(&o);
 }
 
+/// Where the sandbox cannot be had (here: bubblewrap missing), `shade run` refuses in one
+/// line and runs nothing; `--unconfined` runs the command; `shade doctor` says why.
+fn refused_without_sandbox(who: Who) {
+    let e = env(who);
+    let o = e
+        .shade()
+        .env("SHADE_BWRAP", "/nonexistent/bwrap")
+        .args(["run", "--", "sh", "-c"])
+        .arg(format!("echo ran > {O}/ran", O = e.o()))
+        .output()
+        .unwrap();
+    assert_ne!(o.status.code(), Some(0), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{}", show(&o));
+    assert!(
+        err.contains("bubblewrap") && err.contains("--unconfined"),
+        "{}",
+        show(&o)
+    );
+    assert!(!e.out.join("ran").exists(), "the command ran\n{}", show(&o));
+
+    let o = e
+        .shade()
+        .env("SHADE_BWRAP", "/nonexistent/bwrap")
+        .args([
+            "run",
+            "--unconfined",
+            "--",
+            "sh",
+            "-c",
+            "echo unconfined > file",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    e.assert_held(&o);
+
+    let o = e
+        .shade()
+        .env("SHADE_BWRAP", "/nonexistent/bwrap")
+        .arg("doctor")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(
+        text.contains("unavailable") && text.contains("REFUSED"),
+        "{}",
+        show(&o)
+    );
+}
+
+/// `-C /`: the branch would be bound over the whole file system; refused in one line.
+fn project_root_refused(who: Who) {
+    let e = env(who);
+    let o = e
+        .shade()
+        .args(["run", "-C", "/", "--", "sh", "-c"])
+        .arg(format!("echo ran > {O}/ran", O = e.o()))
+        .output()
+        .unwrap();
+    assert_ne!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr).lines().count(),
+        1,
+        "{}",
+        show(&o)
+    );
+    assert!(!e.out.join("ran").exists(), "the command ran\n{}", show(&o));
+}
+
 macro_rules! both {
     ($($route:ident),* $(,)?) => {
         mod as_root {
@@ -540,4 +611,6 @@ both!(
     open_by_handle,
     forged_journal,
     inherited_fds,
+    refused_without_sandbox,
+    project_root_refused,
 );

@@ -229,7 +229,7 @@ pub enum SandboxError {
     #[error("{0}")]
     Invalid(String),
     /// The sandbox cannot be had here; the message says why and what to do.
-    #[error("refusing to run the command unconfined: {0}")]
+    #[error("not running the command without its sandbox: {0}")]
     Unconfined(String),
     /// Isolation was asked for, but this process may not create namespaces.
     #[error(
@@ -300,6 +300,7 @@ fn run_inner(spec: &RunSpec, cancel: Option<&Cancel>) -> Result<RunOutcome> {
     }
     if !spec.isolation.unconfined {
         let conf = probe().map_err(|why| SandboxError::Unconfined(why.to_string()))?;
+        check_sources(spec)?;
         if let Some(msg) = bwrap::cannot_exec(spec) {
             return Ok(outcome(Termination::CannotExec(msg), true));
         }
@@ -421,6 +422,31 @@ fn check_spec(spec: &RunSpec) -> Result<()> {
                 "bind over {}: the private /tmp would hide it",
                 t.display()
             ));
+        }
+    }
+    Ok(())
+}
+
+/// A missing branch mount or bind source is shade's failure, said before bwrap says it in
+/// the command's stderr.
+fn check_sources(spec: &RunSpec) -> Result<()> {
+    let missing = |p: &Path| match std::fs::metadata(p) {
+        Ok(m) if m.is_dir() => None,
+        Ok(_) => Some(std::io::Error::from_raw_os_error(libc::ENOTDIR)),
+        Err(e) => Some(e),
+    };
+    if let Some(err) = missing(&spec.mount) {
+        return Err(SandboxError::Io {
+            what: Stage::Bind.describe(spec),
+            err,
+        });
+    }
+    for b in &spec.binds {
+        if let Some(err) = missing(&b.source) {
+            return Err(SandboxError::Io {
+                what: format!("binding {} over {}", b.source.display(), b.target.display()),
+                err,
+            });
         }
     }
     Ok(())

@@ -63,11 +63,17 @@ pub fn probe() -> std::result::Result<&'static Confinement, &'static str> {
 }
 
 fn find_confinement() -> std::result::Result<Confinement, String> {
-    let bwrap = which("bwrap").ok_or_else(|| {
+    // SHADE_BWRAP names another bubblewrap (or, in tests, a missing one).
+    let bwrap = match std::env::var_os("SHADE_BWRAP").filter(|v| !v.is_empty()) {
+        Some(path) => Some(PathBuf::from(path)).filter(|p| runnable(p)),
+        None => which("bwrap"),
+    };
+    let bwrap = bwrap.ok_or_else(|| {
         "bubblewrap (`bwrap`) is not installed; install it (Debian/Ubuntu: apt install \
-         bubblewrap) or run with --unconfined"
+         bubblewrap), or run without a sandbox with `shade run --unconfined`"
             .to_string()
     })?;
+    let true_bin = which("true").unwrap_or_else(|| PathBuf::from("/bin/true"));
     let version = Command::new(&bwrap)
         .arg("--version")
         .output()
@@ -94,12 +100,7 @@ fn find_confinement() -> std::result::Result<Confinement, String> {
     // Really start a sandbox once: AppArmor's restriction of unprivileged user namespaces
     // and friends only show there.
     let (mut cmd, fds) = conf
-        .base(
-            &Layout::probe(),
-            &[],
-            &[OsString::from("true")],
-            Path::new("/"),
-        )
+        .base(&Layout::probe(), &[], &[true_bin.into()], Path::new("/"))
         .map_err(|e| e.to_string())?;
     let userns = conf.userns.as_ref().map(AsRawFd::as_raw_fd);
     let inherit: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
@@ -427,15 +428,18 @@ pub(crate) fn cannot_exec(spec: &RunSpec) -> Option<String> {
     })
 }
 
-/// `prog` on `PATH`, else in /usr/bin.
+/// `prog` on `PATH`, else in /usr/bin or /bin.
 fn which(prog: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain([PathBuf::from("/usr/bin"), PathBuf::from("/bin")])
         .map(|d| d.join(prog))
-        .find(|p| {
-            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
+        .find(|p| runnable(p))
+}
+
+/// An executable file.
+fn runnable(p: &Path) -> bool {
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// As root: a user namespace mapping every id we have to itself, made by a child that

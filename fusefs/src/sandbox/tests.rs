@@ -180,6 +180,26 @@ fn leftover_processes_are_killed_and_counted() {
         s = sleeper.display()
     ));
     assert_eq!(outcome.termination, Termination::Exited(3));
+    // Confined, the kernel kills what is left in the PID namespace as soon as the command
+    // ends, often before the supervisor can count it: the count is best effort, the kill is
+    // not.
+    assert!(outcome.leftovers_killed <= 2, "{outcome:?}");
+    assert_eq!(alive_with(marker), 0);
+}
+
+#[test]
+fn unconfined_leftover_processes_are_killed_and_counted() {
+    let f = fixture();
+    let marker = "shade-leftover-unconfined";
+    let sleeper = f.out.join(marker);
+    fs::copy(which("sleep"), &sleeper).unwrap();
+    let mut spec = f.spec(&format!(
+        "{s} 100 & {s} 100 & exit 3",
+        s = sleeper.display()
+    ));
+    spec.isolation.unconfined = true;
+    let outcome = run(&spec).unwrap();
+    assert_eq!(outcome.termination, Termination::Exited(3));
     assert_eq!(outcome.leftovers_killed, 2);
     assert_eq!(alive_with(marker), 0);
 }
@@ -198,7 +218,8 @@ fn daemons_that_leave_the_process_group_are_found_by_namespace() {
         s = sleeper.display()
     ));
     assert_eq!(outcome.termination, Termination::Exited(0));
-    assert_eq!(outcome.leftovers_killed, 1);
+    // Best effort when confined (see leftover_processes_are_killed_and_counted).
+    assert!(outcome.leftovers_killed <= 1, "{outcome:?}");
     assert_eq!(alive_with(marker), 0);
 }
 
@@ -403,6 +424,9 @@ fn without_namespace_privileges_it_runs_in_the_mount_and_says_so() {
         "pwd > {o}/pwd; cat ../a > {o}/seen; echo z > new",
         o = f.out.display()
     ));
+    // Only an unconfined run falls back; a confined one is refused (bwrap needs no
+    // CAP_SYS_ADMIN of ours, so dropping it here does not stop it).
+    spec.isolation.unconfined = true;
     spec.cwd = f.project.join("sub");
     let outcome = run(&spec).unwrap();
     assert_eq!(outcome.termination, Termination::Exited(0));
@@ -419,6 +443,7 @@ fn isolation_without_namespace_privileges_is_refused() {
     drop_sys_admin_on_this_thread();
     let mut spec = f.spec("true");
     spec.isolation.network = true;
+    spec.isolation.unconfined = true;
     let err = run(&spec).unwrap_err();
     assert!(
         format!("{err:#}").contains("isolation needs a private namespace"),
@@ -575,6 +600,9 @@ try dev-null 'echo x > /dev/null'
 try tmp 'echo x > /tmp/t && cat /tmp/t'
 try shm 'echo x > /dev/shm/t'
 try branch 'echo x > sub-made'
+try remount-root 'mount -o remount,rw,bind / && touch {var_tmp}'
+try remount-home 'mount -o remount,rw,bind {home} && touch {home_file}'
+try proc-root 'echo x > /proc/1/root{var_tmp}'
 exit 0"#
     );
     let mut spec = f.spec(&script);
@@ -590,6 +618,9 @@ exit 0"#
         "tmp ok",
         "shm ok",
         "branch ok",
+        "remount-root refused",
+        "remount-home refused",
+        "proc-root refused",
     ] {
         assert!(log.contains(expected), "{expected} missing from:\n{log}");
     }
