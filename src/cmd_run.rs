@@ -162,6 +162,11 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     // Only this thread takes Ctrl-C/SIGTERM, and only while the command runs (the runner
     // forwards them to it). Outside that window they wait until shade has finished its own
     // work — changeset, accept, unmount — so an accept is never cut short.
+    // On a terminal the command gets its own process group through shade's binary (see
+    // sandbox::foreground_helper).
+    if let Ok(exe) = std::env::current_exe() {
+        sandbox::set_foreground_helper(exe);
+    }
     termination_signals(SigmaskHow::SIG_UNBLOCK);
     let outcome = sandbox::run(&spec);
     termination_signals(SigmaskHow::SIG_BLOCK);

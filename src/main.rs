@@ -16,6 +16,7 @@ mod llm_setup;
 mod markdown;
 
 use clap::{Parser, Subcommand};
+use shade_fusefs::sandbox;
 
 #[derive(Parser)]
 #[command(
@@ -48,6 +49,11 @@ enum Command {
 }
 
 fn main() {
+    // Inside a sandbox, before a foreground command: not a subcommand of the CLI.
+    let mut argv = std::env::args_os().skip(1);
+    if argv.next().as_deref() == Some(std::ffi::OsStr::new(sandbox::FOREGROUND_HELPER_ARG)) {
+        std::process::exit(sandbox::foreground_helper(&argv.collect::<Vec<_>>()));
+    }
     // Nobody may ptrace shade or read its memory and descriptors under /proc/PID, not even
     // a process of the same user (a command of a branch run unconfined included).
     // SAFETY: prctl(2) with integer arguments.

@@ -7,6 +7,8 @@
 //! by the plain user, bubblewrap and python3; they fail loudly where something is missing.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -584,6 +586,42 @@ fn project_root_refused(who: Who) {
         show(&o)
     );
     assert!(!e.out.join("ran").exists(), "the command ran\n{}", show(&o));
+}
+
+/// On a terminal the confined command is the foreground job, not bwrap: Ctrl-C reaches it
+/// (and only it: the sandbox lives on), Ctrl-Z suspends the whole run to the shell and `fg`
+/// resumes it, Ctrl-\\ kills it with 128+SIGQUIT.
+#[test]
+fn terminal_signals_reach_the_command_alone() {
+    let e = env(Who::Root);
+    let tty = common::tty::Tty::start(
+        &["bash", "--norc", "--noprofile", "-i"],
+        &e.project,
+        &[("SHADE_STATE_DIR", e.state.display().to_string())],
+    );
+    tty.wait_text("#", 10);
+    tty.type_text(&format!(
+        "{} run -- {PYTHON} -c \"import time,signal; signal.signal(signal.SIGINT, lambda *a: print('got-' + 'int', flush=True)); print('rea' + 'dy', flush=True); [time.sleep(0.1) for _ in range(600)]\"",
+        env!("CARGO_BIN_EXE_shade")
+    ));
+    tty.keys(&["Enter"]);
+    tty.wait_text("\nready", 20);
+    tty.keys(&["C-c"]);
+    tty.wait_text("got-int", 10);
+    tty.keys(&["C-z"]);
+    tty.wait_text("Stopped", 10);
+    tty.type_text("fg");
+    tty.keys(&["Enter"]);
+    std::thread::sleep(Duration::from_millis(500));
+    tty.keys(&["C-c"]);
+    tty.wait_for("a second got-int", 10, |s| {
+        s.matches("got-int").count() >= 2
+    });
+    tty.keys(&["C-\\"]);
+    std::thread::sleep(Duration::from_millis(500));
+    tty.type_text("echo rc=$?");
+    tty.keys(&["Enter"]);
+    tty.wait_text("rc=131", 10);
 }
 
 macro_rules! both {

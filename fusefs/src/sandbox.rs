@@ -37,7 +37,9 @@ use std::time::Duration;
 
 use nix::errno::Errno;
 
-pub use bwrap::{probe, Confinement};
+pub use bwrap::{
+    foreground_helper, probe, set_foreground_helper, Confinement, FOREGROUND_HELPER_ARG,
+};
 pub use caches::{default_cache_dirs, CacheBranches};
 pub use cancel::Cancel;
 pub use capture::{Captured, Tee};

@@ -135,6 +135,36 @@ fn find_confinement() -> std::result::Result<Confinement, String> {
     Ok(conf)
 }
 
+/// The argument that makes shade's binary the foreground helper ([`foreground_helper`]).
+pub const FOREGROUND_HELPER_ARG: &str = "__shade-sandbox-foreground";
+
+static HELPER: OnceLock<PathBuf> = OnceLock::new();
+
+/// Names the binary that serves as [`foreground_helper`] (shade's own, whose `main` hands
+/// [`FOREGROUND_HELPER_ARG`] to it). Without one, a foreground run on a terminal leaves the
+/// terminal to bwrap's whole process group, so Ctrl-C kills the sandbox at once instead of
+/// reaching the command.
+pub fn set_foreground_helper(exe: PathBuf) {
+    let _ = HELPER.set(exe);
+}
+
+/// Inside the sandbox, for a foreground run on a terminal: put the command in a process
+/// group of its own and make it the terminal's foreground group, then exec it. Then Ctrl-C,
+/// Ctrl-Z and Ctrl-\ reach the command alone, not bwrap's monitor (which any of them would
+/// kill or stop, and the whole sandbox with it). Returns only on failure (exit status).
+pub fn foreground_helper(argv: &[OsString]) -> i32 {
+    let Some((prog, args)) = argv.split_first() else {
+        eprintln!("shade: {FOREGROUND_HELPER_ARG}: no command");
+        return super::EXIT_CANNOT_EXEC;
+    };
+    // SAFETY: setpgid(2) on ourselves.
+    unsafe { libc::setpgid(0, 0) };
+    child::take_tty();
+    let err = Command::new(prog).args(args).exec();
+    eprintln!("shade: {}: {err}", prog.to_string_lossy());
+    super::EXIT_CANNOT_EXEC
+}
+
 /// Where things go in the command's file system.
 struct Layout<'a> {
     read_only: bool,
@@ -144,6 +174,8 @@ struct Layout<'a> {
     hide: Vec<PathBuf>,
     /// (source, target) binds, writable, in order (the branch first).
     binds: Vec<(&'a Path, &'a Path)>,
+    /// Files bound read-only at their own path last (the foreground helper).
+    ro_files: Vec<&'a Path>,
 }
 
 impl Layout<'_> {
@@ -154,6 +186,7 @@ impl Layout<'_> {
             network_off: true,
             hide: Vec::new(),
             binds: Vec::new(),
+            ro_files: Vec::new(),
         }
     }
 }
@@ -213,6 +246,9 @@ impl Confinement {
         }
         for (source, target) in &layout.binds {
             cmd.arg("--bind").arg(source).arg(target);
+        }
+        for file in &layout.ro_files {
+            cmd.arg("--ro-bind").arg(file).arg(file);
         }
         cmd.arg("--chdir").arg(cwd);
         let mut fds: Vec<OwnedFd> = Vec::new();
@@ -308,19 +344,33 @@ pub(crate) fn build(
             .iter()
             .map(|b| (b.source.as_path(), b.target.as_path())),
     );
+    // The helper is bound at its own path (a private /tmp or a hidden directory may hide
+    // it otherwise), unless it lies in the project, where the branch already shows it.
+    let helper = HELPER
+        .get()
+        .filter(|_| hand_tty)
+        .filter(|h| !h.starts_with(&spec.project));
     let layout = Layout {
         read_only: iso.read_only,
         private_tmp: iso.private_tmp,
         network_off: iso.network,
         hide: state_dirs(spec),
         binds,
+        ro_files: helper.map(PathBuf::as_path).into_iter().collect(),
+    };
+    let argv: Vec<OsString> = match helper {
+        Some(h) => [h.as_os_str().to_os_string(), FOREGROUND_HELPER_ARG.into()]
+            .into_iter()
+            .chain(spec.argv.iter().cloned())
+            .collect(),
+        None => spec.argv.clone(),
     };
     let status_raw = status.as_ref().map(AsRawFd::as_raw_fd);
     let extra: Vec<OsString> = match status_raw {
         Some(fd) => vec!["--json-status-fd".into(), fd.to_string().into()],
         None => Vec::new(),
     };
-    let (mut cmd, filters) = conf.base(&layout, &extra, &spec.argv, &spec.cwd)?;
+    let (mut cmd, filters) = conf.base(&layout, &extra, &argv, &spec.cwd)?;
     for (key, value) in &spec.env {
         match value {
             Some(v) => cmd.env(key, v),

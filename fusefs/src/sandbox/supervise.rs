@@ -80,6 +80,13 @@ pub(crate) fn wait(mut running: Running, ctl: &Control, namespaced: bool) -> Res
         if running.tty_handed && has_stopped(pid) {
             suspend_with(pid);
         }
+        if running.tty_handed && running.status.is_some() {
+            // Confined, the command owns the terminal in a group of its own (see
+            // bwrap::foreground_helper), which stops without bwrap noticing.
+            if let Some(group) = stopped_foreground(pid) {
+                suspend_with(group);
+            }
+        }
         if ctl.foreground {
             if let Some(sig) = signals::pending() {
                 break Termination::Interrupted(sig);
@@ -170,6 +177,21 @@ fn has_stopped(pid: i32) -> bool {
         ) == 0
             && info.si_pid() != 0
     }
+}
+
+/// The terminal's foreground process group if it is a stopped one other than ours and
+/// `monitor`'s.
+fn stopped_foreground(monitor: i32) -> Option<i32> {
+    // SAFETY: plain queries.
+    let (fg, ours) = unsafe { (libc::tcgetpgrp(0), libc::getpgrp()) };
+    if fg <= 0 || fg == ours || fg == monitor {
+        return None;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{fg}/stat")).ok()?;
+    let state = stat[stat.rfind(')')? + 1..]
+        .split_ascii_whitespace()
+        .next()?;
+    (state == "T").then_some(fg)
 }
 
 /// Ctrl-Z stopped the command, which owns the terminal: stop ourselves too so the user's
