@@ -95,13 +95,14 @@ pub fn main(_args: DoctorArgs) -> i32 {
     );
     match shade_fusefs::sandbox::probe() {
         Ok(conf) => {
+            let version = conf.version();
             println!(
                 "bubblewrap:           {} ({})",
                 conf.bwrap.display(),
-                if conf.version.is_empty() {
+                if version.is_empty() {
                     "version unknown"
                 } else {
-                    &conf.version
+                    &version
                 }
             );
             println!(

@@ -132,11 +132,16 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
         .filter(|h| h.starts_with(&project))
         .unwrap_or_else(|| project.clone());
 
+    // Finding out whether the sandbox works starts one: do it while the branch mounts.
+    let probe = (!args.unconfined).then(|| std::thread::spawn(|| sandbox::probe().is_ok()));
     let opts = BranchOptions {
         state,
         ..BranchOptions::default()
     };
     let branch = Branch::create(&project, &opts)?;
+    if let Some(probe) = probe {
+        let _ = probe.join();
+    }
     let spec = RunSpec {
         project: project.clone(),
         mount: branch.mountpoint().to_path_buf(),

@@ -35,8 +35,6 @@ use crate::StateDir;
 pub struct Confinement {
     /// The bubblewrap binary.
     pub bwrap: PathBuf,
-    /// `bwrap --version`.
-    pub version: String,
     /// As root: the user namespace with our identity map that bwrap starts in.
     userns: Option<OwnedFd>,
     /// The seccomp programs, compiled (classic BPF, native byte order).
@@ -44,6 +42,15 @@ pub struct Confinement {
 }
 
 impl Confinement {
+    /// `bwrap --version` (asked on demand: it costs a process).
+    pub fn version(&self) -> String {
+        Command::new(&self.bwrap)
+            .arg("--version")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    }
+
     /// Whether commands run as root inside their own user namespace (shade runs as root).
     pub fn root_userns(&self) -> bool {
         self.userns.is_some()
@@ -74,11 +81,6 @@ fn find_confinement() -> std::result::Result<Confinement, String> {
             .to_string()
     })?;
     let true_bin = which("true").unwrap_or_else(|| PathBuf::from("/bin/true"));
-    let version = Command::new(&bwrap)
-        .arg("--version")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
     let userns = if nix::unistd::geteuid().is_root() {
         Some(identity_userns().map_err(|e| {
             format!(
@@ -93,7 +95,6 @@ fn find_confinement() -> std::result::Result<Confinement, String> {
     let filters = super::seccomp::programs()?;
     let conf = Confinement {
         bwrap,
-        version,
         userns,
         filters,
     };

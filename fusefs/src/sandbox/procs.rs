@@ -112,8 +112,11 @@ impl Members {
         seen.extend(&live);
         self.signal(&live, libc::SIGTERM);
         let deadline = Instant::now() + grace;
+        // Most processes go at once: look again soon, then every POLL.
+        let mut nap = Duration::from_millis(1);
         while !live.is_empty() && Instant::now() < deadline && !hurry() {
-            sleep(POLL);
+            sleep(nap);
+            nap = (nap * 2).min(POLL);
             live = self.scan();
             note(&live, &mut leftovers);
             // Late forks get the same treatment.
@@ -121,10 +124,12 @@ impl Members {
             self.signal(&new, libc::SIGTERM);
         }
         let deadline = Instant::now() + KILL_WAIT;
+        let mut nap = Duration::from_millis(1);
         while !live.is_empty() && Instant::now() < deadline {
             seen.extend(&live);
             self.signal(&live, libc::SIGKILL);
-            sleep(POLL);
+            sleep(nap);
+            nap = (nap * 2).min(POLL);
             live = self.scan();
         }
         if !live.is_empty() {

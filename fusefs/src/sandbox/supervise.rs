@@ -66,7 +66,14 @@ pub(crate) fn wait(mut running: Running, ctl: &Control, namespaced: bool) -> Res
             child::restore_tty(running.tty_handed);
             // Reap only after the sweep: the zombie keeps its pid, and so the process
             // group id, from being reused by an unrelated process meanwhile.
-            let leftovers_killed = members.terminate(GRACE, ctl.hurry(signals::count()));
+            // Confined, the kernel is already killing what is left (bwrap's monitor has
+            // exited, and its init with it): no grace to give, only the end to wait for.
+            let grace = if running.status.is_some() {
+                Duration::ZERO
+            } else {
+                GRACE
+            };
+            let leftovers_killed = members.terminate(grace, ctl.hurry(signals::count()));
             let status = running
                 .child
                 .wait()
