@@ -217,9 +217,7 @@ fn proc_fds(who: Who) {
     let e = env(who);
     let o = e.run(
         &[],
-        &format!(
-            r#"for f in /proc/$PPID/fd/* /proc/[0-9]*/fd/*; do [ -d "$f" ] && echo X > "$f/file"; done 2>/dev/null; true"#
-        ),
+        r#"for f in /proc/$PPID/fd/* /proc/[0-9]*/fd/*; do [ -d "$f" ] && echo X > "$f/file"; done 2>/dev/null; true"#,
     );
     ran(&o);
     // A directory fd of the command's own (its cwd) is the branch: writing there is fine,
@@ -492,13 +490,10 @@ fn forged_journal(who: Who) {
     e.assert_held(&o);
 }
 
-/// The command inherits no descriptor of shade's: only stdin, stdout and stderr (and what
-/// the test itself passes on to shade, from whoever started it).
-fn inherited_fds(who: Who) {
-    let e = env(who);
-    let o = e.run(&[], "ls /proc/$$/fd");
-    ran(&o);
-    let mut expected: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+/// 0, 1, 2 and the descriptors this test process passes on to shade (from whoever started
+/// the test): what a command may hold, nothing of shade's own.
+fn passed_on() -> Vec<i32> {
+    let mut fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")
         .unwrap()
         .filter_map(|d| d.unwrap().file_name().to_str()?.parse().ok())
         .filter(|&fd: &i32| {
@@ -507,7 +502,17 @@ fn inherited_fds(who: Who) {
             fd <= 2 || (flags >= 0 && flags & libc::FD_CLOEXEC == 0)
         })
         .collect();
-    expected.sort();
+    fds.sort();
+    fds
+}
+
+/// The command inherits no descriptor of shade's: only stdin, stdout and stderr (and what
+/// the test itself passes on to shade, from whoever started it).
+fn inherited_fds(who: Who) {
+    let e = env(who);
+    let o = e.run(&[], "ls /proc/$$/fd");
+    ran(&o);
+    let expected = passed_on();
     let mut got: Vec<i32> = String::from_utf8_lossy(&o.stdout)
         .split_whitespace()
         .map(|f| f.parse().unwrap())
@@ -630,7 +635,7 @@ fn exec_shadow(who: Who) {
     use std::sync::Arc;
     let e = env(who);
     let attack = format!(
-        r#"for p in /proc/[0-9]*; do echo X > $p/root{P}/file; done 2>/dev/null; for t in $PPID 1; do nsenter -t $t -m -- sh -c "echo X > {P}/file; echo X > {O}/ns-$t"; done 2>/dev/null; umount -l {P} 2>/dev/null; echo X > {P}/file; echo attempted"#,
+        r#"for p in /proc/[0-9]*; do echo X > $p/root{P}/file; done 2>/dev/null; for t in $PPID 1; do nsenter -t $t -m -- sh -c "echo X > {P}/file; echo X > {O}/ns-$t"; done 2>/dev/null; umount -l {P} 2>/dev/null; echo X > {P}/file; ls /proc/$$/fd > {O}/../fds; echo attempted"#,
         P = e.p(),
         O = e.o()
     );
@@ -664,6 +669,11 @@ fn exec_shadow(who: Who) {
         show(&o)
     );
     e.assert_held(&o);
+    // The agent's shell inherits none of the session's descriptors (sockets, logs, FUSE).
+    let fds = std::fs::read_to_string(e.out.join("../fds")).unwrap();
+    let mut got: Vec<i32> = fds.split_whitespace().map(|f| f.parse().unwrap()).collect();
+    got.sort();
+    assert_eq!(got, passed_on(), "descriptors the agent's shell got");
 }
 
 macro_rules! both {
