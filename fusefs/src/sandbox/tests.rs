@@ -6,6 +6,7 @@ use std::ffi::OsString;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -733,4 +734,81 @@ fn network_isolation_cannot_reach_a_server_on_the_host() {
         0,
         "reached the host's network"
     );
+}
+
+#[test]
+fn the_seccomp_filter_denies_what_the_module_doc_lists_and_threads_still_work() {
+    let f = fixture();
+    let python = "/usr/bin/python3";
+    assert!(Path::new(python).exists(), "this test needs {python}");
+    // errno of each call, one per line; threads must still start (clone3 -> ENOSYS -> clone).
+    let script = format!(
+        r#"{python} -c '
+import ctypes, os, threading
+libc = ctypes.CDLL(None, use_errno=True)
+def err(ret):
+    return 0 if ret >= 0 else ctypes.get_errno()
+out = []
+out.append("unshare-user %d" % err(libc.unshare(0x10000000)))
+out.append("unshare-fs %d" % err(libc.unshare(0x200)))
+out.append("clone3 %d" % err(libc.syscall(435, None, 0)))
+out.append("keyctl %d" % err(libc.syscall(250, 0, 0, 0, 0, 0)))
+out.append("bpf %d" % err(libc.syscall(321, 0, None, 0)))
+out.append("userfaultfd %d" % err(libc.syscall(323, 0)))
+fd = os.open("/dev/null", os.O_RDONLY)
+c = ctypes.c_char(b"x")
+out.append("tiocsti %d" % err(libc.ioctl(fd, 0x5412, ctypes.byref(c))))
+out.append("fionread %d" % err(libc.ioctl(fd, 0x541B, ctypes.byref(ctypes.c_int()))))
+t = threading.Thread(target=lambda: out.append("thread ran"))
+t.start(); t.join()
+open("result", "w").write("\n".join(out) + "\n")
+'"#
+    );
+    let outcome = f.run(&script);
+    assert_eq!(outcome.termination, Termination::Exited(0));
+    let result = fs::read_to_string(f.mnt.join("result")).unwrap();
+    for expected in [
+        "unshare-user 1\n",
+        "unshare-fs 1\n",
+        "clone3 38\n",
+        "keyctl 1\n",
+        "bpf 1\n",
+        "userfaultfd 1\n",
+        "tiocsti 1\n",
+        // Other ioctls pass the filter: /dev/null is no terminal.
+        "fionread 25\n",
+        "thread ran\n",
+    ] {
+        assert!(
+            result.contains(expected),
+            "{expected:?} missing from:\n{result}"
+        );
+    }
+}
+
+/// The 32-bit system call ABI on x86_64 (`int $0x80`) sees other numbers the filter does not
+/// list: any such call kills the process.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_32_bit_system_call_kills_the_process() {
+    let f = fixture();
+    let src = f.out.join("int80.c");
+    let bin = f.out.join("int80");
+    // i386 getpid (20) through int $0x80, then exit 0.
+    fs::write(
+        &src,
+        "int main(void){ long r; __asm__ volatile(\"int $0x80\" : \"=a\"(r) : \"a\"(20L)); return r > 0 ? 0 : 1; }\n",
+    )
+    .unwrap();
+    let cc = Command::new("cc")
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("this test needs a C compiler (cc)");
+    assert!(cc.success());
+    // Unfiltered it works: the test would mean nothing otherwise.
+    assert!(Command::new(&bin).status().unwrap().success());
+    let outcome = f.run(&format!("{}", bin.display()));
+    assert_eq!(outcome.termination, Termination::Signaled(libc::SIGSYS));
 }
