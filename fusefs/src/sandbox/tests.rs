@@ -598,7 +598,7 @@ try var-tmp 'touch {var_tmp}'
 try home 'touch {home_file}'
 try etc 'echo x >> /etc/hostname'
 try dev-null 'echo x > /dev/null'
-try tmp 'echo x > /tmp/t && cat /tmp/t'
+try tmp 'echo x > /tmp/shade-ro-test-tmp && cat /tmp/shade-ro-test-tmp'
 try shm 'echo x > /dev/shm/t'
 try branch 'echo x > sub-made'
 try remount-root 'mount -o remount,rw,bind / && touch {var_tmp}'
@@ -631,6 +631,10 @@ exit 0"#
     assert!(!Path::new(&home_file).exists());
     assert!(!f.project.join("sub-made").exists());
     assert!(!Path::new("/dev/shm/t").exists());
+    assert!(
+        !Path::new("/tmp/shade-ro-test-tmp").exists(),
+        "the private /tmp was the real one"
+    );
 }
 
 #[test]
