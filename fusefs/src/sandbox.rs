@@ -319,8 +319,7 @@ fn run_inner(spec: &RunSpec, cancel: Option<&Cancel>) -> Result<RunOutcome> {
             foreground: spec.foreground,
             cancel,
         };
-        let running = spawn_confined(conf, spec)?;
-        return supervise::wait(running, &ctl, true);
+        return run_confined(conf, spec, &ctl, cancel);
     }
     let _signals = if spec.foreground {
         Some(
@@ -491,6 +490,60 @@ enum Spawned {
     CannotExec(String),
     /// Creating the namespace was refused: the caller falls back.
     NoPrivileges(Errno),
+}
+
+/// How often a sandbox that failed to set up is tried: bwrap remounts every mount it binds,
+/// and a mount that goes away meanwhile (another branch closing) fails that set-up. The
+/// command never started then, so trying again is safe.
+const SETUP_ATTEMPTS: u64 = 8;
+
+fn run_confined(
+    conf: &Confinement,
+    spec: &RunSpec,
+    ctl: &supervise::Control,
+    cancel: Option<&Cancel>,
+) -> Result<RunOutcome> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let held = spec.tee.clone().map(capture::HeldTee::new);
+        let mut this = spec.clone();
+        this.tee = held.as_ref().map(capture::HeldTee::tee);
+        let running = spawn_confined(conf, &this)?;
+        let mut outcome = supervise::wait(running, ctl, true)?;
+        let setup_failed = matches!(&outcome.termination,
+            Termination::CannotExec(msg) if msg.starts_with(supervise::SETUP_FAILED));
+        let retry =
+            setup_failed && attempt < SETUP_ATTEMPTS && !cancel.is_some_and(Cancel::is_cancelled);
+        if !retry {
+            if let Some(held) = &held {
+                held.release();
+            }
+        }
+        let Termination::CannotExec(msg) = &outcome.termination else {
+            return Ok(outcome);
+        };
+        if !setup_failed {
+            return Ok(outcome);
+        }
+        // bwrap says why on the command's stderr: name it when we have it.
+        let said = outcome.stderr.as_ref().map(Captured::text).and_then(|t| {
+            t.lines()
+                .rev()
+                .find(|l| l.starts_with("bwrap:"))
+                .map(str::to_string)
+        });
+        if retry {
+            tracing::debug!("{msg}: {said:?}; trying again");
+            std::thread::sleep(Duration::from_millis(10 * attempt));
+            continue;
+        }
+        outcome.termination = Termination::CannotExec(match said {
+            Some(said) => format!("{msg}: {said}"),
+            None => format!("{msg}; bwrap said why on stderr"),
+        });
+        return Ok(outcome);
+    }
 }
 
 /// Where the command's streams go, on a command being prepared.

@@ -84,9 +84,9 @@ fn find_confinement() -> std::result::Result<Confinement, String> {
     let userns = if nix::unistd::geteuid().is_root() {
         Some(identity_userns().map_err(|e| {
             format!(
-                "cannot create a user namespace ({e}); user namespaces are disabled here \
-                 (user.max_user_namespaces, or a container's seccomp filter); \
-                 see `shade doctor`"
+                "cannot create a user namespace ({e}): they are disabled here \
+                 (user.max_user_namespaces, or a container's seccomp filter); allow them \
+                 (see `shade doctor`) or use `shade run --unconfined` (no security boundary)"
             )
         })?)
     } else {
@@ -130,7 +130,8 @@ fn find_confinement() -> std::result::Result<Confinement, String> {
             "the sandbox cannot start here ({msg}); user namespaces are probably restricted \
              (kernel.apparmor_restrict_unprivileged_userns=1, \
              kernel.unprivileged_userns_clone=0, user.max_user_namespaces=0 or a \
-             container's seccomp filter); see `shade doctor`"
+             container's seccomp filter); allow them (see `shade doctor`) or use \
+             `shade run --unconfined` (no security boundary)"
         ));
     }
     Ok(conf)

@@ -212,6 +212,9 @@ fn suspend_with(pgid: i32) {
     unsafe { libc::killpg(pgid, libc::SIGCONT) };
 }
 
+/// How a [`Termination::CannotExec`] of a sandbox that failed to set up begins.
+pub(crate) const SETUP_FAILED: &str = "the sandbox (bubblewrap) could not start the command";
+
 /// How a confined command ended: bwrap exits with the command's status, or 128+n when a
 /// signal killed it (so a command's own `exit 130` reads as SIGINT too, as in shells); no
 /// status at all means the command never ran, and bwrap said why on its stderr.
@@ -222,8 +225,7 @@ fn confined_end(bwrap: ExitStatus, code: Option<i32>) -> Termination {
         None => match bwrap.signal() {
             Some(sig) => Termination::Signaled(sig),
             None => Termination::CannotExec(format!(
-                "the sandbox (bubblewrap) could not start the command (status {}); \
-                 its message is on the command's stderr",
+                "{SETUP_FAILED} (bwrap exited with status {})",
                 bwrap.code().unwrap_or(-1)
             )),
         },
