@@ -47,6 +47,11 @@ pub struct RunArgs {
     /// Give the command a private, empty /tmp.
     #[arg(long)]
     pub private_tmp: bool,
+    /// Run without the sandbox: only a private mount namespace with the branch bound over
+    /// the project. NOT a security boundary (the command can reach shade, the real project
+    /// and the host); for machines without user namespaces and for file system test suites.
+    #[arg(long)]
+    pub unconfined: bool,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -140,17 +145,27 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     let project = std::fs::canonicalize(&dir)
         .with_context(|| format!("project directory {}", dir.display()))?;
     anyhow::ensure!(project.is_dir(), "{} is not a directory", project.display());
+    anyhow::ensure!(
+        project != std::path::Path::new("/"),
+        "the project cannot be / (its branch would be bound over the whole file system); \
+         give a project directory with -C"
+    );
     // Stay in the same subdirectory when invoked from inside the project.
     let cwd = std::fs::canonicalize(&here)
         .ok()
         .filter(|h| h.starts_with(&project))
         .unwrap_or_else(|| project.clone());
 
+    // Finding out whether the sandbox works starts one: do it while the branch mounts.
+    let probe = (!args.unconfined).then(|| std::thread::spawn(|| sandbox::probe().is_ok()));
     let opts = BranchOptions {
         state,
         ..BranchOptions::default()
     };
     let branch = Branch::create(&project, &opts)?;
+    if let Some(probe) = probe {
+        let _ = probe.join();
+    }
     let spec = RunSpec {
         project: project.clone(),
         mount: branch.mountpoint().to_path_buf(),
@@ -168,6 +183,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
         isolation: Isolation {
             network: args.no_network,
             private_tmp: args.private_tmp,
+            unconfined: args.unconfined,
             ..Isolation::default()
         },
         binds: Vec::new(),
@@ -175,6 +191,11 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     // Only this thread takes Ctrl-C/SIGTERM, and only while the command runs (the runner
     // forwards them to it). Outside that window they wait until shade has finished its own
     // work — changeset, accept, unmount — so an accept is never cut short.
+    // On a terminal the command gets its own process group through shade's binary (see
+    // sandbox::foreground_helper).
+    if let Ok(exe) = std::env::current_exe() {
+        sandbox::set_foreground_helper(exe);
+    }
     termination_signals(SigmaskHow::SIG_UNBLOCK);
     let outcome = sandbox::run(&spec);
     termination_signals(SigmaskHow::SIG_BLOCK);

@@ -5,6 +5,7 @@
 mod args;
 mod chat;
 mod cmd_check;
+mod cmd_doctor;
 mod cmd_exec;
 mod cmd_lint;
 mod cmd_recover;
@@ -16,6 +17,7 @@ mod markdown;
 mod mcp;
 
 use clap::{Parser, Subcommand};
+use shade_fusefs::sandbox;
 
 #[derive(Parser)]
 #[command(
@@ -45,9 +47,20 @@ enum Command {
     Check(cmd_check::CheckArgs),
     /// Serve branches of the project to an MCP client (Claude Code, Codex, …) over stdio.
     Mcp(mcp::McpArgs),
+    /// Say what isolation this machine gives commands in a branch (sandbox, namespaces, FUSE).
+    Doctor(cmd_doctor::DoctorArgs),
 }
 
 fn main() {
+    // Inside a sandbox, before a foreground command: not a subcommand of the CLI.
+    let mut argv = std::env::args_os().skip(1);
+    if argv.next().as_deref() == Some(std::ffi::OsStr::new(sandbox::FOREGROUND_HELPER_ARG)) {
+        std::process::exit(sandbox::foreground_helper(&argv.collect::<Vec<_>>()));
+    }
+    // Nobody may ptrace shade or read its memory and descriptors under /proc/PID, not even
+    // a process of the same user (a command of a branch run unconfined included).
+    // SAFETY: prctl(2) with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0) };
     init_tracing();
     let cli = Cli::try_parse().unwrap_or_else(|e| cmd_check::exit_on_usage_error(e));
     let code = match cli.command {
@@ -58,6 +71,7 @@ fn main() {
         Command::Recover(args) => cmd_recover::main(args),
         Command::Check(args) => cmd_check::main(args),
         Command::Mcp(args) => mcp::main(args),
+        Command::Doctor(args) => cmd_doctor::main(args),
     };
     std::process::exit(code);
 }

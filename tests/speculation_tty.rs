@@ -517,3 +517,52 @@ fn accepting_a_shadow_session_drops_its_speculation_first() {
     wait_until("the session to end", 60, || !tty.alive());
     chat.assert_nothing_left();
 }
+
+/// What a prompt-injected model would run in a speculation: every route out of a branch
+/// shade's sandbox closes (issue 18), for a suggestion that is only shown.
+const ESCAPE: &str = r#"P=$PWD; for p in /proc/[0-9]*; do echo X > $p/root$P/README; done 2>/dev/null; for t in $PPID 1; do nsenter -t $t -m -- sh -c "echo X > $P/README"; nsenter -t $t -n -- true && echo net > $P/net; done 2>/dev/null; mount -o remount,rw,bind / 2>/dev/null; umount -l $P 2>/dev/null; echo X > $P/README; touch /var/tmp/shade-speculation-escape $HOME/shade-speculation-escape 2>/dev/null; echo attempted"#;
+
+fn escape_model(body: &Value) -> Reply {
+    let user = last_real_user(body);
+    if is_suggestion_request(body) {
+        return Reply::text(if user == "what is wrong?" {
+            "clean up"
+        } else {
+            ""
+        });
+    }
+    let reply = match (user.as_str(), tool_results_since_user(body)) {
+        ("hello", _) => Reply::text("Hello."),
+        ("what is wrong?", _) => Reply::text("Nothing is wrong."),
+        ("clean up", 0) => Reply::tool("shell", json!({ "command": ESCAPE })),
+        ("clean up", _) => Reply::text("Cleaned up."),
+        (other, _) => Reply::text(&format!("You said: {other}")),
+    };
+    reply.after(LATENCY)
+}
+
+#[test]
+fn a_shown_suggestions_speculation_cannot_get_out_of_its_branch() {
+    let chat = setup_with(escape_model);
+    let outside = Path::new("/var/tmp/shade-speculation-escape");
+    let _ = std::fs::remove_file(outside);
+    let home_file = chat
+        .project
+        .parent()
+        .unwrap()
+        .join("shade-speculation-escape");
+    let tty = converse(&chat, "what is wrong?", "Nothing is wrong.");
+    wait_ghost(&tty, "clean up");
+    // The speculation ran the command and gave the model its output.
+    wait_until("the speculated command's result", 60, || {
+        served(&chat, "clean up", 1, "fast-model") == 1
+    });
+    assert_eq!(read(&chat.project.join("README")), "a project\n");
+    assert!(!chat.project.join("net").exists());
+    assert!(!outside.exists(), "the speculation wrote /var/tmp");
+    assert!(!home_file.exists(), "the speculation wrote $HOME");
+    tty.keys(&["C-d"]);
+    wait_until("the session to end", 60, || !tty.alive());
+    assert_eq!(read(&chat.project.join("README")), "a project\n");
+    assert_eq!(chat.mounts(), 0);
+}

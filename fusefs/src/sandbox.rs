@@ -1,23 +1,27 @@
 //! Runs a command inside a branch mount, at the project's real absolute path.
 //!
-//! The command gets its own process group and a private mount namespace in which the
-//! branch mount is bind-mounted over the project path, so absolute paths baked into
-//! venvs, build caches and compile databases resolve into the branch and can never write
-//! through to the real tree. Without the privileges for namespaces it degrades to running
-//! in the mount directory and says so. This module knows nothing about how the overlay
-//! works: it only needs a directory to bind and the path to bind it over.
+//! The command runs confined by bubblewrap (see bwrap.rs: user and PID namespaces, a
+//! minimal /dev, shade's state hidden, a seccomp filter), with the branch mount bound over
+//! the project path, so absolute paths baked into venvs, build caches and compile databases
+//! resolve into the branch and nothing can reach the real tree. Where that sandbox cannot be
+//! had, runs are refused ([`SandboxError::Unconfined`]) unless [`Isolation::unconfined`]
+//! asks for the old mount namespace only (no security boundary), which without privileges
+//! degrades further to running in the mount directory. This module knows nothing about how
+//! the overlay works: it only needs a directory to bind and the path to bind it over.
 //!
 //! It is a library: `shade run` calls it as the terminal's foreground job
 //! ([`RunSpec::foreground`]: signal handlers, terminal hand-over), while the agent, lint and
 //! speculation call it from async programs that handle Ctrl-C themselves, capture the output
 //! ([`Output::Capture`]) and stop a run through a [`Cancel`] handle.
 
+mod bwrap;
 mod caches;
 mod cancel;
 mod capture;
 mod child;
 mod procs;
 mod report;
+mod seccomp;
 mod signals;
 mod supervise;
 #[cfg(test)]
@@ -33,6 +37,9 @@ use std::time::Duration;
 
 use nix::errno::Errno;
 
+pub use bwrap::{
+    foreground_helper, probe, set_foreground_helper, Confinement, FOREGROUND_HELPER_ARG,
+};
 pub use caches::{default_cache_dirs, CacheBranches};
 pub use cancel::Cancel;
 pub use capture::{Captured, Tee};
@@ -119,8 +126,7 @@ pub enum Output {
     },
 }
 
-/// Optional isolation on top of the mount namespace. Everything but `time_limit` needs
-/// namespaces: when they are unavailable, `run` refuses instead of silently running without.
+/// Optional isolation on top of the sandbox every command gets (see the module doc).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Isolation {
     /// Network off: a new network namespace with only the loopback interface, up.
@@ -133,6 +139,10 @@ pub struct Isolation {
     pub read_only: bool,
     /// Kill the command after this long, whatever [`RunSpec::timeout`] says (the shorter wins).
     pub time_limit: Option<Duration>,
+    /// No sandbox: only a private mount namespace with the branch bound over the project
+    /// (`shade run --unconfined`, and file system test suites that need real root). The
+    /// command can reach shade, the real project and the host: no security boundary.
+    pub unconfined: bool,
 }
 
 impl Isolation {
@@ -144,10 +154,11 @@ impl Isolation {
             private_tmp: true,
             read_only: true,
             time_limit: Some(time_limit),
+            unconfined: false,
         }
     }
 
-    /// Whether this isolation needs a private namespace beyond the mount one.
+    /// Unconfined runs: whether this isolation needs a private namespace beyond the mount one.
     fn needs_namespace(&self) -> bool {
         self.network || self.private_tmp || self.read_only
     }
@@ -189,7 +200,9 @@ pub struct RunOutcome {
     /// False when we fell back to running in the mount directory without a namespace.
     pub namespaced: bool,
     /// Processes other than the command itself that were still alive when it ended (or
-    /// when we stopped it) and that we killed: background jobs, escaped daemons.
+    /// when we stopped it) and that we killed: background jobs, escaped daemons. For a
+    /// confined run a best-effort count: the kernel kills whatever is left in its PID
+    /// namespace the moment the command ends, often before we can look.
     pub leftovers_killed: usize,
     /// The command's stdout, with [`Output::Capture`].
     pub stdout: Option<Captured>,
@@ -217,6 +230,9 @@ pub enum SandboxError {
     /// The spec cannot be run as given.
     #[error("{0}")]
     Invalid(String),
+    /// The sandbox cannot be had here; the message says why and what to do.
+    #[error("not running the command without its sandbox: {0}")]
+    Unconfined(String),
     /// Isolation was asked for, but this process may not create namespaces.
     #[error(
         "isolation needs a private namespace, which this process may not create ({0}); \
@@ -262,10 +278,48 @@ pub fn run_cancellable(spec: &RunSpec, cancel: &Cancel) -> Result<RunOutcome> {
     run_inner(spec, Some(cancel))
 }
 
+/// The bwrap command that runs `spec` confined, for callers that need their own stdio and
+/// supervision (language servers speaking over stdin/stdout): the same sandbox as [`run`]
+/// (only `timeout`, `output`, `tee` and `foreground` are not used). It gets its own process
+/// group; killing it (bwrap's monitor) kills everything in the sandbox. Refused like a run
+/// where the sandbox cannot be had; with [`Isolation::unconfined`] refused too (use
+/// [`run`]).
+pub fn command(spec: &RunSpec) -> Result<Command> {
+    check_spec(spec)?;
+    if spec.isolation.unconfined {
+        return Err(SandboxError::Invalid(
+            "an unconfined command cannot be prepared, only run".into(),
+        ));
+    }
+    let conf = probe().map_err(|why| SandboxError::Unconfined(why.to_string()))?;
+    bwrap::build(conf, spec, false, None)
+}
+
 fn run_inner(spec: &RunSpec, cancel: Option<&Cancel>) -> Result<RunOutcome> {
     check_spec(spec)?;
     if cancel.is_some_and(Cancel::is_cancelled) {
         return Ok(outcome(Termination::Cancelled, false));
+    }
+    if !spec.isolation.unconfined {
+        let conf = probe().map_err(|why| SandboxError::Unconfined(why.to_string()))?;
+        check_sources(spec)?;
+        if let Some(msg) = bwrap::cannot_exec(spec) {
+            return Ok(outcome(Termination::CannotExec(msg), true));
+        }
+        let _signals = if spec.foreground {
+            Some(
+                signals::Guard::install()
+                    .map_err(|e| SandboxError::io("installing signal handlers")(e.into()))?,
+            )
+        } else {
+            None
+        };
+        let ctl = supervise::Control {
+            timeout: spec.limit(),
+            foreground: spec.foreground,
+            cancel,
+        };
+        return run_confined(conf, spec, &ctl, cancel);
     }
     let _signals = if spec.foreground {
         Some(
@@ -374,6 +428,31 @@ fn check_spec(spec: &RunSpec) -> Result<()> {
     Ok(())
 }
 
+/// A missing branch mount or bind source is shade's failure, said before bwrap says it in
+/// the command's stderr.
+fn check_sources(spec: &RunSpec) -> Result<()> {
+    let missing = |p: &Path| match std::fs::metadata(p) {
+        Ok(m) if m.is_dir() => None,
+        Ok(_) => Some(std::io::Error::from_raw_os_error(libc::ENOTDIR)),
+        Err(e) => Some(e),
+    };
+    if let Some(err) = missing(&spec.mount) {
+        return Err(SandboxError::Io {
+            what: Stage::Bind.describe(spec),
+            err,
+        });
+    }
+    for b in &spec.binds {
+        if let Some(err) = missing(&b.source) {
+            return Err(SandboxError::Io {
+                what: format!("binding {} over {}", b.source.display(), b.target.display()),
+                err,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The fallback runs without a bind, so the working directory is translated into the mount.
 fn fallback_cwd(spec: &RunSpec) -> Result<PathBuf> {
     let rel = spec
@@ -402,6 +481,8 @@ pub(crate) struct Running {
     pub tty_handed: bool,
     /// Readers of the command's stdout and stderr, with [`Output::Capture`].
     pub capture: Option<capture::Readers>,
+    /// Confined runs: what bwrap reports (its sandbox's PID namespace, the exit status).
+    pub status: Option<bwrap::Status>,
 }
 
 enum Spawned {
@@ -409,6 +490,116 @@ enum Spawned {
     CannotExec(String),
     /// Creating the namespace was refused: the caller falls back.
     NoPrivileges(Errno),
+}
+
+/// How often a sandbox that failed to set up is tried: bwrap remounts every mount it binds,
+/// and a mount that goes away meanwhile (another branch closing) fails that set-up. The
+/// command never started then, so trying again is safe.
+const SETUP_ATTEMPTS: u64 = 8;
+
+fn run_confined(
+    conf: &Confinement,
+    spec: &RunSpec,
+    ctl: &supervise::Control,
+    cancel: Option<&Cancel>,
+) -> Result<RunOutcome> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let held = spec.tee.clone().map(capture::HeldTee::new);
+        let mut this = spec.clone();
+        this.tee = held.as_ref().map(capture::HeldTee::tee);
+        let running = spawn_confined(conf, &this)?;
+        let mut outcome = supervise::wait(running, ctl, true)?;
+        let setup_failed = matches!(&outcome.termination,
+            Termination::CannotExec(msg) if msg.starts_with(supervise::SETUP_FAILED));
+        let retry =
+            setup_failed && attempt < SETUP_ATTEMPTS && !cancel.is_some_and(Cancel::is_cancelled);
+        if !retry {
+            if let Some(held) = &held {
+                held.release();
+            }
+        }
+        let Termination::CannotExec(msg) = &outcome.termination else {
+            return Ok(outcome);
+        };
+        if !setup_failed {
+            return Ok(outcome);
+        }
+        // bwrap says why on the command's stderr: name it when we have it.
+        let said = outcome.stderr.as_ref().map(Captured::text).and_then(|t| {
+            t.lines()
+                .rev()
+                .find(|l| l.starts_with("bwrap:"))
+                .map(str::to_string)
+        });
+        if retry {
+            tracing::debug!("{msg}: {said:?}; trying again");
+            std::thread::sleep(Duration::from_millis(10 * attempt));
+            continue;
+        }
+        outcome.termination = Termination::CannotExec(match said {
+            Some(said) => format!("{msg}: {said}"),
+            None => format!("{msg}; bwrap said why on stderr"),
+        });
+        return Ok(outcome);
+    }
+}
+
+/// Where the command's streams go, on a command being prepared.
+fn set_output(cmd: &mut Command, output: Output) -> Result<()> {
+    match output {
+        Output::Inherit => {}
+        Output::StdoutToStderr => {
+            let err = std::io::stderr()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(SandboxError::io("duplicating stderr"))?;
+            cmd.stdout(Stdio::from(err));
+        }
+        Output::Capture { .. } => {
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+        }
+    }
+    Ok(())
+}
+
+/// Starts bwrap for `spec` and waits for it to report its sandbox.
+fn spawn_confined(conf: &Confinement, spec: &RunSpec) -> Result<Running> {
+    let (status_rd, status_wr) =
+        bwrap::status_pipe().map_err(SandboxError::io("creating a pipe"))?;
+    let tty_handed = spec.foreground && child::can_hand_tty();
+    let mut cmd = bwrap::build(conf, spec, tty_handed, Some(status_wr))?;
+    set_output(&mut cmd, spec.output)?;
+    let spawned = cmd.spawn();
+    // The hook holds bwrap's end of the status pipe: close ours so we see EOF.
+    drop(cmd);
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(err) => {
+            child::restore_tty(tty_handed);
+            return Err(SandboxError::Io {
+                what: format!("starting the sandbox ({})", conf.bwrap.display()),
+                err,
+            });
+        }
+    };
+    let capture = match spec.output {
+        Output::Capture { cap } => {
+            Some(capture::Readers::start(&mut child, cap, spec.tee.as_ref()))
+        }
+        _ => None,
+    };
+    let status = bwrap::Status::start(status_rd);
+    Ok(Running {
+        child,
+        mnt_ns: None,
+        tty_handed,
+        capture,
+        status: Some(status),
+    })
 }
 
 fn spawn(spec: &RunSpec, mode: Mode) -> Result<Spawned> {
@@ -427,21 +618,7 @@ fn spawn(spec: &RunSpec, mode: Mode) -> Result<Spawned> {
     }
     // Shells trust an inherited $PWD that names their cwd; give them the right one.
     cmd.env("PWD", plan.cwd_os());
-    match spec.output {
-        Output::Inherit => {}
-        Output::StdoutToStderr => {
-            let err = std::io::stderr()
-                .as_fd()
-                .try_clone_to_owned()
-                .map_err(SandboxError::io("duplicating stderr"))?;
-            cmd.stdout(Stdio::from(err));
-        }
-        Output::Capture { .. } => {
-            cmd.stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-        }
-    }
+    set_output(&mut cmd, spec.output)?;
     // SAFETY: the closure only makes async-signal-safe system calls on data prepared
     // before the fork (see child.rs); it allocates nothing.
     unsafe {
@@ -463,6 +640,7 @@ fn spawn(spec: &RunSpec, mode: Mode) -> Result<Spawned> {
                 mnt_ns: report.mnt_ns,
                 tty_handed,
                 capture,
+                status: None,
             }))
         }
         Err(err) => {

@@ -39,6 +39,8 @@ pub(crate) struct Speculator {
     /// Aborts under way (joined before the session ends, so no branch outlives it).
     aborting: Mutex<Vec<std::thread::JoinHandle<()>>>,
     runtime: tokio::runtime::Handle,
+    /// The sandbox is not available: said once, then no speculation starts.
+    refused: std::sync::atomic::AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -52,6 +54,7 @@ impl Speculator {
             current: Mutex::new(None),
             aborting: Mutex::new(Vec::new()),
             runtime,
+            refused: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -65,6 +68,17 @@ impl Speculator {
         let Some(t) = lock(&self.template).clone() else {
             return;
         };
+        // A speculation runs the model's commands before anyone approved them: never
+        // without the sandbox. Said once per session.
+        if let Err(why) = shade_fusefs::sandbox::probe() {
+            if !self
+                .refused
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                eprintln!("shade: not speculating: {why}");
+            }
+            return;
+        }
         let spec = Speculation::start(
             Start {
                 suggestion: suggestion.to_string(),

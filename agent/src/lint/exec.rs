@@ -1,13 +1,10 @@
-//! Running a checker inside a branch, at the project's real path: each process gets a
-//! private mount namespace in which the branch mount is bound over the project directory,
-//! so absolute paths (compile databases, venvs, cargo's target dir) resolve into the
-//! branch and nothing can write through to the real tree. Batch checkers run through the
+//! Running a checker inside a branch, at the project's real path: each process runs in the
+//! branch sandbox (bubblewrap: the branch mount bound over the project directory, shade
+//! and the real tree out of reach), so absolute paths (compile databases, venvs, cargo's
+//! target dir) resolve into the branch and nothing can write through to the real tree. Batch checkers run through the
 //! sandbox runner ([`shade_fusefs::sandbox`]); language servers, which live on and speak
 //! over their stdio, are started by [`command`].
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -100,57 +97,23 @@ pub struct Output {
     pub timed_out: bool,
 }
 
-/// A command prepared to start inside `view` at `cwd` (an absolute path in the project).
-/// Stdio is left to the caller.
+/// A command prepared to start inside `view` at `cwd` (an absolute path in the project),
+/// confined by the same sandbox as every other command in a branch
+/// ([`shade_fusefs::sandbox::command`]): it gets its own process group, and killing it kills
+/// everything it started. Stdio is left to the caller. Refused where the sandbox cannot be
+/// had.
 pub fn command(view: &BranchView, argv: &[String], cwd: &Path) -> std::io::Result<Command> {
-    let (prog, args) = argv
-        .split_first()
-        .ok_or_else(|| std::io::Error::other("empty command"))?;
-    let c = |p: &Path| {
-        CString::new(p.as_os_str().as_bytes()).map_err(|_| std::io::Error::other("NUL in path"))
-    };
-    let mount = c(&view.mount)?;
-    let project = c(&view.project)?;
-    let cwd_c = c(cwd)?;
-    let fallback_cwd = c(&match cwd.strip_prefix(&view.project) {
-        Ok(rel) => view.mount.join(rel),
-        Err(_) => view.mount.clone(),
-    })?;
-    let root = c(Path::new("/"))?;
-    let mut cmd = Command::new(prog);
-    cmd.args(args).process_group(0);
-    for k in UNSET {
-        cmd.env_remove(k);
+    if argv.is_empty() {
+        return Err(std::io::Error::other("empty command"));
     }
-    // SAFETY: only async-signal-safe system calls on data prepared before the fork.
-    unsafe {
-        cmd.pre_exec(move || {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            let bound = libc::unshare(libc::CLONE_NEWNS) == 0
-                && libc::mount(
-                    std::ptr::null(),
-                    root.as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_REC | libc::MS_PRIVATE,
-                    std::ptr::null(),
-                ) == 0
-                && libc::mount(
-                    mount.as_ptr(),
-                    project.as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_BIND | libc::MS_REC,
-                    std::ptr::null(),
-                ) == 0;
-            // Without the privilege for namespaces the checker runs in the mount
-            // directory: its paths then name the mount, which normalisation strips.
-            let dir = if bound { &cwd_c } else { &fallback_cwd };
-            if libc::chdir(dir.as_ptr()) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    Ok(cmd)
+    let mut spec = shade_fusefs::sandbox::RunSpec::new(
+        view.project.clone(),
+        view.mount.clone(),
+        cwd.to_path_buf(),
+        argv.iter().map(Into::into).collect(),
+    );
+    spec.env = UNSET.iter().map(|k| (k.into(), None)).collect();
+    shade_fusefs::sandbox::command(&spec).map_err(|e| std::io::Error::other(e.to_string()))
 }
 
 /// Variables never passed to a checker: `CARGO_TARGET_DIR` would send the branch's build

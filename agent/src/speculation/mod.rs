@@ -362,6 +362,10 @@ fn count_tool_uses(events: &[AgentEvent]) -> usize {
 
 /// The speculative run itself; returns how it ended.
 async fn run(start: Start, shared: &Arc<Shared>, cancel: &CancellationToken) -> Status {
+    // Its commands run before anyone approved them: only in the sandbox, never without.
+    if let Err(why) = shade_fusefs::sandbox::probe() {
+        return Status::Failed(format!("not speculating: {why}"));
+    }
     let project = start.project.clone();
     let base = start.base.clone();
     let shadow = match tokio::task::spawn_blocking(move || {

@@ -63,7 +63,17 @@ fn run(base: &Path, rounds: usize) -> Result<()> {
     let cases: Vec<(&str, Option<RunSpec>)> = vec![
         ("plain fork/exec of `true` (no sandbox)", None),
         (
-            "branch bound at the real path (`shade run`, live `--shadow`)",
+            "`--unconfined`: mount namespace only (the runner before bubblewrap)",
+            Some(spec(
+                Isolation {
+                    unconfined: true,
+                    ..Isolation::default()
+                },
+                Vec::new(),
+            )),
+        ),
+        (
+            "sandbox: branch bound at the real path (`shade run`, live `--shadow`)",
             Some(spec(Isolation::default(), Vec::new())),
         ),
         (

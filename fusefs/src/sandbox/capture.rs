@@ -23,6 +23,57 @@ impl Tee {
     }
 }
 
+/// Output a failed sandbox set-up can have written (bwrap's one-line message): an attempt
+/// that wrote more than this ran the command.
+const SETUP_NOISE: usize = 4096;
+
+/// A tee for one attempt at starting a sandbox: it holds the first few KiB back until the
+/// attempt is known to have run the command ([`HeldTee::release`]) or more arrives, so the
+/// message of a set-up that is tried again never reaches the caller's tee.
+pub(crate) struct HeldTee {
+    inner: Tee,
+    /// `None` once released.
+    held: std::sync::Mutex<Option<Vec<u8>>>,
+}
+
+impl HeldTee {
+    pub(crate) fn new(inner: Tee) -> Arc<HeldTee> {
+        Arc::new(HeldTee {
+            inner,
+            held: std::sync::Mutex::new(Some(Vec::new())),
+        })
+    }
+
+    /// The tee to give the attempt.
+    pub(crate) fn tee(self: &Arc<Self>) -> Tee {
+        let me = self.clone();
+        Tee::new(move |bytes: &[u8]| me.write(bytes))
+    }
+
+    fn write(&self, bytes: &[u8]) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        match held.as_mut() {
+            Some(buf) if buf.len() + bytes.len() <= SETUP_NOISE => buf.extend_from_slice(bytes),
+            Some(buf) => {
+                (self.inner.0)(buf);
+                (self.inner.0)(bytes);
+                *held = None;
+            }
+            None => (self.inner.0)(bytes),
+        }
+    }
+
+    /// The attempt ran the command: pass on what was held.
+    pub(crate) fn release(&self) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(buf) = held.take() {
+            if !buf.is_empty() {
+                (self.inner.0)(&buf);
+            }
+        }
+    }
+}
+
 impl std::fmt::Debug for Tee {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Tee")
@@ -156,5 +207,47 @@ fn trim_tail(out: &mut Captured, half: usize) {
         let excess = out.tail.len() - half;
         out.tail.drain(..excess);
         out.omitted += excess as u64;
+    }
+}
+
+#[cfg(test)]
+mod held_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::sync::Mutex;
+
+    fn sink() -> (Tee, Arc<Mutex<Vec<u8>>>) {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let g = got.clone();
+        (
+            Tee::new(move |b: &[u8]| g.lock().unwrap().extend_from_slice(b)),
+            got,
+        )
+    }
+
+    #[test]
+    fn a_failed_attempts_message_never_reaches_the_tee() {
+        let (tee, got) = sink();
+        let held = HeldTee::new(tee);
+        (held.tee().0)(b"bwrap: Can't bind mount\n");
+        drop(held);
+        assert!(got.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_run_passes_everything_on_in_order() {
+        let (tee, got) = sink();
+        let held = HeldTee::new(tee);
+        let t = held.tee();
+        (t.0)(b"small ");
+        assert!(got.lock().unwrap().is_empty(), "held back until known");
+        let big = vec![b'x'; SETUP_NOISE];
+        (t.0)(&big);
+        (t.0)(b" end");
+        held.release();
+        let mut want = b"small ".to_vec();
+        want.extend_from_slice(&big);
+        want.extend_from_slice(b" end");
+        assert_eq!(*got.lock().unwrap(), want);
     }
 }

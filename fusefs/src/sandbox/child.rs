@@ -422,7 +422,7 @@ pub(crate) fn can_hand_tty() -> bool {
 
 /// In the child: make our new process group the terminal's foreground group.
 /// SIGTTOU is blocked meanwhile because we are a background group at this point.
-fn take_tty() {
+pub(crate) fn take_tty() {
     // SAFETY: signal-mask and terminal system calls on stack data.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();

@@ -21,6 +21,12 @@ pub(crate) struct Members {
     pub pgid: i32,
     /// Inode of its private mount namespace, if it has one.
     pub mnt_ns: Option<u64>,
+    /// Inode of its PID namespace (confined runs): everything in it belongs to the run.
+    pub pid_ns: Option<u64>,
+    /// Confined runs: bwrap's monitor (our child, `pgid`). It is only ever SIGKILLed: any
+    /// signal kills it, and its death kills the whole PID namespace at once (bwrap's
+    /// `--die-with-parent`), which would leave the command no grace period.
+    pub monitor: Option<i32>,
 }
 
 impl Members {
@@ -42,7 +48,19 @@ impl Members {
         if matches!(state, 'Z' | 'X') {
             return false;
         }
-        pgrp == self.pgid || (self.mnt_ns.is_some() && mnt_ns_of(pid) == self.mnt_ns)
+        pgrp == self.pgid
+            || (self.mnt_ns.is_some() && ns_of(pid, "mnt") == self.mnt_ns)
+            || (self.pid_ns.is_some() && ns_of(pid, "pid") == self.pid_ns)
+    }
+
+    /// The run's own processes, not counted as leftovers: the command (the process group
+    /// leader, or pid 2 of a confined run's namespace), bwrap's monitor and the namespace's
+    /// init.
+    fn is_core(&self, pid: i32) -> bool {
+        if pid == self.pgid {
+            return true;
+        }
+        self.pid_ns.is_some() && matches!(inner_pid(pid), Some(1 | 2))
     }
 
     fn signal(&self, pids: &[i32], sig: libc::c_int) {
@@ -55,44 +73,69 @@ impl Members {
         for &sig in sigs {
             // SAFETY: kill(2); a vanished pid gives ESRCH, which is fine.
             unsafe {
-                libc::kill(-self.pgid, sig);
+                match self.monitor {
+                    Some(monitor) if sig == libc::SIGKILL => {
+                        libc::kill(monitor, sig);
+                    }
+                    Some(_) => {}
+                    None => {
+                        libc::kill(-self.pgid, sig);
+                    }
+                }
                 for &pid in pids {
-                    libc::kill(pid, sig);
+                    if Some(pid) != self.monitor || sig == libc::SIGKILL {
+                        libc::kill(pid, sig);
+                    }
                 }
             }
         }
     }
 
     /// SIGTERM to everyone, SIGKILL to whoever is still there after `grace`, or as soon
-    /// as `hurry()` says so (the user pressed Ctrl-C again). Returns every process seen
-    /// alive on the way.
-    pub(crate) fn terminate(&self, grace: Duration, hurry: impl Fn() -> bool) -> HashSet<i32> {
+    /// as `hurry()` says so (the user pressed Ctrl-C again). Returns how many processes
+    /// other than the run's own (see `is_core`) were seen alive on the way.
+    pub(crate) fn terminate(&self, grace: Duration, hurry: impl Fn() -> bool) -> usize {
         let mut seen = HashSet::new();
+        let mut leftovers = HashSet::new();
         let mut live = self.scan();
         if live.is_empty() {
-            return seen;
+            return 0;
         }
+        let note = |live: &[i32], leftovers: &mut HashSet<i32>| {
+            for &p in live {
+                if !leftovers.contains(&p) && !self.is_core(p) {
+                    leftovers.insert(p);
+                }
+            }
+        };
+        note(&live, &mut leftovers);
         seen.extend(&live);
         self.signal(&live, libc::SIGTERM);
         let deadline = Instant::now() + grace;
+        // Most processes go at once: look again soon, then every POLL.
+        let mut nap = Duration::from_millis(1);
         while !live.is_empty() && Instant::now() < deadline && !hurry() {
-            sleep(POLL);
+            sleep(nap);
+            nap = (nap * 2).min(POLL);
             live = self.scan();
+            note(&live, &mut leftovers);
             // Late forks get the same treatment.
             let new: Vec<i32> = live.iter().copied().filter(|p| seen.insert(*p)).collect();
             self.signal(&new, libc::SIGTERM);
         }
         let deadline = Instant::now() + KILL_WAIT;
+        let mut nap = Duration::from_millis(1);
         while !live.is_empty() && Instant::now() < deadline {
             seen.extend(&live);
             self.signal(&live, libc::SIGKILL);
-            sleep(POLL);
+            sleep(nap);
+            nap = (nap * 2).min(POLL);
             live = self.scan();
         }
         if !live.is_empty() {
             tracing::warn!(?live, "processes of the command survived SIGKILL");
         }
-        seen
+        leftovers.len()
     }
 }
 
@@ -108,9 +151,20 @@ fn stat_of(pid: i32) -> Option<(char, i32)> {
     Some((state, pgrp))
 }
 
-/// The mount namespace inode from the `mnt:[N]` link.
-fn mnt_ns_of(pid: i32) -> Option<u64> {
-    let link = fs::read_link(format!("/proc/{pid}/ns/mnt")).ok()?;
+/// A namespace's inode from the `KIND:[N]` link.
+fn ns_of(pid: i32, kind: &str) -> Option<u64> {
+    let link = fs::read_link(format!("/proc/{pid}/ns/{kind}")).ok()?;
     let link = link.to_str()?;
-    link.strip_prefix("mnt:[")?.strip_suffix(']')?.parse().ok()
+    link.strip_prefix(kind)?
+        .strip_prefix(":[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
+}
+
+/// The process's pid in its innermost PID namespace (`NSpid:` in its status).
+fn inner_pid(pid: i32) -> Option<i32> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
 }

@@ -45,7 +45,18 @@ pub(crate) fn wait(mut running: Running, ctl: &Control, namespaced: bool) -> Res
         .as_ref()
         .and_then(|f| f.metadata().ok())
         .map(|m| m.ino());
-    let members = Members { pgid: pid, mnt_ns };
+    let pid_ns = running
+        .status
+        .as_ref()
+        .and_then(|s| s.pid_ns.as_ref())
+        .and_then(|f| f.metadata().ok())
+        .map(|m| m.ino());
+    let members = Members {
+        pgid: pid,
+        mnt_ns,
+        pid_ns,
+        monitor: running.status.as_ref().map(|_| pid),
+    };
     let pidfd = pidfd_open(pid);
     let deadline = ctl.timeout.map(|t| Instant::now() + t);
     let wake = ctl.cancel.and_then(Cancel::wake_fd);
@@ -55,21 +66,33 @@ pub(crate) fn wait(mut running: Running, ctl: &Control, namespaced: bool) -> Res
             child::restore_tty(running.tty_handed);
             // Reap only after the sweep: the zombie keeps its pid, and so the process
             // group id, from being reused by an unrelated process meanwhile.
-            let seen = members.terminate(GRACE, ctl.hurry(signals::count()));
+            // Confined, the kernel is already killing what is left (bwrap's monitor has
+            // exited, and its init with it): no grace to give, only the end to wait for.
+            let grace = if running.status.is_some() {
+                Duration::ZERO
+            } else {
+                GRACE
+            };
+            let leftovers_killed = members.terminate(grace, ctl.hurry(signals::count()));
             let status = running
                 .child
                 .wait()
                 .map_err(SandboxError::io("reaping the command"))?;
-            let leftovers_killed = seen.iter().filter(|&&p| p != pid).count();
-            return Ok(finish(
-                running,
-                natural(status),
-                namespaced,
-                leftovers_killed,
-            ));
+            let termination = match running.status.as_mut() {
+                Some(bwrap) => confined_end(status, bwrap.exit_code()),
+                None => natural(status),
+            };
+            return Ok(finish(running, termination, namespaced, leftovers_killed));
         }
         if running.tty_handed && has_stopped(pid) {
             suspend_with(pid);
+        }
+        if running.tty_handed && running.status.is_some() {
+            // Confined, the command owns the terminal in a group of its own (see
+            // bwrap::foreground_helper), which stops without bwrap noticing.
+            if let Some(group) = stopped_foreground(pid) {
+                suspend_with(group);
+            }
         }
         if ctl.foreground {
             if let Some(sig) = signals::pending() {
@@ -95,7 +118,7 @@ pub(crate) fn wait(mut running: Running, ctl: &Control, namespaced: bool) -> Res
     };
 
     // The signal that stopped us counts once; only a further one cuts the grace short.
-    let seen = members.terminate(GRACE, ctl.hurry(signals::count()));
+    let leftovers_killed = members.terminate(GRACE, ctl.hurry(signals::count()));
     if running.child.try_wait().ok().flatten().is_none() {
         // It left its process group and has no namespace to find it by.
         let _ = running.child.kill();
@@ -105,7 +128,6 @@ pub(crate) fn wait(mut running: Running, ctl: &Control, namespaced: bool) -> Res
         .wait()
         .map_err(SandboxError::io("reaping the command"))?;
     child::restore_tty(running.tty_handed);
-    let leftovers_killed = seen.iter().filter(|&&p| p != pid).count();
     Ok(finish(running, stop_reason, namespaced, leftovers_killed))
 }
 
@@ -164,6 +186,21 @@ fn has_stopped(pid: i32) -> bool {
     }
 }
 
+/// The terminal's foreground process group if it is a stopped one other than ours and
+/// `monitor`'s.
+fn stopped_foreground(monitor: i32) -> Option<i32> {
+    // SAFETY: plain queries.
+    let (fg, ours) = unsafe { (libc::tcgetpgrp(0), libc::getpgrp()) };
+    if fg <= 0 || fg == ours || fg == monitor {
+        return None;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{fg}/stat")).ok()?;
+    let state = stat[stat.rfind(')')? + 1..]
+        .split_ascii_whitespace()
+        .next()?;
+    (state == "T").then_some(fg)
+}
+
 /// Ctrl-Z stopped the command, which owns the terminal: stop ourselves too so the user's
 /// shell gets its prompt back, and on `fg` hand the terminal back and continue the command.
 fn suspend_with(pgid: i32) {
@@ -173,6 +210,26 @@ fn suspend_with(pgid: i32) {
     child::set_foreground(pgid);
     // SAFETY: as above.
     unsafe { libc::killpg(pgid, libc::SIGCONT) };
+}
+
+/// How a [`Termination::CannotExec`] of a sandbox that failed to set up begins.
+pub(crate) const SETUP_FAILED: &str = "the sandbox (bubblewrap) could not start the command";
+
+/// How a confined command ended: bwrap exits with the command's status, or 128+n when a
+/// signal killed it (so a command's own `exit 130` reads as SIGINT too, as in shells); no
+/// status at all means the command never ran, and bwrap said why on its stderr.
+fn confined_end(bwrap: ExitStatus, code: Option<i32>) -> Termination {
+    match code {
+        Some(c) if (129..=128 + 64).contains(&c) => Termination::Signaled(c - 128),
+        Some(c) => Termination::Exited(c),
+        None => match bwrap.signal() {
+            Some(sig) => Termination::Signaled(sig),
+            None => Termination::CannotExec(format!(
+                "{SETUP_FAILED} (bwrap exited with status {})",
+                bwrap.code().unwrap_or(-1)
+            )),
+        },
+    }
 }
 
 fn natural(status: ExitStatus) -> Termination {

@@ -1,0 +1,549 @@
+//! The confined runner: every command goes through bubblewrap (`bwrap`), the sandbox
+//! Claude Code and Codex use, instead of namespace code of our own.
+//!
+//! What a command gets, whoever runs shade:
+//! - a user namespace: as a plain user bwrap's own (`--unshare-user`, our uid mapped to
+//!   itself, no capabilities); as root one made once per process with the identity map of
+//!   every id we have (so files of other users in a root's project stay writable through
+//!   the branch), entered before bwrap starts. Its root keeps capabilities inside that
+//!   namespace only, minus CAP_SYS_ADMIN: nothing counts on the host's namespaces.
+//! - a PID namespace with a fresh `/proc` (shade and every outside process invisible), torn
+//!   down with everything in it when the command ends or shade dies (`--die-with-parent`);
+//! - a minimal `/dev` (no disks), a private `/dev/shm`, a private IPC namespace, `/sys`
+//!   read-only, shade's state directories hidden under an empty tmpfs;
+//! - a seccomp filter (mount, namespaces, kernel keyrings, bpf, module loading, terminal
+//!   injection, file handles, …) and no_new_privs.
+//!
+//! Where any of that cannot be had, [`probe`] says why and confined runs are refused.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use super::{child, Result, RunSpec, SandboxError};
+use crate::StateDir;
+
+/// What this machine gives a confined command (see [`probe`]).
+#[derive(Debug)]
+pub struct Confinement {
+    /// The bubblewrap binary.
+    pub bwrap: PathBuf,
+    /// As root: the user namespace with our identity map that bwrap starts in.
+    userns: Option<OwnedFd>,
+    /// The seccomp programs, compiled (classic BPF, native byte order).
+    filters: Vec<Vec<u8>>,
+}
+
+impl Confinement {
+    /// `bwrap --version` (asked on demand: it costs a process).
+    pub fn version(&self) -> String {
+        Command::new(&self.bwrap)
+            .arg("--version")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    }
+
+    /// Whether commands run as root inside their own user namespace (shade runs as root).
+    pub fn root_userns(&self) -> bool {
+        self.userns.is_some()
+    }
+}
+
+static PROBE: OnceLock<std::result::Result<Confinement, String>> = OnceLock::new();
+
+/// Whether commands can be confined here, found once per process by really starting one
+/// (user namespaces can be refused by sysctls, AppArmor or a container's seccomp filter in
+/// ways that only trying shows). `Err` is one line saying why and what to do.
+pub fn probe() -> std::result::Result<&'static Confinement, &'static str> {
+    PROBE
+        .get_or_init(find_confinement)
+        .as_ref()
+        .map_err(String::as_str)
+}
+
+fn find_confinement() -> std::result::Result<Confinement, String> {
+    // SHADE_BWRAP names another bubblewrap (or, in tests, a missing one).
+    let bwrap = match std::env::var_os("SHADE_BWRAP").filter(|v| !v.is_empty()) {
+        Some(path) => Some(PathBuf::from(path)).filter(|p| runnable(p)),
+        None => which("bwrap"),
+    };
+    let bwrap = bwrap.ok_or_else(|| {
+        "bubblewrap (`bwrap`) is not installed; install it (Debian/Ubuntu: apt install \
+         bubblewrap), or run without a sandbox with `shade run --unconfined`"
+            .to_string()
+    })?;
+    let true_bin = which("true").unwrap_or_else(|| PathBuf::from("/bin/true"));
+    let userns = if nix::unistd::geteuid().is_root() {
+        Some(identity_userns().map_err(|e| {
+            format!(
+                "cannot create a user namespace ({e}): they are disabled here \
+                 (user.max_user_namespaces, or a container's seccomp filter); allow them \
+                 (see `shade doctor`) or use `shade run --unconfined` (no security boundary)"
+            )
+        })?)
+    } else {
+        None
+    };
+    let filters = super::seccomp::programs()?;
+    let conf = Confinement {
+        bwrap,
+        userns,
+        filters,
+    };
+    // Really start a sandbox once: AppArmor's restriction of unprivileged user namespaces
+    // and friends only show there.
+    let (mut cmd, fds) = conf
+        .base(&Layout::probe(), &[], &[true_bin.into()], Path::new("/"))
+        .map_err(|e| e.to_string())?;
+    let userns = conf.userns.as_ref().map(AsRawFd::as_raw_fd);
+    let inherit: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    // SAFETY: only async-signal-safe system calls on data prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            let _fds = &fds;
+            enter(userns, &inherit, &[])
+        });
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot start {}: {e}", conf.bwrap.display()))?;
+    if !out.status.success() {
+        let msg = String::from_utf8_lossy(&out.stderr);
+        let msg = msg
+            .lines()
+            .next()
+            .unwrap_or("no message")
+            .trim()
+            .to_string();
+        return Err(format!(
+            "the sandbox cannot start here ({msg}); user namespaces are probably restricted \
+             (kernel.apparmor_restrict_unprivileged_userns=1, \
+             kernel.unprivileged_userns_clone=0, user.max_user_namespaces=0 or a \
+             container's seccomp filter); allow them (see `shade doctor`) or use \
+             `shade run --unconfined` (no security boundary)"
+        ));
+    }
+    Ok(conf)
+}
+
+/// The argument that makes shade's binary the foreground helper ([`foreground_helper`]).
+pub const FOREGROUND_HELPER_ARG: &str = "__shade-sandbox-foreground";
+
+static HELPER: OnceLock<PathBuf> = OnceLock::new();
+
+/// Names the binary that serves as [`foreground_helper`] (shade's own, whose `main` hands
+/// [`FOREGROUND_HELPER_ARG`] to it). Without one, a foreground run on a terminal leaves the
+/// terminal to bwrap's whole process group, so Ctrl-C kills the sandbox at once instead of
+/// reaching the command.
+pub fn set_foreground_helper(exe: PathBuf) {
+    let _ = HELPER.set(exe);
+}
+
+/// Inside the sandbox, for a foreground run on a terminal: put the command in a process
+/// group of its own and make it the terminal's foreground group, then exec it. Then Ctrl-C,
+/// Ctrl-Z and Ctrl-\ reach the command alone, not bwrap's monitor (which any of them would
+/// kill or stop, and the whole sandbox with it). Returns only on failure (exit status).
+pub fn foreground_helper(argv: &[OsString]) -> i32 {
+    let Some((prog, args)) = argv.split_first() else {
+        eprintln!("shade: {FOREGROUND_HELPER_ARG}: no command");
+        return super::EXIT_CANNOT_EXEC;
+    };
+    // SAFETY: setpgid(2) on ourselves.
+    unsafe { libc::setpgid(0, 0) };
+    child::take_tty();
+    let err = Command::new(prog).args(args).exec();
+    eprintln!("shade: {}: {err}", prog.to_string_lossy());
+    super::EXIT_CANNOT_EXEC
+}
+
+/// Where things go in the command's file system.
+struct Layout<'a> {
+    read_only: bool,
+    private_tmp: bool,
+    network_off: bool,
+    /// Directories hidden under an empty tmpfs (shade's state directories).
+    hide: Vec<PathBuf>,
+    /// (source, target) binds, writable, in order (the branch first).
+    binds: Vec<(&'a Path, &'a Path)>,
+    /// Files bound read-only at their own path last (the foreground helper).
+    ro_files: Vec<&'a Path>,
+}
+
+impl Layout<'_> {
+    fn probe() -> Layout<'static> {
+        Layout {
+            read_only: true,
+            private_tmp: true,
+            network_off: true,
+            hide: Vec::new(),
+            binds: Vec::new(),
+            ro_files: Vec::new(),
+        }
+    }
+}
+
+impl Confinement {
+    /// The bwrap command for `argv` in `layout` at `cwd`, with `extra` options before the
+    /// command, and the fds bwrap must inherit (the seccomp programs): the caller's
+    /// pre-exec hook keeps them and calls [`enter`].
+    fn base(
+        &self,
+        layout: &Layout,
+        extra: &[OsString],
+        argv: &[OsString],
+        cwd: &Path,
+    ) -> Result<(Command, Vec<OwnedFd>)> {
+        let mut cmd = Command::new(&self.bwrap);
+        cmd.args([
+            "--die-with-parent",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-cgroup-try",
+        ]);
+        if self.userns.is_none() {
+            cmd.arg("--unshare-user");
+        } else {
+            // Root inside its namespace may chown and override permissions on the branch,
+            // but never mount, unmount or enter namespaces (the seccomp filter says the
+            // same; this holds even for a call it does not know).
+            cmd.args(["--cap-drop", "CAP_SYS_ADMIN"]);
+        }
+        if layout.network_off {
+            cmd.arg("--unshare-net");
+        }
+        // bwrap runs the mounts in argument order and takes every source from the old
+        // root, so the branch can be bound after its state directory is hidden.
+        let root = if layout.read_only {
+            "--ro-bind"
+        } else {
+            "--bind"
+        };
+        cmd.args([root, "/", "/"]);
+        cmd.args([
+            "--ro-bind",
+            "/sys",
+            "/sys",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+        ]);
+        cmd.args(["--perms", "1777", "--tmpfs", "/dev/shm"]);
+        if layout.private_tmp || layout.read_only {
+            cmd.args(["--perms", "1777", "--tmpfs", "/tmp"]);
+        }
+        for dir in &layout.hide {
+            cmd.arg("--tmpfs").arg(dir);
+        }
+        for (source, target) in &layout.binds {
+            cmd.arg("--bind").arg(source).arg(target);
+        }
+        for file in &layout.ro_files {
+            cmd.arg("--ro-bind").arg(file).arg(file);
+        }
+        cmd.arg("--chdir").arg(cwd);
+        let mut fds: Vec<OwnedFd> = Vec::new();
+        for program in &self.filters {
+            let fd =
+                memfd_with(program).map_err(SandboxError::io("preparing the seccomp filter"))?;
+            cmd.arg("--add-seccomp-fd").arg(fd.as_raw_fd().to_string());
+            fds.push(fd);
+        }
+        cmd.args(extra).arg("--").args(argv);
+        Ok((cmd, fds))
+    }
+}
+
+/// In the child before exec: enter our user namespace (root), and let bwrap inherit the
+/// fds it is told about, rewound (they are read from the start). Async-signal-safe.
+fn enter(userns: Option<RawFd>, inherit: &[RawFd], keep_open: &[RawFd]) -> io::Result<()> {
+    // SAFETY: plain system calls on fds owned by the command.
+    unsafe {
+        if let Some(fd) = userns {
+            if libc::setns(fd, libc::CLONE_NEWUSER) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        for &fd in inherit.iter().chain(keep_open) {
+            if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        for &fd in inherit {
+            libc::lseek(fd, 0, libc::SEEK_SET);
+        }
+    }
+    Ok(())
+}
+
+/// A sealed-off in-memory file holding `data`, close-on-exec (the pre-exec hook lets bwrap
+/// inherit it), positioned at its start.
+fn memfd_with(data: &[u8]) -> io::Result<OwnedFd> {
+    // SAFETY: memfd_create(2) returns a new fd or -1.
+    let fd = unsafe { libc::memfd_create(c"shade-seccomp".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the fd was just created and is ours.
+    let mut file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    file.write_all(data)?;
+    Ok(OwnedFd::from(file))
+}
+
+/// Every path shade keeps state in that `spec` involves: the default state directory and
+/// the state directory of the branch mount and of each bind source (`ROOT/branches/ID/mnt`).
+fn state_dirs(spec: &RunSpec) -> Vec<PathBuf> {
+    let mut dirs = vec![StateDir::from_env().root().to_path_buf()];
+    for source in std::iter::once(&spec.mount).chain(spec.binds.iter().map(|b| &b.source)) {
+        let root = source
+            .parent()
+            .filter(|_| source.file_name() == Some(OsStr::new("mnt")))
+            .and_then(Path::parent)
+            .filter(|b| b.file_name() == Some(OsStr::new("branches")))
+            .and_then(Path::parent);
+        if let Some(root) = root {
+            dirs.push(root.to_path_buf());
+        }
+    }
+    let mut real: Vec<PathBuf> = dirs
+        .into_iter()
+        .filter_map(|d| std::fs::canonicalize(d).ok())
+        .filter(|d| d.is_dir() && d != Path::new("/"))
+        // Never hide what the command must see.
+        .filter(|d| !spec.project.starts_with(d) && !d.starts_with(&spec.project))
+        .collect();
+    real.sort();
+    real.dedup();
+    real
+}
+
+/// The bwrap command that runs `spec` confined: its file system per
+/// [`super::Isolation`], the branch bound over the project, state directories hidden. Its
+/// stdio is left to the caller; it gets a process group of its own and the terminal when
+/// `hand_tty`. With `status`, bwrap reports the sandbox's pid and the command's exit status
+/// on that fd (`--json-status-fd`).
+pub(crate) fn build(
+    conf: &Confinement,
+    spec: &RunSpec,
+    hand_tty: bool,
+    status: Option<OwnedFd>,
+) -> Result<Command> {
+    let iso = &spec.isolation;
+    let mut binds: Vec<(&Path, &Path)> = vec![(&spec.mount, &spec.project)];
+    binds.extend(
+        spec.binds
+            .iter()
+            .map(|b| (b.source.as_path(), b.target.as_path())),
+    );
+    // The helper is bound at its own path (a private /tmp or a hidden directory may hide
+    // it otherwise), unless it lies in the project, where the branch already shows it.
+    let helper = HELPER
+        .get()
+        .filter(|_| hand_tty)
+        .filter(|h| !h.starts_with(&spec.project));
+    let layout = Layout {
+        read_only: iso.read_only,
+        private_tmp: iso.private_tmp,
+        network_off: iso.network,
+        hide: state_dirs(spec),
+        binds,
+        ro_files: helper.map(PathBuf::as_path).into_iter().collect(),
+    };
+    let argv: Vec<OsString> = match helper {
+        Some(h) => [h.as_os_str().to_os_string(), FOREGROUND_HELPER_ARG.into()]
+            .into_iter()
+            .chain(spec.argv.iter().cloned())
+            .collect(),
+        None => spec.argv.clone(),
+    };
+    let status_raw = status.as_ref().map(AsRawFd::as_raw_fd);
+    let extra: Vec<OsString> = match status_raw {
+        Some(fd) => vec!["--json-status-fd".into(), fd.to_string().into()],
+        None => Vec::new(),
+    };
+    let (mut cmd, filters) = conf.base(&layout, &extra, &argv, &spec.cwd)?;
+    for (key, value) in &spec.env {
+        match value {
+            Some(v) => cmd.env(key, v),
+            None => cmd.env_remove(key),
+        };
+    }
+    let userns = conf.userns.as_ref().map(AsRawFd::as_raw_fd);
+    let inherit: Vec<RawFd> = filters.iter().map(AsRawFd::as_raw_fd).collect();
+    let keep_open: Vec<RawFd> = status_raw.into_iter().collect();
+    // SAFETY: only async-signal-safe system calls on data prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            let _fds = (&filters, &status);
+            if libc::setpgid(0, 0) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            if hand_tty {
+                child::take_tty();
+            }
+            enter(userns, &inherit, &keep_open)
+        });
+    }
+    Ok(cmd)
+}
+
+/// What bwrap reports on its `--json-status-fd`.
+pub(crate) struct Status {
+    reader: BufReader<File>,
+    /// The sandbox's PID namespace, held open so its inode number stays unique while we use it.
+    pub pid_ns: Option<File>,
+}
+
+impl Status {
+    /// Reads the first report (sent once the namespaces exist); EOF if bwrap failed first.
+    pub(crate) fn start(fd: OwnedFd) -> Status {
+        let mut reader = BufReader::new(File::from(fd));
+        let mut line = String::new();
+        let _ = reader.read_line(&mut line);
+        let init_pid = json_field(&line, "child-pid").and_then(|p| i32::try_from(p).ok());
+        let pid_ns_ino = json_field(&line, "pid-namespace");
+        let pid_ns = init_pid
+            .and_then(|pid| File::open(format!("/proc/{pid}/ns/pid")).ok())
+            .filter(|f| {
+                use std::os::unix::fs::MetadataExt;
+                f.metadata().ok().map(|m| m.ino()) == pid_ns_ino
+            });
+        Status { reader, pid_ns }
+    }
+
+    /// The command's exit status once bwrap has ended; `None` when the command never ran
+    /// (bwrap failed to set up or to exec it) or bwrap was killed.
+    pub(crate) fn exit_code(&mut self) -> Option<i32> {
+        let mut rest = String::new();
+        let _ = self.reader.read_to_string(&mut rest);
+        rest.lines()
+            .find_map(|l| json_field(l, "exit-code"))
+            .and_then(|c| i32::try_from(c).ok())
+    }
+}
+
+/// The integer value of `"key": N` in one line of bwrap's JSON.
+fn json_field(line: &str, key: &str) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_str(line.trim()).ok()?;
+    v.get(key)?.as_u64()
+}
+
+/// A pipe for bwrap's status: (read end, write end), both close-on-exec.
+pub(crate) fn status_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    Ok((r, w))
+}
+
+/// Why the command cannot be started, found before starting the sandbox (bwrap's own exec
+/// failure looks like the command exiting 1): `argv[0]` as the command would look it up.
+pub(crate) fn cannot_exec(spec: &RunSpec) -> Option<String> {
+    let prog = spec.argv.first()?;
+    let in_branch = |p: &Path| match p.strip_prefix(&spec.project) {
+        Ok(rel) => spec.mount.join(rel),
+        Err(_) => p.to_path_buf(),
+    };
+    let runnable = |p: &Path| {
+        std::fs::metadata(in_branch(p))
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let name = Path::new(prog);
+    let found = if prog.as_bytes().contains(&b'/') {
+        runnable(&spec.cwd.join(name))
+    } else {
+        let path = spec
+            .env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.clone().unwrap_or_default())
+            .or_else(|| std::env::var_os("PATH"))
+            .unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+        std::env::split_paths(&path).any(|d| runnable(&spec.cwd.join(d).join(name)))
+    };
+    (!found).then(|| {
+        format!(
+            "{}: {}",
+            prog.to_string_lossy(),
+            io::Error::from_raw_os_error(libc::ENOENT)
+        )
+    })
+}
+
+/// `prog` on `PATH`, else in /usr/bin or /bin.
+fn which(prog: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/bin")])
+        .map(|d| d.join(prog))
+        .find(|p| runnable(p))
+}
+
+/// An executable file.
+fn runnable(p: &Path) -> bool {
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// As root: a user namespace mapping every id we have to itself, made by a child that
+/// unshares and waits while we write its maps (a process may not write a map wider than
+/// its own id for itself), then exits; we keep the namespace through an fd.
+fn identity_userns() -> io::Result<OwnedFd> {
+    let (ready_r, ready_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let (go_r, go_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let maps = |file: &str| -> io::Result<Vec<u8>> {
+        let own = std::fs::read_to_string(format!("/proc/self/{file}"))?;
+        let mut out = String::new();
+        for line in own.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if let [inner, _outer, count] = f[..] {
+                out.push_str(&format!("{inner} {inner} {count}\n"));
+            }
+        }
+        Ok(out.into_bytes())
+    };
+    let (uid_map, gid_map) = (maps("uid_map")?, maps("gid_map")?);
+    // SAFETY: the child only makes async-signal-safe system calls (unshare, write, read,
+    // _exit) on fds prepared before the fork.
+    let pid = unsafe { libc::fork() };
+    if pid == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: as above.
+        unsafe {
+            // Our copy of the write end would keep the read below from ever seeing EOF.
+            libc::close(go_w.as_raw_fd());
+            let ok = [u8::from(libc::unshare(libc::CLONE_NEWUSER) == 0)];
+            libc::write(ready_w.as_raw_fd(), ok.as_ptr().cast(), 1);
+            let mut b = [0u8; 1];
+            libc::read(go_r.as_raw_fd(), b.as_mut_ptr().cast(), 1);
+            libc::_exit(0);
+        }
+    }
+    drop(ready_w);
+    drop(go_r);
+    let result = (|| {
+        let mut ok = [0u8; 1];
+        File::from(ready_r).read_exact(&mut ok)?;
+        if ok[0] != 1 {
+            return Err(io::Error::other("unshare(CLONE_NEWUSER) was refused"));
+        }
+        std::fs::write(format!("/proc/{pid}/uid_map"), &uid_map)?;
+        std::fs::write(format!("/proc/{pid}/gid_map"), &gid_map)?;
+        Ok(OwnedFd::from(File::open(format!("/proc/{pid}/ns/user"))?))
+    })();
+    drop(go_w);
+    // SAFETY: reaping our own child.
+    unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+    result
+}

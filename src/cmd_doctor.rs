@@ -1,0 +1,124 @@
+//! `shade doctor`: what isolation this machine gives a command in a branch, and why — so a
+//! user whose runs are refused learns the one setting to change.
+
+use clap::Args;
+use shade_fusefs::StateDir;
+use std::path::Path;
+
+#[derive(Args)]
+pub struct DoctorArgs {}
+
+/// One sysctl's value, or why there is none.
+fn sysctl(path: &str) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(v) => v.trim().to_string(),
+        Err(_) => "absent".into(),
+    }
+}
+
+/// A file's permission bits and whether we can open it read-write.
+fn device(path: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::metadata(path) {
+        Err(e) => format!("missing ({e})"),
+        Ok(m) => {
+            let usable = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)
+                .is_ok();
+            format!(
+                "mode {:o}, {}",
+                m.permissions().mode() & 0o7777,
+                if usable { "usable" } else { "not usable by us" }
+            )
+        }
+    }
+}
+
+fn which(prog: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(prog))
+        .find(|p| p.is_file())
+}
+
+/// This process's own seccomp mode (2: a container already filters our system calls).
+fn own_seccomp() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let mode = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Seccomp:"))
+        .map(str::trim)
+        .unwrap_or("?");
+    match mode {
+        "0" => "none on shade itself".into(),
+        "2" => "shade itself runs under a filter (a container's)".into(),
+        m => format!("mode {m}"),
+    }
+}
+
+pub fn main(_args: DoctorArgs) -> i32 {
+    let root = nix::unistd::geteuid().is_root();
+    let state = StateDir::from_env();
+    println!(
+        "user:                 {}",
+        if root {
+            "root (commands run as root of their own user namespace, without CAP_SYS_ADMIN)"
+        } else {
+            "plain user (commands run as you in their own user namespace, no capabilities)"
+        }
+    );
+    println!(
+        "user namespaces:      user.max_user_namespaces={}, kernel.unprivileged_userns_clone={}, \
+         kernel.apparmor_restrict_unprivileged_userns={}",
+        sysctl("/proc/sys/user/max_user_namespaces"),
+        sysctl("/proc/sys/kernel/unprivileged_userns_clone"),
+        sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns"),
+    );
+    println!("seccomp:              {}", own_seccomp());
+    println!(
+        "fuse:                 /dev/fuse {}; fusermount3 {}",
+        device("/dev/fuse"),
+        which("fusermount3")
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "missing".into())
+    );
+    println!(
+        "state dir:            {} ({}; hidden from every command)",
+        state.root().display(),
+        if Path::new(state.root()).is_dir() {
+            "exists"
+        } else {
+            "not created yet"
+        }
+    );
+    match shade_fusefs::sandbox::probe() {
+        Ok(conf) => {
+            let version = conf.version();
+            println!(
+                "bubblewrap:           {} ({})",
+                conf.bwrap.display(),
+                if version.is_empty() {
+                    "version unknown"
+                } else {
+                    &version
+                }
+            );
+            println!(
+                "sandbox:              works: user + PID + IPC namespaces, fresh /proc, minimal \
+                 /dev, /sys read-only, seccomp filter, no_new_privs, killed with shade"
+            );
+            println!("commands:             confined (run, --shadow, speculation, lint)");
+            0
+        }
+        Err(why) => {
+            println!("sandbox:              unavailable: {why}");
+            println!(
+                "commands:             REFUSED: `shade run` needs --unconfined (no security \
+                 boundary), chat does not speculate, --shadow sessions run no commands"
+            );
+            1
+        }
+    }
+}

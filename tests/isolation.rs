@@ -1,0 +1,745 @@
+//! A command in a branch cannot get out (issue 18): one test per route an attacker would
+//! take, each run against the real `shade` binary, as root and as a plain user (`shadetest`,
+//! created by scripts/setup.sh). Each asserts that the real project still says "orig" and
+//! that nothing was written where the command had no business writing.
+//!
+//! These tests need root (to become the plain user, and for the root half), /dev/fuse usable
+//! by the plain user, bubblewrap and python3; they fail loudly where something is missing.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+/// The plain user the tests run as (scripts/setup.sh creates it).
+const PLAIN: &str = "shadetest";
+/// Python with nothing but the standard library, readable by every user.
+const PYTHON: &str = "/usr/bin/python3";
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Who {
+    Root,
+    Plain,
+}
+
+/// A project (with `file` = "orig"), a state dir and an evidence dir outside both, all
+/// owned by the user the test runs as, under /var/tmp.
+struct Env {
+    who: Who,
+    _tmp: tempfile::TempDir,
+    project: PathBuf,
+    state: PathBuf,
+    /// Writable by the command's user and outside the project: where an escape leaves proof.
+    out: PathBuf,
+}
+
+fn plain_ids() -> (u32, u32) {
+    let user = nix::unistd::User::from_name(PLAIN)
+        .unwrap()
+        .unwrap_or_else(|| panic!("no user {PLAIN:?}: run scripts/setup.sh (as root)"));
+    (user.uid.as_raw(), user.gid.as_raw())
+}
+
+/// `bin` where the plain user can run it: the build tree may sit under a 0700 home (CI
+/// checks out anywhere). One copy per test process, in /var/tmp; copies of dead test
+/// processes are removed.
+fn plain_copy(bin: &str) -> PathBuf {
+    static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    COPY.get_or_init(|| {
+        for entry in std::fs::read_dir("/var/tmp").unwrap().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix("shade-iso-bin-") {
+                if !Path::new("/proc").join(pid).exists() {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        let dir = PathBuf::from(format!("/var/tmp/shade-iso-bin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let copy = dir.join("shade");
+        let _ = std::fs::remove_file(&copy);
+        if std::fs::hard_link(bin, &copy).is_err() {
+            std::fs::copy(bin, &copy).unwrap();
+        }
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+        copy
+    })
+    .clone()
+}
+
+fn env(who: Who) -> Env {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the isolation tests run as root (they also become the plain user {PLAIN})"
+    );
+    for tool in [PYTHON, "/usr/bin/setpriv", "/usr/bin/nsenter"] {
+        assert!(
+            Path::new(tool).exists(),
+            "{tool} is missing: run scripts/setup.sh"
+        );
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("shade-iso-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let root = tmp.path().canonicalize().unwrap();
+    let (project, state, out) = (root.join("project"), root.join("state"), root.join("out"));
+    for d in [&project, &state, &out] {
+        std::fs::create_dir(d).unwrap();
+    }
+    std::fs::write(project.join("file"), "orig").unwrap();
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    if who == Who::Plain {
+        let (uid, gid) = plain_ids();
+        for p in [&root, &project, &state, &out, &project.join("file")] {
+            std::os::unix::fs::chown(p, Some(uid), Some(gid)).unwrap();
+        }
+        let fuse = std::fs::metadata("/dev/fuse").expect("/dev/fuse is missing");
+        assert!(
+            fuse.permissions().mode() & 0o006 == 0o006,
+            "/dev/fuse is not usable by {PLAIN} (mode {:o}): run scripts/setup.sh",
+            fuse.permissions().mode()
+        );
+    }
+    Env {
+        who,
+        _tmp: tmp,
+        project,
+        state,
+        out,
+    }
+}
+
+impl Env {
+    /// `shade` as this test's user, in the project, with its own state dir.
+    fn shade(&self) -> Command {
+        // SHADE_ISOLATION_BIN: run the same attacks against another build (to show that
+        // they succeed against one without the sandbox).
+        let bin = std::env::var("SHADE_ISOLATION_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_shade").to_string());
+        let bin = match self.who {
+            Who::Root => bin,
+            Who::Plain => plain_copy(&bin).display().to_string(),
+        };
+        let bin = bin.as_str();
+        let mut c = match self.who {
+            Who::Root => Command::new(bin),
+            Who::Plain => {
+                let mut c = Command::new("/usr/bin/setpriv");
+                c.args([
+                    &format!("--reuid={PLAIN}"),
+                    &format!("--regid={PLAIN}"),
+                    "--init-groups",
+                    "--",
+                    bin,
+                ]);
+                c.env("HOME", format!("/home/{PLAIN}"));
+                c
+            }
+        };
+        c.env("SHADE_STATE_DIR", &self.state)
+            .env_remove("CARGO_TARGET_DIR")
+            .current_dir(&self.project)
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn run(&self, extra: &[&str], script: &str) -> Output {
+        self.shade()
+            .arg("run")
+            .args(extra)
+            .args(["--", "sh", "-c", script])
+            .output()
+            .unwrap()
+    }
+
+    fn p(&self) -> String {
+        self.project.display().to_string()
+    }
+
+    fn o(&self) -> String {
+        self.out.display().to_string()
+    }
+
+    /// The real project is as it was and no escape left proof in `out`.
+    fn assert_held(&self, what: &Output) {
+        let file = std::fs::read_to_string(self.project.join("file")).unwrap();
+        let entries: Vec<String> = std::fs::read_dir(&self.project)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        let proof: Vec<(String, String)> = std::fs::read_dir(&self.out)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    std::fs::read_to_string(e.path()).unwrap_or_default(),
+                )
+            })
+            .collect();
+        let log = show(what);
+        assert_eq!(
+            file, "orig",
+            "the real project was written ({:?})\n{log}",
+            self.who
+        );
+        assert_eq!(entries, ["file"], "the real project was changed\n{log}");
+        assert!(
+            proof.is_empty(),
+            "the command got out ({:?}): {proof:?}\n{log}",
+            self.who
+        );
+    }
+
+    /// Unmount and clean up what a killed shade left (as its user).
+    fn recover(&self) {
+        let _ = self.shade().arg("recover").output();
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        for line in mounts
+            .lines()
+            .filter(|l| l.contains(&*self.state.to_string_lossy()))
+        {
+            if let Some(mnt) = line.split(' ').nth(4) {
+                let _ = nix::mount::umount2(mnt, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+    }
+}
+
+fn show(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The run itself worked (the attack ran and failed, rather than shade refusing to run).
+fn ran(o: &Output) {
+    assert!(
+        o.status.code() == Some(0),
+        "the command did not run to its end\n{}",
+        show(o)
+    );
+}
+
+/// Writing the project through shade's root: /proc/PID/root of the parent and of every
+/// process the command can see.
+fn proc_root(who: Who) {
+    let e = env(who);
+    let o = e.run(
+        &[],
+        &format!(
+            r#"for p in $PPID /proc/[0-9]*; do p=${{p#/proc/}}; echo X > /proc/$p/root{P}/file; done 2>/dev/null; true"#,
+            P = e.p(),
+        ),
+    );
+    ran(&o);
+    e.assert_held(&o);
+}
+
+/// Writing through shade's open directory descriptors (the lower's O_PATH fd).
+fn proc_fds(who: Who) {
+    let e = env(who);
+    let o = e.run(
+        &[],
+        r#"for f in /proc/$PPID/fd/* /proc/[0-9]*/fd/*; do [ -d "$f" ] && echo X > "$f/file"; done 2>/dev/null; true"#,
+    );
+    ran(&o);
+    // A directory fd of the command's own (its cwd) is the branch: writing there is fine,
+    // but the real project must not change.
+    e.assert_held(&o);
+}
+
+/// Unmounting the branch to write the real directory under it.
+fn umount_project(who: Who) {
+    let e = env(who);
+    let o = e.run(
+        &[],
+        &format!(
+            "umount -l {P} 2>/dev/null || umount {P} 2>/dev/null; echo X > {P}/file; true",
+            P = e.p()
+        ),
+    );
+    ran(&o);
+    e.assert_held(&o);
+}
+
+/// Entering shade's (or init's) mount namespace.
+fn nsenter_mount(who: Who) {
+    let e = env(who);
+    let o = e.run(
+        &[],
+        &format!(
+            r#"for t in $PPID 1; do nsenter -t $t -m -- sh -c "echo X > {P}/file; echo X > {O}/nsenter-$t"; done 2>/dev/null; true"#,
+            P = e.p(),
+            O = e.o()
+        ),
+    );
+    ran(&o);
+    e.assert_held(&o);
+}
+
+/// chroot into shade's root.
+fn chroot_parent(who: Who) {
+    let e = env(who);
+    let o = e.run(
+        &[],
+        &format!(
+            r#"chroot /proc/$PPID/root sh -c "echo X > {P}/file" 2>/dev/null; true"#,
+            P = e.p(),
+        ),
+    );
+    ran(&o);
+    e.assert_held(&o);
+}
+
+/// A daemon that leaves the command's session (and tries to leave its namespace) to write
+/// after the run has ended.
+fn daemon_outlives_run(who: Who) {
+    let e = env(who);
+    let o = e.run(
+        &[],
+        &format!(
+            r#"setsid -f sh -c "sleep 2; echo X > {O}/late" ; setsid -f nsenter -t $PPID -m -- sh -c "sleep 2; echo X > {P}/file; echo X > {O}/late-ns" 2>/dev/null; sleep 1; true"#,
+            P = e.p(),
+            O = e.o()
+        ),
+    );
+    ran(&o);
+    std::thread::sleep(Duration::from_secs(4));
+    e.assert_held(&o);
+}
+
+/// `kill -9` of shade takes the command and its daemons with it.
+fn killed_shade_kills_the_sandbox(who: Who) {
+    let e = env(who);
+    let mut child: Child = e
+        .shade()
+        .args(["run", "--", "sh", "-c"])
+        .arg(format!(
+            r#"setsid -f sh -c "sleep 3; echo X > {O}/late9"; sh -c "sleep 3; echo X > {O}/late9-child" & echo up > {O}/ready; sleep 100"#,
+            O = e.o()
+        ))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let ready = e.out.join("ready");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !ready.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::remove_file(&ready).unwrap();
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let status = child.wait().unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    let o = Output {
+        status,
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+    };
+    e.recover();
+    e.assert_held(&o);
+}
+
+/// `--no-network`, then back to the host's network through shade's or init's namespace,
+/// to reach a server listening on the host's loopback.
+fn no_network_reaches_host(who: Who) {
+    let e = env(who);
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    server.set_nonblocking(true).unwrap();
+    let port = server.local_addr().unwrap().port();
+    let connect = format!(
+        "{PYTHON} -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 2)'"
+    );
+    let o = e.run(
+        &["--no-network"],
+        &format!(
+            r#"{connect} 2>/dev/null && echo direct > {O}/net; for t in $PPID 1; do nsenter -t $t -n -- {connect} 2>/dev/null && echo via-$t >> {O}/net; done; true"#,
+            O = e.o()
+        ),
+    );
+    ran(&o);
+    let reached = server.accept().is_ok();
+    e.assert_held(&o);
+    assert!(!reached, "the host's server was reached\n{}", show(&o));
+}
+
+/// A raw disk device: root in a user namespace owning the device node could write the real
+/// project's blocks. Only opened, never written.
+fn raw_device(who: Who) {
+    let e = env(who);
+    let disk = std::fs::read_dir("/sys/class/block")
+        .unwrap()
+        .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
+        .find(|n| Path::new(&format!("/dev/{n}")).exists())
+        .expect("no block device to test with");
+    let dev = std::fs::read_to_string(format!("/sys/class/block/{disk}/dev")).unwrap();
+    let (major, minor) = dev.trim().split_once(':').unwrap();
+    let probe = format!(
+        r#"{PYTHON} -c '
+import os, sys
+for path in sys.argv[1:]:
+    try:
+        fd = os.open(path, os.O_RDWR)
+        os.close(fd)
+        open("{O}/device", "a").write(path + "\n")
+    except OSError:
+        pass
+' /dev/{disk} {O}/../node"#,
+        O = e.o()
+    );
+    let o = e.run(
+        &[],
+        &format!(
+            "mknod {O}/../node b {major} {minor} 2>/dev/null; {probe}; true",
+            O = e.o()
+        ),
+    );
+    ran(&o);
+    let _ = std::fs::remove_file(e.out.join("../node"));
+    e.assert_held(&o);
+}
+
+/// ptrace of shade and reading its memory through /proc.
+fn ptrace_shade(who: Who) {
+    let e = env(who);
+    let script = format!(
+        r#"{PYTHON} -c '
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+me = os.getpid()
+for p in os.listdir("/proc"):
+    if not p.isdigit() or int(p) == me:
+        continue
+    try:
+        comm = open("/proc/%s/comm" % p).read().strip()
+    except OSError:
+        continue
+    if not comm.startswith("shade"):
+        continue
+    open("{O}/seen-shade", "a").write(p + "\n")
+    if libc.ptrace(16, int(p), 0, 0) == 0:  # PTRACE_ATTACH
+        open("{O}/ptrace", "a").write(p + "\n")
+        # Let it go again, or a shade that allowed this would hang stopped.
+        try:
+            os.waitpid(int(p), 0x40000000)  # __WALL
+        except OSError:
+            pass
+        libc.ptrace(17, int(p), 0, 0)  # PTRACE_DETACH
+    try:
+        maps = open("/proc/%s/maps" % p).readline()
+        start = int(maps.split("-")[0], 16)
+        with open("/proc/%s/mem" % p, "rb") as m:
+            m.seek(start)
+            m.read(16)
+        open("{O}/mem", "a").write(p + "\n")
+    except (OSError, ValueError):
+        pass
+'"#,
+        O = e.o()
+    );
+    let o = e.run(&[], &script);
+    ran(&o);
+    e.assert_held(&o);
+}
+
+/// open_by_handle_at: opens any inode of a file system by its handle, past every mount.
+fn open_by_handle(who: Who) {
+    let e = env(who);
+    // The handle of the real file, taken outside the sandbox.
+    let helper = r#"
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+class H(ctypes.Structure):
+    _fields_ = [("bytes", ctypes.c_uint), ("type", ctypes.c_int), ("f", ctypes.c_ubyte * 128)]
+def handle(path):
+    h = H(); h.bytes = 128; mid = ctypes.c_int()
+    if libc.name_to_handle_at(-100, path.encode(), ctypes.byref(h), ctypes.byref(mid), 0) != 0:
+        sys.exit("name_to_handle_at: %d" % ctypes.get_errno())
+    print("%d %d %s" % (h.bytes, h.type, bytes(h.f[:h.bytes]).hex()))
+def use(mount, n, t, data, out):
+    h = H(); h.bytes = int(n); h.type = int(t)
+    raw = bytes.fromhex(data)
+    ctypes.memmove(h.f, raw, len(raw))
+    mfd = os.open(mount, os.O_RDONLY)
+    fd = libc.open_by_handle_at(mfd, ctypes.byref(h), os.O_WRONLY)
+    if fd >= 0:
+        os.write(fd, b"X")
+        open(out, "a").write("opened\n")
+if sys.argv[1] == "get":
+    handle(sys.argv[2])
+else:
+    use(*sys.argv[2:])
+"#;
+    let helper_path = e.out.join("../handle.py");
+    std::fs::write(&helper_path, helper).unwrap();
+    let got = Command::new(PYTHON)
+        .arg(&helper_path)
+        .arg("get")
+        .arg(e.project.join("file"))
+        .output()
+        .unwrap();
+    assert!(got.status.success(), "{}", show(&got));
+    let handle = String::from_utf8(got.stdout).unwrap();
+    let o = e.run(
+        &[],
+        &format!(
+            "{PYTHON} {helper} use / {handle} {O}/handle 2>/dev/null; true",
+            helper = helper_path.display(),
+            handle = handle.trim(),
+            O = e.o()
+        ),
+    );
+    ran(&o);
+    e.assert_held(&o);
+}
+
+/// A forged accept journal in the state dir, which a later shade start would roll forward
+/// into the real project.
+fn forged_journal(who: Who) {
+    let e = env(who);
+    let o = e.run(
+        &[],
+        &format!(
+            "mkdir -p {S}/journals 2>/dev/null && echo forged > {S}/journals/forged.json 2>/dev/null; ls {S}/branches/*/mnt > /dev/null 2>&1 && echo X > {O}/branches; true",
+            S = e.state.display(),
+            O = e.o()
+        ),
+    );
+    ran(&o);
+    assert!(
+        !e.state.join("journals/forged.json").exists(),
+        "the command wrote into shade's state dir\n{}",
+        show(&o)
+    );
+    e.assert_held(&o);
+}
+
+/// 0, 1, 2 and the descriptors this test process passes on to shade (from whoever started
+/// the test): what a command may hold, nothing of shade's own.
+fn passed_on() -> Vec<i32> {
+    let mut fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|d| d.unwrap().file_name().to_str()?.parse().ok())
+        .filter(|&fd: &i32| {
+            // SAFETY: fcntl(2) F_GETFD on a number; a closed one gives -1.
+            let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+            fd <= 2 || (flags >= 0 && flags & libc::FD_CLOEXEC == 0)
+        })
+        .collect();
+    fds.sort();
+    fds
+}
+
+/// The command inherits no descriptor of shade's: only stdin, stdout and stderr (and what
+/// the test itself passes on to shade, from whoever started it).
+fn inherited_fds(who: Who) {
+    let e = env(who);
+    let o = e.run(&[], "ls /proc/$$/fd");
+    ran(&o);
+    let expected = passed_on();
+    let mut got: Vec<i32> = String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .map(|f| f.parse().unwrap())
+        .collect();
+    got.sort();
+    assert_eq!(got, expected, "descriptors the command got\n{}", show(&o));
+    e.assert_held(&o);
+}
+
+/// Where the sandbox cannot be had (here: bubblewrap missing), `shade run` refuses in one
+/// line and runs nothing; `--unconfined` runs the command; `shade doctor` says why.
+fn refused_without_sandbox(who: Who) {
+    let e = env(who);
+    let o = e
+        .shade()
+        .env("SHADE_BWRAP", "/nonexistent/bwrap")
+        .args(["run", "--", "sh", "-c"])
+        .arg(format!("echo ran > {O}/ran", O = e.o()))
+        .output()
+        .unwrap();
+    assert_ne!(o.status.code(), Some(0), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{}", show(&o));
+    assert!(
+        err.contains("bubblewrap") && err.contains("--unconfined"),
+        "{}",
+        show(&o)
+    );
+    assert!(!e.out.join("ran").exists(), "the command ran\n{}", show(&o));
+
+    let o = e
+        .shade()
+        .env("SHADE_BWRAP", "/nonexistent/bwrap")
+        .args([
+            "run",
+            "--unconfined",
+            "--",
+            "sh",
+            "-c",
+            "echo unconfined > file",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    e.assert_held(&o);
+
+    let o = e
+        .shade()
+        .env("SHADE_BWRAP", "/nonexistent/bwrap")
+        .arg("doctor")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(
+        text.contains("unavailable") && text.contains("REFUSED"),
+        "{}",
+        show(&o)
+    );
+}
+
+/// `-C /`: the branch would be bound over the whole file system; refused in one line.
+fn project_root_refused(who: Who) {
+    let e = env(who);
+    let o = e
+        .shade()
+        .args(["run", "-C", "/", "--", "sh", "-c"])
+        .arg(format!("echo ran > {O}/ran", O = e.o()))
+        .output()
+        .unwrap();
+    assert_ne!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr).lines().count(),
+        1,
+        "{}",
+        show(&o)
+    );
+    assert!(!e.out.join("ran").exists(), "the command ran\n{}", show(&o));
+}
+
+/// On a terminal the confined command is the foreground job, not bwrap: Ctrl-C reaches it
+/// (and only it: the sandbox lives on), Ctrl-Z suspends the whole run to the shell and `fg`
+/// resumes it, Ctrl-\\ kills it with 128+SIGQUIT.
+#[test]
+fn terminal_signals_reach_the_command_alone() {
+    let e = env(Who::Root);
+    let tty = common::tty::Tty::start(
+        &["bash", "--norc", "--noprofile", "-i"],
+        &e.project,
+        &[("SHADE_STATE_DIR", e.state.display().to_string())],
+    );
+    tty.wait_text("#", 10);
+    tty.type_text(&format!(
+        "{} run -- {PYTHON} -c \"import time,signal; signal.signal(signal.SIGINT, lambda *a: print('got-' + 'int', flush=True)); print('rea' + 'dy', flush=True); [time.sleep(0.1) for _ in range(600)]\"",
+        env!("CARGO_BIN_EXE_shade")
+    ));
+    tty.keys(&["Enter"]);
+    tty.wait_text("\nready", 20);
+    tty.keys(&["C-c"]);
+    tty.wait_text("got-int", 10);
+    tty.keys(&["C-z"]);
+    tty.wait_text("Stopped", 10);
+    tty.type_text("fg");
+    tty.keys(&["Enter"]);
+    std::thread::sleep(Duration::from_millis(500));
+    tty.keys(&["C-c"]);
+    tty.wait_for("a second got-int", 10, |s| {
+        s.matches("got-int").count() >= 2
+    });
+    tty.keys(&["C-\\"]);
+    std::thread::sleep(Duration::from_millis(500));
+    tty.type_text("echo rc=$?");
+    tty.keys(&["Enter"]);
+    tty.wait_text("rc=131", 10);
+}
+
+/// `exec --shadow`: the agent's shell tries the routes out; the real project stays as it
+/// was and shade does not claim otherwise.
+fn exec_shadow(who: Who) {
+    use std::sync::Arc;
+    let e = env(who);
+    let attack = format!(
+        r#"for p in /proc/[0-9]*; do echo X > $p/root{P}/file; done 2>/dev/null; for t in $PPID 1; do nsenter -t $t -m -- sh -c "echo X > {P}/file; echo X > {O}/ns-$t"; done 2>/dev/null; umount -l {P} 2>/dev/null; echo X > {P}/file; ls /proc/$$/fd > {O}/../fds; echo attempted"#,
+        P = e.p(),
+        O = e.o()
+    );
+    let llm = shade_testkit::FakeLlm::start(Arc::new(move |body: &serde_json::Value| {
+        if shade_testkit::tool_results_since_user(body) == 0 {
+            shade_testkit::Reply::tool("shell", serde_json::json!({ "command": attack }))
+        } else {
+            shade_testkit::Reply::text("Done.")
+        }
+    }))
+    .unwrap();
+    let config = e.out.join("../config");
+    std::fs::create_dir_all(&config).unwrap();
+    if who == Who::Plain {
+        let (uid, gid) = plain_ids();
+        std::os::unix::fs::chown(&config, Some(uid), Some(gid)).unwrap();
+    }
+    let o = e
+        .shade()
+        .args(["exec", "--shadow", "--approval", "yolo", "clean up"])
+        .env("XDG_CONFIG_HOME", &config)
+        .env("OPENAI_BASE_URL", &llm.base_url)
+        .env("OPENAI_API_KEY", "test-key")
+        .env("SHADE_MODEL", "main-model")
+        .env("SHADE_FAST_MODEL", "fast-model")
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("Done."),
+        "the agent did not finish\n{}",
+        show(&o)
+    );
+    e.assert_held(&o);
+    // The agent's shell inherits none of the session's descriptors (sockets, logs, FUSE).
+    let fds = std::fs::read_to_string(e.out.join("../fds")).unwrap();
+    let mut got: Vec<i32> = fds.split_whitespace().map(|f| f.parse().unwrap()).collect();
+    got.sort();
+    assert_eq!(got, passed_on(), "descriptors the agent's shell got");
+}
+
+macro_rules! both {
+    ($($route:ident),* $(,)?) => {
+        mod as_root {
+            $(#[test] fn $route() { super::$route(super::Who::Root) })*
+        }
+        mod as_plain_user {
+            $(#[test] fn $route() { super::$route(super::Who::Plain) })*
+        }
+    };
+}
+
+both!(
+    proc_root,
+    proc_fds,
+    umount_project,
+    nsenter_mount,
+    chroot_parent,
+    daemon_outlives_run,
+    killed_shade_kills_the_sandbox,
+    no_network_reaches_host,
+    raw_device,
+    ptrace_shade,
+    open_by_handle,
+    forged_journal,
+    inherited_fds,
+    refused_without_sandbox,
+    project_root_refused,
+    exec_shadow,
+);
