@@ -39,6 +39,8 @@ pub struct Confinement {
     userns: Option<OwnedFd>,
     /// The seccomp programs, compiled (classic BPF, native byte order).
     filters: Vec<Vec<u8>>,
+    /// The read-only (speculative) sandbox's extra program: no unix sockets.
+    read_only_filter: Vec<u8>,
 }
 
 impl Confinement {
@@ -93,10 +95,12 @@ fn find_confinement() -> std::result::Result<Confinement, String> {
         None
     };
     let filters = super::seccomp::programs()?;
+    let read_only_filter = super::seccomp::read_only_program()?;
     let conf = Confinement {
         bwrap,
         userns,
         filters,
+        read_only_filter,
     };
     // Really start a sandbox once: AppArmor's restriction of unprivileged user namespaces
     // and friends only show there.
@@ -243,6 +247,11 @@ impl Confinement {
         if layout.private_tmp || layout.read_only {
             cmd.args(["--perms", "1777", "--tmpfs", "/tmp"]);
         }
+        if layout.read_only {
+            // The services' sockets (systemd, the session bus, docker, …) live under /run;
+            // the read-only sandbox gets an empty one (see seccomp::read_only_program).
+            cmd.args(["--perms", "0755", "--tmpfs", "/run"]);
+        }
         for dir in &layout.hide {
             cmd.arg("--tmpfs").arg(dir);
         }
@@ -254,7 +263,8 @@ impl Confinement {
         }
         cmd.arg("--chdir").arg(cwd);
         let mut fds: Vec<OwnedFd> = Vec::new();
-        for program in &self.filters {
+        let read_only = layout.read_only.then_some(&self.read_only_filter);
+        for program in self.filters.iter().chain(read_only) {
             let fd =
                 memfd_with(program).map_err(SandboxError::io("preparing the seccomp filter"))?;
             cmd.arg("--add-seccomp-fd").arg(fd.as_raw_fd().to_string());

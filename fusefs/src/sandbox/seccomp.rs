@@ -132,22 +132,56 @@ fn enosys() -> Result<BpfProgram, String> {
     BpfProgram::try_from(filter).map_err(|e| e.to_string())
 }
 
-/// Both programs as bwrap reads them (`struct sock_filter` array, native byte order).
-pub(crate) fn programs() -> Result<Vec<Vec<u8>>, String> {
-    [eperm()?, enosys()?]
-        .iter()
-        .map(|p| {
-            Ok(p.iter()
-                .flat_map(|i| {
-                    let mut b = Vec::with_capacity(8);
-                    b.extend_from_slice(&i.code.to_ne_bytes());
-                    b.push(i.jt);
-                    b.push(i.jf);
-                    b.extend_from_slice(&i.k.to_ne_bytes());
-                    b
-                })
-                .collect())
+/// A program as bwrap reads it (`struct sock_filter` array, native byte order).
+fn bytes(p: &BpfProgram) -> Vec<u8> {
+    p.iter()
+        .flat_map(|i| {
+            let mut b = Vec::with_capacity(8);
+            b.extend_from_slice(&i.code.to_ne_bytes());
+            b.push(i.jt);
+            b.push(i.jf);
+            b.extend_from_slice(&i.k.to_ne_bytes());
+            b
         })
-        .collect::<Result<_, String>>()
-        .map_err(|e: String| format!("cannot build the seccomp filter: {e}"))
+        .collect()
+}
+
+/// Both programs every confined command gets.
+pub(crate) fn programs() -> Result<Vec<Vec<u8>>, String> {
+    Ok([eperm(), enosys()]
+        .into_iter()
+        .collect::<Result<Vec<_>, String>>()
+        .map_err(|e| format!("cannot build the seccomp filter: {e}"))?
+        .iter()
+        .map(bytes)
+        .collect())
+}
+
+/// The extra program of the read-only (speculative) sandbox: no new unix socket
+/// (`socket(AF_UNIX, …)` gets EPERM; `socketpair` stays, it reaches no one). A unix socket
+/// on the file system is a door to whoever listens there — systemd (`systemd-run`), the
+/// user's session bus, docker, a tmux server — which would run anything outside the branch
+/// for the command; connecting needs no write access, so a read-only mount does not close
+/// it. Abstract sockets are per network namespace, which speculation has its own of.
+pub(crate) fn read_only_program() -> Result<Vec<u8>, String> {
+    let no_unix = || -> Result<Vec<SeccompRule>, String> {
+        Ok(vec![rule(vec![cond(
+            0,
+            SeccompCmpOp::Eq,
+            libc::AF_UNIX as u64,
+        )?])?])
+    };
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    rules.insert(libc::SYS_socket, no_unix()?);
+    #[cfg(target_arch = "x86_64")]
+    rules.insert(libc::SYS_socket | X32, no_unix()?);
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        target()?,
+    )
+    .and_then(BpfProgram::try_from)
+    .map_err(|e| format!("cannot build the seccomp filter: {e}"))?;
+    Ok(bytes(&filter))
 }

@@ -591,6 +591,15 @@ fn read_only_leaves_only_the_branch_tmp_and_devices_writable() {
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
     let var_tmp = format!("/var/tmp/shade-ro-test-{}", std::process::id());
     let home_file = format!("{home}/shade-ro-test-{}", std::process::id());
+    // A service listening on a unix socket (as systemd, a session bus or docker do): a
+    // command that reaches one can have anything done outside the branch.
+    let sock = format!("/var/tmp/shade-ro-test-{}.sock", std::process::id());
+    let _ = fs::remove_file(&sock);
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let sock_in_run = "/run/shade-ro-test-missing";
+    let _ = fs::create_dir_all("/run");
+    fs::write(sock_in_run, "").unwrap();
     // Evidence goes into the branch: it is the only place the command can write to.
     let script = format!(
         r#"try() {{ if sh -c "$2" 2>>errors; then echo "$1 ok" >> log; else echo "$1 refused" >> log; fi; }}
@@ -604,6 +613,9 @@ try branch 'echo x > sub-made'
 try remount-root 'mount -o remount,rw,bind / && touch {var_tmp}'
 try remount-home 'mount -o remount,rw,bind {home} && touch {home_file}'
 try proc-root 'echo x > /proc/1/root{var_tmp}'
+try unix-socket '/usr/bin/python3 -c "import socket; socket.socket(socket.AF_UNIX).connect(\"{sock}\")"'
+try socketpair '/usr/bin/python3 -c "import socket; a, b = socket.socketpair(); a.send(b\"x\"); assert b.recv(1)"'
+try run-hidden 'test -d /run && test ! -e {sock_in_run}'
 exit 0"#
     );
     let mut spec = f.spec(&script);
@@ -611,6 +623,7 @@ exit 0"#
     let outcome = run(&spec).unwrap();
     assert_eq!(outcome.termination, Termination::Exited(0));
     let log = fs::read_to_string(f.mnt.join("log")).unwrap();
+    let errors = fs::read_to_string(f.mnt.join("errors")).unwrap_or_default();
     for expected in [
         "var-tmp refused",
         "home refused",
@@ -622,10 +635,15 @@ exit 0"#
         "remount-root refused",
         "remount-home refused",
         "proc-root refused",
+        "unix-socket refused",
+        "socketpair ok",
+        "run-hidden ok",
     ] {
-        assert!(log.contains(expected), "{expected} missing from:\n{log}");
+        assert!(
+            log.contains(expected),
+            "{expected} missing from:\n{log}\nerrors:\n{errors}"
+        );
     }
-    let errors = fs::read_to_string(f.mnt.join("errors")).unwrap();
     assert!(errors.contains("Read-only file system"), "{errors}");
     assert!(!Path::new(&var_tmp).exists());
     assert!(!Path::new(&home_file).exists());
@@ -635,6 +653,12 @@ exit 0"#
         !Path::new("/tmp/shade-ro-test-tmp").exists(),
         "the private /tmp was the real one"
     );
+    assert!(
+        listener.accept().is_err(),
+        "the command connected to a unix socket outside the sandbox"
+    );
+    let _ = fs::remove_file(&sock);
+    let _ = fs::remove_file(sock_in_run);
 }
 
 #[test]
