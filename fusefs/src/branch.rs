@@ -10,6 +10,7 @@ use crate::fs::ShadeFs;
 use crate::ignore_rules::IgnoreRules;
 use crate::lower::Lower;
 use crate::overlay::Overlay;
+use crate::select::Selection;
 use crate::state::StateDir;
 use fuser::{BackgroundSession, Config, MountOption, SessionACL};
 use std::path::{Path, PathBuf};
@@ -412,6 +413,80 @@ impl Branch {
     pub fn accept(mut self, flags: AcceptFlags) -> Result<AcceptReport, AcceptError> {
         self.unmount();
         self.apply(flags)
+    }
+
+    /// `changes` (from [`Branch::changeset`]) as a [`Selection`] to pick from, everything
+    /// picked; it knows which changes come only together (see `select.rs`).
+    pub fn selection(&self, changes: Changeset) -> Selection {
+        self.overlay.selection(changes)
+    }
+
+    /// The accept plan of the picked changes of `sel` (the whole branch when all are picked).
+    fn plan_selected(
+        &self,
+        flags: AcceptFlags,
+        sel: &Selection,
+    ) -> Result<Vec<crate::plan::PlanOp>, AcceptError> {
+        if sel.all_picked() {
+            return self.plan(flags);
+        }
+        let keep = crate::select::Keep::of(sel);
+        self.overlay
+            .plan_only(flags.include_ignored, Some(&keep))
+            .map_err(|source| AcceptError::Io {
+                path: self.project.clone(),
+                source,
+            })
+    }
+
+    /// The reads to check for the picked changes of `sel`: those before a picked change
+    /// (`reads.rs`; the check of removed directories' trees stays whole, which is stricter).
+    fn read_bases_selected(
+        &self,
+        flags: AcceptFlags,
+        sel: &Selection,
+    ) -> Vec<crate::plan::ReadBase> {
+        if sel.all_picked() || (self.reads_recorded() == 0 && !self.overlay.deletes_a_directory()) {
+            return self.read_bases(flags);
+        }
+        self.overlay
+            .read_bases(&sel.picked(), flags.include_ignored)
+    }
+
+    /// [`Branch::check_accept`] for the picked changes of `sel` only: a review can report a
+    /// conflict and let the person pick again. Writes nothing.
+    pub fn check_accept_selected(
+        &self,
+        flags: AcceptFlags,
+        sel: &Selection,
+    ) -> Result<(), AcceptError> {
+        accept::check_plan(
+            &self.project,
+            &self.plan_selected(flags, sel)?,
+            &self.read_bases_selected(flags, sel),
+            flags.force,
+        )
+    }
+
+    /// [`Branch::accept`] of the picked changes of `sel` only (a person reviewed the branch
+    /// and picked files): the same all-or-nothing, conflict-checked accept, of a plan that
+    /// holds nothing else; the rest of the branch is dropped with it.
+    pub fn accept_selected(
+        mut self,
+        flags: AcceptFlags,
+        sel: &Selection,
+    ) -> Result<AcceptReport, AcceptError> {
+        self.unmount();
+        let plan = self.plan_selected(flags, sel)?;
+        accept::apply(
+            &self.project,
+            plan,
+            &AcceptOptions {
+                force: flags.force,
+                state: self.state.clone(),
+                reads: self.read_bases_selected(flags, sel),
+            },
+        )
     }
 
     /// Drop every change of the branch.

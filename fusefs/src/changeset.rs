@@ -347,7 +347,18 @@ impl Overlay {
 
     /// The ordered accept plan (see `plan.rs` for the order the accept engine expects).
     pub(crate) fn plan(&self, include_ignored: bool) -> io::Result<Vec<PlanOp>> {
+        self.plan_only(include_ignored, None)
+    }
+
+    /// The accept plan of the slots `only` keeps (all with `None`): part of a changeset,
+    /// see `select.rs`.
+    pub(crate) fn plan_only(
+        &self,
+        include_ignored: bool,
+        only: Option<&crate::select::Keep>,
+    ) -> io::Result<Vec<PlanOp>> {
         let t = self.tree();
+        let dropped = |path: &Path, entry: &Entry| only.is_some_and(|k| !k.keeps(path, entry));
         // Moved lower directories: (lower source, destination, base of the source).
         let mut moves: Vec<(PathBuf, PathBuf, Base)> = Vec::new();
         let mut deletes: Vec<PlanOp> = Vec::new();
@@ -356,7 +367,7 @@ impl Overlay {
         let mut writes = Vec::new();
         let mut links = Vec::new();
         let mut setperms = Vec::new();
-        let primaries = self.link_primaries(&t, include_ignored)?;
+        let primaries = self.link_primaries(&t, include_ignored, &dropped)?;
         let mut rename_sources: HashSet<PathBuf> = HashSet::new();
         // Where a lower path is in the real tree once earlier directory renames are done.
         let mut moved: Vec<(PathBuf, PathBuf)> = Vec::new();
@@ -373,7 +384,10 @@ impl Overlay {
             lower.to_path_buf()
         };
         for (path, slot) in &t.slots {
-            if path.as_os_str().is_empty() || skipped(self, path, &slot.entry, include_ignored).0 {
+            if path.as_os_str().is_empty()
+                || skipped(self, path, &slot.entry, include_ignored).0
+                || dropped(path, &slot.entry)
+            {
                 continue;
             }
             match &slot.entry {
@@ -584,13 +598,19 @@ impl Overlay {
     /// For every file the branch shows under more than one accepted name (hard links), the
     /// name accept writes it at, by node inode; the other names become links to it. A name
     /// that is still the unchanged lower file is preferred: nothing needs writing there.
-    fn link_primaries(&self, t: &Tree, include_ignored: bool) -> io::Result<HashMap<u64, PathBuf>> {
+    fn link_primaries(
+        &self,
+        t: &Tree,
+        include_ignored: bool,
+        dropped: &dyn Fn(&Path, &Entry) -> bool,
+    ) -> io::Result<HashMap<u64, PathBuf>> {
         let mut names: HashMap<u64, Vec<&PathBuf>> = HashMap::new();
         for (path, slot) in &t.slots {
             if let Entry::Node(n) = &slot.entry {
                 if n.kind != NodeKind::Symlink
                     && !path.as_os_str().is_empty()
                     && !skipped(self, path, &slot.entry, include_ignored).0
+                    && !dropped(path, &slot.entry)
                 {
                     names.entry(n.ino).or_default().push(path);
                 }

@@ -21,6 +21,7 @@ mod privs;
 pub mod quote;
 mod reads;
 pub mod sandbox;
+mod select;
 pub mod state;
 mod tree;
 mod watch;
@@ -30,4 +31,5 @@ pub use branch::{cleanup_stale, AcceptFlags, Branch, BranchError, BranchOptions}
 pub use changeset::{lossy_path, non_utf8_bytes, Change, ChangeKind, Changeset};
 pub use fingerprint::{Base, Fingerprint};
 pub use plan::{Perms, PlanOp, ReadBase, RelPath};
+pub use select::Selection;
 pub use state::StateDir;
