@@ -25,6 +25,10 @@ pub struct RunArgs {
     /// Print the unified diff of the changes.
     #[arg(long)]
     pub diff: bool,
+    /// After the command, review the changes in the terminal (a diff per file) and accept
+    /// all, the files you pick, or nothing.
+    #[arg(long, conflicts_with_all = ["accept", "diff", "json"])]
+    pub review: bool,
     /// Print one JSON report on stdout (the command's stdout goes to stderr).
     #[arg(long)]
     pub json: bool,
@@ -156,6 +160,10 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
         .filter(|h| h.starts_with(&project))
         .unwrap_or_else(|| project.clone());
 
+    if let Some(why) = args.review.then(crate::review::unavailable).flatten() {
+        anyhow::bail!(why);
+    }
+
     // Finding out whether the sandbox works starts one: do it while the branch mounts.
     let probe = (!args.unconfined).then(|| std::thread::spawn(|| sandbox::probe().is_ok()));
     let opts = BranchOptions {
@@ -202,6 +210,14 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     let outcome = outcome?;
     let code = outcome.exit_code();
     let changes = branch.changeset(args.include_ignored);
+    if args.review {
+        let flags = AcceptFlags {
+            include_ignored: args.include_ignored,
+            force: args.force,
+        };
+        let ended = describe(&outcome.termination);
+        return Ok(crate::review::review(branch, changes, flags, &ended, code));
+    }
     let diff = args.diff.then(|| branch.diff(&changes));
     if !args.json {
         print_changes(&changes.changes);

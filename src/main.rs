@@ -15,6 +15,7 @@ mod exit;
 mod llm_setup;
 mod markdown;
 mod mcp;
+mod review;
 
 use clap::{Parser, Subcommand};
 use shade_fusefs::sandbox;

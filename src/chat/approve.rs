@@ -180,21 +180,23 @@ fn read_key(question: &str, cancel: &CancellationToken) -> Key {
 
 /// Red removals, green additions, like `git diff` on a terminal.
 fn colour_diff(diff: &str) -> String {
-    diff.lines()
-        .map(|l| {
-            // What the model wrote (and the names it chose) is shown, never obeyed.
-            let l = visible_controls(l);
-            if l.starts_with("+++") || l.starts_with("---") {
-                format!("\x1b[1m{l}\x1b[0m\n")
-            } else if l.starts_with('+') {
-                format!("\x1b[32m{l}\x1b[0m\n")
-            } else if l.starts_with('-') {
-                format!("\x1b[31m{l}\x1b[0m\n")
-            } else if l.starts_with("@@") {
-                format!("\x1b[36m{l}\x1b[0m\n")
-            } else {
-                format!("{l}\n")
-            }
-        })
-        .collect()
+    diff.lines().map(|l| colour_diff_line(l) + "\n").collect()
+}
+
+/// One line of a unified diff as [`colour_diff`] shows it (without its line feed); the
+/// review of `shade run --review` lays diffs out line by line.
+pub(crate) fn colour_diff_line(l: &str) -> String {
+    // What the model wrote (and the names it chose) is shown, never obeyed.
+    let l = visible_controls(l);
+    if l.starts_with("+++") || l.starts_with("---") {
+        format!("\x1b[1m{l}\x1b[0m")
+    } else if l.starts_with('+') {
+        format!("\x1b[32m{l}\x1b[0m")
+    } else if l.starts_with('-') {
+        format!("\x1b[31m{l}\x1b[0m")
+    } else if l.starts_with("@@") {
+        format!("\x1b[36m{l}\x1b[0m")
+    } else {
+        l.into_owned()
+    }
 }

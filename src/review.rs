@@ -1,0 +1,472 @@
+//! `shade run --review`: after the command ends, a person reviews what it changed in a small
+//! terminal UI — the changed paths, the diff of the one under the cursor — and accepts all of
+//! it, the files they pick, or nothing. The accept is the same all-or-nothing, conflict-checked
+//! one as `--accept`, of the picked part of the branch (see `shade_fusefs::Selection` for which
+//! changes come only together).
+
+use crate::exit;
+use crossterm::event::{self, Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use crossterm::style::Print;
+use crossterm::terminal::{self, ClearType};
+use crossterm::{cursor, queue};
+use shade_fusefs::quote::quote_path;
+use shade_fusefs::{
+    AcceptError, AcceptFlags, Branch, Change, ChangeKind, Changeset, Conflict, Selection,
+};
+use std::collections::HashSet;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use unicode_width::UnicodeWidthChar;
+
+/// Why `--review` cannot run here, if it cannot: it needs a person at a terminal. Asked before
+/// the command runs, so an agent session is not spent for a review no one can do.
+pub(crate) fn unavailable() -> Option<&'static str> {
+    (!std::io::stdin().is_terminal() || !std::io::stdout().is_terminal()).then_some(
+        "--review needs a terminal (stdin and stdout); use --diff to see the changes or --accept to take them",
+    )
+}
+
+/// Review `changes` of `branch` (the command has ended: `ended` says how) and accept what the
+/// person picks. Returns shade's exit status: `code` (the command's) unless an accept was
+/// refused for conflicts (124, nothing written) or failed (125).
+pub(crate) fn review(
+    branch: Branch,
+    changes: Changeset,
+    flags: AcceptFlags,
+    ended: &str,
+    code: i32,
+) -> i32 {
+    let n = changes.changes.len();
+    if n == 0 {
+        eprintln!("shade: no changes ({ended})");
+        return code;
+    }
+    let project = branch.project().to_path_buf();
+    let mut ui = Review::new(&branch, changes, ended);
+    let choice = match Screen::open() {
+        Ok(screen) => {
+            let choice = ui.run(&branch, flags);
+            drop(screen);
+            choice
+        }
+        Err(e) => {
+            eprintln!("shade: cannot use the terminal for the review ({e}); dropped {n} changes, the project is unchanged");
+            return exit::SHADE_ERROR;
+        }
+    };
+    match choice {
+        Choice::Drop => {
+            if let Some(list) = &ui.refused {
+                crate::cmd_run::report_conflicts(list, &project);
+                eprintln!("shade: dropped {}; the project is unchanged", plural(n));
+                return exit::CONFLICT;
+            }
+            eprintln!("shade: dropped {}; the project is unchanged", plural(n));
+            code
+        }
+        Choice::Failed(e) => {
+            eprintln!("shade: accept failed, the project is unchanged: {e}");
+            exit::SHADE_ERROR
+        }
+        Choice::Accept => {
+            let sel = ui.sel;
+            let k = sel.picked_count();
+            match branch.accept_selected(flags, &sel) {
+                Ok(_) if k == n => {
+                    eprintln!("shade: accepted {}", plural(n));
+                    code
+                }
+                Ok(_) => {
+                    eprintln!("shade: accepted {k} of {}; {} dropped", plural(n), n - k);
+                    code
+                }
+                Err(AcceptError::Conflicts(list)) => {
+                    crate::cmd_run::report_conflicts(&list, &project);
+                    exit::CONFLICT
+                }
+                Err(e) => {
+                    eprintln!("shade: accept failed, the project is unchanged: {e}");
+                    exit::SHADE_ERROR
+                }
+            }
+        }
+    }
+}
+
+fn plural(n: usize) -> String {
+    format!("{n} change{}", if n == 1 { "" } else { "s" })
+}
+
+/// How the review ended.
+enum Choice {
+    /// Accept the picked changes (checked just before: no conflicts then).
+    Accept,
+    Drop,
+    /// The pre-accept check failed for a reason other than conflicts; nothing was written.
+    Failed(AcceptError),
+}
+
+/// The terminal while the review shows: raw mode, the alternate screen, no cursor. Restored
+/// when dropped — also when the review panics.
+struct Screen;
+
+impl Screen {
+    fn open() -> std::io::Result<Screen> {
+        terminal::enable_raw_mode()?;
+        let screen = Screen;
+        let mut out = std::io::stdout();
+        queue!(out, terminal::EnterAlternateScreen, cursor::Hide)?;
+        out.flush()?;
+        Ok(screen)
+    }
+}
+
+impl Drop for Screen {
+    fn drop(&mut self) {
+        let mut out = std::io::stdout();
+        let _ = queue!(out, cursor::Show, terminal::LeaveAlternateScreen);
+        let _ = out.flush();
+        let _ = terminal::disable_raw_mode();
+    }
+}
+
+/// The review's state.
+struct Review {
+    sel: Selection,
+    ended: String,
+    cursor: usize,
+    /// First change shown in the list.
+    top: usize,
+    /// First diff line shown.
+    scroll: usize,
+    /// Each change's diff as lines, made when first shown.
+    diffs: Vec<Option<Vec<String>>>,
+    /// The footer's message until the next key.
+    message: Option<String>,
+    /// Asking "drop everything?".
+    confirm_drop: bool,
+    /// Paths an accept was refused for (marked in the list).
+    conflicts: HashSet<PathBuf>,
+    /// The last refusal, when nothing has been accepted since.
+    refused: Option<Vec<Conflict>>,
+}
+
+impl Review {
+    fn new(branch: &Branch, changes: Changeset, ended: &str) -> Review {
+        let n = changes.changes.len();
+        Review {
+            sel: branch.selection(changes),
+            ended: shade_fusefs::quote::visible_controls(ended).into_owned(),
+            cursor: 0,
+            top: 0,
+            scroll: 0,
+            diffs: vec![None; n],
+            message: None,
+            confirm_drop: false,
+            conflicts: HashSet::new(),
+            refused: None,
+        }
+    }
+
+    fn run(&mut self, branch: &Branch, flags: AcceptFlags) -> Choice {
+        loop {
+            let (w, h) = terminal::size().unwrap_or((80, 24));
+            if let Err(e) = self.draw(branch, w as usize, h as usize) {
+                tracing::warn!("drawing the review: {e}");
+                return Choice::Drop;
+            }
+            let key = match event::read() {
+                Ok(Event::Key(k)) if k.kind != KeyEventKind::Release => k,
+                Ok(_) => continue,
+                // The terminal went away: nothing can be reviewed, nothing is written.
+                Err(_) => return Choice::Drop,
+            };
+            if let Some(choice) = self.key(key, branch, flags, h as usize) {
+                return choice;
+            }
+        }
+    }
+
+    /// Lines of the list and of the diff for a `h`-row terminal.
+    fn layout(&self, h: usize) -> (usize, usize) {
+        let n = self.sel.changes().len();
+        let list = n.min((h.saturating_sub(4) / 3).max(3)).max(1);
+        let diff = h.saturating_sub(list + 3);
+        (list, diff)
+    }
+
+    fn key(
+        &mut self,
+        key: KeyEvent,
+        branch: &Branch,
+        flags: AcceptFlags,
+        h: usize,
+    ) -> Option<Choice> {
+        let n = self.sel.changes().len();
+        let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
+        if ctrl && matches!(key.code, KeyCode::Char('c')) {
+            return Some(Choice::Drop);
+        }
+        self.message = None;
+        if self.confirm_drop {
+            self.confirm_drop = false;
+            return match key.code {
+                KeyCode::Char('y' | 'Y' | 'd') => Some(Choice::Drop),
+                _ => None,
+            };
+        }
+        let (list_h, diff_h) = self.layout(h);
+        match key.code {
+            KeyCode::Up | KeyCode::Char('k') => self.go(self.cursor.saturating_sub(1), list_h),
+            KeyCode::Down | KeyCode::Char('j') => self.go((self.cursor + 1).min(n - 1), list_h),
+            KeyCode::Home | KeyCode::Char('g') => self.go(0, list_h),
+            KeyCode::End | KeyCode::Char('G') => self.go(n - 1, list_h),
+            KeyCode::PageDown => self.scroll += diff_h.max(1),
+            KeyCode::PageUp => self.scroll = self.scroll.saturating_sub(diff_h.max(1)),
+            KeyCode::Char(' ') => {
+                let on = !self.sel.is_picked(self.cursor);
+                let also = self.sel.set(self.cursor, on);
+                if !also.is_empty() {
+                    let names: Vec<String> = also
+                        .iter()
+                        .map(|&i| self.sel.changes()[i].to_string())
+                        .collect();
+                    self.message = Some(format!(
+                        "also {}: {}",
+                        if on { "picked" } else { "unpicked" },
+                        names.join(", ")
+                    ));
+                }
+            }
+            KeyCode::Char('a') => {
+                self.sel.set_all(true);
+                return self.try_accept(branch, flags);
+            }
+            KeyCode::Enter if self.sel.picked_count() == 0 => {
+                self.confirm_drop = true;
+            }
+            KeyCode::Enter => return self.try_accept(branch, flags),
+            KeyCode::Char('d' | 'q') | KeyCode::Esc => self.confirm_drop = true,
+            _ => {}
+        }
+        None
+    }
+
+    fn go(&mut self, to: usize, list_h: usize) {
+        if to != self.cursor {
+            self.cursor = to;
+            self.scroll = 0;
+        }
+        if self.cursor < self.top {
+            self.top = self.cursor;
+        } else if self.cursor >= self.top + list_h {
+            self.top = self.cursor + 1 - list_h;
+        }
+    }
+
+    /// Check the picked part against the project now: on conflicts stay and mark them, so
+    /// the person can unpick them (or drop); the accept itself checks again.
+    fn try_accept(&mut self, branch: &Branch, flags: AcceptFlags) -> Option<Choice> {
+        match branch.check_accept_selected(flags, &self.sel) {
+            Ok(()) => Some(Choice::Accept),
+            Err(AcceptError::Conflicts(list)) => {
+                self.conflicts = list.iter().map(|c| c.path.clone()).collect();
+                let shown: Vec<String> = list
+                    .iter()
+                    .map(|c| quote_path(&c.path).into_owned())
+                    .collect();
+                self.message = Some(format!(
+                    "not accepted, nothing written: changed in the project meanwhile: {} — unpick (space) and Enter, or d to drop",
+                    shown.join(", ")
+                ));
+                self.refused = Some(list);
+                None
+            }
+            Err(e) => Some(Choice::Failed(e)),
+        }
+    }
+
+    fn diff_lines(&mut self, branch: &Branch, i: usize) -> &[String] {
+        let c = &self.sel.changes()[i];
+        let slot = &mut self.diffs[i];
+        slot.get_or_insert_with(|| {
+            let text = branch.diff(&Changeset {
+                changes: vec![c.clone()],
+            });
+            if text.is_empty() {
+                vec![no_diff(c)]
+            } else {
+                // The title above the diff names the file already.
+                text.lines()
+                    .filter(|l| !l.starts_with("diff --shade "))
+                    .map(|l| crate::chat::colour_diff_line(&expand_tabs(l)))
+                    .collect()
+            }
+        })
+    }
+
+    fn draw(&mut self, branch: &Branch, w: usize, h: usize) -> std::io::Result<()> {
+        let (list_h, diff_h) = self.layout(h);
+        let n = self.sel.changes().len();
+        let mut rows: Vec<String> = Vec::with_capacity(h);
+        rows.push(format!(
+            "\x1b[1mshade run --review\x1b[0m: {} picked of {} ({})",
+            self.sel.picked_count(),
+            plural(n),
+            self.ended
+        ));
+        for i in self.top..(self.top + list_h).min(n) {
+            let c = &self.sel.changes()[i];
+            let mark = if self.sel.is_picked(i) { "[x]" } else { "[ ]" };
+            let here = i == self.cursor;
+            let line = change_line(c);
+            let conflict = if self.conflicts.contains(&c.path) {
+                "  \x1b[31m! changed in the project meanwhile\x1b[0m"
+            } else {
+                ""
+            };
+            rows.push(if here {
+                format!("\x1b[7m> {mark} {line}\x1b[0m{conflict}")
+            } else {
+                format!("  {mark} {line}{conflict}")
+            });
+        }
+        while rows.len() < 1 + list_h {
+            rows.push(String::new());
+        }
+        let cursor = self.cursor;
+        let title = change_line(&self.sel.changes()[cursor]);
+        let diff_len = self.diff_lines(branch, cursor).len();
+        self.scroll = self.scroll.min(diff_len.saturating_sub(1));
+        let more = if diff_len > diff_h {
+            format!(
+                " lines {}-{} of {diff_len} ",
+                self.scroll + 1,
+                (self.scroll + diff_h).min(diff_len)
+            )
+        } else {
+            String::new()
+        };
+        rows.push(format!("\x1b[2m── {title} ──{more}\x1b[0m"));
+        let scroll = self.scroll;
+        let diff = self.diff_lines(branch, cursor);
+        rows.extend(diff.iter().skip(scroll).take(diff_h).cloned());
+        while rows.len() < h.saturating_sub(1) {
+            rows.push(String::new());
+        }
+        rows.truncate(h.saturating_sub(1));
+        rows.push(self.footer());
+
+        let mut out = std::io::stdout().lock();
+        for (y, row) in rows.iter().enumerate() {
+            queue!(
+                out,
+                cursor::MoveTo(0, y as u16),
+                terminal::Clear(ClearType::CurrentLine),
+                Print(fit(row, w)),
+                Print("\x1b[0m")
+            )?;
+        }
+        out.flush()
+    }
+
+    fn footer(&self) -> String {
+        if self.confirm_drop {
+            return format!(
+                "\x1b[1mdrop all {}? the project stays as it is\x1b[0m  y drop · any other key: back",
+                plural(self.sel.changes().len())
+            );
+        }
+        if let Some(m) = &self.message {
+            return format!("\x1b[33m{m}\x1b[0m");
+        }
+        "↑↓/jk move · space pick · PgUp/PgDn scroll · Enter accept picked · a accept all · d/q/Esc drop".into()
+    }
+}
+
+/// A change as the list shows it: its `git status`-like line, names quoted.
+fn change_line(c: &Change) -> String {
+    c.to_string()
+}
+
+/// What to show for a change whose diff is empty (directories, renames, metadata).
+fn no_diff(c: &Change) -> String {
+    let what = match (c.kind, c.is_dir) {
+        (ChangeKind::Added, true) => "a new, empty directory",
+        (ChangeKind::Deleted, true) => "the directory and everything in it is deleted",
+        (ChangeKind::Renamed, true) => "the directory is moved with what it holds",
+        (ChangeKind::Modified, true) => "the directory's mode, owner or attributes changed",
+        (ChangeKind::Renamed, false) => "renamed; the content is unchanged",
+        (ChangeKind::Added, false) => "a new, empty file",
+        (ChangeKind::Deleted, false) => "an empty file is deleted",
+        (ChangeKind::Modified, false) => {
+            "mode, times or attributes changed; the content is unchanged"
+        }
+    };
+    let from = match &c.old_path {
+        Some(old) => format!(" (from {})", quote_path(old)),
+        None => String::new(),
+    };
+    format!("\x1b[2m{what}{from}\x1b[0m")
+}
+
+/// Tabs as spaces to the next multiple of 8, so a line's width is known.
+fn expand_tabs(l: &str) -> String {
+    if !l.contains('\t') {
+        return l.to_string();
+    }
+    let mut out = String::with_capacity(l.len() + 8);
+    let mut col = 0;
+    for ch in l.chars() {
+        if ch == '\t' {
+            let n = 8 - col % 8;
+            out.extend(std::iter::repeat_n(' ', n));
+            col += n;
+        } else {
+            out.push(ch);
+            col += ch.width().unwrap_or(0);
+        }
+    }
+    out
+}
+
+/// `s` cut to `w` columns; SGR escapes (`ESC [ … m`, the only ones the review makes) are
+/// kept and take no room.
+fn fit(s: &str, w: usize) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut col = 0;
+    let mut chars = s.chars().peekable();
+    while let Some(ch) = chars.next() {
+        if ch == '\x1b' {
+            out.push(ch);
+            for c in chars.by_ref() {
+                out.push(c);
+                if c == 'm' {
+                    break;
+                }
+            }
+            continue;
+        }
+        let cw = ch.width().unwrap_or(0);
+        if col + cw > w {
+            // Skip the rest of the text but keep its escapes (they reset colours).
+            continue;
+        }
+        col += cw;
+        out.push(ch);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn fitting_keeps_escapes_and_counts_columns() {
+        assert_eq!(
+            super::fit("\x1b[32m+abcdef\x1b[0m", 4),
+            "\x1b[32m+abc\x1b[0m"
+        );
+        assert_eq!(super::fit("日本語", 4), "日本");
+        assert_eq!(super::expand_tabs("a\tb"), "a       b");
+    }
+}
