@@ -9,6 +9,7 @@ use crossterm::event::{self, Event, KeyCode, KeyEvent, KeyEventKind, KeyModifier
 use crossterm::style::Print;
 use crossterm::terminal::{self, ClearType};
 use crossterm::{cursor, queue};
+use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use shade_fusefs::quote::quote_path;
 use shade_fusefs::{
     AcceptError, AcceptFlags, Branch, Change, ChangeKind, Changeset, Conflict, Selection,
@@ -16,6 +17,8 @@ use shade_fusefs::{
 use std::collections::HashSet;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
 use unicode_width::UnicodeWidthChar;
 
 /// Why `--review` cannot run here, if it cannot: it needs a person at a terminal. Asked before
@@ -42,6 +45,7 @@ pub(crate) fn review(
         return code;
     }
     let project = branch.project().to_path_buf();
+    let _signals = Signals::install();
     let mut ui = Review::new(&branch, changes, ended);
     let choice = match Screen::open() {
         Ok(screen) => {
@@ -55,6 +59,15 @@ pub(crate) fn review(
         }
     };
     match choice {
+        Choice::Signal(sig) => {
+            // The terminal may be gone (SIGHUP): a failed write is no reason to panic.
+            let _ = writeln!(
+                std::io::stderr(),
+                "shade: interrupted by signal {sig}; dropped {}, the project is unchanged",
+                plural(n)
+            );
+            128 + sig
+        }
         Choice::Drop => {
             if let Some(list) = &ui.refused {
                 crate::cmd_run::report_conflicts(list, &project);
@@ -93,6 +106,54 @@ pub(crate) fn review(
     }
 }
 
+/// SIGINT, SIGTERM or SIGHUP (the terminal closed) during the review. Only shade's main
+/// thread blocks them, so without a handler one would take the default action in a FUSE
+/// thread and kill shade with the branch still mounted; with it, the review drops the
+/// branch and unmounts.
+static SIGNALLED: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    SIGNALLED.store(sig, Ordering::SeqCst);
+}
+
+/// Our handlers while the review runs; the earlier dispositions come back on drop.
+struct Signals(Vec<(Signal, SigAction)>);
+
+impl Signals {
+    fn install() -> Signals {
+        let action = SigAction::new(
+            SigHandler::Handler(on_signal),
+            SaFlags::SA_RESTART,
+            SigSet::empty(),
+        );
+        let mut saved = Vec::new();
+        for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+            // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+            match unsafe { sigaction(sig, &action) } {
+                Ok(old) => saved.push((sig, old)),
+                Err(e) => tracing::warn!("cannot handle {sig} during the review: {e}"),
+            }
+        }
+        Signals(saved)
+    }
+
+    fn received() -> Option<i32> {
+        match SIGNALLED.load(Ordering::SeqCst) {
+            0 => None,
+            sig => Some(sig),
+        }
+    }
+}
+
+impl Drop for Signals {
+    fn drop(&mut self) {
+        for (sig, old) in self.0.drain(..) {
+            // SAFETY: reinstating the disposition that was there before the review.
+            let _ = unsafe { sigaction(sig, &old) };
+        }
+    }
+}
+
 fn plural(n: usize) -> String {
     format!("{n} change{}", if n == 1 { "" } else { "s" })
 }
@@ -102,6 +163,8 @@ enum Choice {
     /// Accept the picked changes (checked just before: no conflicts then).
     Accept,
     Drop,
+    /// A termination signal arrived: drop.
+    Signal(i32),
     /// The pre-accept check failed for a reason other than conflicts; nothing was written.
     Failed(AcceptError),
 }
@@ -169,11 +232,32 @@ impl Review {
     }
 
     fn run(&mut self, branch: &Branch, flags: AcceptFlags) -> Choice {
+        let mut dirty = true;
         loop {
+            if let Some(sig) = Signals::received() {
+                return Choice::Signal(sig);
+            }
             let (w, h) = terminal::size().unwrap_or((80, 24));
-            if let Err(e) = self.draw(branch, w as usize, h as usize) {
-                tracing::warn!("drawing the review: {e}");
-                return Choice::Drop;
+            if dirty {
+                if let Err(e) = self.draw(branch, w as usize, h as usize) {
+                    tracing::warn!("drawing the review: {e}");
+                    return Choice::Drop;
+                }
+                dirty = false;
+            }
+            match event::poll(Duration::ZERO) {
+                Ok(true) => dirty = true,
+                Ok(false) => {
+                    // Wait for the terminal ourselves, in short steps to notice a signal:
+                    // crossterm keeps reading a hung-up terminal's end of file forever.
+                    match terminal_input(Duration::from_millis(100)) {
+                        Input::Ready => {}
+                        Input::Nothing => {}
+                        Input::Gone => return Choice::Drop,
+                    }
+                    continue;
+                }
+                Err(_) => return Choice::Drop,
             }
             let key = match event::read() {
                 Ok(Event::Key(k)) if k.kind != KeyEventKind::Release => k,
@@ -337,7 +421,7 @@ impl Review {
         let cursor = self.cursor;
         let title = change_line(&self.sel.changes()[cursor]);
         let diff_len = self.diff_lines(branch, cursor).len();
-        self.scroll = self.scroll.min(diff_len.saturating_sub(1));
+        self.scroll = self.scroll.min(diff_len.saturating_sub(diff_h));
         let more = if diff_len > diff_h {
             format!(
                 " lines {}-{} of {diff_len} ",
@@ -380,7 +464,38 @@ impl Review {
         if let Some(m) = &self.message {
             return format!("\x1b[33m{m}\x1b[0m");
         }
-        "↑↓/jk move · space pick · PgUp/PgDn scroll · Enter accept picked · a accept all · d/q/Esc drop".into()
+        "↑↓/jk move  space pick  Enter accept picked  a accept all  d/q/Esc drop  PgUp/PgDn scroll"
+            .into()
+    }
+}
+
+/// What the terminal has for us.
+enum Input {
+    Ready,
+    Nothing,
+    /// Hung up (closed) or unusable: no one is there to review.
+    Gone,
+}
+
+/// Wait up to `timeout` for input on stdin (the terminal crossterm reads).
+fn terminal_input(timeout: Duration) -> Input {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let stdin = std::io::stdin();
+    let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN)];
+    let ms = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
+    match poll(&mut fds, ms) {
+        Ok(0) => Input::Nothing,
+        Ok(_) => {
+            let got = fds[0].revents().unwrap_or(PollFlags::empty());
+            if got.intersects(PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL) {
+                Input::Gone
+            } else {
+                Input::Ready
+            }
+        }
+        Err(nix::errno::Errno::EINTR) => Input::Nothing,
+        Err(_) => Input::Gone,
     }
 }
 

@@ -167,3 +167,62 @@ fn without_a_terminal_review_refuses_in_one_line() {
     );
     assert!(out.stdout.is_empty(), "the command did not run");
 }
+
+#[test]
+fn page_keys_scroll_a_long_diff() {
+    let fx = Fixture::new();
+    let shell = format!(
+        "{} run --review -- sh -c 'seq 1 200 > long'; echo exit=$?",
+        env!("CARGO_BIN_EXE_shade")
+    );
+    let tty = Tty::start(
+        &["sh", "-c", &shell],
+        &fx.project,
+        &[("SHADE_STATE_DIR", fx.state.root().display().to_string())],
+    );
+    let s = tty.wait_text("[x] A long", 60);
+    assert!(s.contains("+1\n") && !s.contains("+150\n"), "{s}");
+    tty.keys(&[
+        "PgDn", "PgDn", "PgDn", "PgDn", "PgDn", "PgDn", "PgDn", "PgDn",
+    ]);
+    let s = tty.wait_text("+200", 10);
+    assert!(!s.contains("+1\n"), "{s}");
+    assert!(s.contains("lines 168-203 of 203"), "where the diff is: {s}");
+    tty.keys(&["PgUp"]);
+    tty.wait_for("scrolled back", 10, |s| !s.contains("+200"));
+    tty.keys(&["q"]);
+    tty.wait_text("drop all 1 change?", 10);
+    tty.keys(&["y"]);
+    tty.wait_text("exit=0", 60);
+    assert!(!fx.project.join("long").exists());
+}
+
+#[test]
+fn a_closed_terminal_drops_the_branch_and_unmounts() {
+    let (fx, tty) = start();
+    let branch = std::fs::read_dir(fx.state.branches())
+        .unwrap()
+        .next()
+        .expect("the review's branch")
+        .unwrap()
+        .path();
+    let owner = std::fs::read_to_string(branch.join("owner")).unwrap();
+    let pid: u32 = owner.lines().next().unwrap().parse().unwrap();
+    // The terminal goes away under the review (its window closed, ssh dropped).
+    drop(tty);
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(true)
+    };
+    common::wait_until("shade to end", 30, gone);
+    common::assert_no_shade_mounts(&fx.state);
+    assert!(!branch.exists(), "the branch's store is left behind");
+    unchanged(&fx);
+}
