@@ -193,3 +193,44 @@ fn only_picked_paths_are_checked_for_conflicts() {
     assert_eq!(fx.read("mine"), "2\n");
     assert_eq!(fx.read("theirs"), "user\n");
 }
+
+#[test]
+fn a_file_turned_into_a_directory_comes_with_what_is_in_it() {
+    let fx = Fixture::new();
+    fx.write("f", "file\n");
+    fx.write("d/inner", "i\n");
+    let b = fx.branch();
+    let m = b.mountpoint().to_path_buf();
+    fs::remove_file(m.join("f")).unwrap();
+    fs::create_dir(m.join("f")).unwrap();
+    fs::write(m.join("f/x"), "x\n").unwrap();
+    fs::remove_dir_all(m.join("d")).unwrap();
+    fs::write(m.join("d"), "now a file\n").unwrap();
+    let mut sel = selection(&b);
+    let all = lines(&sel);
+    let (dir, x) = (index(&sel, "M f/"), index(&sel, "A f/x"));
+    assert_eq!(sel.needs(x), [dir], "{all:?}");
+    assert_eq!(sel.set(dir, false), [x]);
+    assert_eq!(sel.set(x, true), [dir]);
+    // The directory turned into a file alone.
+    sel.set(dir, false);
+    assert_eq!(picked(&sel), ["M d"], "{all:?}");
+    b.accept_selected(AcceptFlags::default(), &sel).unwrap();
+    assert_eq!(fx.read("d"), "now a file\n");
+    assert_eq!(fx.read("f"), "file\n");
+}
+
+#[test]
+fn one_name_of_a_hard_link_is_written_as_a_file() {
+    let fx = Fixture::new();
+    let b = fx.branch();
+    let m = b.mountpoint().to_path_buf();
+    fs::write(m.join("x"), "shared\n").unwrap();
+    fs::hard_link(m.join("x"), m.join("y")).unwrap();
+    let mut sel = selection(&b);
+    assert_eq!(lines(&sel), ["A x", "A y"]);
+    sel.set(index(&sel, "A x"), false);
+    b.accept_selected(AcceptFlags::default(), &sel).unwrap();
+    assert!(!exists(&fx, "x"));
+    assert_eq!(fx.read("y"), "shared\n");
+}

@@ -16,6 +16,8 @@
 //! - **A directory removed and made again** (its old entries hidden: listed as `D`) is
 //!   accepted or dropped as a whole, together with everything listed inside it: accept
 //!   replaces the whole directory.
+//! - **Hard links** need nothing: a name picked without the others is written as a file of
+//!   its own (with the content they share), the others stay as they were.
 //!
 //! Picking a change picks what it needs (transitively); unpicking one unpicks what needs it.
 //! [`crate::Branch::accept_selected`] then plans only the picked paths, the directories
