@@ -464,7 +464,7 @@ impl Review {
         if let Some(m) = &self.message {
             return format!("\x1b[33m{m}\x1b[0m");
         }
-        "↑↓/jk move  space pick  Enter accept picked  a accept all  d/q/Esc drop  PgUp/PgDn scroll"
+        "↑↓/jk move  space pick  Enter accept picked  a accept all  d/q/Esc drop (asks)  PgUp/PgDn scroll"
             .into()
     }
 }
