@@ -39,13 +39,25 @@ pub(crate) fn review(
     ended: &str,
     code: i32,
 ) -> i32 {
-    let n = changes.changes.len();
-    if n == 0 {
-        eprintln!("shade: no changes ({ended})");
+    if changes.is_empty() {
+        say(format_args!("shade: no changes ({ended})"));
         return code;
     }
-    let project = branch.project().to_path_buf();
+    // Installed before and kept until after the branch is gone (accepted or dropped inside).
     let _signals = Signals::install();
+    review_branch(branch, changes, flags, ended, code)
+}
+
+/// [`review`] once its signal handlers are in place; `branch` is unmounted when this returns.
+fn review_branch(
+    branch: Branch,
+    changes: Changeset,
+    flags: AcceptFlags,
+    ended: &str,
+    code: i32,
+) -> i32 {
+    let n = changes.changes.len();
+    let project = branch.project().to_path_buf();
     let mut ui = Review::new(&branch, changes, ended);
     let choice = match Screen::open() {
         Ok(screen) => {
@@ -54,31 +66,37 @@ pub(crate) fn review(
             choice
         }
         Err(e) => {
-            eprintln!("shade: cannot use the terminal for the review ({e}); dropped {n} changes, the project is unchanged");
+            say(format_args!("shade: cannot use the terminal for the review ({e}); dropped {}, the project is unchanged", plural(n)));
             return exit::SHADE_ERROR;
         }
     };
     match choice {
         Choice::Signal(sig) => {
-            // The terminal may be gone (SIGHUP): a failed write is no reason to panic.
-            let _ = writeln!(
-                std::io::stderr(),
+            say(format_args!(
                 "shade: interrupted by signal {sig}; dropped {}, the project is unchanged",
                 plural(n)
-            );
+            ));
             128 + sig
         }
         Choice::Drop => {
-            if let Some(list) = &ui.refused {
-                crate::cmd_run::report_conflicts(list, &project);
-                eprintln!("shade: dropped {}; the project is unchanged", plural(n));
-                return exit::CONFLICT;
+            let refused = ui
+                .refused
+                .as_ref()
+                .inspect(|list| report_conflicts(list, &project));
+            say(format_args!(
+                "shade: dropped {}; the project is unchanged",
+                plural(n)
+            ));
+            if refused.is_some() {
+                exit::CONFLICT
+            } else {
+                code
             }
-            eprintln!("shade: dropped {}; the project is unchanged", plural(n));
-            code
         }
         Choice::Failed(e) => {
-            eprintln!("shade: accept failed, the project is unchanged: {e}");
+            say(format_args!(
+                "shade: accept failed, the project is unchanged: {e}"
+            ));
             exit::SHADE_ERROR
         }
         Choice::Accept => {
@@ -86,23 +104,51 @@ pub(crate) fn review(
             let k = sel.picked_count();
             match branch.accept_selected(flags, &sel) {
                 Ok(_) if k == n => {
-                    eprintln!("shade: accepted {}", plural(n));
+                    say(format_args!("shade: accepted {}", plural(n)));
                     code
                 }
                 Ok(_) => {
-                    eprintln!("shade: accepted {k} of {}; {} dropped", plural(n), n - k);
+                    say(format_args!(
+                        "shade: accepted {k} of {}; {} dropped",
+                        plural(n),
+                        n - k
+                    ));
                     code
                 }
                 Err(AcceptError::Conflicts(list)) => {
-                    crate::cmd_run::report_conflicts(&list, &project);
+                    report_conflicts(&list, &project);
                     exit::CONFLICT
                 }
                 Err(e) => {
-                    eprintln!("shade: accept failed, the project is unchanged: {e}");
+                    say(format_args!(
+                        "shade: accept failed, the project is unchanged: {e}"
+                    ));
                     exit::SHADE_ERROR
                 }
             }
         }
+    }
+}
+
+/// One line on stderr. The terminal may be gone by now (closed during the review), and a
+/// failed write must not panic while the branch is still mounted, as `eprintln!` would.
+fn say(line: std::fmt::Arguments) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// The conflicts an accept was refused for, as `shade run --accept` lists them.
+fn report_conflicts(list: &[Conflict], project: &std::path::Path) {
+    say(format_args!(
+        "shade: not accepted: {} changed in {} since the branch read them:",
+        if list.len() == 1 {
+            "1 path".to_string()
+        } else {
+            format!("{} paths", list.len())
+        },
+        quote_path(project)
+    ));
+    for c in list {
+        say(format_args!("  {}", crate::cmd_run::conflict_line(c)));
     }
 }
 
