@@ -234,3 +234,30 @@ fn one_name_of_a_hard_link_is_written_as_a_file() {
     assert!(!exists(&fx, "x"));
     assert_eq!(fx.read("y"), "shared\n");
 }
+
+#[test]
+fn reads_are_checked_against_the_picked_changes_only() {
+    let fx = Fixture::new();
+    fx.write("r", "input\n");
+    let b = fx.branch();
+    let m = b.mountpoint().to_path_buf();
+    fs::write(m.join("before"), "written before reading r\n").unwrap();
+    assert_eq!(fs::read_to_string(m.join("r")).unwrap(), "input\n");
+    fs::write(m.join("after"), "may derive from r\n").unwrap();
+    // The user changes r meanwhile: what was written after reading it may be stale.
+    fs::write(fx.project.join("r"), "the user's\n").unwrap();
+    let mut sel = selection(&b);
+    assert_eq!(lines(&sel), ["A after", "A before"]);
+    assert!(
+        matches!(
+            b.check_accept_selected(AcceptFlags::default(), &sel),
+            Err(AcceptError::Conflicts(_))
+        ),
+        "the whole branch read r before writing `after`"
+    );
+    sel.set(index(&sel, "A after"), false);
+    b.accept_selected(AcceptFlags::default(), &sel).unwrap();
+    assert_eq!(fx.read("before"), "written before reading r\n");
+    assert!(!exists(&fx, "after"));
+    assert_eq!(fx.read("r"), "the user's\n");
+}
