@@ -28,8 +28,10 @@ pub const MAX_CYCLE: usize = 3;
 pub const MIN_UNIT: usize = 16;
 /// Longest repeated piece of text looked for.
 pub const MAX_UNIT: usize = 400;
-/// Times a piece of text must repeat back to back.
-pub const CONTENT_REPEATS: usize = 8;
+/// Times a piece of text must repeat back to back. A model stuck in a loop repeats for
+/// hundreds of times; a real answer repeats a phrase a dozen times at most (a long wrapped
+/// line of the same words, a list of similar items), so the bar sits well above that.
+pub const CONTENT_REPEATS: usize = 20;
 
 /// What to do about one tool call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -285,6 +287,17 @@ mod tests {
         match &verdicts[7] {
             CallVerdict::Stop(why) => assert!(why.contains("cycle of 2"), "{why}"),
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_phrase_repeated_a_dozen_times_is_an_answer_not_a_loop() {
+        let mut c = ContentLoops::default();
+        let line = "A long line: **wrapped** text and ".to_string()
+            + &"**wrapped** text and ".repeat(14)
+            + "the end.\n";
+        for chunk in line.as_bytes().chunks(7) {
+            assert_eq!(c.push(std::str::from_utf8(chunk).unwrap()), None);
         }
     }
 
