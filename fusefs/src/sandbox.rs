@@ -300,27 +300,16 @@ fn run_inner(spec: &RunSpec, cancel: Option<&Cancel>) -> Result<RunOutcome> {
     if cancel.is_some_and(Cancel::is_cancelled) {
         return Ok(outcome(Termination::Cancelled, false));
     }
-    if !spec.isolation.unconfined {
+    let confined = if spec.isolation.unconfined {
+        None
+    } else {
         let conf = probe().map_err(|why| SandboxError::Unconfined(why.to_string()))?;
         check_sources(spec)?;
         if let Some(msg) = bwrap::cannot_exec(spec) {
             return Ok(outcome(Termination::CannotExec(msg), true));
         }
-        let _signals = if spec.foreground {
-            Some(
-                signals::Guard::install()
-                    .map_err(|e| SandboxError::io("installing signal handlers")(e.into()))?,
-            )
-        } else {
-            None
-        };
-        let ctl = supervise::Control {
-            timeout: spec.limit(),
-            foreground: spec.foreground,
-            cancel,
-        };
-        return run_confined(conf, spec, &ctl, cancel);
-    }
+        Some(conf)
+    };
     let _signals = if spec.foreground {
         Some(
             signals::Guard::install()
@@ -334,6 +323,9 @@ fn run_inner(spec: &RunSpec, cancel: Option<&Cancel>) -> Result<RunOutcome> {
         foreground: spec.foreground,
         cancel,
     };
+    if let Some(conf) = confined {
+        return run_confined(conf, spec, &ctl, cancel);
+    }
     match spawn(spec, Mode::namespaced(spec)?)? {
         Spawned::Running(running) => supervise::wait(running, &ctl, true),
         Spawned::CannotExec(msg) => Ok(outcome(Termination::CannotExec(msg), true)),
