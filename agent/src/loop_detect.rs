@@ -297,7 +297,7 @@ mod tests {
             + &"**wrapped** text and ".repeat(14)
             + "the end.\n";
         for chunk in line.as_bytes().chunks(7) {
-            assert_eq!(c.push(std::str::from_utf8(chunk).unwrap()), None);
+            assert_eq!(c.push(std::str::from_utf8(chunk).expect("ASCII")), None);
         }
     }
 
