@@ -64,26 +64,49 @@ impl Fixture {
 
     /// Pids of the language servers this process started for this project (their working
     /// directory is the project path, inside their own mount namespace).
+    /// The language servers this test process started: descendants (the server runs in a
+    /// sandbox, under bubblewrap's processes) at the project path, other than bubblewrap.
     fn servers(&self) -> Vec<u32> {
         let me = std::process::id();
-        let mut v = Vec::new();
+        let mut procs = Vec::new();
         for e in std::fs::read_dir("/proc").unwrap().flatten() {
             let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
                 continue;
             };
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let comm = stat
+                .split_once('(')
+                .and_then(|(_, r)| r.rsplit_once(')'))
+                .map(|(c, _)| c.to_string())
+                .unwrap_or_default();
             let ppid: u32 = stat
                 .rsplit(')')
                 .next()
                 .and_then(|r| r.split_whitespace().nth(1))
                 .and_then(|p| p.parse().ok())
                 .unwrap_or(0);
-            let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_default();
-            if ppid == me && cwd == self.project {
-                v.push(pid);
-            }
+            procs.push((pid, ppid, comm));
         }
-        v
+        let parent: std::collections::HashMap<u32, u32> =
+            procs.iter().map(|(pid, ppid, _)| (*pid, *ppid)).collect();
+        let descends = |mut pid: u32| {
+            for _ in 0..16 {
+                match parent.get(&pid) {
+                    Some(&p) if p == me => return true,
+                    Some(&p) if p > 1 => pid = p,
+                    _ => return false,
+                }
+            }
+            false
+        };
+        procs
+            .iter()
+            .filter(|(pid, _, comm)| comm != "bwrap" && descends(*pid))
+            .filter(|(pid, _, _)| {
+                std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_default() == self.project
+            })
+            .map(|(pid, _, _)| *pid)
+            .collect()
     }
 
     /// `calc.py` as the server `pid` reads it from the disk (through its own mount
