@@ -7,18 +7,11 @@
 
 mod common;
 
+use common::describe as text;
+
 use common::Fixture;
 use std::path::{Path, PathBuf};
 use std::process::Output;
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 fn err(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()

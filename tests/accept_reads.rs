@@ -6,21 +6,14 @@
 
 mod common;
 
+use common::describe as text;
+
 use common::{wait_until, Fixture};
 use serde_json::{json, Value};
 use shade_testkit::{tool_results_since_user, FakeLlm, Reply};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Output, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::Arc;
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// `shade run --accept -- sh -c SCRIPT` in the background, with `$READY` and `$GO` naming
 /// flag files outside the project: the script touches `$READY` when it has read what it

@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::describe as out;
+
 use common::wait_until;
 
 use std::path::{Path, PathBuf};
@@ -22,15 +24,6 @@ use shade_testkit::{
     is_suggestion_request, last_real_user, last_tool_result, tool_results_since_user, FakeLlm,
     Reply,
 };
-
-fn out(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// A budget no checker here comes near: the tests are about what is reported, not when.
 const CONFIG: &str = "[lint]\nbudget_ms = 600000\n";

@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::describe as out;
+
 use common::Fixture;
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -13,15 +15,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-
-fn out(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// A fixture whose project (and its parents) other users can reach, like a checkout.
 fn open_fixture() -> Fixture {

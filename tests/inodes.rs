@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::describe as show;
+
 use common::Fixture;
 use std::collections::BTreeMap;
 use std::fs;
@@ -193,15 +195,6 @@ fn git(dir: &Path, args: &[&str]) -> Output {
         .unwrap();
     assert!(o.status.success(), "git {args:?}: {}", show(&o));
     o
-}
-
-fn show(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// A committed repository of a few hundred files whose index is settled: no entry is

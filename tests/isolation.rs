@@ -9,6 +9,8 @@
 
 mod common;
 
+use common::describe as show;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -209,15 +211,6 @@ impl Env {
             }
         }
     }
-}
-
-fn show(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// The run itself worked (the attack ran and failed, rather than shade refusing to run).

@@ -4,19 +4,12 @@
 
 mod common;
 
+use common::describe as out;
+
 use common::{assert_no_shade_mounts, snapshot, Fixture};
 use std::io::Write;
 use std::path::Path;
 use std::process::{Output, Stdio};
-
-fn out(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// Copy a directory tree (the example crate, without its build output).
 fn copy_tree(from: &Path, to: &Path) {

@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::describe as out;
+
 use common::{assert_no_shade_mounts, Fixture};
 use serde_json::{json, Value};
 use shade_testkit::{tool_results_since_user, FakeLlm, Reply};
@@ -65,15 +67,6 @@ fn exec(fx: &Fixture, llm: &FakeLlm, approval: &str) -> Output {
         .env("SHADE_LOG", "error")
         .output()
         .unwrap()
-}
-
-fn out(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 #[test]

@@ -5,6 +5,9 @@
 //! moment (restored on drop, also on panic), which must not overlap other plain-user tests.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::describe as out;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -52,15 +55,6 @@ fn shade_as_user(bin: &Path, project: &Path, state: &Path, args: &[&str]) -> Out
         .stdin(Stdio::null())
         .output()
         .unwrap()
-}
-
-fn out(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 #[test]

@@ -3,19 +3,12 @@
 
 mod common;
 
+use common::describe as out;
+
 use common::{assert_no_shade_mounts, snapshot, Fixture};
 use std::fs;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
-
-fn out(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 fn sh(fx: &Fixture, extra: &[&str], script: &str) -> Output {
     fx.shade()

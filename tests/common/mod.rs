@@ -4,7 +4,7 @@
 
 use shade_fusefs::{Branch, BranchOptions, StateDir};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 /// Panic with a clear message unless this test can mount FUSE file systems.
 pub fn require_fuse_root() {
@@ -137,3 +137,13 @@ pub fn wait_until(what: &str, secs: u64, cond: impl Fn() -> bool) {
 
 pub mod chat;
 pub mod tty;
+
+/// A finished command's status and output, for a failed assertion's message.
+pub fn describe(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
