@@ -170,9 +170,19 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
         state,
         ..BranchOptions::default()
     };
+    // From the mount to the unmount, Ctrl-C/SIGTERM/SIGHUP outside the command's own run
+    // (where the runner stops the command for them) wait until the branch is cleaned up,
+    // instead of killing shade with the branch mounted.
+    let cleanup = shade_fusefs::DeferSignals::for_cleanup();
     let branch = Branch::create(&project, &opts)?;
     if let Some(probe) = probe {
         let _ = probe.join();
+    }
+    if let Some(sig) = cleanup.pending().first().copied() {
+        drop(branch);
+        let _ = cleanup.take();
+        eprintln!("shade: stopped by signal {sig} before the command started; nothing ran");
+        return Ok(128 + sig);
     }
     let spec = RunSpec {
         project: project.clone(),
@@ -211,6 +221,12 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     let code = outcome.exit_code();
     let changes = branch.changeset(args.include_ignored);
     if args.review {
+        // The review screen handles its own keys and signals.
+        if let Some(sig) = cleanup.take().first().copied() {
+            drop(branch);
+            eprintln!("shade: stopped by signal {sig}; the branch was dropped, nothing accepted");
+            return Ok(128 + sig);
+        }
         let flags = AcceptFlags {
             include_ignored: args.include_ignored,
             force: args.force,
@@ -260,6 +276,8 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     } else {
         if args.accept && !args.json {
             eprintln!("shade: not accepted: {}", describe(&outcome.termination));
+        } else if matches!(outcome.termination, Termination::Interrupted(_)) && !args.json {
+            eprintln!("shade: {}", describe(&outcome.termination));
         }
         drop(branch);
     }
@@ -278,7 +296,24 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
         serde_json::to_writer(&mut out, &report)?;
         writeln!(out)?;
     }
-    Ok(after_deferred(signals, final_code))
+    let code = after_deferred(signals, final_code);
+    // Nested inside `cleanup`, the accept's guard hands its signals to it.
+    match cleanup.take().first().copied() {
+        Some(sig) if accepted => {
+            eprintln!("shade: stopped by signal {sig} after the accept was finished");
+            Ok(128 + sig)
+        }
+        // A refused or failed accept has said what the project is left as.
+        Some(sig) if args.accept && ok => {
+            eprintln!("shade: stopped by signal {sig}");
+            Ok(128 + sig)
+        }
+        Some(sig) => {
+            eprintln!("shade: stopped by signal {sig}; the branch was dropped, nothing accepted");
+            Ok(128 + sig)
+        }
+        None => Ok(code),
+    }
 }
 
 /// The exit status once an accept and its report are done: 128+N when signal N came while

@@ -163,3 +163,78 @@ fn termination_signals_during_the_agents_accept_wait_for_it() {
         trial(sig, &mut rng, Via::Exec(&llm));
     }
 }
+
+/// A signal at any moment of a plain `shade run` — while the branch mounts, while the
+/// command runs, while the changes are listed or the branch unmounts — never leaves the
+/// branch mounted, and shade's exit says what happened: the command's status, or 128+N
+/// with a line saying it stopped for signal N.
+#[test]
+fn a_signal_at_any_moment_of_a_run_leaves_no_branch_mounted() {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    eprintln!("seed {seed}");
+    let mut rng = Lcg(seed);
+    let fx = Fixture::new();
+    std::fs::write(fx.project.join("a"), "a\n").unwrap();
+    // How long a whole run takes here, so the signals spread over all of it.
+    let t = Instant::now();
+    let o = fx.shade().args(["run", "--", "true"]).output().unwrap();
+    assert!(o.status.success(), "{}", common::describe(&o));
+    let span = (t.elapsed().as_micros() as u64).max(1000);
+    let mut by_signal = 0;
+    for i in 0..40 {
+        let sig = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP][i % 3];
+        let child = fx
+            .shade()
+            .args(["run", "--", "sh", "-c", "echo x > b"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let delay = rng.next(span);
+        std::thread::sleep(Duration::from_micros(delay));
+        // SAFETY: signalling the child we started.
+        unsafe {
+            libc::kill(child.id() as i32, sig);
+        }
+        let o = child.wait_with_output().unwrap();
+        let what = format!(
+            "signal {sig} {delay} µs after the start: {}",
+            common::describe(&o)
+        );
+        common::assert_no_shade_mounts(&fx.state);
+        let left: Vec<_> = std::fs::read_dir(fx.state.branches())
+            .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+            .unwrap_or_default();
+        use std::os::unix::process::ExitStatusExt;
+        match (o.status.code(), o.status.signal()) {
+            (Some(0), _) => {}
+            (Some(c), _) if c == 128 + sig => {
+                by_signal += 1;
+                let err = String::from_utf8_lossy(&o.stderr);
+                assert!(
+                    err.contains(&format!("signal {sig}")) || err.contains("interrupted"),
+                    "exit {c} without saying why: {what}"
+                );
+            }
+            // Before shade set up anything (the process was just starting).
+            (None, Some(s)) => {
+                assert_eq!(s, sig, "{what}");
+                assert!(
+                    left.is_empty(),
+                    "killed by signal {s} with a branch left: {left:?}: {what}"
+                );
+            }
+            _ => panic!("unexpected exit: {what}"),
+        }
+        assert_eq!(
+            std::fs::read_to_string(fx.project.join("a")).unwrap(),
+            "a\n",
+            "{what}"
+        );
+        assert!(!fx.project.join("b").exists(), "{what}");
+    }
+    eprintln!("{by_signal} of 40 runs stopped by their signal");
+}

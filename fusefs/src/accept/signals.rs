@@ -8,13 +8,16 @@
 //! noted signals delivered again, or handed to the caller ([`DeferSignals::take`]) which
 //! reports the result first. Guards nest: only the outermost installs and restores.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 const SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 
 /// Signals noted while deferred, as a bit mask (`1 << signo`).
 static PENDING: AtomicU32 = AtomicU32::new(0);
+/// Live guards that protect an accept (not only a clean-up): they choose what the handler
+/// says.
+static ACCEPTS: AtomicUsize = AtomicUsize::new(0);
 
 struct Saved {
     depth: usize,
@@ -28,7 +31,11 @@ static STATE: Mutex<Saved> = Mutex::new(Saved {
 
 extern "C" fn note(sig: libc::c_int) {
     PENDING.fetch_or(1 << sig, Ordering::SeqCst);
-    let msg = "\nshade: finishing the accept\u{2026} (an accept is never cut short)\n";
+    let msg = if ACCEPTS.load(Ordering::SeqCst) > 0 {
+        "\nshade: finishing the accept\u{2026} (an accept is never cut short)\n"
+    } else {
+        "\nshade: stopping once the branch is cleaned up\u{2026}\n"
+    };
     // SAFETY: write(2) is async-signal-safe; the buffer is a static string.
     unsafe {
         libc::write(2, msg.as_ptr().cast(), msg.len());
@@ -39,11 +46,36 @@ extern "C" fn note(sig: libc::c_int) {
 #[must_use = "signals are deferred only while the guard lives"]
 pub struct DeferSignals {
     done: bool,
+    accept: bool,
 }
 
 impl DeferSignals {
-    /// Start deferring the termination signals (process-wide).
+    /// Start deferring the termination signals (process-wide) around an accept.
     pub fn new() -> DeferSignals {
+        Self::start(true)
+    }
+
+    /// Start deferring them around shade's own set-up and clean-up of a branch (mount,
+    /// changeset, unmount), so a signal there cannot leave a branch mounted; the handler
+    /// says shade stops once the branch is cleaned up.
+    pub fn for_cleanup() -> DeferSignals {
+        Self::start(false)
+    }
+
+    /// The signals noted so far, without ending the deferral (so a caller can stop before
+    /// starting the next step).
+    pub fn pending(&self) -> Vec<i32> {
+        let pending = PENDING.load(Ordering::SeqCst);
+        SIGNALS
+            .into_iter()
+            .filter(|s| pending & (1 << s) != 0)
+            .collect()
+    }
+
+    fn start(accept: bool) -> DeferSignals {
+        if accept {
+            ACCEPTS.fetch_add(1, Ordering::SeqCst);
+        }
         let mut st = STATE.lock().unwrap_or_else(PoisonError::into_inner);
         if st.depth == 0 {
             PENDING.store(0, Ordering::SeqCst);
@@ -64,7 +96,10 @@ impl DeferSignals {
             }
         }
         st.depth += 1;
-        DeferSignals { done: false }
+        DeferSignals {
+            done: false,
+            accept,
+        }
     }
 
     fn finish(&mut self) -> Vec<i32> {
@@ -72,6 +107,9 @@ impl DeferSignals {
             return Vec::new();
         }
         self.done = true;
+        if self.accept {
+            ACCEPTS.fetch_sub(1, Ordering::SeqCst);
+        }
         let mut st = STATE.lock().unwrap_or_else(PoisonError::into_inner);
         st.depth = st.depth.saturating_sub(1);
         if st.depth > 0 {
