@@ -34,7 +34,7 @@ enable_speculation, telemetry; tool tables [output_budget], [web_fetch], [web_se
 README), then OPENAI_BASE_URL, OPENAI_API_KEY, SHADE_MODEL, \
 SHADE_FAST_MODEL, then the flags.
 
-Exit status: 0 answered, 2 turn limit reached, 130 interrupted, 124 --accept refused \
+Exit status: 0 answered, 2 turn limit reached, 130 interrupted (Ctrl-C; 143 SIGTERM, 129 SIGHUP), 124 --accept refused \
 (conflicts), 125 shade or model error.")]
 pub struct ExecArgs {
     /// What may run without asking: default (ask before edits and writing commands),
@@ -127,6 +127,34 @@ async fn run(args: ExecArgs) -> i32 {
     };
     let mut tools = ToolRegistry::configured(&llm.config.tools);
     let mcp = connect_mcp(&llm.config.tools, workspace.root(), &mut tools).await;
+    let cancel = CancellationToken::new();
+    // Registered before the run starts, so an early Ctrl-C, SIGTERM or SIGHUP cancels the
+    // run (and the branch is dropped) instead of killing us with the branch mounted.
+    let stopped_by = Arc::new(std::sync::atomic::AtomicI32::new(0));
+    for (kind, signo) in [
+        (tokio::signal::unix::SignalKind::interrupt(), libc::SIGINT),
+        (tokio::signal::unix::SignalKind::terminate(), libc::SIGTERM),
+        (tokio::signal::unix::SignalKind::hangup(), libc::SIGHUP),
+    ] {
+        match tokio::signal::unix::signal(kind) {
+            Ok(mut stream) => {
+                let on_signal = cancel.clone();
+                let stopped_by = stopped_by.clone();
+                tokio::spawn(async move {
+                    if stream.recv().await.is_some() {
+                        let _ = stopped_by.compare_exchange(
+                            0,
+                            signo,
+                            std::sync::atomic::Ordering::SeqCst,
+                            std::sync::atomic::Ordering::SeqCst,
+                        );
+                        on_signal.cancel();
+                    }
+                });
+            }
+            Err(e) => tracing::warn!("cannot catch signal {signo}: {e}"),
+        }
+    }
     let shadow = if args.shadow {
         crate::cmd_run::startup_recovery(&StateDir::from_env());
         match Shadow::create(workspace.root(), ShadowOptions::live()) {
@@ -172,19 +200,6 @@ async fn run(args: ExecArgs) -> i32 {
             shade_agent::followup::new_session_id(),
         ));
     }
-    let cancel = CancellationToken::new();
-    // Registered before the run starts, so an early Ctrl-C cancels instead of killing us.
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) {
-        Ok(mut sigint) => {
-            let on_ctrl_c = cancel.clone();
-            tokio::spawn(async move {
-                if sigint.recv().await.is_some() {
-                    on_ctrl_c.cancel();
-                }
-            });
-        }
-        Err(e) => tracing::warn!("cannot catch Ctrl-C: {e}"),
-    }
     let sink: EventSink = if args.json {
         Arc::new(print_json)
     } else {
@@ -208,7 +223,11 @@ async fn run(args: ExecArgs) -> i32 {
             match outcome.stop {
                 StopReason::Completed | StopReason::Boundary => 0,
                 StopReason::TurnLimit | StopReason::LoopDetected => TURN_LIMIT,
-                StopReason::Cancelled => INTERRUPTED,
+                StopReason::Cancelled => match stopped_by.load(std::sync::atomic::Ordering::SeqCst)
+                {
+                    0 => INTERRUPTED,
+                    signo => 128 + signo,
+                },
                 StopReason::Error => exit::SHADE_ERROR,
             },
             Some(outcome.stop),
@@ -222,7 +241,7 @@ async fn run(args: ExecArgs) -> i32 {
             (exit::SHADE_ERROR, None)
         }
     };
-    if args.suggest && status != INTERRUPTED {
+    if args.suggest && stop != Some(StopReason::Cancelled) {
         let finished = crate::exec_suggest::Finished {
             conversation: &conversation,
             tools: &tools.specs(),

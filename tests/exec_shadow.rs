@@ -263,3 +263,67 @@ fn a_shadow_commands_output_over_the_budget_is_summarised_and_kept_whole() {
     assert_eq!(snapshot(&p.fx.project), before);
     p.assert_clean();
 }
+
+/// SIGTERM or SIGHUP to `shade exec --shadow` while the agent's command runs cancels the
+/// run like Ctrl-C: the command is stopped, the branch dropped and unmounted, the project
+/// untouched, and the exit status is 128+N. (They used to kill shade with the branch
+/// mounted.)
+#[test]
+fn sigterm_and_sighup_stop_a_shadow_run_and_drop_its_branch() {
+    for sig in [libc::SIGTERM, libc::SIGHUP] {
+        let p = project();
+        let before = snapshot(&p.fx.project);
+        let llm = shade_testkit::FakeLlm::start(std::sync::Arc::new(|body: &serde_json::Value| {
+            if shade_testkit::last_tool_result(body).is_some() {
+                shade_testkit::Reply::text("Done.")
+            } else {
+                shade_testkit::Reply::tool(
+                    "shell",
+                    serde_json::json!({ "command": "echo started > started; sleep 30" }),
+                )
+            }
+        }))
+        .unwrap();
+        let child =
+            p.fx.shade()
+                .args(["exec", "--shadow", "--approval", "yolo"])
+                .arg("wait a while")
+                .env("XDG_CONFIG_HOME", p.config.path())
+                .env("OPENAI_BASE_URL", &llm.base_url)
+                .env("SHADE_MODEL", "main-model")
+                .env_remove("SHADE_CONFIG")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+        // The command has started when its file shows in the branch's store.
+        let store = p.fx.state.branches();
+        common::wait_until("the agent's command to start", 60, || {
+            walk_has(&store, "started")
+        });
+        // SAFETY: signalling the child we started.
+        unsafe {
+            libc::kill(child.id() as i32, sig);
+        }
+        let t = std::time::Instant::now();
+        let o = child.wait_with_output().unwrap();
+        let what = format!("signal {sig}: {}", common::describe(&o));
+        assert!(
+            t.elapsed() < Duration::from_secs(25),
+            "did not stop: {what}"
+        );
+        assert_eq!(o.status.code(), Some(128 + sig), "{what}");
+        assert_eq!(snapshot(&p.fx.project), before, "{what}");
+        p.assert_clean();
+    }
+}
+
+fn walk_has(dir: &Path, name: &str) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        e.file_name() == name
+            || e.file_type().is_ok_and(|t| t.is_dir()) && walk_has(&e.path(), name)
+    })
+}
