@@ -361,3 +361,99 @@ fn stats_show_the_search_models_tokens() {
         "{stdout}"
     );
 }
+
+fn slow_router(body: &Value) -> Reply {
+    if shade_testkit::last_tool_result(body).is_some() {
+        return Reply::text("Done.");
+    }
+    match last_real_user(body).as_str() {
+        "slow" => Reply::tool(
+            "shell",
+            serde_json::json!({ "command": "echo x > started; sleep 30" }),
+        ),
+        _ => Reply::tool("shell", serde_json::json!({ "command": "echo x > made" })),
+    }
+}
+
+fn holds(dir: &std::path::Path, name: &str) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|d| {
+        d.flatten().any(|e| {
+            e.file_name() == name
+                || e.file_type().is_ok_and(|t| t.is_dir()) && holds(&e.path(), name)
+        })
+    })
+}
+
+/// SIGTERM or SIGHUP to a `shade chat --shadow` reading its prompts from a pipe ends the
+/// session as the end of input does — during a turn (its command stopped) and while shade
+/// waits for the next line — with the branch dropped and unmounted, the project untouched
+/// and exit status 128+N. (They used to kill shade with the branch mounted.)
+#[test]
+fn sigterm_and_sighup_end_a_shadow_script_session_cleanly() {
+    for (sig, prompt) in [(libc::SIGTERM, "slow"), (libc::SIGHUP, "quick")] {
+        let llm = FakeLlm::start(Arc::new(slow_router)).unwrap();
+        let home = tempfile::tempdir().unwrap();
+        let h = home.path();
+        std::fs::write(h.join("a"), "a\n").unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_shade"))
+            .args(["chat", "--shadow", "--approval", "yolo"])
+            .current_dir(h)
+            .env("HOME", h)
+            .env("XDG_CONFIG_HOME", h.join("config"))
+            .env("SHADE_STATE_DIR", h.join("state"))
+            .env("OPENAI_BASE_URL", &llm.base_url)
+            .env("SHADE_MODEL", "main-model")
+            .env_remove("SHADE_FAST_MODEL")
+            .env_remove("SHADE_CONFIG")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "{prompt}").unwrap();
+        let state = h.join("state");
+        let started = std::time::Instant::now();
+        // During the slow turn: once its command runs. After the quick one: once it has
+        // answered and shade waits for the next line (stdin stays open).
+        let ready = || match prompt {
+            "slow" => holds(&state, "started"),
+            _ => llm.requests().len() >= 2 && holds(&state, "made"),
+        };
+        while !ready() {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(60),
+                "the session did not get going"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        // SAFETY: signalling the child we started.
+        unsafe {
+            libc::kill(child.id() as i32, sig);
+        }
+        let out = child.wait_with_output().unwrap();
+        drop(stdin);
+        let what = format!(
+            "signal {sig} ({prompt}): {:?}\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(25),
+            "{what}"
+        );
+        assert_eq!(out.status.code(), Some(128 + sig), "{what}");
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(
+            !mounts.contains(state.to_str().unwrap()),
+            "a branch is still mounted: {what}"
+        );
+        assert!(
+            !h.join("made").exists() && !h.join("started").exists(),
+            "{what}"
+        );
+        assert_eq!(std::fs::read_to_string(h.join("a")).unwrap(), "a\n");
+    }
+}
