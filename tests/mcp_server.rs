@@ -585,13 +585,46 @@ async fn streamable_http_sessions() {
         .strip_prefix("shade mcp: serving ")
         .unwrap_or_else(|| panic!("unexpected first line: {first}"))
         .to_string();
+    let second = lines.next_line().await.unwrap().unwrap();
+    let token = second
+        .split("Bearer ")
+        .nth(1)
+        .and_then(|t| t.split('`').next())
+        .unwrap_or_else(|| panic!("no token in: {second}"))
+        .to_string();
+    assert_eq!(token.len(), 64, "{second}");
+    // Without the token, with a wrong one, or from a web page (an Origin), nothing is served.
+    let authority = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_string();
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    for (headers, status) in [
+        (String::new(), "401"),
+        ("Authorization: Bearer nope\r\n".to_string(), "401"),
+        (
+            format!("Authorization: Bearer {token}\r\nOrigin: http://evil.example\r\n"),
+            "403",
+        ),
+    ] {
+        let reply = raw_post(&authority, &headers, init);
+        assert!(
+            reply.starts_with(&format!("HTTP/1.1 {status}")),
+            "{headers:?}: {reply}"
+        );
+    }
     let connect = || async {
         let client = TestClient {
             answer: None,
             asked: Arc::default(),
         };
+        let config =
+            rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+                url.clone(),
+            )
+            .auth_header(token.clone());
         client
-            .serve(StreamableHttpClientTransport::from_uri(url.clone()))
+            .serve(StreamableHttpClientTransport::from_config(config))
             .await
             .unwrap()
     };
@@ -659,4 +692,23 @@ async fn streamable_http_sessions() {
     assert_no_shade_mounts(&fx.state);
     assert!(!fx.project.join("three.txt").exists());
     drop((one, three));
+}
+
+/// One HTTP/1.1 POST of `body` to `/mcp` with extra `headers`; the raw reply.
+fn raw_post(authority: &str, headers: &str, body: &str) -> String {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(authority).unwrap();
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        conn,
+        "POST /mcp HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\n{headers}Content-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reply = String::new();
+    let _ = conn.read_to_string(&mut reply);
+    reply
 }
