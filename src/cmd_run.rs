@@ -329,6 +329,9 @@ pub(crate) fn after_deferred(signals: Option<shade_fusefs::DeferSignals>, code: 
 /// Says on stderr what an accept of `n` changes did; false when some were left out because
 /// their paths changed while it ran (listed, with where the branch's versions are kept).
 pub(crate) fn report_accepted(n: usize, report: &shade_fusefs::AcceptReport, json: bool) -> bool {
+    if let Some(note) = report.privileges_note() {
+        eprintln!("shade: {note}");
+    }
     let left = report.not_applied.len();
     if left == 0 {
         if !json {

@@ -102,7 +102,11 @@ fn review_branch(
         Choice::Accept => {
             let sel = ui.sel;
             let k = sel.picked_count();
-            match branch.accept_selected(flags, &sel) {
+            let result = branch.accept_selected(flags, &sel);
+            if let Some(note) = result.as_ref().ok().and_then(|r| r.privileges_note()) {
+                say(format_args!("shade: {note}"));
+            }
+            match result {
                 Ok(_) if k == n => {
                     say(format_args!("shade: accepted {}", plural(n)));
                     code

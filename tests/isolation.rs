@@ -707,6 +707,38 @@ fn exec_shadow(who: Who) {
     assert_eq!(got, passed_on(), "descriptors the agent's shell got");
 }
 
+/// A program the command makes set-user-ID (and set-group-ID) with a file capability:
+/// inside the branch they count for nothing (no_new_privs, a user namespace), but accept
+/// would write them for real — a root-owned setuid program or `cap_setuid` anyone can
+/// run. Accept writes the file without them and says so.
+fn planted_privileges(who: Who) {
+    let e = env(who);
+    let o = e.run(
+        &["--accept"],
+        "cp /bin/true t && chmod 6755 t && \
+         setfattr -n security.capability -v 0sAQAAAgAAAAAAAAAAAAAAAAAAAAA= t 2>/dev/null; \
+         stat -c %a t",
+    );
+    ran(&o);
+    let log = show(&o);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).trim() == "6755",
+        "the branch did not show the bits it was given\n{log}"
+    );
+    let t = e.project.join("t");
+    let mode = std::fs::metadata(&t).unwrap().permissions().mode();
+    assert_eq!(mode & 0o7777, 0o755, "accept wrote mode {mode:o}\n{log}");
+    let name = std::ffi::CString::new("security.capability").unwrap();
+    let path = std::ffi::CString::new(t.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a size query (null buffer, length 0) on a path we own.
+    let size = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+    assert!(size < 0, "accept wrote a file capability\n{log}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("written without the set-user-ID"),
+        "accept did not say what it left out\n{log}"
+    );
+}
+
 macro_rules! both {
     ($($route:ident),* $(,)?) => {
         mod as_root {
@@ -735,4 +767,5 @@ both!(
     refused_without_sandbox,
     project_root_refused,
     exec_shadow,
+    planted_privileges,
 );

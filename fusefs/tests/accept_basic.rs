@@ -115,6 +115,7 @@ fn applies_every_kind_of_op() {
             renamed_dirs: 1,
             deleted: 4,
             not_applied: vec![],
+            privileges_dropped: vec![],
         }
     );
 
@@ -396,4 +397,59 @@ fn targets_on_a_nested_mount_are_placed_across_file_systems() {
     want.insert(p("l"), Entry::Link(p("x")));
     assert_eq!(s, want);
     env.assert_clean();
+}
+
+/// Accept never writes set-user-ID/set-group-ID bits of files or file capabilities, and
+/// reports the paths it left without them; a directory's set-group-ID bit stays.
+#[test]
+fn set_id_bits_and_file_capabilities_are_never_written() {
+    let mut env = Env::new();
+    let mut suid = env.write("suid", b"x", 0o4755, Base::Absent);
+    if let PlanOp::WriteFile { perms, .. } = &mut suid {
+        perms.xattrs = Some(vec![
+            (
+                b"security.capability".to_vec(),
+                vec![1, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            ),
+            (b"user.kept".to_vec(), b"1".to_vec()),
+        ]);
+    }
+    let plan = vec![
+        PlanOp::Mkdir {
+            path: p("shared"),
+            perms: perms(0o2775),
+            base: Base::Absent,
+            base_at: None,
+        },
+        suid,
+        env.write("sgid", b"y", 0o2755, Base::Absent),
+        env.write("plain", b"z", 0o755, Base::Absent),
+    ];
+    let report = apply(&env.root, plan, &opts(&env, false)).unwrap();
+    assert_eq!(report.privileges_dropped, vec![p("suid"), p("sgid")]);
+    let mode = |n: &str| {
+        std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(env.root.join(n)).unwrap().permissions(),
+        ) & 0o7777
+    };
+    assert_eq!(mode("suid"), 0o755);
+    assert_eq!(mode("sgid"), 0o755);
+    assert_eq!(mode("plain"), 0o755);
+    assert_eq!(mode("shared"), 0o2775);
+    let names = xattr_names(&env.root.join("suid"));
+    assert_eq!(names, vec!["user.kept".to_string()]);
+    assert!(report.privileges_note().unwrap().contains("suid, sgid"));
+}
+
+fn xattr_names(path: &std::path::Path) -> Vec<String> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: listxattr into a buffer of the given length.
+    let n = unsafe { libc::listxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(n >= 0);
+    buf[..n as usize]
+        .split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect()
 }

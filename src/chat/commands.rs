@@ -252,7 +252,11 @@ fn accept_shadow(session: &mut super::session::Session) {
         session.shadow = Some(shadow);
         return;
     }
-    match shadow.accept(shade_fusefs::AcceptFlags::default()) {
+    let result = shadow.accept(shade_fusefs::AcceptFlags::default());
+    if let Some(note) = result.as_ref().ok().and_then(|r| r.privileges_note()) {
+        println!("shade: {note}");
+    }
+    match result {
         Ok(report) if report.not_applied.is_empty() => println!("accepted {}", plural(n, "change")),
         Ok(report) => {
             println!(

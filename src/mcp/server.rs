@@ -185,7 +185,7 @@ impl ShadeServer {
             return Err("the branch is being accepted or aborted".into());
         };
         let project = self.branches.project().display().to_string();
-        blocking(move || {
+        let report = blocking(move || {
             shadow
                 .accept(AcceptFlags::default())
                 .map_err(|e| refusal(&e, "Nothing was written; the branch is closed"))
@@ -194,8 +194,12 @@ impl ShadeServer {
         if changes.is_empty() {
             return Ok(format!("Branch {id} had no changes; it is closed."));
         }
+        let note = report
+            .privileges_note()
+            .map(|n| format!("\nNote: {n}."))
+            .unwrap_or_default();
         Ok(format!(
-            "Accepted branch {id} into {project}: {} change{} written; the branch is closed.\n{}",
+            "Accepted branch {id} into {project}: {} change{} written; the branch is closed.\n{}{note}",
             changes.len(),
             plural(changes.len()),
             lines(&changes)

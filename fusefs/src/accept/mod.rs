@@ -100,6 +100,65 @@ pub struct AcceptReport {
     /// Changes left out because their path changed while the accept ran (after its
     /// conflict check); everything else was applied. Empty in the usual case.
     pub not_applied: Vec<NotApplied>,
+    /// Files written without the set-user-ID/set-group-ID bits or the file capability
+    /// (`security.capability`) the branch gave them (see [`drop_privileges`]).
+    pub privileges_dropped: Vec<RelPath>,
+}
+
+impl AcceptReport {
+    /// One line naming the files written without the privileges their branch gave them
+    /// (names quoted like git), or `None` when there were none.
+    pub fn privileges_note(&self) -> Option<String> {
+        if self.privileges_dropped.is_empty() {
+            return None;
+        }
+        let names: Vec<String> = self
+            .privileges_dropped
+            .iter()
+            .map(|p| crate::quote::quote_path(p).into_owned())
+            .collect();
+        Some(format!(
+            "written without the set-user-ID/set-group-ID bit or file capability the branch \
+             gave them (a branch cannot grant privileges; set them yourself if you mean it): {}",
+            names.join(", ")
+        ))
+    }
+}
+
+/// Clears what would let a file run with more privilege than whoever starts it: the
+/// set-user-ID and set-group-ID bits of files and devices, and file capabilities. A
+/// command in a branch is confined (a user namespace where root's powers count only
+/// inside), but a setuid-root program or a `cap_setuid` capability it plants would count
+/// for real once accept writes it: so accept never writes them, and says which paths it
+/// left without. (A directory's set-group-ID bit, which only passes its group on, stays.)
+pub fn drop_privileges(plan: &mut [PlanOp]) -> Vec<RelPath> {
+    const CAPABILITY: &[u8] = b"security.capability";
+    let mut dropped = Vec::new();
+    for op in plan.iter_mut() {
+        let (path, perms, is_dir) = match op {
+            PlanOp::WriteFile { path, perms, .. } | PlanOp::Special { path, perms, .. } => {
+                (path, perms, false)
+            }
+            PlanOp::Mkdir { path, perms, .. } | PlanOp::SetPerms { path, perms, .. } => {
+                (path, perms, true)
+            }
+            _ => continue,
+        };
+        let mut changed = false;
+        if !is_dir && perms.mode & (libc::S_ISUID | libc::S_ISGID) != 0 {
+            perms.mode &= !(libc::S_ISUID | libc::S_ISGID);
+            changed = true;
+        }
+        if let Some(x) = &mut perms.xattrs {
+            let before = x.len();
+            x.retain(|(name, _)| name.as_slice() != CAPABILITY);
+            changed |= x.len() != before;
+        }
+        if changed {
+            dropped.push(path.clone());
+        }
+    }
+    dropped
 }
 
 /// One path where lower no longer is what the branch started from.
@@ -270,6 +329,7 @@ pub fn apply(
     opts: &AcceptOptions,
 ) -> Result<AcceptReport, AcceptError> {
     check::validate(&plan)?;
+    let privileges_dropped = drop_privileges(&mut plan);
     // From here until the accept is complete (or rolled back), a termination signal waits.
     let _signals = DeferSignals::new();
     let root = std::fs::canonicalize(root).map_err(io_err(root))?;
@@ -277,7 +337,10 @@ pub fn apply(
     sys::lock_exclusive(&root_fd).map_err(io_err(&root))?;
     let guards = check::preflight(root_fd.as_raw_fd(), &plan, &opts.reads, opts.force)?;
 
-    let mut report = AcceptReport::default();
+    let mut report = AcceptReport {
+        privileges_dropped,
+        ..AcceptReport::default()
+    };
     let id = new_id();
     let dir = opts.state.journals();
     let mut j = Journal {
