@@ -11,8 +11,9 @@ use serde_json::Value;
 
 use crate::approval::{decide, ApprovalMode, Decision};
 use crate::query_loop::{CallGate, GateCall};
-use crate::tools::{shell_classify, ToolKind};
+use crate::tools::ToolKind;
 use crate::workspace::PathError;
+use shade_classify as shell_classify;
 
 /// Messages a speculation may add at most (the seed's MAX_SPECULATION_MESSAGES).
 pub const MAX_SPECULATION_MESSAGES: usize = 100;

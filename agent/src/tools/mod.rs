@@ -13,7 +13,6 @@ pub mod memory;
 pub mod read_file;
 pub mod repair;
 pub mod shell;
-pub mod shell_classify;
 pub mod summarize;
 pub mod text;
 pub mod todo;

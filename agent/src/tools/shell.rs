@@ -14,11 +14,10 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_util::sync::CancellationToken;
 
 use super::text::plural;
-use super::{
-    parse_args, shell_classify, summarize, Tool, ToolContext, ToolError, ToolKind, ToolOutput,
-};
+use super::{parse_args, summarize, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
 use crate::llm::{BoxFuture, ToolSpec};
 use crate::shadow::{self, RunError, ShadowRunner};
+use shade_classify as shell_classify;
 
 /// The tool, with its limits.
 #[derive(Debug, Clone)]

@@ -20,6 +20,7 @@
 mod awk;
 mod git;
 mod network;
+mod options;
 mod programs;
 mod sed;
 mod words;
