@@ -109,10 +109,13 @@ impl Branches {
             if !self.options.lint {
                 return None;
             }
-            session_hook(&self.options.project, None, true).unwrap_or_else(|e| {
-                tracing::warn!("no lints in shade mcp: {e}");
-                None
-            })
+            match crate::config::lint_config(None) {
+                Ok(config) => session_hook(&self.options.project, &config, true),
+                Err(e) => {
+                    tracing::warn!("no lints in shade mcp: {e}");
+                    None
+                }
+            }
         })
         .clone()
     }

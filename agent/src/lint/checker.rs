@@ -29,15 +29,6 @@ pub struct LintConfig {
 }
 
 impl LintConfig {
-    /// The `[lint]` section of shade's config file (`$SHADE_CONFIG`, else
-    /// `$XDG_CONFIG_HOME/shade/config.toml`); a missing file is an empty section, a broken
-    /// one an error.
-    pub fn load() -> Result<LintConfig, String> {
-        crate::llm::config::load_file_config(&Default::default())
-            .map(|f| f.lint.unwrap_or_default())
-            .map_err(|e| e.to_string())
-    }
-
     /// The post-edit budget.
     pub fn budget(&self) -> std::time::Duration {
         self.budget_ms

@@ -113,7 +113,7 @@ impl ToolContext {
         Self {
             workspace,
             todos: Arc::default(),
-            global_memory: crate::llm::config::config_dir().map(|d| d.join(memory::FILE_NAME)),
+            global_memory: crate::paths::config_dir().map(|d| d.join(memory::FILE_NAME)),
             memory_file_name: memory::FILE_NAME.to_string(),
             background: None,
             lint: None,
