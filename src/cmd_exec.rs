@@ -132,10 +132,13 @@ async fn run(args: ExecArgs) -> i32 {
     if let Some(shadow) = &shadow {
         // Lints only in the branch: in the real tree the checker would write its build
         // output there.
-        let hook =
-            shade_agent::lint::tool::session_hook(shadow.project(), &llm.settings.lint, true);
+        let hook = shade_agent::tools::diagnostics::session_hook(
+            shadow.project(),
+            &llm.settings.lint,
+            true,
+        );
         if hook.is_some() {
-            tools.add(Arc::new(shade_agent::lint::tool::Diagnostics));
+            tools.add(Arc::new(shade_agent::tools::diagnostics::Diagnostics));
         }
         ctx.lint = hook;
         ctx = shadow.tool_context(&ctx);

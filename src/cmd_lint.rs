@@ -6,8 +6,8 @@
 use crate::exit;
 use anyhow::{bail, Context};
 use clap::Args;
-use shade_agent::lint::{daemon, patch, Diagnostic, Linter, Session, Severity};
 use shade_fusefs::StateDir;
+use shade_lint::{daemon, patch, Diagnostic, Linter, Session, Severity};
 use std::io::{IsTerminal, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

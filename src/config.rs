@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use shade_agent::followup::FollowupSettings;
-use shade_agent::lint::LintConfig;
 use shade_agent::tools::config::{
     McpServerConfig, OutputBudget, ToolsConfig, WebFetchConfig, WebSearchConfig,
 };
+use shade_lint::LintConfig;
 use shade_llm::config::ThinkingParam;
 use shade_llm::{LlmConfig, LlmError};
 

@@ -12,7 +12,7 @@
 //!   "finish_reason": …}}` per model call; system messages are not compared on replay).
 //!
 //! Configuration comes in as plain structs ([`llm::LlmConfig`], [`tools::config::ToolsConfig`],
-//! [`followup::FollowupSettings`], `shade_lint::LintConfig`): the CLI reads the config file,
+//! [`followup::FollowupSettings`], [`shade_lint::LintConfig`]): the CLI reads the config file,
 //! the environment and the flags once and hands them down.
 //!
 //! ```no_run
@@ -41,7 +41,6 @@ pub mod events;
 pub mod followup;
 pub mod housekeeping;
 pub mod instructions;
-pub mod lint;
 pub mod loop_detect;
 pub mod mentions;
 pub mod paths;

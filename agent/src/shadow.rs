@@ -545,8 +545,8 @@ impl ShadowRunner {
 
     /// The branch as the linter sees it: its checkers run through this runner, so in this
     /// shadow's sandbox, and are killed with its other commands.
-    pub fn lint_view(&self) -> crate::lint::BranchView {
-        crate::lint::BranchView {
+    pub fn lint_view(&self) -> shade_lint::BranchView {
+        shade_lint::BranchView {
             project: self.inner.project.clone(),
             mount: self.inner.mount.clone(),
             runner: Some(Arc::new(self.clone())),
@@ -621,7 +621,7 @@ impl ShadowRunner {
 /// caches, killed when the shadow closes. What a checker adds to the branch outside its
 /// ignored paths (`.ruff_cache/`, `.mypy_cache/` and the like) is removed when it ends, so
 /// accept carries the agent's work and not the checker's caches.
-impl crate::lint::exec::Runner for ShadowRunner {
+impl shade_lint::exec::Runner for ShadowRunner {
     fn run(&self, spec: RunSpec) -> Result<RunOutcome, String> {
         let stop = Cancel::new();
         let registration = self.register(&stop).map_err(|e| e.to_string())?;

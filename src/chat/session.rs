@@ -122,13 +122,13 @@ impl Session {
         // the checker would write its build output there. The `diagnostics` tool is offered
         // only where every live turn has a branch; speculations keep the session's tools.
         if args.shadow || speculate {
-            ctx.lint = shade_agent::lint::tool::session_hook(
+            ctx.lint = shade_agent::tools::diagnostics::session_hook(
                 ctx.workspace.root(),
                 &llm.settings.lint,
                 args.shadow,
             );
             if args.shadow && ctx.lint.is_some() {
-                tools.add(Arc::new(shade_agent::lint::tool::Diagnostics));
+                tools.add(Arc::new(shade_agent::tools::diagnostics::Diagnostics));
             }
         }
         let mut agent = Agent::new(

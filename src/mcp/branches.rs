@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use shade_agent::lint::tool::{session_hook, LintHook};
+use shade_agent::tools::diagnostics::{session_hook, LintHook};
 use shade_agent::{Shadow, ShadowOptions, ToolContext};
 use shade_fusefs::StateDir;
 

@@ -144,7 +144,7 @@ mod tests {
     fn diagnostics_is_read_only_for_the_gate() {
         let dir = tempfile::tempdir().unwrap();
         let ctx = ToolContext::new(crate::workspace::Workspace::new(dir.path()).unwrap());
-        let tool: Arc<dyn Tool> = Arc::new(crate::lint::tool::Diagnostics);
+        let tool: Arc<dyn Tool> = Arc::new(crate::tools::diagnostics::Diagnostics);
         for args in [
             serde_json::json!({}),
             serde_json::json!({"paths": ["a.rs"]}),

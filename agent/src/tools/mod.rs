@@ -3,6 +3,7 @@
 //! display line for the user.
 
 pub mod config;
+pub mod diagnostics;
 pub mod diff;
 pub mod edit;
 pub mod glob;
@@ -96,7 +97,7 @@ pub struct ToolContext {
     pub background: Option<crate::background::BackgroundLlm>,
     /// Lints of a branch: new diagnostics after `edit`/`write_file` and the `diagnostics`
     /// tool. `None` (the default) leaves edits as they were.
-    pub lint: Option<Arc<crate::lint::tool::LintHook>>,
+    pub lint: Option<Arc<diagnostics::LintHook>>,
     /// Set in a shadow ([`crate::shadow::Shadow::tool_context`]): `shell` runs its commands
     /// in the branch sandbox at the project's real path instead of directly.
     pub shadow: Option<crate::shadow::ShadowRunner>,

@@ -6,19 +6,18 @@
 //! (the `--shadow` session's branch, a speculation's). `None`, or a hook bound to no branch,
 //! keeps today's behaviour: in the real tree a checker would write its build output there.
 
-use super::{BranchView, Diagnostic, LintConfig, LintError, Linter};
 use crate::llm::{BoxFuture, ToolSpec};
 use crate::tools::{blocking, parse_args, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use shade_lint::{BranchView, Diagnostic, LintConfig, LintError, Linter};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Default time budget of the post-edit diagnostics.
-pub const DEFAULT_BUDGET: Duration = Duration::from_secs(4);
+pub use shade_lint::checker::DEFAULT_BUDGET;
 /// Time limit of an explicit `diagnostics` call.
 pub const TOOL_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -147,7 +146,7 @@ pub fn session_hook(project: &Path, config: &LintConfig, offered: bool) -> Optio
         }
         // Most projects without a checker are simply not code shade knows how to check;
         // a configured checker that cannot run is worth a warning.
-        Err(e @ LintError::Detect(super::checker::DetectError::NoneFound(_))) => {
+        Err(e @ LintError::Detect(shade_lint::checker::DetectError::NoneFound(_))) => {
             tracing::info!("no lints for the agent's edits: {e}");
             None
         }

@@ -8,6 +8,9 @@ use super::parse::Format;
 use serde::Deserialize;
 use std::path::Path;
 
+/// Default time budget of the post-edit diagnostics.
+pub const DEFAULT_BUDGET: std::time::Duration = std::time::Duration::from_secs(4);
+
 /// The `[lint]` section of the config file; every field optional.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -33,7 +36,7 @@ impl LintConfig {
     pub fn budget(&self) -> std::time::Duration {
         self.budget_ms
             .map(std::time::Duration::from_millis)
-            .unwrap_or(super::tool::DEFAULT_BUDGET)
+            .unwrap_or(DEFAULT_BUDGET)
     }
 
     /// The daemon's idle time.
