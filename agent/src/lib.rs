@@ -46,6 +46,7 @@ pub mod mentions;
 pub mod paths;
 pub mod prompt;
 pub mod query_loop;
+pub mod runner;
 pub mod sessions;
 pub mod shadow;
 pub mod speculation;

@@ -100,7 +100,7 @@ pub struct ToolContext {
     pub lint: Option<Arc<diagnostics::LintHook>>,
     /// Set in a shadow ([`crate::shadow::Shadow::tool_context`]): `shell` runs its commands
     /// in the branch sandbox at the project's real path instead of directly.
-    pub shadow: Option<crate::shadow::ShadowRunner>,
+    pub shadow: Option<crate::runner::ShadowRunner>,
     /// Where oversized tool output is kept in full (under the state dir, never the project).
     pub output_dir: PathBuf,
     /// The session's token account, for model calls a tool makes outside the metered
