@@ -1,4 +1,6 @@
-//! The shade agent: LLM client, tools, query loop (see DESIGN.md "The agent").
+//! The shade agent: the coding tools and their approvals, the query loop, prompt suggestions,
+//! speculation, compaction, sessions and shadows (agents in branches). It drives a model
+//! through `shade-llm`, classifies commands with `shade-classify` and lints with `shade-lint`.
 //!
 //! - [`query_loop::Agent`] runs a conversation: it streams the model's reply, runs the tool
 //!   calls through the approval gate ([`approval`]), feeds every result back and repeats,
