@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use shade_agent::tools::shell_classify;
+use shade_classify as shell_classify;
 
 #[derive(Args)]
 pub struct CheckArgs {

@@ -9,13 +9,12 @@ use std::sync::{Arc, Mutex};
 use clap::Args;
 use serde::Serialize;
 use shade_agent::approval::{Answer, ApprovalMode, ApprovalRequest, Approver, NoOneToAsk};
-use shade_agent::followup::FollowupSettings;
-use shade_agent::llm::{BoxFuture, Overrides};
 use shade_agent::{
     Agent, AgentEvent, AgentOptions, EventSink, Shadow, ShadowOptions, StopReason, ToolContext,
     ToolRegistry, Workspace,
 };
 use shade_fusefs::{AcceptError, AcceptFlags, Change, StateDir};
+use shade_llm::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 use crate::exit;
@@ -115,18 +114,9 @@ async fn run(args: ExecArgs) -> i32 {
             mode: args.approval,
         })
     };
-    let loaded = FollowupSettings::load(&Overrides {
-        config_file: args.llm.config.clone(),
-        ..Overrides::default()
-    });
-    let settings = match loaded {
-        Ok(s) => s,
-        Err(e) if args.suggest => return exit::fail(&e.into()),
-        // Without --suggest only the telemetry switch is used: on, as by default.
-        Err(_) => FollowupSettings::default(),
-    };
-    let mut tools = ToolRegistry::configured(&llm.config.tools);
-    let mcp = connect_mcp(&llm.config.tools, workspace.root(), &mut tools).await;
+    let settings = llm.settings.followup;
+    let mut tools = ToolRegistry::configured(&llm.settings.tools);
+    let mcp = connect_mcp(&llm.settings.tools, workspace.root(), &mut tools).await;
     let cancel = CancellationToken::new();
     // Registered before the run starts, so an early Ctrl-C, SIGTERM or SIGHUP cancels the
     // run (and the branch is dropped) instead of killing us with the branch mounted.
@@ -170,17 +160,15 @@ async fn run(args: ExecArgs) -> i32 {
     if let Some(shadow) = &shadow {
         // Lints only in the branch: in the real tree the checker would write its build
         // output there.
-        let lint =
-            shade_agent::lint::tool::session_hook(shadow.project(), args.llm.config.clone(), true);
-        match lint {
-            Ok(hook) => {
-                if hook.is_some() {
-                    tools.add(Arc::new(shade_agent::lint::tool::Diagnostics));
-                }
-                ctx.lint = hook;
-            }
-            Err(e) => return exit::fail(&anyhow::anyhow!(e)),
+        let hook = shade_agent::tools::diagnostics::session_hook(
+            shadow.project(),
+            &llm.settings.lint,
+            true,
+        );
+        if hook.is_some() {
+            tools.add(Arc::new(shade_agent::tools::diagnostics::Diagnostics));
         }
+        ctx.lint = hook;
         ctx = shadow.tool_context(&ctx);
     }
     let mut agent = Agent::new(

@@ -6,8 +6,8 @@
 use crate::exit;
 use anyhow::{bail, Context};
 use clap::Args;
-use shade_agent::lint::{daemon, patch, Diagnostic, LintConfig, Linter, Session, Severity};
 use shade_fusefs::StateDir;
+use shade_lint::{daemon, patch, Diagnostic, Linter, Session, Severity};
 use std::io::{IsTerminal, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -63,7 +63,7 @@ fn run(args: LintArgs) -> anyhow::Result<i32> {
     let project = std::fs::canonicalize(&dir)
         .with_context(|| format!("project directory {}", dir.display()))?;
     anyhow::ensure!(project.is_dir(), "{} is not a directory", project.display());
-    let config = LintConfig::load().map_err(anyhow::Error::msg)?;
+    let config = crate::config::lint_config(None).map_err(anyhow::Error::msg)?;
     let socket = daemon::socket_path(state.root(), &project, args.checker.as_deref());
     if args.stop {
         daemon::request(

@@ -12,8 +12,8 @@ use shade_agent::followup::{
     PromptSuggestionEvent, SuggestionEventOutcome, SuggestionGuards, SuggestionOutcome,
     SuggestionSource, Telemetry,
 };
-use shade_agent::llm::{Message, ToolSpec};
 use shade_agent::ApprovalMode;
+use shade_llm::{Message, ToolSpec};
 use tokio_util::sync::CancellationToken;
 
 /// What the finished run looked like.

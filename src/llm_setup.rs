@@ -6,8 +6,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use shade_agent::background::{BackgroundLlm, MeteredProvider, TokenStats};
-use shade_agent::llm::cassette::{RecordingProvider, ReplayProvider};
-use shade_agent::llm::{LlmConfig, LlmProvider, OpenAiClient, Overrides};
+use shade_llm::cassette::{RecordingProvider, ReplayProvider};
+use shade_llm::{LlmProvider, OpenAiClient};
+
+use crate::config::{Overrides, Settings};
 
 /// The command-line choices that pick a provider and models, shared by `exec` and `chat`.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -45,13 +47,14 @@ pub struct LlmSetup {
     pub background: BackgroundLlm,
     /// Tokens per model, background apart.
     pub stats: TokenStats,
-    /// The settings in force (when replaying: defaults, but the tools' settings from the file).
-    pub config: LlmConfig,
+    /// The settings in force, read once (when replaying: the model client's are defaults,
+    /// the rest from the file).
+    pub settings: Settings,
 }
 
 /// Build the provider chosen by `--llm` (and `--record`).
 pub fn setup(choice: &LlmChoice) -> anyhow::Result<LlmSetup> {
-    let (raw, model, fast, config): (Arc<dyn LlmProvider>, String, String, LlmConfig) =
+    let (raw, model, fast, settings): (Arc<dyn LlmProvider>, String, String, Settings) =
         if let Some(file) = choice.llm.strip_prefix("replay:") {
             if choice.record.is_some() {
                 anyhow::bail!("--record cannot be combined with --llm replay:");
@@ -60,28 +63,29 @@ pub fn setup(choice: &LlmChoice) -> anyhow::Result<LlmSetup> {
             let model = choice.model.clone().unwrap_or_else(|| "replay".to_string());
             let fast = choice.fast_model.clone().unwrap_or_else(|| model.clone());
             // Replays use default model settings, but the tools' settings from the file.
-            let mut config = LlmConfig::default();
-            config.tools = LlmConfig::load(&Overrides {
-                config_file: choice.config.clone(),
-                ..Overrides::default()
-            })?
-            .tools;
-            (Arc::new(replay), model, fast, config)
+            let settings = Settings {
+                llm: Default::default(),
+                ..crate::config::load(&Overrides {
+                    config_file: choice.config.clone(),
+                    ..Overrides::default()
+                })?
+            };
+            (Arc::new(replay), model, fast, settings)
         } else if choice.llm == "openai" {
-            let config = LlmConfig::load(&Overrides {
+            let settings = crate::config::load(&Overrides {
                 base_url: choice.base_url.clone(),
                 model: choice.model.clone(),
                 fast_model: choice.fast_model.clone(),
                 config_file: choice.config.clone(),
             })?;
-            let model = config.main_model()?.to_string();
-            let fast = config.background_model()?.to_string();
-            let client = OpenAiClient::new(config.clone())?;
+            let model = settings.llm.main_model()?.to_string();
+            let fast = settings.llm.background_model()?.to_string();
+            let client = OpenAiClient::new(settings.llm.clone())?;
             let provider: Arc<dyn LlmProvider> = match &choice.record {
                 Some(path) => Arc::new(RecordingProvider::create(client, path)?),
                 None => Arc::new(client),
             };
-            (provider, model, fast, config)
+            (provider, model, fast, settings)
         } else {
             anyhow::bail!(
                 "unknown --llm `{}` (expected `openai` or `replay:FILE`)",
@@ -95,6 +99,6 @@ pub fn setup(choice: &LlmChoice) -> anyhow::Result<LlmSetup> {
         provider,
         model,
         stats,
-        config,
+        settings,
     })
 }

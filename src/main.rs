@@ -10,6 +10,7 @@ mod cmd_exec;
 mod cmd_lint;
 mod cmd_recover;
 mod cmd_run;
+mod config;
 mod exec_suggest;
 mod exit;
 mod llm_setup;

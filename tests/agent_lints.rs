@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::chat::{wait_ghost, Chat};
+use common::cmd::tool_results;
 use common::{assert_no_shade_mounts, snapshot, Fixture};
 use serde_json::{json, Value};
 use shade_testkit::{
@@ -92,18 +93,6 @@ fn rust_model(body: &Value) -> Reply {
 }
 
 /// The tool results the model received, in order (from the last request of the run).
-fn tool_results(llm: &FakeLlm) -> Vec<String> {
-    let reqs = llm.requests();
-    let last = reqs.last().expect("no model request");
-    last["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(shade_testkit::content_text)
-        .collect()
-}
-
 fn tool_names(body: &Value) -> Vec<String> {
     body["tools"]
         .as_array()
@@ -233,11 +222,9 @@ fn a_speculation_reads_its_edits_findings_and_accept_brings_the_edit() {
     });
     py_files(&chat.project);
     let tty = chat.start(&["--approval", "yolo"]);
-    tty.type_text("hello");
-    tty.keys(&["Enter"]);
+    tty.say("hello");
     tty.wait_text("Hello.", 60);
-    tty.type_text("what is wrong?");
-    tty.keys(&["Enter"]);
+    tty.say("what is wrong?");
     tty.wait_text("add should use c.", 60);
     wait_ghost(&tty, "use c");
     let speculated = |r: &Value| {

@@ -22,12 +22,6 @@ fn read(chat: &Chat, rel: &str) -> String {
     std::fs::read_to_string(chat.project.join(rel)).unwrap()
 }
 
-/// Type a prompt and submit it.
-fn say(tty: &Tty, text: &str) {
-    tty.type_text(text);
-    tty.keys(&["Enter"]);
-}
-
 const QUESTION: &str = "allow the agent to";
 
 /// How often the approval question was asked in the whole session so far.
@@ -89,7 +83,7 @@ fn approvals_yes_no_always_and_ctrl_c() {
     common::require_fuse_root();
     let chat = Chat::new(approvals_model);
     let tty = chat.start(&["--no-speculate", "--no-suggest"]);
-    say(&tty, "fix the readme");
+    tty.say("fix the readme");
     // The edit asks, with its diff in colour before the question.
     tty.wait_text(QUESTION, 60);
     let s = tty.screen();
@@ -130,7 +124,7 @@ fn approvals_yes_no_always_and_ctrl_c() {
     );
 
     // "always" for edit: the second edit of the turn runs without a question.
-    say(&tty, "number the lines");
+    tty.say("number the lines");
     tty.wait_for("the third question", 60, |_| questions(&tty) == 3);
     tty.keys(&["a"]);
     tty.wait_text("Numbered both lines.", 60);
@@ -144,7 +138,7 @@ fn approvals_yes_no_always_and_ctrl_c() {
     assert_eq!(read(&chat, "README"), "1 the project\n2 more\n");
 
     // A writing shell command asks too; yes runs it.
-    say(&tty, "run the script");
+    tty.say("run the script");
     tty.wait_for("the shell question", 60, |_| questions(&tty) == 4);
     assert!(
         tty.screen().contains("echo ran > out.txt"),
@@ -158,14 +152,14 @@ fn approvals_yes_no_always_and_ctrl_c() {
     assert_eq!(read(&chat, "out.txt"), "ran\n");
 
     // Ctrl-C at the question cancels the turn: nothing written, the session goes on.
-    say(&tty, "write a draft");
+    tty.say("write a draft");
     tty.wait_for("the draft question", 60, |_| questions(&tty) == 5);
     tty.keys(&["C-c"]);
     tty.wait_text("(cancelled)", 60);
     wait_prompt(&tty);
     assert!(!chat.project.join("DRAFT.md").exists());
     assert!(tty.alive());
-    say(&tty, "hello");
+    tty.say("hello");
     tty.wait_text("You said: hello", 60);
     wait_prompt(&tty);
     // The cancelled call still got its result, so the next request is well-formed.
@@ -180,7 +174,7 @@ fn approvals_yes_no_always_and_ctrl_c() {
     assert_eq!(calls.len(), results, "{messages:#?}");
 
     // A slow model: the wait shows, and goes once the answer comes.
-    say(&tty, "think hard");
+    tty.say("think hard");
     tty.wait_text("⋯ waiting for main-model", 60);
     tty.wait_text("Thought it over.", 60);
     let s = wait_prompt(&tty);
@@ -258,9 +252,9 @@ fn speculation_requests(chat: &Chat, user: &str, step: usize) -> usize {
 /// Two exchanges, then the suggestion shows and its speculation finishes its turn.
 fn until_speculated(chat: &Chat, flags: &[&str]) -> Tty {
     let tty = chat.start(flags);
-    say(&tty, "hello");
+    tty.say("hello");
     tty.wait_text("Hello.", 60);
-    say(&tty, "what is wrong?");
+    tty.say("what is wrong?");
     tty.wait_text("subtracts instead of adding", 60);
     wait_ghost(&tty, "fix it and run the tests");
     wait_until("the speculated answer", 60, || {
@@ -405,9 +399,9 @@ fn ctrl_c_while_an_accepted_speculation_runs() {
     common::require_fuse_root();
     let chat = Chat::new(slow_build_model);
     let tty = chat.start(&["--approval", "yolo"]);
-    say(&tty, "hello");
+    tty.say("hello");
     tty.wait_text("Hello.", 60);
-    say(&tty, "what is left?");
+    tty.say("what is left?");
     tty.wait_text("Only the release build.", 60);
     wait_ghost(&tty, "build the release");
     wait_until("the speculative build to start", 60, || {
@@ -427,7 +421,7 @@ fn ctrl_c_while_an_accepted_speculation_runs() {
     chat.assert_nothing_left();
     // No suggestion offers the same again; the session goes on.
     assert!(!common::chat::ghost_shown(&tty, "build the release"));
-    say(&tty, "anything else?");
+    tty.say("anything else?");
     tty.wait_text("You said: anything else?", 60);
     wait_prompt(&tty);
     assert!(!chat.project.join("half.txt").exists());
@@ -507,13 +501,13 @@ fn compaction_at_the_threshold_and_by_hand() {
     let chat = compacting_chat();
     let tty = chat.start(&["--no-speculate", "--no-suggest"]);
     for n in ["one", "two", "three"] {
-        say(&tty, n);
+        tty.say(n);
         tty.wait_text(&format!("Noted {n}."), 60);
         wait_prompt(&tty);
     }
     assert!(compaction_requests(&chat).is_empty());
     // "three" filled 900 of 1000 tokens: the next turn is compacted first, by the fast model.
-    say(&tty, "four");
+    tty.say("four");
     tty.wait_text("Noted four.", 60);
     wait_prompt(&tty);
     let h = tty.history();
@@ -535,14 +529,14 @@ fn compaction_at_the_threshold_and_by_hand() {
     assert_eq!(users[1..], ["two", "three", "four"]);
 
     // By hand: /compact summarises all but the last two turns, the summary included.
-    say(&tty, "/compact");
+    tty.say("/compact");
     tty.wait_text(
         "compacted: 3 older messages summarised into one, 4 kept",
         60,
     );
     wait_prompt(&tty);
     assert_eq!(compaction_requests(&chat).len(), 2);
-    say(&tty, "five");
+    tty.say("five");
     tty.wait_text("Noted five.", 60);
     wait_prompt(&tty);
     let users = user_messages(&turn_requests(&chat, "five")[0]);
@@ -550,12 +544,12 @@ fn compaction_at_the_threshold_and_by_hand() {
     assert_eq!(users[1..], ["three", "four", "five"]);
 
     // A summary that does not come: Ctrl-C stops it, the conversation is unchanged.
-    say(&tty, "stall");
+    tty.say("stall");
     tty.wait_text("Noted stall.", 60);
-    say(&tty, "six");
+    tty.say("six");
     tty.wait_text("Noted six.", 60);
     wait_prompt(&tty);
-    say(&tty, "/compact");
+    tty.say("/compact");
     tty.wait_text("Ctrl-C stops", 60);
     wait_until("the stalled summary request", 60, || {
         compaction_requests(&chat).len() == 3
@@ -563,7 +557,7 @@ fn compaction_at_the_threshold_and_by_hand() {
     tty.keys(&["C-c"]);
     tty.wait_text("not compacted: cancelled", 60);
     wait_prompt(&tty);
-    say(&tty, "seven");
+    tty.say("seven");
     tty.wait_text("Noted seven.", 60);
     let users = user_messages(&turn_requests(&chat, "seven")[0]);
     assert_eq!(
@@ -574,7 +568,7 @@ fn compaction_at_the_threshold_and_by_hand() {
 
     // Ctrl-C while the automatic compaction waits for its summary: the turn is cancelled,
     // with no error about the compaction, and the session goes on.
-    say(&tty, "eight");
+    tty.say("eight");
     tty.wait_text("summarising older messages", 60);
     wait_until("the second stalled summary request", 60, || {
         compaction_requests(&chat).len() == 4
@@ -599,7 +593,7 @@ fn an_unreachable_model_server_is_one_clear_error_and_the_session_goes_on() {
         .port();
     let url = format!("http://127.0.0.1:{port}/v1");
     let tty = chat.start_with(&["--no-speculate"], &[("OPENAI_BASE_URL", url.clone())]);
-    say(&tty, "hello");
+    tty.say("hello");
     // Retries show on one line that changes; the failure replaces it.
     tty.wait_text("Connection refused (os error 111)\n", 120);
     wait_prompt(&tty);
@@ -612,11 +606,11 @@ fn an_unreachable_model_server_is_one_clear_error_and_the_session_goes_on() {
         )],
         "{h}"
     );
-    say(&tty, "/help");
+    tty.say("/help");
     tty.wait_text("Commands:", 60);
     wait_prompt(&tty);
     // Ctrl-C while it waits to retry: the turn is cancelled at once.
-    say(&tty, "again");
+    tty.say("again");
     tty.wait_text("retry 1 in", 60);
     tty.keys(&["C-c"]);
     tty.wait_text("(cancelled)", 60);
@@ -631,14 +625,14 @@ fn auto_edit_asks_only_for_commands_and_plan_refuses_edits() {
     let chat = Chat::new(approvals_model);
     let tty = chat.start(&["--no-speculate", "--no-suggest", "--approval", "auto-edit"]);
     // Edits run without a question in auto-edit; the write too.
-    say(&tty, "fix the readme");
+    tty.say("fix the readme");
     tty.wait_text("Created NEW.md.", 60);
     wait_prompt(&tty);
     assert_eq!(questions(&tty), 0, "{}", tty.history());
     assert_eq!(read(&chat, "README"), "the project\n");
     assert_eq!(read(&chat, "NEW.md"), "new\n");
     // A writing command still asks; no refuses it and the model hears so.
-    say(&tty, "run the script");
+    tty.say("run the script");
     tty.wait_for("the command's question", 60, |_| questions(&tty) == 1);
     tty.keys(&["n"]);
     tty.wait_text("The script said:", 60);
@@ -649,10 +643,10 @@ fn auto_edit_asks_only_for_commands_and_plan_refuses_edits() {
         .unwrap()
         .contains("declined"));
     // Plan mode: the edit is refused without a question, the file unchanged.
-    say(&tty, "/approval plan");
+    tty.say("/approval plan");
     tty.wait_text("shade [plan]>", 60);
     wait_prompt(&tty);
-    say(&tty, "write a draft");
+    tty.say("write a draft");
     tty.wait_text("Wrote the draft.", 60);
     wait_prompt(&tty);
     assert_eq!(questions(&tty), 1);
@@ -668,14 +662,14 @@ fn auto_edit_asks_only_for_commands_and_plan_refuses_edits() {
 fn no_question_for_a_speculation_whose_tools_the_user_always_allows() {
     let chat = fixing_project(fixing_model);
     let tty = chat.start(&[]);
-    say(&tty, "touch the readme");
+    tty.say("touch the readme");
     tty.wait_for("the edit's question", 60, |_| questions(&tty) == 1);
     tty.keys(&["a"]);
     tty.wait_for("the command's question", 60, |_| questions(&tty) == 2);
     tty.keys(&["a"]);
     tty.wait_text("Touched.", 60);
     assert_eq!(read(&chat, "touched.txt"), "touched\n");
-    say(&tty, "what is wrong?");
+    tty.say("what is wrong?");
     tty.wait_text("subtracts instead of adding", 60);
     wait_ghost(&tty, "fix it and run the tests");
     wait_until("the speculated answer", 60, || {
@@ -717,7 +711,7 @@ fn slow_suggestion_model(body: &Value) -> Reply {
 fn an_enter_typed_after_an_approval_does_not_swallow_the_suggestion() {
     let chat = Chat::new(slow_suggestion_model);
     let tty = chat.start(&["--no-speculate"]);
-    say(&tty, "write a draft");
+    tty.say("write a draft");
     tty.wait_text(QUESTION, 60);
     // `y`, then Enter out of habit, at once: the Enter reaches the prompt while the
     // suggestion is still on its way.
@@ -756,10 +750,10 @@ fn typing_ahead_during_a_turn_waits_for_the_prompt_without_garbling_the_answer()
         }
     });
     let tty = chat.start(&["--no-speculate", "--no-suggest"]);
-    say(&tty, "tell a story");
+    tty.say("tell a story");
     tty.wait_text("once upon a time once", 60);
     // Typed while the answer streams: not echoed into it, submitted once the prompt is back.
-    say(&tty, "next question");
+    tty.say("next question");
     tty.wait_text("You said: next question", 60);
     let h = tty.history();
     let story = h
@@ -793,11 +787,11 @@ fn closing_the_terminal_of_a_shadow_session_mid_turn_leaves_nothing_mounted() {
         }
     });
     let tty = chat.start(&["--shadow", "--approval", "yolo", "--no-suggest"]);
-    say(&tty, "make a note");
+    tty.say("make a note");
     tty.wait_text("Wrote NOTE.md.", 60);
     wait_prompt(&tty);
     // A command at work in the branch when the terminal goes away.
-    say(&tty, "work slowly");
+    tty.say("work slowly");
     tty.wait_text("⋯ shell sleep 98", 60);
     drop(tty);
     chat.assert_nothing_left();
@@ -820,7 +814,7 @@ fn a_refused_api_key_is_one_line_and_the_session_goes_on() {
         }
     });
     let tty = chat.start(&["--no-speculate", "--no-suggest"]);
-    say(&tty, "hello");
+    tty.say("hello");
     tty.wait_text("Incorrect API key provided", 60);
     wait_prompt(&tty);
     let h = tty.history();
@@ -832,7 +826,7 @@ fn a_refused_api_key_is_one_line_and_the_session_goes_on() {
     );
     // Not retried: a bad key does not get better.
     assert_eq!(turn_requests(&chat, "hello").len(), 1);
-    say(&tty, "and now?");
+    tty.say("and now?");
     tty.wait_text("Fine now.", 60);
 }
 
@@ -841,7 +835,7 @@ fn approvals_in_a_shadow_session_write_into_its_branch() {
     common::require_fuse_root();
     let chat = Chat::new(approvals_model);
     let tty = chat.start(&["--shadow", "--no-suggest"]);
-    say(&tty, "fix the readme");
+    tty.say("fix the readme");
     tty.wait_text(QUESTION, 60);
     assert!(tty.screen().contains("+the project"), "{}", tty.screen());
     tty.keys(&["y"]);
@@ -852,7 +846,7 @@ fn approvals_in_a_shadow_session_write_into_its_branch() {
     // Approved, but in the branch: the project is untouched until /accept.
     assert_eq!(read(&chat, "README"), "a project\n");
     assert!(!chat.project.join("NEW.md").exists());
-    say(&tty, "/accept");
+    tty.say("/accept");
     tty.wait_text("accepted 2 changes", 60);
     wait_prompt(&tty);
     assert_eq!(read(&chat, "README"), "the project\n");

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::chat::{wait_prompt, Chat};
+use common::chat::{exchange, wait_prompt, Chat};
 use serde_json::Value;
 use shade_testkit::{last_real_user, Reply};
 
@@ -73,8 +73,7 @@ fn styled_row(styled: &str, text: &str) -> String {
 fn a_streamed_answer_is_rendered_on_the_terminal() {
     let chat = Chat::new(router);
     let tty = chat.start(&["--no-suggest", "--no-speculate"]);
-    tty.type_text("explain");
-    tty.keys(&["Enter"]);
+    tty.say("explain");
     tty.wait_text("Done.", 60);
     let screen = wait_prompt(&tty);
     let answer: String = screen
@@ -138,8 +137,7 @@ fn no_color_keeps_the_raw_text_on_the_terminal() {
         &["--no-suggest", "--no-speculate"],
         &[("NO_COLOR", "1".into())],
     );
-    tty.type_text("explain");
-    tty.keys(&["Enter"]);
+    tty.say("explain");
     tty.wait_text("Done.", 60);
     let screen = wait_prompt(&tty);
     assert!(
@@ -205,12 +203,8 @@ fn exec_renders_on_a_terminal_unless_it_is_dumb() {
 fn a_models_escape_sequences_do_not_rewrite_the_screen() {
     let chat = Chat::new(router);
     let tty = chat.start(&["--no-suggest", "--no-speculate"]);
-    tty.type_text("earlier");
-    tty.keys(&["Enter"]);
-    tty.wait_text("You said: earlier", 60);
-    wait_prompt(&tty);
-    tty.type_text("escape");
-    tty.keys(&["Enter"]);
+    exchange(&tty, "earlier", "You said: earlier");
+    tty.say("escape");
     tty.wait_text("fake: shade accepted", 60);
     let screen = wait_prompt(&tty);
     assert!(screen.contains("You said: earlier"), "{screen}");

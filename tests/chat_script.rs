@@ -2,9 +2,12 @@
 //! background calls never reach the main cassette.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::io::Write;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
+
+use common::cmd::{chat_in_home, run_with_input};
 
 use serde_json::Value;
 use shade_testkit::{is_suggestion_request, last_real_user, FakeLlm, Reply};
@@ -66,29 +69,10 @@ fn stdin_lines_are_turns_of_one_conversation_and_recording_keeps_only_them() {
 
 /// `shade chat` with `args` in `home` (its project), prompts from `input`.
 fn chat(home: &std::path::Path, llm: &FakeLlm, args: &[&str], input: &str) -> std::process::Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shade"))
-        .arg("chat")
-        .args(args)
-        .current_dir(home)
-        .env("HOME", home)
-        .env("XDG_CONFIG_HOME", home.join("config"))
-        .env("SHADE_STATE_DIR", home.join("state"))
-        .env("OPENAI_BASE_URL", &llm.base_url)
-        .env("SHADE_MODEL", "main-model")
-        .env_remove("SHADE_FAST_MODEL")
-        .env_remove("SHADE_CONFIG")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
+    run_with_input(
+        chat_in_home(home, llm, "main-model").args(args),
+        input.as_bytes(),
+    )
 }
 
 /// Each conversation is saved after every turn: `--continue` picks up the latest with its
@@ -395,19 +379,11 @@ fn sigterm_and_sighup_end_a_shadow_script_session_cleanly() {
         let home = tempfile::tempdir().unwrap();
         let h = home.path();
         std::fs::write(h.join("a"), "a\n").unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_shade"))
-            .args(["chat", "--shadow", "--approval", "yolo"])
-            .current_dir(h)
-            .env("HOME", h)
-            .env("XDG_CONFIG_HOME", h.join("config"))
-            .env("SHADE_STATE_DIR", h.join("state"))
-            .env("OPENAI_BASE_URL", &llm.base_url)
-            .env("SHADE_MODEL", "main-model")
-            .env_remove("SHADE_FAST_MODEL")
-            .env_remove("SHADE_CONFIG")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+        let mut child = chat_in_home(h, &llm, "main-model")
+            .args(["--shadow", "--approval", "yolo"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
         let mut stdin = child.stdin.take().unwrap();

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::chat::{ghost_shown, prompt_line, read_jsonl, wait_ghost, wait_prompt, Chat};
+use common::chat::{exchange, ghost_shown, prompt_line, read_jsonl, wait_ghost, wait_prompt, Chat};
 use serde_json::Value;
 use shade_testkit::{is_suggestion_request, last_real_user, Reply};
 
@@ -45,8 +45,7 @@ fn ghost_text_tab_fills_enter_submits_right_fills_typing_dismisses() {
     let tty = chat.start(&["--no-speculate", "--record", cassette.to_str().unwrap()]);
 
     // First exchange: only one model turn so far, so no suggestion yet (the 2-turn guard).
-    tty.type_text("hello");
-    tty.keys(&["Enter"]);
+    tty.say("hello");
     tty.wait_text("Ask me about the project.", 60);
     std::thread::sleep(Duration::from_millis(600));
     assert!(
@@ -55,8 +54,7 @@ fn ghost_text_tab_fills_enter_submits_right_fills_typing_dismisses() {
     );
 
     // Second exchange: the suggestion appears as dim text in the empty prompt.
-    tty.type_text("what is in here?");
-    tty.keys(&["Enter"]);
+    tty.say("what is in here?");
     tty.wait_text("Tip: type run the tests", 60);
     wait_ghost(&tty, "run the tests");
 
@@ -101,8 +99,7 @@ fn ghost_text_tab_fills_enter_submits_right_fills_typing_dismisses() {
     assert_eq!(ev[2]["accept_method"], "right");
     // Clear the line (Ctrl-U) and type something else instead.
     tty.keys(&["C-u"]);
-    tty.type_text("something else");
-    tty.keys(&["Enter"]);
+    tty.say("something else");
     tty.wait_text("You said: something else", 60);
     assert!(tty.alive());
 
@@ -129,8 +126,7 @@ fn typing_dismisses_and_shift_tab_does_not_accept() {
     let chat = Chat::new(router);
     let tty = chat.start(&["--no-speculate"]);
     for q in ["hello", "what is in here?"] {
-        tty.type_text(q);
-        tty.keys(&["Enter"]);
+        tty.say(q);
     }
     tty.wait_text("Tip: type run the tests", 60);
     wait_ghost(&tty, "run the tests");
@@ -156,8 +152,7 @@ fn typing_dismisses_and_shift_tab_does_not_accept() {
     assert!(!ghost_shown(&tty, "run the tests"));
     // An Enter right after the typed character submits the typed text, not the suggestion
     // (the peer's Enter race).
-    tty.type_text("yz");
-    tty.keys(&["Enter"]);
+    tty.say("yz");
     tty.wait_text("You said: xyz", 60);
 }
 
@@ -165,17 +160,13 @@ fn typing_dismisses_and_shift_tab_does_not_accept() {
 fn ctrl_c_cancels_a_streaming_turn_and_the_session_goes_on() {
     let chat = Chat::new(router);
     let tty = chat.start(&["--no-speculate"]);
-    tty.type_text("tell me a long story");
-    tty.keys(&["Enter"]);
+    tty.say("tell me a long story");
     tty.wait_text("once upon a time once upon", 60);
     tty.keys(&["C-c"]);
     tty.wait_text("(cancelled)", 60);
     wait_prompt(&tty);
     assert!(tty.alive(), "Ctrl-C during a turn must not end the session");
-    tty.type_text("hello");
-    tty.keys(&["Enter"]);
-    tty.wait_text("Ask me about the project.", 60);
-    wait_prompt(&tty);
+    exchange(&tty, "hello", "Ask me about the project.");
     // Ctrl-C twice on an empty line leaves.
     tty.keys(&["C-c"]);
     tty.wait_text("press Ctrl-C again to exit", 60);
@@ -204,24 +195,11 @@ fn slash_commands_complete_and_work() {
     tty.keys(&["Enter"]);
     tty.wait_text("no model calls yet", 60);
     wait_prompt(&tty);
-    tty.type_text("hello");
-    tty.keys(&["Enter"]);
-    tty.wait_text("Ask me about the project.", 60);
-    wait_prompt(&tty);
-    tty.type_text("/stats");
-    tty.keys(&["Enter"]);
-    tty.wait_text("background work", 60);
-    wait_prompt(&tty);
-    tty.type_text("/approval yolo");
-    tty.keys(&["Enter"]);
-    tty.wait_text("shade [yolo]", 60);
-    wait_prompt(&tty);
-    tty.type_text("/model --fast tiny");
-    tty.keys(&["Enter"]);
-    tty.wait_text("fast model: tiny", 60);
-    wait_prompt(&tty);
-    tty.type_text("/exit");
-    tty.keys(&["Enter"]);
+    exchange(&tty, "hello", "Ask me about the project.");
+    exchange(&tty, "/stats", "background work");
+    exchange(&tty, "/approval yolo", "shade [yolo]");
+    exchange(&tty, "/model --fast tiny", "fast model: tiny");
+    tty.say("/exit");
     for _ in 0..1200 {
         if !tty.alive() {
             return;
@@ -268,13 +246,11 @@ fn at_mentions_complete_and_bang_commands_run() {
         "{user}"
     );
     wait_prompt(&tty);
-    tty.type_text("!echo typed-by-$USER-hand | tr a-z A-Z");
-    tty.keys(&["Enter"]);
+    tty.say("!echo typed-by-$USER-hand | tr a-z A-Z");
     tty.wait_text("TYPED-BY-", 60);
     tty.wait_text("Exit code: 0", 60);
     wait_prompt(&tty);
-    tty.type_text("what did I run?");
-    tty.keys(&["Enter"]);
+    tty.say("what did I run?");
     tty.wait_text("You said: what did I run?", 60);
     let sent = chat.llm.requests();
     let msgs = sent.last().unwrap()["messages"].as_array().unwrap().clone();
@@ -306,10 +282,7 @@ fn at_mentions_complete_and_bang_commands_run() {
 fn continue_picks_the_last_conversation_up_in_a_new_terminal() {
     let chat = Chat::new(router);
     let tty = chat.start(&["--no-speculate", "--no-suggest"]);
-    tty.type_text("hello");
-    tty.keys(&["Enter"]);
-    tty.wait_text("Ask me about the project.", 60);
-    wait_prompt(&tty);
+    exchange(&tty, "hello", "Ask me about the project.");
     tty.keys(&["C-d"]);
     common::wait_until("the first session to end", 60, || !tty.alive());
     drop(tty);
@@ -317,8 +290,7 @@ fn continue_picks_the_last_conversation_up_in_a_new_terminal() {
     let tty = chat.start(&["--no-speculate", "--no-suggest", "--continue"]);
     tty.wait_text("resumed conversation", 60);
     tty.wait_text("last answer: Hello! Ask me about the project.", 60);
-    tty.type_text("what is in here?");
-    tty.keys(&["Enter"]);
+    tty.say("what is in here?");
     tty.wait_text("There is a README.", 60);
     let sent = chat.llm.requests();
     let msgs = sent.last().unwrap()["messages"].as_array().unwrap().clone();

@@ -62,8 +62,7 @@ fn hello(into: &Path) -> PathBuf {
 /// The demo's keys: ask, take the suggestion once its speculation had time to run, leave.
 fn play(tty: &Tty) {
     tty.wait_text("/help for commands", 20);
-    tty.type_text(QUESTION);
-    tty.keys(&["Enter"]);
+    tty.say(QUESTION);
     tty.wait_text("Tip: change it", 30);
     wait_ghost(tty, SUGGESTION);
     // Let the speculation build and run the program in its branch.

@@ -2,11 +2,15 @@
 //! model is recorded in the side cassette (never the main one) and replayed from it.
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::Write;
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::sync::{Arc, Mutex};
+
+use common::cmd::{read_request, shade_in};
 
 /// Serve `bodies` (SSE event payloads, one response each) to consecutive requests; the
 /// request bodies come back through the handle.
@@ -18,21 +22,7 @@ fn scripted(bodies: Vec<Vec<serde_json::Value>>) -> (String, Arc<Mutex<Vec<serde
     std::thread::spawn(move || {
         for (conn, events) in listener.incoming().zip(bodies) {
             let mut conn = conn.unwrap();
-            let mut reader = BufReader::new(conn.try_clone().unwrap());
-            let mut len = 0;
-            loop {
-                let mut line = String::new();
-                reader.read_line(&mut line).unwrap();
-                let l = line.trim_end().to_ascii_lowercase();
-                if l.is_empty() {
-                    break;
-                }
-                if let Some(v) = l.strip_prefix("content-length:") {
-                    len = v.trim().parse().unwrap();
-                }
-            }
-            let mut body = vec![0; len];
-            reader.read_exact(&mut body).unwrap();
+            let (_, body) = read_request(&conn);
             seen2
                 .lock()
                 .unwrap()
@@ -55,18 +45,10 @@ fn text(t: &str) -> Vec<serde_json::Value> {
 }
 
 fn exec(dir: &Path, config: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_shade"))
-        .arg("exec")
+    shade_in("exec", dir, config)
         .args(args)
-        .current_dir(dir)
-        .env("XDG_CONFIG_HOME", config)
-        .env("HOME", config)
         .env("SHADE_STATE_DIR", config.join("state"))
         .env("SHADE_FAST_MODEL", "fast-model")
-        .env_remove("SHADE_MODEL")
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("SHADE_CONFIG")
         .stdin(Stdio::null())
         .output()
         .unwrap()

@@ -3,12 +3,16 @@
 //! OpenAI-compatible server.
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use common::cmd::{read_request, run_with_input, shade_in};
 
 const PROMPT: &str = "add.sh should print the sum of its two arguments, but test.sh fails. Fix it.";
 
@@ -34,17 +38,8 @@ impl Project {
     }
 
     fn exec(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_shade"))
-            .arg("exec")
+        shade_in("exec", self.dir.path(), self.config.path())
             .args(args)
-            .current_dir(self.dir.path())
-            .env("XDG_CONFIG_HOME", self.config.path())
-            .env("HOME", self.config.path())
-            .env_remove("SHADE_MODEL")
-            .env_remove("SHADE_FAST_MODEL")
-            .env_remove("OPENAI_BASE_URL")
-            .env_remove("OPENAI_API_KEY")
-            .env_remove("SHADE_CONFIG")
             .stdin(Stdio::null())
             .output()
             .unwrap()
@@ -183,24 +178,7 @@ fn sse_server_with(n: usize, stall: Option<Duration>) -> (String, Seen) {
     std::thread::spawn(move || {
         for conn in listener.incoming().take(n) {
             let mut conn = conn.unwrap();
-            let mut reader = BufReader::new(conn.try_clone().unwrap());
-            let mut len = 0;
-            let mut head = String::new();
-            loop {
-                let mut line = String::new();
-                reader.read_line(&mut line).unwrap();
-                let l = line.trim_end().to_ascii_lowercase();
-                if l.is_empty() {
-                    break;
-                }
-                if let Some(v) = l.strip_prefix("content-length:") {
-                    len = v.trim().parse().unwrap();
-                }
-                head.push_str(&l);
-                head.push('\n');
-            }
-            let mut body = vec![0; len];
-            reader.read_exact(&mut body).unwrap();
+            let (head, body) = read_request(&conn);
             seen2
                 .lock()
                 .unwrap()
@@ -380,23 +358,14 @@ fn exec_on_tty(p: &Project, args: &str, input: &str) -> Option<Output> {
         return None;
     }
     let cmd = format!("{} exec {args}", env!("CARGO_BIN_EXE_shade"));
-    let mut child = Command::new("script")
-        .args(["-qec", &cmd, "/dev/null"])
-        .current_dir(p.dir.path())
-        .env("XDG_CONFIG_HOME", p.config.path())
-        .env("HOME", p.config.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    Some(child.wait_with_output().unwrap())
+    Some(run_with_input(
+        Command::new("script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .current_dir(p.dir.path())
+            .env("XDG_CONFIG_HOME", p.config.path())
+            .env("HOME", p.config.path()),
+        input.as_bytes(),
+    ))
 }
 
 #[test]

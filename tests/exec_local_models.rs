@@ -4,10 +4,13 @@
 //! `reasoning_content` deltas.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 
+use common::cmd::{chat_in_home, run_with_input};
 use serde_json::{json, Value};
 use shade_testkit::{is_suggestion_request, tool_results_since_user, FakeLlm, Reply};
 
@@ -249,34 +252,15 @@ fn reasoning_content_is_not_shown_and_missing_usage_is_not_zero() {
 
 #[test]
 fn stats_say_the_tokens_are_unknown_when_the_server_sends_no_usage() {
-    use std::io::Write;
     let llm = FakeLlm::start(Arc::new(|_body: &Value| {
         Reply::text("Hello.").without_usage()
     }))
     .unwrap();
     let home = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shade"))
-        .arg("chat")
-        .current_dir(home.path())
-        .env("HOME", home.path())
-        .env("XDG_CONFIG_HOME", home.path().join("config"))
-        .env("SHADE_STATE_DIR", home.path().join("state"))
-        .env("OPENAI_BASE_URL", &llm.base_url)
-        .env("SHADE_MODEL", "local-model")
-        .env_remove("SHADE_FAST_MODEL")
-        .env_remove("SHADE_CONFIG")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"hi\n/stats\n")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = run_with_input(
+        &mut chat_in_home(home.path(), &llm, "local-model"),
+        b"hi\n/stats\n",
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     let row = stdout

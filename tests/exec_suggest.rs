@@ -4,10 +4,13 @@
 //! recorded run replay its suggestion offline.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::sync::Arc;
 
+use common::cmd::shade_in;
 use serde_json::{json, Value};
 use shade_testkit::{is_suggestion_request, tool_results_since_user, FakeLlm, Reply};
 
@@ -45,18 +48,9 @@ impl Env {
     }
 
     fn exec(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_shade"))
-            .arg("exec")
+        shade_in("exec", self.project.path(), self.home.path())
             .args(args)
-            .current_dir(self.project.path())
-            .env("XDG_CONFIG_HOME", self.home.path())
-            .env("HOME", self.home.path())
             .env("SHADE_STATE_DIR", self.state.path())
-            .env_remove("SHADE_MODEL")
-            .env_remove("SHADE_FAST_MODEL")
-            .env_remove("OPENAI_BASE_URL")
-            .env_remove("OPENAI_API_KEY")
-            .env_remove("SHADE_CONFIG")
             .stdin(Stdio::null())
             .output()
             .unwrap()

@@ -646,8 +646,7 @@ fn terminal_signals_reach_the_command_alone() {
     tty.wait_text("got-int", 10);
     tty.keys(&["C-z"]);
     tty.wait_text("Stopped", 10);
-    tty.type_text("fg");
-    tty.keys(&["Enter"]);
+    tty.say("fg");
     std::thread::sleep(Duration::from_millis(500));
     tty.keys(&["C-c"]);
     tty.wait_for("a second got-int", 10, |s| {
@@ -655,8 +654,7 @@ fn terminal_signals_reach_the_command_alone() {
     });
     tty.keys(&["C-\\"]);
     std::thread::sleep(Duration::from_millis(500));
-    tty.type_text("echo rc=$?");
-    tty.keys(&["Enter"]);
+    tty.say("echo rc=$?");
     tty.wait_text("rc=131", 10);
 }
 

@@ -6,6 +6,7 @@ mod common;
 
 use common::describe as out;
 
+use common::cmd::run_with_input;
 use common::{assert_no_shade_mounts, snapshot, Fixture};
 use std::io::Write;
 use std::path::Path;
@@ -770,24 +771,14 @@ fn compile_commands_are_checked_with_syntax_only_compiles() {
     );
     let before = snapshot(&fx.project);
     let patch = "--- a/a.c\n+++ b/a.c\n@@ -3,4 +3,5 @@\n     int unused_old;\n     printf(\"hi\\n\");\n-    return 0;\n+    int fresh;\n+    return nope;\n }\n";
-    let mut child = fx
-        .shade()
-        .args(["lint", "--cold"])
-        .env("LC_ALL", "C")
-        .env("SHADE_LOG", "error")
-        .env("SHADE_CONFIG", fx.tmp.path().join("none.toml"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(patch.as_bytes())
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
+    let o = run_with_input(
+        fx.shade()
+            .args(["lint", "--cold"])
+            .env("LC_ALL", "C")
+            .env("SHADE_LOG", "error")
+            .env("SHADE_CONFIG", fx.tmp.path().join("none.toml")),
+        patch.as_bytes(),
+    );
     assert_eq!(o.status.code(), Some(1), "{}", out(&o));
     let got = lines(&o);
     assert!(

@@ -7,6 +7,7 @@ mod common;
 
 use common::describe as out;
 
+use common::cmd::{run_with_input, tool_results};
 use common::{assert_no_shade_mounts, Fixture};
 use serde_json::{json, Value};
 use shade_testkit::{tool_results_since_user, FakeLlm, Reply};
@@ -35,17 +36,6 @@ fn tool_names(body: &Value) -> Vec<String> {
 }
 
 /// The tool results of the run's last model request.
-fn tool_results(llm: &FakeLlm) -> Vec<String> {
-    let reqs = llm.requests();
-    reqs.last().unwrap()["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(shade_testkit::content_text)
-        .collect()
-}
-
 fn exec(fx: &Fixture, llm: &FakeLlm, approval: &str) -> Output {
     let config = fx.tmp.path().join("config.toml");
     std::fs::write(
@@ -134,27 +124,16 @@ fn chat_offers_mcp_tools_and_closes_the_servers() {
     )
     .unwrap();
     let llm = FakeLlm::start(Arc::new(model)).unwrap();
-    let mut child = fx
-        .shade()
-        .args(["chat", "--approval", "yolo", "--no-suggest", "--config"])
-        .arg(&config)
-        .env("OPENAI_BASE_URL", &llm.base_url)
-        .env("OPENAI_API_KEY", "test-key")
-        .env("SHADE_MODEL", "main-model")
-        .env("SHADE_LOG", "error")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"check and branch\n")
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
+    let o = run_with_input(
+        fx.shade()
+            .args(["chat", "--approval", "yolo", "--no-suggest", "--config"])
+            .arg(&config)
+            .env("OPENAI_BASE_URL", &llm.base_url)
+            .env("OPENAI_API_KEY", "test-key")
+            .env("SHADE_MODEL", "main-model")
+            .env("SHADE_LOG", "error"),
+        b"check and branch\n",
+    );
     assert_eq!(o.status.code(), Some(0), "{}", out(&o));
     let results = tool_results(&llm);
     assert!(results[0].contains("\"read_only\":false"), "{results:#?}");

@@ -12,7 +12,7 @@ use common::wait_until;
 use std::path::Path;
 use std::time::Duration;
 
-use common::chat::{wait_ghost, wait_prompt, Chat};
+use common::chat::{exchange, wait_ghost, wait_prompt, Chat};
 use common::tty::Tty;
 use serde_json::{json, Value};
 use shade_testkit::{is_suggestion_request, last_real_user, tool_results_since_user, Reply};
@@ -84,12 +84,8 @@ fn setup_with(router: fn(&Value) -> Reply) -> Chat {
 /// Two exchanges (the suggestion guard wants two model turns), the second one asked.
 fn converse(chat: &Chat, second: &str, answer: &str) -> Tty {
     let tty = chat.start(&["--approval", "yolo"]);
-    tty.type_text("hello");
-    tty.keys(&["Enter"]);
-    tty.wait_text("Hello.", 60);
-    wait_prompt(&tty);
-    tty.type_text(second);
-    tty.keys(&["Enter"]);
+    exchange(&tty, "hello", "Hello.");
+    tty.say(second);
     tty.wait_text(answer, 60);
     tty
 }
@@ -194,8 +190,7 @@ fn typing_something_else_drops_the_speculation_and_leaves_nothing() {
     wait_until("the speculative shell call", 60, || {
         served(&chat, "fix it and run the tests", 2, "fast-model") == 1
     });
-    tty.type_text("never mind");
-    tty.keys(&["Enter"]);
+    tty.say("never mind");
     tty.wait_text("You said: never mind", 60);
     assert_eq!(read(&chat.project.join("add.sh")), BUGGY);
     assert!(!chat.project.join("result.txt").exists());
@@ -293,31 +288,20 @@ fn a_shadow_session_keeps_edits_in_its_branch_until_accept() {
         }
     });
     let tty = chat.start(&["--shadow", "--approval", "yolo"]);
-    tty.type_text("make a note");
-    tty.keys(&["Enter"]);
-    tty.wait_text("Wrote NOTE.md.", 60);
-    wait_prompt(&tty);
+    exchange(&tty, "make a note", "Wrote NOTE.md.");
     assert!(
         !chat.project.join("NOTE.md").exists(),
         "the edit escaped the branch"
     );
-    tty.type_text("/diff");
-    tty.keys(&["Enter"]);
+    tty.say("/diff");
     tty.wait_text("A NOTE.md", 60);
     tty.wait_text("+hi", 60);
     wait_prompt(&tty);
-    tty.type_text("/accept");
-    tty.keys(&["Enter"]);
-    tty.wait_text("accepted 1 change", 60);
-    wait_prompt(&tty);
+    exchange(&tty, "/accept", "accepted 1 change");
     assert_eq!(read(&chat.project.join("NOTE.md")), "hi\n");
     // The session goes on in a fresh branch; /abort drops what it did.
-    tty.type_text("make another");
-    tty.keys(&["Enter"]);
-    tty.wait_text("Wrote OTHER.md.", 60);
-    wait_prompt(&tty);
-    tty.type_text("/abort");
-    tty.keys(&["Enter"]);
+    exchange(&tty, "make another", "Wrote OTHER.md.");
+    tty.say("/abort");
     tty.wait_text("dropped 1 change", 60);
     assert!(!chat.project.join("OTHER.md").exists());
     // Ctrl-D is a key only once the prompt reads keys again (before, it is the terminal's EOF).
@@ -360,12 +344,8 @@ fn shadow_model(body: &Value) -> Reply {
 /// "run the tests" shown (its speculation starting).
 fn shadow_session_suggesting(chat: &Chat) -> Tty {
     let tty = chat.start(&["--shadow", "--approval", "yolo"]);
-    tty.type_text("hello");
-    tty.keys(&["Enter"]);
-    tty.wait_text("Hello.", 60);
-    wait_prompt(&tty);
-    tty.type_text("fix add.sh");
-    tty.keys(&["Enter"]);
+    exchange(&tty, "hello", "Hello.");
+    tty.say("fix add.sh");
     tty.wait_text("Fixed add.sh.", 60);
     wait_ghost(&tty, "run the tests");
     tty
@@ -408,8 +388,7 @@ fn a_shadow_session_speculates_on_its_branch_and_accept_lands_there() {
     assert_eq!(read(&chat.project.join("add.sh")), BUGGY);
     assert!(!chat.project.join("result.txt").exists());
     wait_prompt(&tty);
-    tty.type_text("/diff");
-    tty.keys(&["Enter"]);
+    tty.say("/diff");
     tty.wait_text("A result.txt", 60);
     tty.wait_text("M add.sh", 60);
     tty.wait_text("+PASS", 60);
@@ -419,10 +398,7 @@ fn a_shadow_session_speculates_on_its_branch_and_accept_lands_there() {
         "accept scratch in the diff:\n{screen}"
     );
     wait_prompt(&tty);
-    tty.type_text("/accept");
-    tty.keys(&["Enter"]);
-    tty.wait_text("accepted 2 changes", 60);
-    wait_prompt(&tty);
+    exchange(&tty, "/accept", "accepted 2 changes");
     assert_eq!(read(&chat.project.join("add.sh")), FIXED);
     assert_eq!(read(&chat.project.join("result.txt")), "PASS\n");
     tty.keys(&["C-d"]);
@@ -434,8 +410,7 @@ fn a_shadow_session_speculates_on_its_branch_and_accept_lands_there() {
 fn a_shadow_session_drops_a_speculation_it_does_not_take() {
     let chat = setup_with(shadow_model);
     let tty = shadow_session_speculated(&chat);
-    tty.type_text("never mind");
-    tty.keys(&["Enter"]);
+    tty.say("never mind");
     tty.wait_text("You said: never mind", 60);
     wait_until("the aborted speculation's telemetry", 60, || {
         speculation_events(&chat)
@@ -453,8 +428,7 @@ fn a_shadow_session_drops_a_speculation_it_does_not_take() {
         std::fs::read_to_string("/proc/mounts").unwrap()
     );
     wait_prompt(&tty);
-    tty.type_text("/diff");
-    tty.keys(&["Enter"]);
+    tty.say("/diff");
     tty.wait_text("M add.sh", 60);
     let screen = tty.screen();
     assert!(!screen.contains("result.txt"), "{screen}");
@@ -486,8 +460,7 @@ fn a_shadow_session_refuses_a_speculation_whose_base_changed_and_runs_live() {
         .iter()
         .any(|e| e["outcome"] == "failed"));
     wait_prompt(&tty);
-    tty.type_text("/diff");
-    tty.keys(&["Enter"]);
+    tty.say("/diff");
     tty.wait_text("M result.txt", 60);
     tty.wait_text("+PASS", 60);
     wait_prompt(&tty);
@@ -504,10 +477,7 @@ fn accepting_a_shadow_session_drops_its_speculation_first() {
     wait_until("the speculation's first call", 60, || {
         served(&chat, "run the tests", 0, "fast-model") == 1
     });
-    tty.type_text("/accept");
-    tty.keys(&["Enter"]);
-    tty.wait_text("accepted 1 change", 60);
-    wait_prompt(&tty);
+    exchange(&tty, "/accept", "accepted 1 change");
     assert_eq!(read(&chat.project.join("add.sh")), FIXED);
     assert!(!chat.project.join("result.txt").exists());
     // Only the session's fresh branch is left.

@@ -31,7 +31,7 @@ pub struct InstructionFile {
 /// The instruction files for a session in `ctx`'s workspace, outermost first.
 pub fn load(ctx: &ToolContext) -> Vec<InstructionFile> {
     let mut places: Vec<(PathBuf, PathBuf)> = Vec::new();
-    if let Some(dir) = crate::llm::config::config_dir() {
+    if let Some(dir) = crate::paths::config_dir() {
         places.push((dir.clone(), dir));
     }
     let shown_root = ctx.workspace.shown_root().to_path_buf();

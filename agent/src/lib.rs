@@ -1,4 +1,6 @@
-//! The shade agent: LLM client, tools, query loop (see DESIGN.md "The agent").
+//! The shade agent: the coding tools and their approvals, the query loop, prompt suggestions,
+//! speculation, compaction, sessions and shadows (agents in branches). It drives a model
+//! through `shade-llm`, classifies commands with `shade-classify` and lints with `shade-lint`.
 //!
 //! - [`query_loop::Agent`] runs a conversation: it streams the model's reply, runs the tool
 //!   calls through the approval gate ([`approval`]), feeds every result back and repeats,
@@ -11,8 +13,9 @@
 //!   `{"request": {"messages": …}, "response": {"chunks": [{"text": …}], "tool_calls": …,
 //!   "finish_reason": …}}` per model call; system messages are not compared on replay).
 //!
-//! Configuration ([`llm::LlmConfig::load`]): `$XDG_CONFIG_HOME/shade/config.toml`, then
-//! `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `SHADE_MODEL`, `SHADE_FAST_MODEL`, then flags.
+//! Configuration comes in as plain structs ([`llm::LlmConfig`], [`tools::config::ToolsConfig`],
+//! [`followup::FollowupSettings`], [`shade_lint::LintConfig`]): the CLI reads the config file,
+//! the environment and the flags once and hands them down.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -40,17 +43,20 @@ pub mod events;
 pub mod followup;
 pub mod housekeeping;
 pub mod instructions;
-pub mod lint;
-pub mod llm;
 pub mod loop_detect;
 pub mod mentions;
+pub mod paths;
 pub mod prompt;
 pub mod query_loop;
+pub mod runner;
 pub mod sessions;
 pub mod shadow;
 pub mod speculation;
 pub mod tools;
 pub mod workspace;
+
+/// The model side (the `shade-llm` crate), re-exported: the agent's API speaks its types.
+pub use shade_llm as llm;
 
 pub use approval::{ApprovalMode, Approver};
 pub use events::{AgentEvent, StopReason};

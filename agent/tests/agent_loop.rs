@@ -11,13 +11,13 @@ use std::time::{Duration, Instant};
 use common::{finish_chunk, sse_body, text_chunk, MockServer, Scripted};
 use serde_json::{json, Value};
 use shade_agent::approval::{AlwaysYes, ApprovalMode, NoOneToAsk};
-use shade_agent::llm::cassette::{RecordingProvider, ReplayProvider};
-use shade_agent::llm::{
+use shade_agent::tools::{Tool, ToolContext, ToolError, ToolKind, ToolOutput, ToolRegistry};
+use shade_agent::{Agent, AgentEvent, AgentOptions, EventSink, StopReason, Workspace};
+use shade_llm::cassette::{RecordingProvider, ReplayProvider};
+use shade_llm::{
     BoxFuture, ChatRequest, Completion, FinishReason, LlmConfig, LlmError, LlmEvent, LlmProvider,
     Message, OpenAiClient, ToolCall, ToolSpec,
 };
-use shade_agent::tools::{Tool, ToolContext, ToolError, ToolKind, ToolOutput, ToolRegistry};
-use shade_agent::{Agent, AgentEvent, AgentOptions, EventSink, StopReason, Workspace};
 use tokio_util::sync::CancellationToken;
 
 /// The prompt recorded in the fixtures (the exec CLI test uses the same one).

@@ -18,8 +18,8 @@ use shade_agent::followup::{
     generate_pipelined, generate_suggestion, CacheSafeParams, SuggestionOutcome, SuggestionSource,
     SUGGESTION_PROMPT,
 };
-use shade_agent::llm::{LlmConfig, Message, OpenAiClient};
 use shade_agent::{Agent, AgentOptions, EventSink, ToolContext, ToolRegistry, Workspace};
+use shade_llm::{LlmConfig, Message, OpenAiClient};
 use tokio_util::sync::CancellationToken;
 
 fn fixtures() -> PathBuf {

@@ -4,11 +4,11 @@
 #![allow(clippy::unwrap_used)]
 
 use serde_json::json;
-use shade_agent::lint::tool::{Diagnostics, LintHook};
-use shade_agent::lint::{BranchView, LintConfig, Linter};
+use shade_agent::tools::diagnostics::{Diagnostics, LintHook};
 use shade_agent::tools::{Tool, ToolContext, ToolRegistry};
 use shade_agent::workspace::Workspace;
 use shade_fusefs::{Branch, BranchOptions, StateDir};
+use shade_lint::{BranchView, LintConfig, Linter};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::{finish_chunk, sse_body, text_chunk, MockServer, Scripted};
 use serde_json::json;
-use shade_agent::llm::{
+use shade_llm::{
     ChatRequest, FinishReason, LlmConfig, LlmError, LlmEvent, LlmProvider, Message, OpenAiClient,
     ToolSpec,
 };
@@ -55,7 +55,7 @@ type Events = Arc<Mutex<Vec<LlmEvent>>>;
 async fn call(
     cfg: LlmConfig,
     cancel: &CancellationToken,
-) -> (Result<shade_agent::llm::Completion, LlmError>, Events) {
+) -> (Result<shade_llm::Completion, LlmError>, Events) {
     let client = OpenAiClient::new(cfg).unwrap();
     let events: Events = Arc::default();
     let ev = events.clone();
@@ -378,7 +378,7 @@ fn dashscope_requests_mark_cache_and_disable_thinking_for_background() {
     // Later turns keep the marker on the user prompt; tool results stay plain strings.
     req.messages.push(Message::Assistant {
         content: String::new(),
-        tool_calls: vec![shade_agent::llm::ToolCall {
+        tool_calls: vec![shade_llm::ToolCall {
             id: "c".into(),
             name: "ls".into(),
             arguments: "{}".into(),
@@ -427,7 +427,7 @@ fn dashscope_requests_mark_cache_and_disable_thinking_for_background() {
     assert_eq!(body["messages"][0]["content"], json!("sys"));
     // vLLM serving a thinking model: the chat-template switch, only for background calls.
     let vllm = OpenAiClient::new(LlmConfig {
-        thinking_param: shade_agent::llm::config::ThinkingParam::ChatTemplateKwargs,
+        thinking_param: shade_llm::config::ThinkingParam::ChatTemplateKwargs,
         ..LlmConfig::default()
     })
     .unwrap();

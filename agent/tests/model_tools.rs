@@ -14,12 +14,12 @@ use common::{finish_chunk, sse_body, text_chunk, MockServer, Scripted};
 use serde_json::{json, Value};
 use shade_agent::approval::{Answer, ApprovalMode, ApprovalRequest, Approver};
 use shade_agent::background::{BackgroundLlm, TokenStats};
-use shade_agent::llm::config::ThinkingParam;
-use shade_agent::llm::{BoxFuture, LlmConfig, OpenAiClient};
 use shade_agent::tools::config::{ToolsConfig, WebFetchConfig};
 use shade_agent::tools::web_fetch::WebFetch;
 use shade_agent::tools::{Tool, ToolContext, ToolError, ToolKind, ToolRegistry};
 use shade_agent::{Agent, AgentEvent, AgentOptions, EventSink, Workspace};
+use shade_llm::config::ThinkingParam;
+use shade_llm::{BoxFuture, LlmConfig, OpenAiClient};
 use tokio_util::sync::CancellationToken;
 
 const FAST: &str = "fast-model";

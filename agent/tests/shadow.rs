@@ -267,7 +267,7 @@ async fn a_speculative_commands_big_output_is_summarised_and_kept_whole() {
         ),
         &[1000],
     )]);
-    let client = shade_agent::llm::OpenAiClient::new(shade_agent::llm::LlmConfig {
+    let client = shade_llm::OpenAiClient::new(shade_llm::LlmConfig {
         base_url: server.base_url.clone(),
         model: Some("main-model".into()),
         fast_model: Some("fast-model".into()),

@@ -261,7 +261,7 @@ impl Branch {
                 }
             })?;
         if let Some(w) = &overlay.watch {
-            w.attach(Arc::downgrade(&overlay), session.notifier());
+            w.attach(Arc::<Overlay>::downgrade(&overlay), session.notifier());
         }
         let _ = overlay.notifier.set(session.notifier());
         raise_readahead(&mountpoint);

@@ -7,6 +7,7 @@ use crate::ignore_rules::IgnoreRules;
 use crate::lower::Lower;
 use crate::node::{DirOver, Meta, Node, NodeKind};
 use crate::tree::{split, Entry, InodeTarget, Obj, Tree};
+use crate::watch::{Change, Invalidation, Watched};
 use fuser::{FileAttr, FileType, INodeNo};
 use rustc_hash::FxHashMap;
 use std::ffi::{OsStr, OsString};
@@ -684,4 +685,68 @@ fn meta_attr(ino: u64, m: &Meta, kind: FileType, size: u64, nlink: u32) -> FileA
         blksize: 4096,
         flags: 0,
     }
+}
+
+/// Which kernel objects to invalidate for lower changes `(dir, name)`, skipping paths
+/// the branch overrides (its own view does not change). Lower paths are shown at the
+/// same branch path unless a directory was renamed in the branch; entries under renamed
+/// directories are re-validated when their attribute timeout expires.
+impl Watched for Overlay {
+    fn invalidations(&self, changed: &[Change]) -> Vec<Invalidation> {
+        let t = self.tree();
+        let mut out = Vec::new();
+        for (lower_dir, name) in changed {
+            for dir in shown_at(&t, lower_dir) {
+                let dir_ino = t.path_ino.get(&dir).copied();
+                match name {
+                    Some(n) => {
+                        let child = dir.join(n);
+                        if matches!(
+                            t.slots.get(&child).map(|s| &s.entry),
+                            Some(Entry::Node(_) | Entry::Whiteout)
+                        ) {
+                            continue;
+                        }
+                        out.push((dir_ino, Some(n.clone()), t.path_ino.get(&child).copied()));
+                        out.push((None, None, dir_ino));
+                    }
+                    None => out.push((None, None, dir_ino)),
+                }
+            }
+        }
+        out
+    }
+
+    fn forget_lower_fd(&self, ino: u64) {
+        Overlay::forget_lower_fd(self, ino);
+    }
+}
+
+/// The branch directories whose entries come from lower directory `lower_dir`: itself
+/// where the branch left it in place, or its place under a directory the branch renamed
+/// (a moved directory keeps reading its children from its old lower path).
+fn shown_at(t: &Tree, lower_dir: &Path) -> Vec<PathBuf> {
+    if t.lower_of(lower_dir).as_deref() == Some(lower_dir) {
+        return vec![lower_dir.to_path_buf()];
+    }
+    let mut dirs: Vec<PathBuf> = t
+        .slots
+        .iter()
+        .filter_map(|(path, slot)| {
+            let Entry::Dir(d) = &slot.entry else {
+                return None;
+            };
+            let rest = lower_dir.strip_prefix(d.lower.as_ref()?).ok()?;
+            let dir = if rest.as_os_str().is_empty() {
+                path.clone()
+            } else {
+                path.join(rest)
+            };
+            (t.lower_of(&dir).as_deref() == Some(lower_dir)).then_some(dir)
+        })
+        .collect();
+    // A moved directory and a slot below it can name the same place.
+    dirs.sort();
+    dirs.dedup();
+    dirs
 }

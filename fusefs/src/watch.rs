@@ -6,8 +6,6 @@
 //! `inval_entry`/`inval_inode` for the paths the branch has not overridden. Without a
 //! watcher (inotify unavailable) the branch simply does not cache lower objects.
 
-use crate::overlay::Overlay;
-use crate::tree::Entry;
 use fuser::{INodeNo, Notifier};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use rustc_hash::FxHashMap;
@@ -45,7 +43,20 @@ struct Subs {
 }
 
 /// A lower change: the directory, and the entry in it (None: the directory itself).
-type Change = (PathBuf, Option<OsString>);
+pub(crate) type Change = (PathBuf, Option<OsString>);
+
+/// What to invalidate for a change: the entry (parent inode, name) and the inode.
+pub(crate) type Invalidation = (Option<u64>, Option<OsString>, Option<u64>);
+
+/// The mounted branch a watch reports to (the overlay implements it): which kernel objects
+/// lower changes invalidate, and dropping the lower descriptor of a changed inode. A trait,
+/// so the watch needs to know nothing of the overlay or its tree.
+pub(crate) trait Watched: Send + Sync {
+    /// Which kernel objects to invalidate for lower changes `(dir, name)`.
+    fn invalidations(&self, changed: &[Change]) -> Vec<Invalidation>;
+    /// Forget the cached lower descriptor of inode `ino`.
+    fn forget_lower_fd(&self, ino: u64);
+}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -134,7 +145,7 @@ pub(crate) struct LowerWatch {
     hub: Arc<Hub>,
     root: PathBuf,
     watched: Mutex<FxHashMap<PathBuf, WatchDescriptor>>,
-    target: OnceLock<(Weak<Overlay>, Notifier)>,
+    target: OnceLock<(Weak<dyn Watched>, Notifier)>,
 }
 
 impl LowerWatch {
@@ -154,7 +165,7 @@ impl LowerWatch {
     }
 
     /// Where invalidations go, once the branch is mounted.
-    pub fn attach(&self, overlay: Weak<Overlay>, notifier: Notifier) {
+    pub fn attach(&self, overlay: Weak<dyn Watched>, notifier: Notifier) {
         let _ = self.target.set((overlay, notifier));
     }
 
@@ -188,7 +199,7 @@ impl LowerWatch {
         let Some(overlay) = overlay.upgrade() else {
             return;
         };
-        for (parent_ino, name, ino) in invalidations(&overlay, changed) {
+        for (parent_ino, name, ino) in overlay.invalidations(changed) {
             if let (Some(p), Some(n)) = (parent_ino, &name) {
                 let _ = notifier.inval_entry(INodeNo(p), n);
             }
@@ -217,65 +228,4 @@ impl Drop for LowerWatch {
             }
         }
     }
-}
-
-/// Which kernel objects to invalidate for lower changes `(dir, name)`, skipping paths
-/// the branch overrides (its own view does not change). Lower paths are shown at the
-/// same branch path unless a directory was renamed in the branch; entries under renamed
-/// directories are re-validated when their attribute timeout expires.
-fn invalidations(
-    overlay: &Overlay,
-    changed: &[Change],
-) -> Vec<(Option<u64>, Option<OsString>, Option<u64>)> {
-    let t = overlay.tree();
-    let mut out = Vec::new();
-    for (lower_dir, name) in changed {
-        for dir in shown_at(&t, lower_dir) {
-            let dir_ino = t.path_ino.get(&dir).copied();
-            match name {
-                Some(n) => {
-                    let child = dir.join(n);
-                    if matches!(
-                        t.slots.get(&child).map(|s| &s.entry),
-                        Some(Entry::Node(_) | Entry::Whiteout)
-                    ) {
-                        continue;
-                    }
-                    out.push((dir_ino, Some(n.clone()), t.path_ino.get(&child).copied()));
-                    out.push((None, None, dir_ino));
-                }
-                None => out.push((None, None, dir_ino)),
-            }
-        }
-    }
-    out
-}
-
-/// The branch directories whose entries come from lower directory `lower_dir`: itself
-/// where the branch left it in place, or its place under a directory the branch renamed
-/// (a moved directory keeps reading its children from its old lower path).
-fn shown_at(t: &crate::tree::Tree, lower_dir: &Path) -> Vec<PathBuf> {
-    if t.lower_of(lower_dir).as_deref() == Some(lower_dir) {
-        return vec![lower_dir.to_path_buf()];
-    }
-    let mut dirs: Vec<PathBuf> = t
-        .slots
-        .iter()
-        .filter_map(|(path, slot)| {
-            let Entry::Dir(d) = &slot.entry else {
-                return None;
-            };
-            let rest = lower_dir.strip_prefix(d.lower.as_ref()?).ok()?;
-            let dir = if rest.as_os_str().is_empty() {
-                path.clone()
-            } else {
-                path.join(rest)
-            };
-            (t.lower_of(&dir).as_deref() == Some(lower_dir)).then_some(dir)
-        })
-        .collect();
-    // A moved directory and a slot below it can name the same place.
-    dirs.sort();
-    dirs.dedup();
-    dirs
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crossterm::event::{self, Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use shade_agent::approval::{Answer, ApprovalRequest, Approver};
-use shade_agent::llm::BoxFuture;
+use shade_llm::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 /// Asks on the terminal; remembers "always" per tool.

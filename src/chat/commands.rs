@@ -2,8 +2,8 @@
 
 use shade_agent::approval::ApprovalMode;
 use shade_agent::compact::CompactError;
-use shade_agent::llm::LlmError;
 use shade_agent::tools::text::plural;
+use shade_llm::LlmError;
 
 /// Every command with a one-line description (for /help and completion).
 pub(crate) const COMMANDS: &[(&str, &str)] = &[

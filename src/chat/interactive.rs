@@ -13,8 +13,8 @@ use shade_agent::followup::controller::{FollowupController, FollowupHooks};
 use shade_agent::followup::generate::{generate_suggestion, SuggestionOutcome, SuggestionSource};
 use shade_agent::followup::guards::{count_model_turns, SuggestionGuards};
 use shade_agent::followup::telemetry::Telemetry;
-use shade_agent::llm::Message;
 use shade_agent::{EventSink, StopReason};
+use shade_llm::Message;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 

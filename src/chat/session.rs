@@ -8,7 +8,8 @@ use shade_agent::approval::{Approver, NoOneToAsk};
 use shade_agent::compact::{compact, CompactError, CompactReport};
 use shade_agent::followup::cache::new_session_id;
 use shade_agent::followup::FollowupSettings;
-use shade_agent::llm::{LlmError, Message, Overrides};
+use shade_llm::{LlmError, Message};
+
 use shade_agent::sessions::{one_line, SavedSession, SessionStore};
 use shade_agent::{
     Agent, AgentError, AgentEvent, AgentOptions, EventSink, RunOutcome, Shadow, ShadowOptions,
@@ -97,10 +98,7 @@ impl Session {
         let workspace = Workspace::new(&dir)
             .with_context(|| format!("cannot use {} as the project", dir.display()))?;
         let llm = llm_setup::setup(&args.llm)?;
-        let settings = FollowupSettings::load(&Overrides {
-            config_file: args.llm.config.clone(),
-            ..Overrides::default()
-        })?;
+        let settings = llm.settings.followup;
         let approver = interactive.then(|| Arc::new(ChatApprover::default()));
         let approver_dyn: Arc<dyn Approver> = match &approver {
             Some(a) => a.clone(),
@@ -111,9 +109,9 @@ impl Session {
         // In a shadow session a speculation branches off the session's branch (it sees the
         // session's edits; accepting it writes into that branch, not into the project).
         let speculate = !args.no_speculate && settings.speculation;
-        let mut tools = ToolRegistry::configured(&llm.config.tools);
+        let mut tools = ToolRegistry::configured(&llm.settings.tools);
         let mcp = runtime.block_on(crate::cmd_exec::connect_mcp(
-            &llm.config.tools,
+            &llm.settings.tools,
             workspace.root(),
             &mut tools,
         ));
@@ -124,14 +122,13 @@ impl Session {
         // the checker would write its build output there. The `diagnostics` tool is offered
         // only where every live turn has a branch; speculations keep the session's tools.
         if args.shadow || speculate {
-            ctx.lint = shade_agent::lint::tool::session_hook(
+            ctx.lint = shade_agent::tools::diagnostics::session_hook(
                 ctx.workspace.root(),
-                args.llm.config.clone(),
+                &llm.settings.lint,
                 args.shadow,
-            )
-            .map_err(|e| anyhow::anyhow!(e))?;
+            );
             if args.shadow && ctx.lint.is_some() {
-                tools.add(Arc::new(shade_agent::lint::tool::Diagnostics));
+                tools.add(Arc::new(shade_agent::tools::diagnostics::Diagnostics));
             }
         }
         let mut agent = Agent::new(
@@ -357,8 +354,8 @@ impl Session {
 
     fn context_nearly_full(&self) -> bool {
         let used = self.last_prompt_tokens.lock().map(|t| *t).unwrap_or(0);
-        let window = self.llm.config.context_window as f64;
-        used as f64 >= window * self.llm.config.compact_threshold
+        let window = self.llm.settings.llm.context_window as f64;
+        used as f64 >= window * self.llm.settings.llm.compact_threshold
     }
 
     /// Compact now (`/compact`, or automatically).

@@ -187,7 +187,7 @@ pub(crate) struct Asking<'a> {
 /// (conflict-checked, atomic), and append its messages to `conversation`.
 pub(crate) fn accept(
     spec: Speculation,
-    conversation: &mut Vec<shade_agent::llm::Message>,
+    conversation: &mut Vec<shade_llm::Message>,
     asking: Asking<'_>,
     sink: &EventSink,
     runtime: &tokio::runtime::Handle,

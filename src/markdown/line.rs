@@ -3,9 +3,9 @@
 //! code block — is tracked here; everything else is parsed line by line with pulldown-cmark.
 
 use pulldown_cmark::{Event, HeadingLevel, LinkType, Options, Parser, Tag, TagEnd};
+use unicode_width::UnicodeWidthChar;
 
 use super::highlight::Highlighter;
-use super::stream::Cursor;
 
 const RESET: &str = "\x1b[0m";
 /// Code blocks: light grey on dark grey, both set so they read on light and dark themes.
@@ -234,5 +234,46 @@ fn restore_colour(out: &mut String, colour: Option<&str>) {
     match colour {
         Some(c) => out.push_str(&format!("\x1b[{c}m")),
         None => out.push_str("\x1b[39m"),
+    }
+}
+
+/// Where text written from the start of a row leaves the cursor, as a terminal with
+/// automatic margins (xterm, tmux) places it.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Cursor {
+    pub row: usize,
+    pub col: usize,
+    /// At the last column with the next character due on the next row.
+    pub pending: bool,
+}
+
+impl Cursor {
+    pub fn after(text: &str, cols: usize) -> Cursor {
+        let cols = cols.max(1);
+        let mut c = Cursor::default();
+        for ch in text.chars() {
+            if ch == '\t' {
+                if !c.pending {
+                    c.col = ((c.col / 8 + 1) * 8).min(cols - 1);
+                }
+                continue;
+            }
+            let w = ch.width().unwrap_or(0);
+            if w == 0 {
+                continue;
+            }
+            if c.pending || c.col + w > cols {
+                c.row += 1;
+                c.col = 0;
+                c.pending = false;
+            }
+            if c.col + w >= cols {
+                c.col = cols - 1;
+                c.pending = true;
+            } else {
+                c.col += w;
+            }
+        }
+        c
     }
 }

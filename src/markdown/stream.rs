@@ -3,9 +3,7 @@
 //! wrapped onto, clear) and printed styled. A line that has scrolled partly out of reach (more
 //! rows than the screen) is left raw. A line that arrives whole is printed styled at once.
 
-use unicode_width::UnicodeWidthChar;
-
-use super::line::Blocks;
+use super::line::{Blocks, Cursor};
 
 /// The terminal's size, in character cells.
 #[derive(Clone, Copy, Debug)]
@@ -22,47 +20,6 @@ impl Screen {
             cols: usize::from(cols).max(1),
             rows: usize::from(rows).max(1),
         }
-    }
-}
-
-/// Where text written from the start of a row leaves the cursor, as a terminal with
-/// automatic margins (xterm, tmux) places it.
-#[derive(Debug, Default, PartialEq)]
-pub(crate) struct Cursor {
-    pub row: usize,
-    pub col: usize,
-    /// At the last column with the next character due on the next row.
-    pub pending: bool,
-}
-
-impl Cursor {
-    pub fn after(text: &str, cols: usize) -> Cursor {
-        let cols = cols.max(1);
-        let mut c = Cursor::default();
-        for ch in text.chars() {
-            if ch == '\t' {
-                if !c.pending {
-                    c.col = ((c.col / 8 + 1) * 8).min(cols - 1);
-                }
-                continue;
-            }
-            let w = ch.width().unwrap_or(0);
-            if w == 0 {
-                continue;
-            }
-            if c.pending || c.col + w > cols {
-                c.row += 1;
-                c.col = 0;
-                c.pending = false;
-            }
-            if c.col + w >= cols {
-                c.col = cols - 1;
-                c.pending = true;
-            } else {
-                c.col += w;
-            }
-        }
-        c
     }
 }
 

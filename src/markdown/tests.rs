@@ -4,7 +4,8 @@
 #![allow(clippy::unwrap_used)]
 
 use super::line::Blocks;
-use super::stream::{Cursor, Screen, Stream};
+use super::line::Cursor;
+use super::stream::{Screen, Stream};
 use unicode_width::UnicodeWidthChar;
 
 const ANSWER: &str = "## Plan

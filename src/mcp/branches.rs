@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use shade_agent::lint::tool::{session_hook, LintHook};
+use shade_agent::tools::diagnostics::{session_hook, LintHook};
 use shade_agent::{Shadow, ShadowOptions, ToolContext};
 use shade_fusefs::StateDir;
 
@@ -109,10 +109,13 @@ impl Branches {
             if !self.options.lint {
                 return None;
             }
-            session_hook(&self.options.project, None, true).unwrap_or_else(|e| {
-                tracing::warn!("no lints in shade mcp: {e}");
-                None
-            })
+            match crate::config::lint_config(None) {
+                Ok(config) => session_hook(&self.options.project, &config, true),
+                Err(e) => {
+                    tracing::warn!("no lints in shade mcp: {e}");
+                    None
+                }
+            }
         })
         .clone()
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use rmcp::model::{JsonObject, Tool as McpTool, ToolAnnotations};
 use serde_json::{json, Value};
-use shade_agent::lint::tool::Diagnostics;
+use shade_agent::tools::diagnostics::Diagnostics;
 use shade_agent::tools::{edit, glob, grep, ls, read_file, shell, write_file, Tool};
 
 /// What an MCP tool does when called.

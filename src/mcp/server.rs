@@ -13,7 +13,8 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value};
-use shade_agent::tools::{shell_classify, Tool, ToolError};
+use shade_agent::tools::{Tool, ToolError};
+use shade_classify as shell_classify;
 use shade_fusefs::{AcceptError, AcceptFlags, Change};
 use tokio_util::sync::CancellationToken;
 

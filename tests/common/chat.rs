@@ -171,3 +171,11 @@ pub fn wait_prompt(tty: &Tty) -> String {
         line.starts_with("shade") && line.get(..x).is_some_and(|l| l.ends_with("> "))
     })
 }
+
+/// One exchange at the prompt: submit `prompt`, wait (60 s) for `answer` on the screen, then
+/// for the prompt to be back. Returns the screen then.
+pub fn exchange(tty: &Tty, prompt: &str, answer: &str) -> String {
+    tty.say(prompt);
+    tty.wait_text(answer, 60);
+    wait_prompt(tty)
+}

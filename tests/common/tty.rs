@@ -64,6 +64,12 @@ impl Tty {
         assert!(out.status.success(), "send-keys -l failed");
     }
 
+    /// Type `text` and press Enter (submit a prompt or an answer).
+    pub fn say(&self, text: &str) {
+        self.type_text(text);
+        self.keys(&["Enter"]);
+    }
+
     /// The visible screen as text.
     pub fn screen(&self) -> String {
         self.capture(false)

@@ -7,11 +7,9 @@
 //! States: empty → pending (set, not drawn yet) → visible (after 300 ms) → empty again on
 //! accept, dismiss or clear.
 
-use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
+pub use super::telemetry::AcceptMethod;
 use super::telemetry::{PromptSuggestionEvent, SuggestionEventOutcome, Telemetry};
 use crate::background::prompt_id;
 
@@ -21,53 +19,6 @@ pub const SUGGESTION_DELAY_MS: u64 = 300;
 /// After one accept, further accepts are refused this long (key repeat, Tab-then-Enter, and a
 /// pipelined suggestion appearing right under the finger).
 pub const ACCEPT_DEBOUNCE_MS: u64 = 100;
-
-/// The keys that take a suggestion. Shift+Tab is deliberately not one (the peer's bug #3060:
-/// it accepted the suggestion instead of cycling the approval mode).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AcceptMethod {
-    /// Fills the input, does not submit.
-    Tab,
-    /// Fills the input and submits it.
-    Enter,
-    /// Right arrow: fills the input, does not submit.
-    Right,
-}
-
-impl AcceptMethod {
-    /// Every accept method.
-    pub const ALL: [AcceptMethod; 3] = [Self::Tab, Self::Enter, Self::Right];
-
-    /// Its telemetry name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Tab => "tab",
-            Self::Enter => "enter",
-            Self::Right => "right",
-        }
-    }
-
-    /// Does this method submit the filled input at once?
-    pub fn submits(self) -> bool {
-        self == Self::Enter
-    }
-}
-
-impl FromStr for AcceptMethod {
-    type Err = String;
-
-    /// `tab`, `enter`, `right` (any case); anything else — `shift+tab`, `backtab` — is not an
-    /// accept.
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "tab" => Ok(Self::Tab),
-            "enter" => Ok(Self::Enter),
-            "right" => Ok(Self::Right),
-            other => Err(format!("`{other}` does not accept a suggestion")),
-        }
-    }
-}
 
 /// A hook on one suggestion's text.
 pub type TextHook = Box<dyn Fn(&str) + Send + Sync>;

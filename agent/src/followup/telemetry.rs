@@ -4,15 +4,61 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use super::controller::AcceptMethod;
-
 /// File name of the telemetry log inside the state dir.
 pub const TELEMETRY_FILE: &str = "telemetry.jsonl";
+
+/// The keys that take a suggestion. Shift+Tab is deliberately not one (the peer's bug #3060:
+/// it accepted the suggestion instead of cycling the approval mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AcceptMethod {
+    /// Fills the input, does not submit.
+    Tab,
+    /// Fills the input and submits it.
+    Enter,
+    /// Right arrow: fills the input, does not submit.
+    Right,
+}
+
+impl AcceptMethod {
+    /// Every accept method.
+    pub const ALL: [AcceptMethod; 3] = [Self::Tab, Self::Enter, Self::Right];
+
+    /// Its telemetry name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tab => "tab",
+            Self::Enter => "enter",
+            Self::Right => "right",
+        }
+    }
+
+    /// Does this method submit the filled input at once?
+    pub fn submits(self) -> bool {
+        self == Self::Enter
+    }
+}
+
+impl FromStr for AcceptMethod {
+    type Err = String;
+
+    /// `tab`, `enter`, `right` (any case); anything else — `shift+tab`, `backtab` — is not an
+    /// accept.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "tab" => Ok(Self::Tab),
+            "enter" => Ok(Self::Enter),
+            "right" => Ok(Self::Right),
+            other => Err(format!("`{other}` does not accept a suggestion")),
+        }
+    }
+}
 
 /// What became of a suggestion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -11,8 +11,9 @@ use serde_json::Value;
 
 use crate::approval::{decide, ApprovalMode, Decision};
 use crate::query_loop::{CallGate, GateCall};
-use crate::tools::{shell_classify, ToolKind};
+use crate::tools::ToolKind;
 use crate::workspace::PathError;
+use shade_classify as shell_classify;
 
 /// Messages a speculation may add at most (the seed's MAX_SPECULATION_MESSAGES).
 pub const MAX_SPECULATION_MESSAGES: usize = 100;
@@ -143,7 +144,7 @@ mod tests {
     fn diagnostics_is_read_only_for_the_gate() {
         let dir = tempfile::tempdir().unwrap();
         let ctx = ToolContext::new(crate::workspace::Workspace::new(dir.path()).unwrap());
-        let tool: Arc<dyn Tool> = Arc::new(crate::lint::tool::Diagnostics);
+        let tool: Arc<dyn Tool> = Arc::new(crate::tools::diagnostics::Diagnostics);
         for args in [
             serde_json::json!({}),
             serde_json::json!({"paths": ["a.rs"]}),

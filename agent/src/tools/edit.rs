@@ -103,8 +103,8 @@ impl Tool for Edit {
         ctx: &'a ToolContext,
         _cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
-        let path = crate::lint::tool::path_arg(&args);
-        crate::lint::tool::with_diagnostics(ctx, path, run_blocking(args, ctx, apply))
+        let path = super::diagnostics::path_arg(&args);
+        super::diagnostics::with_diagnostics(ctx, path, run_blocking(args, ctx, apply))
     }
 
     fn prepare<'a>(

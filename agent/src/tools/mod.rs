@@ -3,6 +3,7 @@
 //! display line for the user.
 
 pub mod config;
+pub mod diagnostics;
 pub mod diff;
 pub mod edit;
 pub mod glob;
@@ -13,7 +14,6 @@ pub mod memory;
 pub mod read_file;
 pub mod repair;
 pub mod shell;
-pub mod shell_classify;
 pub mod summarize;
 pub mod text;
 pub mod todo;
@@ -97,10 +97,10 @@ pub struct ToolContext {
     pub background: Option<crate::background::BackgroundLlm>,
     /// Lints of a branch: new diagnostics after `edit`/`write_file` and the `diagnostics`
     /// tool. `None` (the default) leaves edits as they were.
-    pub lint: Option<Arc<crate::lint::tool::LintHook>>,
+    pub lint: Option<Arc<diagnostics::LintHook>>,
     /// Set in a shadow ([`crate::shadow::Shadow::tool_context`]): `shell` runs its commands
     /// in the branch sandbox at the project's real path instead of directly.
-    pub shadow: Option<crate::shadow::ShadowRunner>,
+    pub shadow: Option<crate::runner::ShadowRunner>,
     /// Where oversized tool output is kept in full (under the state dir, never the project).
     pub output_dir: PathBuf,
     /// The session's token account, for model calls a tool makes outside the metered
@@ -114,7 +114,7 @@ impl ToolContext {
         Self {
             workspace,
             todos: Arc::default(),
-            global_memory: crate::llm::config::config_dir().map(|d| d.join(memory::FILE_NAME)),
+            global_memory: crate::paths::config_dir().map(|d| d.join(memory::FILE_NAME)),
             memory_file_name: memory::FILE_NAME.to_string(),
             background: None,
             lint: None,

@@ -14,11 +14,10 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_util::sync::CancellationToken;
 
 use super::text::plural;
-use super::{
-    parse_args, shell_classify, summarize, Tool, ToolContext, ToolError, ToolKind, ToolOutput,
-};
+use super::{parse_args, summarize, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
 use crate::llm::{BoxFuture, ToolSpec};
-use crate::shadow::{self, RunError, ShadowRunner};
+use crate::runner::{self, RunError, ShadowRunner};
+use shade_classify as shell_classify;
 
 /// The tool, with its limits.
 #[derive(Debug, Clone)]
@@ -371,7 +370,7 @@ async fn run_in_shadow(
         .iter()
         .map(|(k, v)| (OsString::from(k), v.map(OsString::from)))
         .collect();
-    let cmd = shadow::Command {
+    let cmd = runner::Command {
         argv: vec![shell.into(), "-c".into(), command.into()],
         cwd: ctx.workspace.shown_root().to_path_buf(),
         env,

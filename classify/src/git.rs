@@ -21,7 +21,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::programs::long_is;
+use super::options::long_is;
 use super::words::Arg;
 use super::{Check, Walker};
 

@@ -80,7 +80,7 @@ pub struct ChatRequest {
     #[serde(default)]
     pub background: bool,
     /// Internal prompt id of background work (`prompt_suggestion`, `speculation`, …; see
-    /// [`crate::background::prompt_id`]): such calls stay out of the transcript and of the main
+    /// `shade_agent::background::prompt_id`): such calls stay out of the transcript and of the main
     /// conversation's cassette, but are counted in token statistics. `None`: the conversation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_id: Option<String>,

@@ -4,8 +4,8 @@
 //! real `ruff server`.
 #![allow(clippy::unwrap_used)]
 
-use shade_agent::lint::{BranchView, LintConfig, Linter};
 use shade_fusefs::{Branch, BranchOptions, StateDir};
+use shade_lint::{BranchView, LintConfig, Linter};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

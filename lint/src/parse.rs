@@ -302,7 +302,7 @@ not json"#;
 #[cfg(test)]
 mod captured {
     use super::*;
-    use crate::lint::diag::PathBase;
+    use crate::diag::PathBase;
     use std::path::Path;
 
     /// Parse `out` (stdout, or stderr for go vet) and normalise it as the linter does,

@@ -3,7 +3,7 @@
 //! `W`, `s///w`, `r`, `R`). The script is parsed command by command (GNU syntax); anything
 //! the parser does not recognise is refused.
 
-use super::programs::{fixed, long_is, options, Opt, OptSpec};
+use super::options::{fixed, long_is, options, Opt, OptSpec};
 use super::words::Arg;
 use super::Check;
 

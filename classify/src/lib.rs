@@ -16,10 +16,12 @@
 //! no repository, so it does not call them read-only; [`classify_in`] reads the effective
 //! configuration of the given directory (`git config --list`) and accepts them when none of
 //! those keys is set.
+#![warn(missing_docs)]
 
 mod awk;
 mod git;
 mod network;
+mod options;
 mod programs;
 mod sed;
 mod words;

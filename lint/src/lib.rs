@@ -1,7 +1,10 @@
 //! Lints in the shadow: the diagnostics an edit introduces, from the project's own checkers
-//! run inside a branch at the project's real path (so checkers that read the disk see the
-//! edit, and the user's build cache reads through while new build output stays in the
-//! branch).
+//! and language servers run inside a branch of the overlay (shade-fusefs). It knows no LLM
+//! and no config file: the `[lint]` section comes in as a plain [`LintConfig`].
+//!
+//! Checkers run at the project's real path (so checkers that read the disk see the edit, and
+//! the user's build cache reads through while new build output stays in the branch); who
+//! runs them in a sandbox is handed in ([`exec::Runner`] in a [`BranchView`]).
 //!
 //! - [`Linter`]: one project's checkers ([`checker::choose`]), their cached baselines
 //!   ([`baseline`]) and warm language servers ([`lsp`]); [`Linter::new_diagnostics`] is
@@ -15,7 +18,7 @@
 //!   ([`daemon`]) use it.
 //! - [`target_overlay`]: a session's checkers see the user's `target/` through a kernel
 //!   overlay of the session's own, so rustc's incremental state is not written through FUSE.
-//! - [`tool`]: the model's `diagnostics` tool and the hook's settings in a `ToolContext`.
+#![warn(missing_docs)]
 
 pub mod baseline;
 pub mod checker;
@@ -27,7 +30,6 @@ pub mod matching;
 pub mod parse;
 pub mod patch;
 pub mod target_overlay;
-pub mod tool;
 
 pub use checker::{Checker, LintConfig};
 pub use diag::{Diagnostic, Severity};

@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::git::key_runs_programs;
-use super::programs::{options, Opt, OptSpec};
+use super::options::{options, Opt, OptSpec};
 use super::*;
 
 #[track_caller]

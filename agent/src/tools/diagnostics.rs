@@ -6,19 +6,18 @@
 //! (the `--shadow` session's branch, a speculation's). `None`, or a hook bound to no branch,
 //! keeps today's behaviour: in the real tree a checker would write its build output there.
 
-use super::{BranchView, Diagnostic, LintConfig, LintError, Linter};
 use crate::llm::{BoxFuture, ToolSpec};
 use crate::tools::{blocking, parse_args, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use shade_lint::{BranchView, Diagnostic, LintConfig, LintError, Linter};
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Default time budget of the post-edit diagnostics.
-pub const DEFAULT_BUDGET: Duration = Duration::from_secs(4);
+pub use shade_lint::checker::DEFAULT_BUDGET;
 /// Time limit of an explicit `diagnostics` call.
 pub const TOOL_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -124,23 +123,13 @@ impl LintHook {
 }
 
 /// An agent session's lint hook on `project`, bound to no branch yet: the checkers detected
-/// or configured in the `[lint]` section of `config_file` (default: the usual file), the
-/// configured budget. `Ok(None)` when the project has no usable checker (said in the log:
-/// the session works on without lints); `Err` for a broken config file. `offered`: the
-/// session offers the `diagnostics` tool (add [`Diagnostics`] to its tools).
-pub fn session_hook(
-    project: &Path,
-    config_file: Option<PathBuf>,
-    offered: bool,
-) -> Result<Option<Arc<LintHook>>, String> {
-    let config: LintConfig = crate::llm::config::load_file_config(&crate::llm::Overrides {
-        config_file,
-        ..Default::default()
-    })
-    .map(|f| f.lint.unwrap_or_default())
-    .map_err(|e| e.to_string())?;
+/// or configured in `config` (the config file's `[lint]` section), the configured budget.
+/// `None` when the project has no usable checker (said in the log: the session works on
+/// without lints). `offered`: the session offers the `diagnostics` tool (add
+/// [`Diagnostics`] to its tools).
+pub fn session_hook(project: &Path, config: &LintConfig, offered: bool) -> Option<Arc<LintHook>> {
     let state = shade_fusefs::StateDir::from_env();
-    Ok(match Linter::new(project, state, &config, None) {
+    match Linter::new(project, state, config, None) {
         Ok(linter) => {
             let linter = Arc::new(linter);
             if offered {
@@ -157,7 +146,7 @@ pub fn session_hook(
         }
         // Most projects without a checker are simply not code shade knows how to check;
         // a configured checker that cannot run is worth a warning.
-        Err(e @ LintError::Detect(super::checker::DetectError::NoneFound(_))) => {
+        Err(e @ LintError::Detect(shade_lint::checker::DetectError::NoneFound(_))) => {
             tracing::info!("no lints for the agent's edits: {e}");
             None
         }
@@ -165,7 +154,7 @@ pub fn session_hook(
             tracing::warn!("no lints for the agent's edits: {e}");
             None
         }
-    })
+    }
 }
 
 fn lines(d: &[Diagnostic]) -> String {

@@ -1,5 +1,7 @@
-//! The model side: wire types, SSE parsing, the OpenAI-compatible client, retries and model
-//! switching, configuration, and record/replay cassettes.
+//! The model side of shade: wire types, SSE parsing, the OpenAI-compatible client, retries
+//! and model switching, errors, local models' text tool calls, and record/replay cassettes.
+//! It knows no tools, no lint and no config file: its settings come in as a plain [`LlmConfig`].
+#![warn(missing_docs)]
 
 pub mod cassette;
 pub mod client;
@@ -14,7 +16,7 @@ pub mod think;
 pub mod types;
 
 pub use client::OpenAiClient;
-pub use config::{LlmConfig, Overrides};
+pub use config::LlmConfig;
 pub use error::LlmError;
 pub use provider::{BoxFuture, LlmProvider};
 pub use types::{

@@ -8,6 +8,9 @@ use super::parse::Format;
 use serde::Deserialize;
 use std::path::Path;
 
+/// Default time budget of the post-edit diagnostics.
+pub const DEFAULT_BUDGET: std::time::Duration = std::time::Duration::from_secs(4);
+
 /// The `[lint]` section of the config file; every field optional.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -29,20 +32,11 @@ pub struct LintConfig {
 }
 
 impl LintConfig {
-    /// The `[lint]` section of shade's config file (`$SHADE_CONFIG`, else
-    /// `$XDG_CONFIG_HOME/shade/config.toml`); a missing file is an empty section, a broken
-    /// one an error.
-    pub fn load() -> Result<LintConfig, String> {
-        crate::llm::config::load_file_config(&Default::default())
-            .map(|f| f.lint.unwrap_or_default())
-            .map_err(|e| e.to_string())
-    }
-
     /// The post-edit budget.
     pub fn budget(&self) -> std::time::Duration {
         self.budget_ms
             .map(std::time::Duration::from_millis)
-            .unwrap_or(super::tool::DEFAULT_BUDGET)
+            .unwrap_or(DEFAULT_BUDGET)
     }
 
     /// The daemon's idle time.

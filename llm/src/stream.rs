@@ -315,14 +315,14 @@ mod tests {
                         .unwrap_or(&b'x')
                 })
                 .collect();
-            let mut p = crate::llm::sse::SseParser::new();
+            let mut p = crate::sse::SseParser::new();
             for ev in p.feed(&bytes).into_iter().chain(p.finish()) {
                 if let Ok(v) = serde_json::from_str::<Value>(&ev.data) {
                     let mut a = ChunkAssembler::new("m");
                     let _ = a.push_chunk(&v);
                 }
             }
-            let _ = crate::llm::error::describe_error_body(&String::from_utf8_lossy(&bytes));
+            let _ = crate::error::describe_error_body(&String::from_utf8_lossy(&bytes));
         }
     }
 

@@ -167,7 +167,7 @@ pub fn parse_retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duratio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::types::FinishReason;
+    use crate::types::FinishReason;
     use std::sync::{Arc, Mutex};
 
     fn ok(model: &str) -> Completion {

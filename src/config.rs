@@ -1,0 +1,306 @@
+//! shade's settings, read once and in one place: defaults, then the config file
+//! (`--config`, `$SHADE_CONFIG` or `$XDG_CONFIG_HOME/shade/config.toml`), then the
+//! environment, then command-line flags. The library crates get plain structs from here
+//! ([`Settings`]): the model client's, the tools', the suggestions' and the lints'.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use shade_agent::followup::FollowupSettings;
+use shade_agent::tools::config::{
+    McpServerConfig, OutputBudget, ToolsConfig, WebFetchConfig, WebSearchConfig,
+};
+use shade_lint::LintConfig;
+use shade_llm::config::ThinkingParam;
+use shade_llm::{LlmConfig, LlmError};
+
+/// Everything the config file, the environment and the flags set, as the crates take it.
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    /// The model client's settings.
+    pub llm: LlmConfig,
+    /// The tools' settings (`[output_budget]`, `[web_fetch]`, `[web_search]`, `[mcp_servers]`).
+    pub tools: ToolsConfig,
+    /// The suggestion and speculation switches.
+    pub followup: FollowupSettings,
+    /// The `[lint]` section.
+    pub lint: LintConfig,
+}
+
+/// Read the settings with the usual precedence; a missing default file is fine, a broken
+/// one is not.
+pub fn load(overrides: &Overrides) -> Result<Settings, LlmError> {
+    let file = load_file_config(overrides)?;
+    let mut llm = LlmConfig::default();
+    apply_file(&mut llm, &file);
+    apply_env(&mut llm, |k| {
+        std::env::var(k).ok().filter(|v| !v.is_empty())
+    });
+    apply_overrides(&mut llm, overrides);
+    Ok(Settings {
+        llm,
+        tools: tools_config(&file),
+        followup: followup_settings(&file),
+        lint: file.lint.unwrap_or_default(),
+    })
+}
+
+/// The `[lint]` section of `config_file` (default: the usual file); a missing default file
+/// is an empty section, a broken one an error.
+pub fn lint_config(config_file: Option<PathBuf>) -> Result<LintConfig, String> {
+    load_file_config(&Overrides {
+        config_file,
+        ..Default::default()
+    })
+    .map(|f| f.lint.unwrap_or_default())
+    .map_err(|e| e.to_string())
+}
+
+/// The config file's shape (all optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// See `LlmConfig::base_url`.
+    pub base_url: Option<String>,
+    /// See `LlmConfig::api_key`.
+    pub api_key: Option<String>,
+    /// See `LlmConfig::model`.
+    pub model: Option<String>,
+    /// See `LlmConfig::fast_model`.
+    pub fast_model: Option<String>,
+    /// See `LlmConfig::large_context_model`.
+    pub large_context_model: Option<String>,
+    /// See `LlmConfig::backup_model`.
+    pub backup_model: Option<String>,
+    /// See `LlmConfig::stream`.
+    pub stream: Option<bool>,
+    /// See `LlmConfig::max_retries`.
+    pub max_retries: Option<u32>,
+    /// Milliseconds; see `LlmConfig::base_delay`.
+    pub base_delay_ms: Option<u64>,
+    /// Seconds; see `LlmConfig::idle_timeout`.
+    pub idle_timeout_secs: Option<u64>,
+    /// See `LlmConfig::thinking_param`.
+    pub thinking_param: Option<ThinkingParam>,
+    /// Prompt suggestions after answers (default true; see `followup::FollowupSettings`).
+    pub enable_followup_suggestions: Option<bool>,
+    /// Suggestions and speculation fork the conversation's cached prefix (default true).
+    pub enable_cache_sharing: Option<bool>,
+    /// Speculate on a shown suggestion (default true).
+    pub enable_speculation: Option<bool>,
+    /// Local telemetry in the state dir's `telemetry.jsonl` (default true).
+    pub telemetry: Option<bool>,
+    /// The `[lint]` section (checkers, language servers, the post-edit budget).
+    pub lint: Option<LintConfig>,
+    /// See `LlmConfig::context_window`.
+    pub context_window: Option<u64>,
+    /// See `LlmConfig::compact_threshold`.
+    pub compact_threshold: Option<f64>,
+    /// `[output_budget]`: see [`shade_agent::tools::config::ToolsConfig::output_budget`].
+    pub output_budget: Option<OutputBudget>,
+    /// `[web_fetch]`: see [`shade_agent::tools::config::ToolsConfig::web_fetch`].
+    pub web_fetch: Option<WebFetchConfig>,
+    /// `[web_search]`: see [`shade_agent::tools::config::ToolsConfig::web_search`].
+    pub web_search: Option<WebSearchConfig>,
+    /// `[mcp_servers.NAME]`: see [`shade_agent::tools::config::ToolsConfig::mcp_servers`].
+    pub mcp_servers: Option<std::collections::BTreeMap<String, McpServerConfig>>,
+}
+
+/// Values given on the command line; they win over everything else.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `--base-url`.
+    pub base_url: Option<String>,
+    /// `--model`.
+    pub model: Option<String>,
+    /// `--fast-model`.
+    pub fast_model: Option<String>,
+    /// `--config`: read this file instead of the default one.
+    pub config_file: Option<PathBuf>,
+}
+
+/// The default config file: `$SHADE_CONFIG`, else `$XDG_CONFIG_HOME/shade/config.toml`,
+/// else `~/.config/shade/config.toml`.
+pub fn default_config_path() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("SHADE_CONFIG") {
+        return Some(PathBuf::from(p));
+    }
+    shade_agent::paths::config_dir().map(|d| d.join("config.toml"))
+}
+
+/// Merge a parsed config file into the client's settings.
+pub fn apply_file(cfg: &mut LlmConfig, f: &FileConfig) {
+    set(&mut cfg.base_url, f.base_url.clone());
+    set_opt(&mut cfg.api_key, f.api_key.clone());
+    set_opt(&mut cfg.model, f.model.clone());
+    set_opt(&mut cfg.fast_model, f.fast_model.clone());
+    set_opt(&mut cfg.large_context_model, f.large_context_model.clone());
+    set_opt(&mut cfg.backup_model, f.backup_model.clone());
+    set(&mut cfg.stream, f.stream);
+    set(&mut cfg.max_retries, f.max_retries);
+    set(
+        &mut cfg.base_delay,
+        f.base_delay_ms.map(Duration::from_millis),
+    );
+    set(
+        &mut cfg.idle_timeout,
+        f.idle_timeout_secs.map(Duration::from_secs),
+    );
+    set(&mut cfg.thinking_param, f.thinking_param);
+    set(&mut cfg.context_window, f.context_window);
+    set(&mut cfg.compact_threshold, f.compact_threshold);
+}
+
+/// The tools' settings of a parsed config file.
+pub fn tools_config(f: &FileConfig) -> ToolsConfig {
+    let mut tools = ToolsConfig::default();
+    set(&mut tools.output_budget, f.output_budget.clone());
+    set(&mut tools.web_fetch, f.web_fetch.clone());
+    set_opt(&mut tools.web_search, f.web_search.clone());
+    set(&mut tools.mcp_servers, f.mcp_servers.clone());
+    tools
+}
+
+/// The suggestion switches: the defaults overridden by what the file sets.
+pub fn followup_settings(file: &FileConfig) -> FollowupSettings {
+    let d = FollowupSettings::default();
+    FollowupSettings {
+        suggestions: file.enable_followup_suggestions.unwrap_or(d.suggestions),
+        cache_sharing: file.enable_cache_sharing.unwrap_or(d.cache_sharing),
+        speculation: file.enable_speculation.unwrap_or(d.speculation),
+        telemetry: file.telemetry.unwrap_or(d.telemetry),
+    }
+}
+
+/// Merge environment variables (`get` abstracts `std::env` for tests).
+pub fn apply_env(cfg: &mut LlmConfig, get: impl Fn(&str) -> Option<String>) {
+    set(&mut cfg.base_url, get("OPENAI_BASE_URL"));
+    set_opt(&mut cfg.api_key, get("OPENAI_API_KEY"));
+    set_opt(&mut cfg.model, get("SHADE_MODEL"));
+    set_opt(&mut cfg.fast_model, get("SHADE_FAST_MODEL"));
+}
+
+/// Merge command-line flags.
+pub fn apply_overrides(cfg: &mut LlmConfig, o: &Overrides) {
+    set(&mut cfg.base_url, o.base_url.clone());
+    set_opt(&mut cfg.model, o.model.clone());
+    set_opt(&mut cfg.fast_model, o.fast_model.clone());
+}
+
+/// The config file `--config` names, or the default one; a missing default file reads as
+/// empty, a broken or missing explicit one is an error.
+pub fn load_file_config(overrides: &Overrides) -> Result<FileConfig, LlmError> {
+    let explicit = overrides.config_file.is_some();
+    match overrides.config_file.clone().or_else(default_config_path) {
+        Some(path) if explicit || path.exists() => read_file_config(&path),
+        _ => Ok(FileConfig::default()),
+    }
+}
+
+fn read_file_config(path: &Path) -> Result<FileConfig, LlmError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| LlmError::Config(format!("cannot read {}: {e}", path.display())))?;
+    toml::from_str(&text).map_err(|e| LlmError::Config(format!("{}: {e}", path.display())))
+}
+
+fn set<T>(slot: &mut T, v: Option<T>) {
+    if let Some(v) = v {
+        *slot = v;
+    }
+}
+
+fn set_opt<T>(slot: &mut Option<T>, v: Option<T>) {
+    if v.is_some() {
+        *slot = v;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn precedence_file_env_flags() {
+        let mut c = LlmConfig::default();
+        let file: FileConfig = toml::from_str(
+            "model = \"file-model\"\nfast_model = \"file-fast\"\nbase_url = \"http://file/v1\"\nbackup_model = \"b\"",
+        )
+        .expect("toml");
+        apply_file(&mut c, &file);
+        apply_env(&mut c, |k| {
+            (k == "SHADE_MODEL").then(|| "env-model".to_string())
+        });
+        assert_eq!(c.model.as_deref(), Some("env-model"));
+        assert_eq!(c.fast_model.as_deref(), Some("file-fast"));
+        apply_overrides(
+            &mut c,
+            &Overrides {
+                model: Some("flag-model".into()),
+                ..Overrides::default()
+            },
+        );
+        assert_eq!(c.main_model().ok(), Some("flag-model"));
+        assert_eq!(c.base_url, "http://file/v1");
+        assert_eq!(c.backup_model.as_deref(), Some("b"));
+        let tools: FileConfig = toml::from_str(
+            "[output_budget]\nshell = 5\n[web_fetch]\nallow_private = true\n\
+             [web_search]\nprovider = \"openai\"\nurl = \"http://s/v1\"\nmodel = \"m\"",
+        )
+        .expect("tools toml");
+        apply_file(&mut c, &tools);
+        let t = tools_config(&tools);
+        assert_eq!(t.output_budget.shell, 5);
+        assert!(t.web_fetch.allow_private);
+        assert_eq!(
+            t.web_search.as_ref().map(|w| w.url.as_str()),
+            Some("http://s/v1")
+        );
+        assert!(toml::from_str::<FileConfig>("[web_fetch]\nallow_privat = true").is_err());
+    }
+
+    #[test]
+    fn unknown_keys_rejected() {
+        assert!(toml::from_str::<FileConfig>("modle = 1").is_err());
+    }
+
+    #[test]
+    fn followup_defaults_on_and_file_overrides() {
+        let empty: FileConfig = toml::from_str("").expect("toml");
+        assert_eq!(followup_settings(&empty), FollowupSettings::default());
+        let file: FileConfig = toml::from_str(
+            "enable_followup_suggestions = false\nenable_cache_sharing = false\nenable_speculation = false\ntelemetry = false\nfast_model = \"small\"",
+        )
+        .expect("toml");
+        let s = followup_settings(&file);
+        assert_eq!(
+            s,
+            FollowupSettings {
+                suggestions: false,
+                cache_sharing: false,
+                speculation: false,
+                telemetry: false
+            }
+        );
+        assert!(toml::from_str::<FileConfig>("enable_suggestions = true").is_err());
+    }
+
+    #[test]
+    fn load_reads_the_named_file() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "telemetry = false\n").expect("write");
+        let s = load(&Overrides {
+            config_file: Some(path),
+            ..Overrides::default()
+        })
+        .expect("load")
+        .followup;
+        assert!(!s.telemetry && s.suggestions);
+        let missing = load(&Overrides {
+            config_file: Some(dir.path().join("nope.toml")),
+            ..Overrides::default()
+        });
+        assert!(missing.is_err());
+    }
+}
