@@ -297,6 +297,9 @@ pub(crate) fn accept(
             } else {
                 ""
             };
+            if let Some(note) = &applied.privileges_note {
+                eprintln!("shade: {note}");
+            }
             if !was_running {
                 let ms = accepted_at.elapsed().as_millis();
                 eprintln!("shade: speculated ahead: {written} written{place} in {ms} ms");

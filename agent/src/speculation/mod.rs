@@ -91,6 +91,8 @@ pub struct Applied {
     pub duration: Duration,
     /// Paths it changed.
     pub files: usize,
+    /// What accept left out on purpose (see `AcceptReport::privileges_note`), to be said.
+    pub privileges_note: Option<String>,
     /// The branch, still mounted: drop it (off the caller's critical path) to unmount.
     pub leftover: crate::shadow::Leftover,
 }
@@ -105,7 +107,7 @@ impl Finished {
     /// the files are there, append the speculated messages to `conversation`.
     pub fn apply(self, conversation: &mut Vec<Message>) -> Result<Applied, AcceptError> {
         let files = self.shadow.changeset(false).changes.len();
-        let (_, leftover) = self.shadow.accept_then_clean(AcceptFlags::default())?;
+        let (report, leftover) = self.shadow.accept_then_clean(AcceptFlags::default())?;
         conversation.extend(self.messages);
         let boundary = matches!(self.status, Status::Boundary(_));
         Ok(Applied {
@@ -113,6 +115,7 @@ impl Finished {
             status: self.status,
             duration: self.duration,
             files,
+            privileges_note: report.privileges_note(),
             leftover,
         })
     }
