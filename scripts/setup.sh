@@ -45,6 +45,7 @@ declare -A TEST_PROBE=(
     [attr]=setfattr                   # xattr tests
     [python3]=python3                 # fidelity tests: xattrs and a unix socket from a script
     [util-linux]=setpriv              # pjdfstest.sh checks access as other users; setsid in tests
+    [bsdutils]=script                 # exec_cli runs `shade exec` on a pseudo-terminal
 )
 # The benchmark:
 declare -A BENCH_PROBE=(

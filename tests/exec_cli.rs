@@ -352,20 +352,20 @@ fn ctrl_c_stops_a_stalled_stream() {
 }
 
 /// Run `shade exec ARGS` on a pseudo-terminal (util-linux `script`), typing `input`.
-fn exec_on_tty(p: &Project, args: &str, input: &str) -> Option<Output> {
-    if Command::new("script").arg("--version").output().is_err() {
-        eprintln!("skipping: `script` (util-linux) is not installed");
-        return None;
-    }
+fn exec_on_tty(p: &Project, args: &str, input: &str) -> Output {
+    assert!(
+        Command::new("script").arg("--version").output().is_ok(),
+        "`script` (bsdutils) is missing: run scripts/setup.sh test"
+    );
     let cmd = format!("{} exec {args}", env!("CARGO_BIN_EXE_shade"));
-    Some(run_with_input(
+    run_with_input(
         Command::new("script")
             .args(["-qec", &cmd, "/dev/null"])
             .current_dir(p.dir.path())
             .env("XDG_CONFIG_HOME", p.config.path())
             .env("HOME", p.config.path()),
         input.as_bytes(),
-    ))
+    )
 }
 
 #[test]
@@ -375,9 +375,7 @@ fn default_mode_on_a_terminal_asks_and_obeys() {
         "--llm replay:{} '{PROMPT}'",
         fixtures().join("fix_add.jsonl").display()
     );
-    let Some(out) = exec_on_tty(&p, &args, "y\ny\n") else {
-        return;
-    };
+    let out = exec_on_tty(&p, &args, "y\ny\n");
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert!(text.contains("allow the agent to change files: `edit add.sh`? [y/N]"));
@@ -388,9 +386,7 @@ fn default_mode_on_a_terminal_asks_and_obeys() {
     assert!(p.read("add.sh").contains("$1 + $2"));
 
     let p = Project::new();
-    let Some(out) = exec_on_tty(&p, &args, "n\n") else {
-        return;
-    };
+    let out = exec_on_tty(&p, &args, "n\n");
     assert!(stdout(&out).contains("⊘ edit add.sh refused: The user declined"));
     assert!(
         p.read("add.sh").contains("$1 - $2"),
