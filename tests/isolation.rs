@@ -10,6 +10,7 @@
 mod common;
 
 use common::describe as show;
+use common::plain::{copy_of as plain_copy, ids as plain_ids, PLAIN};
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -17,7 +18,6 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 /// The plain user the tests run as (scripts/setup.sh creates it).
-const PLAIN: &str = "shadetest";
 /// Python with nothing but the standard library, readable by every user.
 const PYTHON: &str = "/usr/bin/python3";
 
@@ -36,41 +36,6 @@ struct Env {
     state: PathBuf,
     /// Writable by the command's user and outside the project: where an escape leaves proof.
     out: PathBuf,
-}
-
-fn plain_ids() -> (u32, u32) {
-    let user = nix::unistd::User::from_name(PLAIN)
-        .unwrap()
-        .unwrap_or_else(|| panic!("no user {PLAIN:?}: run scripts/setup.sh (as root)"));
-    (user.uid.as_raw(), user.gid.as_raw())
-}
-
-/// `bin` where the plain user can run it: the build tree may sit under a 0700 home (CI
-/// checks out anywhere). One copy per test process, in /var/tmp; copies of dead test
-/// processes are removed.
-fn plain_copy(bin: &str) -> PathBuf {
-    static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    COPY.get_or_init(|| {
-        for entry in std::fs::read_dir("/var/tmp").unwrap().flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if let Some(pid) = name.strip_prefix("shade-iso-bin-") {
-                if !Path::new("/proc").join(pid).exists() {
-                    let _ = std::fs::remove_dir_all(entry.path());
-                }
-            }
-        }
-        let dir = PathBuf::from(format!("/var/tmp/shade-iso-bin-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let copy = dir.join("shade");
-        let _ = std::fs::remove_file(&copy);
-        if std::fs::hard_link(bin, &copy).is_err() {
-            std::fs::copy(bin, &copy).unwrap();
-        }
-        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
-        copy
-    })
-    .clone()
 }
 
 fn env(who: Who) -> Env {
@@ -100,12 +65,7 @@ fn env(who: Who) -> Env {
         for p in [&root, &project, &state, &out, &project.join("file")] {
             std::os::unix::fs::chown(p, Some(uid), Some(gid)).unwrap();
         }
-        let fuse = std::fs::metadata("/dev/fuse").expect("/dev/fuse is missing");
-        assert!(
-            fuse.permissions().mode() & 0o006 == 0o006,
-            "/dev/fuse is not usable by {PLAIN} (mode {:o}): run scripts/setup.sh",
-            fuse.permissions().mode()
-        );
+        common::plain::require_fuse();
     }
     Env {
         who,

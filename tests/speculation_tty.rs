@@ -513,7 +513,16 @@ fn escape_model(body: &Value) -> Reply {
 
 #[test]
 fn a_shown_suggestions_speculation_cannot_get_out_of_its_branch() {
-    let chat = setup_with(escape_model);
+    shown_speculation_stays_in(setup_with(escape_model));
+}
+
+/// The same attacks with shade run by a plain user (no root anywhere).
+#[test]
+fn a_shown_suggestions_speculation_cannot_get_out_as_a_plain_user() {
+    shown_speculation_stays_in(setup_with(escape_model).run_by_plain_user());
+}
+
+fn shown_speculation_stays_in(chat: Chat) {
     let outside = Path::new("/var/tmp/shade-speculation-escape");
     let _ = std::fs::remove_file(outside);
     let home_file = chat
@@ -531,6 +540,15 @@ fn a_shown_suggestions_speculation_cannot_get_out_of_its_branch() {
     assert!(!chat.project.join("net").exists());
     assert!(!outside.exists(), "the speculation wrote /var/tmp");
     assert!(!home_file.exists(), "the speculation wrote $HOME");
+    if chat.plain {
+        use std::os::unix::fs::MetadataExt;
+        let owner = std::fs::metadata(&chat.state).unwrap().uid();
+        assert_eq!(
+            owner,
+            common::plain::ids().0,
+            "shade did not run as the plain user"
+        );
+    }
     tty.keys(&["C-d"]);
     wait_until("the session to end", 60, || !tty.alive());
     assert_eq!(read(&chat.project.join("README")), "a project\n");

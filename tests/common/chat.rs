@@ -16,6 +16,8 @@ pub struct Chat {
     pub project: PathBuf,
     pub state: PathBuf,
     pub llm: FakeLlm,
+    /// Run shade as the plain test user instead of root (see [`Chat::run_by_plain_user`]).
+    pub plain: bool,
 }
 
 impl Chat {
@@ -31,7 +33,20 @@ impl Chat {
             state,
             llm,
             _home: home,
+            plain: false,
         }
+    }
+
+    /// From now on the session runs as the plain test user, who owns the home, the
+    /// project (as it is now) and the state dir.
+    pub fn run_by_plain_user(mut self) -> Chat {
+        super::plain::require_fuse();
+        let home = self.project.parent().unwrap().to_path_buf();
+        std::fs::set_permissions(&home, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        super::plain::chown_tree(&home);
+        self.plain = true;
+        self
     }
 
     pub fn env(&self) -> Vec<(&'static str, String)> {
@@ -55,7 +70,13 @@ impl Chat {
     /// Start with some environment variables set otherwise (`changed` wins).
     pub fn start_with(&self, extra: &[&str], changed: &[(&'static str, String)]) -> Tty {
         let bin = env!("CARGO_BIN_EXE_shade");
-        let mut argv = vec![bin, "chat"];
+        let prefix = if self.plain {
+            super::plain::argv(bin)
+        } else {
+            vec![bin.to_string()]
+        };
+        let mut argv: Vec<&str> = prefix.iter().map(String::as_str).collect();
+        argv.push("chat");
         argv.extend_from_slice(extra);
         let mut env = self.env();
         env.retain(|(k, _)| !changed.iter().any(|(c, _)| c == k));

@@ -137,6 +137,7 @@ pub fn wait_until(what: &str, secs: u64, cond: impl Fn() -> bool) {
 
 pub mod chat;
 pub mod cmd;
+pub mod plain;
 pub mod tty;
 
 /// A finished command's status and output, for a failed assertion's message.
