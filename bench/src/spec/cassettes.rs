@@ -148,8 +148,11 @@ fn approx_tokens(s: &str) -> u64 {
 pub struct ReplayStats {
     /// Requests served from the recording.
     pub answered: AtomicU64,
-    /// Requests with no recorded answer.
+    /// Main-model requests with no recorded answer (the run left the recording).
     pub missed: AtomicU64,
+    /// Background (speculative) requests with no recorded answer: a suggestion the user did
+    /// not take and whose speculation was not recorded.
+    pub unrecorded_speculation: AtomicU64,
 }
 
 /// The model of a replay: answers from the recording with the latency profile.
@@ -191,8 +194,10 @@ pub fn router(rec: Arc<Recorded>, latency: Latency, stats: Arc<ReplayStats>) -> 
         };
         let counter = if found {
             &stats.answered
-        } else {
+        } else if body["model"] == "main" {
             &stats.missed
+        } else {
+            &stats.unrecorded_speculation
         };
         counter.fetch_add(1, Ordering::Relaxed);
         // Tool-call arguments are generated before they arrive; text streams at the rate.
