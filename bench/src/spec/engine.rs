@@ -85,6 +85,10 @@ pub struct Model {
 /// Should the scripted user take `suggestion` when their next input is `input`?
 pub type AcceptRule = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
 
+/// Should a speculation of this suggestion, which the user will not take, run to its end
+/// before it is dropped?
+pub type FinishRule = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// How a run goes.
 #[derive(Clone)]
 pub struct Options {
@@ -97,7 +101,7 @@ pub struct Options {
     pub accept: AcceptRule,
     /// Recording: wait until a speculation the user will not take has finished before
     /// dropping it, when this says so for its suggestion (so its calls are all recorded).
-    pub finish_unaccepted: Option<Arc<dyn Fn(&str) -> bool + Send + Sync>>,
+    pub finish_unaccepted: Option<FinishRule>,
     /// Ask for (and speculate) a suggestion after the last input too (the recorder does, as
     /// the chat would; the benchmark's user leaves instead).
     pub suggest_after_last: bool,
