@@ -358,7 +358,11 @@ pub async fn run_session(
         if guards.blocked_by().is_some() {
             continue;
         }
-        shown = match pipelined.filter(|_| opts.strategy.pipelines()) {
+        // After the last input (the recorder only) the suggestion is asked for afresh: its
+        // request shows the whole conversation, so a last turn taken from a speculation is
+        // visible in the cassettes.
+        let last = i + 1 == inputs.len();
+        shown = match pipelined.filter(|_| opts.strategy.pipelines() && !last) {
             Some(next) => Some(next),
             None => {
                 let source = match &prefix {
