@@ -219,15 +219,22 @@ pub fn markdown(runs: &[SessionRun], header: &str) -> String {
             .max(1);
         let per_pass = (runs_of / sessions).max(1) as f64;
         let accepted = f.accepted as f64 / per_pass;
+        let saved = match f.saved_ms {
+            Some(s) if accepted > 0.0 => format!("{:+.2} s", s / 1e3 / accepted),
+            _ => "–".into(),
+        };
+        let wasted = if ignored > 0 {
+            format!(
+                "{} tokens and {:.2} CPU-s",
+                f.discarded_tokens / ignored as u64,
+                f.discarded_cpu_ms / 1e3 / ignored as f64
+            )
+        } else {
+            "nothing (no suggestion ignored)".into()
+        };
         out.push_str(&format!(
-            "- **{}**: {} per accepted suggestion saved; {} tokens and {:.2} CPU-s wasted per ignored suggestion.\n",
-            strategy.name(),
-            match f.saved_ms {
-                Some(s) if accepted > 0.0 => format!("{:.2} s", s / 1e3 / accepted),
-                _ => "–".into(),
-            },
-            if ignored > 0 { (f.discarded_tokens / ignored as u64).to_string() } else { "–".into() },
-            if ignored > 0 { f.discarded_cpu_ms / 1e3 / ignored as f64 } else { 0.0 },
+            "- **{}**: time saved per accepted suggestion {saved}; wasted per ignored suggestion {wasted}.\n",
+            strategy.name()
         ));
     }
     out
