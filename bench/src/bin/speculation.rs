@@ -188,7 +188,8 @@ fn run(args: &Args) -> Result<()> {
         format!(
         "# Speculation benchmark\n\nCommit {commit}. Model: {mode}. The user thinks {} ms at a \
          shown suggestion; {} pass(es); projects on {}; CPU and memory of discarded work from {}.\n\
-         *wait*: the user's total waiting over the session (submit or accept → result, per pass); \
+         Counts are summed over passes; *wait*: the user's total waiting over the session (submit \
+         or accept → result, per pass); \
          *time saved*: `none`'s wait less this strategy's; *accept → result*: accepted turns only.",
         args.think_ms,
         args.runs,

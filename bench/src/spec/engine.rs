@@ -260,6 +260,9 @@ pub async fn run_session(
                             match applied {
                                 Ok((applied, conv)) => {
                                     conversation = conv;
+                                    // The speculation's cost ends here (a boundary's live
+                                    // continuation is the main agent's work).
+                                    r.speculation_used = measure(window);
                                     // Unmounting the written branch is not part of the wait.
                                     let leftover = applied.leftover;
                                     match &applied.status {
@@ -276,7 +279,6 @@ pub async fn run_session(
                                     }
                                     r.wait_ms = t0.elapsed().as_secs_f64() * 1e3;
                                     tokio::task::spawn_blocking(move || drop(leftover)).await?;
-                                    r.speculation_used = measure(window);
                                     pipelined = applied.pipelined;
                                     done = true;
                                 }
