@@ -287,7 +287,7 @@ pub fn svg(runs: &[SessionRun], title: &str) -> String {
     let (left, top, plot_h, bar_w, gap) = (60.0, 50.0, 260.0, 22.0, 30.0);
     let group_w = bar_w * strategies.len().max(1) as f64 + gap;
     let width = (left + group_w * sessions.len().max(1) as f64 + 160.0)
-        .max(20.0 + 7.5 * title.chars().count() as f64);
+        .max(80.0 + 9.0 * title.chars().count() as f64);
     let height = top + plot_h + 120.0;
     let y = |v: f64| top + (hi - v) / span * plot_h;
     let colours = ["#8c6bb1", "#2b8cbe", "#41ab5d"];
