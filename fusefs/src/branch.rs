@@ -250,6 +250,8 @@ impl Branch {
         config.clone_fd = opts.threads > 1;
         let fs = ShadeFs {
             overlay: overlay.clone(),
+            passthrough: (crate::passthrough::wanted() && overlay.caching())
+                .then(crate::passthrough::Passthrough::default),
         };
         let session = fuser::Session::new(fs, &mountpoint, &config)
             .and_then(|s| s.spawn())

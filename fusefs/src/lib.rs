@@ -16,6 +16,7 @@ mod ignore_rules;
 mod lower;
 mod node;
 mod overlay;
+mod passthrough;
 pub mod plan;
 mod privs;
 pub mod quote;
