@@ -906,14 +906,15 @@ impl Filesystem for ShadeFs {
 
     fn readdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
         let o = &self.overlay;
-        let entries = match self.listing_for(ino.0, fh.0, offset) {
+        let listing = || self.listing_for(ino.0, fh.0, offset);
+        let entries = match crate::warm::serve(req.pid(), listing) {
             Ok(l) => l,
             Err(e) => return reply.error(err(e)),
         };
@@ -933,14 +934,15 @@ impl Filesystem for ShadeFs {
 
     fn readdirplus(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: fuser::ReplyDirectoryPlus,
     ) {
         let o = &self.overlay;
-        let entries = match self.listing_for(ino.0, fh.0, offset) {
+        let listing = || self.listing_for(ino.0, fh.0, offset);
+        let entries = match crate::warm::serve(req.pid(), listing) {
             Ok(l) => l,
             Err(e) => return reply.error(err(e)),
         };

@@ -25,6 +25,7 @@ pub mod sandbox;
 mod select;
 pub mod state;
 mod tree;
+mod warm;
 mod watch;
 
 pub use accept::{AcceptError, AcceptOptions, AcceptReport, Conflict, DeferSignals, NotApplied};
