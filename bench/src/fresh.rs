@@ -39,9 +39,10 @@ pub const COMMANDS: [(&str, &str, &str); 6] = [
 ];
 
 /// The systems compared, in the table's order.
-pub const SYSTEMS: [System; 7] = [
+pub const SYSTEMS: [System; 8] = [
     System::Native,
     System::Shade,
+    System::ShadeWarmed,
     System::KernelOverlay,
     System::FuseOverlayfs,
     System::BranchFs,
@@ -127,15 +128,33 @@ pub fn fresh_branches(
                         cfg.threads,
                     ) {
                         Ok(v) => v,
-                        Err(e) if !matches!(system, System::Native | System::Shade) => {
+                        Err(e)
+                            if !matches!(
+                                system,
+                                System::Native | System::Shade | System::ShadeWarmed
+                            ) =>
+                        {
                             skipped[k] = Some(format!("{e:#}"));
                             continue;
                         }
                         Err(e) => return Err(e),
                     };
                     let dir = view.root().join(project);
-                    let (secs, out) = time(|| sh(&dir, cmd))?;
-                    (secs, view, out)
+                    match time(|| sh(&dir, cmd)) {
+                        Ok((secs, out)) => (secs, view, out),
+                        // A peer that cannot run the command is a hole in the table.
+                        Err(e)
+                            if !matches!(
+                                system,
+                                System::Native | System::Shade | System::ShadeWarmed
+                            ) =>
+                        {
+                            skipped[k] = Some(format!("{e:#}"));
+                            view.close()?;
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
                 };
                 // git, rg and find only read; builds and test runs write (caches, locks).
                 if let Some(n) = view.changes().filter(|_| project == REPO) {
@@ -164,7 +183,12 @@ pub fn fresh_branches(
         if info.missing_fixtures.iter().any(|m| m == project) {
             continue;
         }
-        for system in [System::Shade, System::FuseOverlayfs, System::BranchFs] {
+        for system in [
+            System::Shade,
+            System::ShadeWarmed,
+            System::FuseOverlayfs,
+            System::BranchFs,
+        ] {
             check_interrupted()?;
             sh(&layout.lower.join(project), cmd)?;
             let prepared = Prepared::new(system, layout, None)?;
@@ -173,6 +197,9 @@ pub fn fresh_branches(
                 continue;
             };
             let counted = crate::requests::Tracer::new(view.root()).and_then(|tracer| {
+                if skipped_peer(res, measure, system) {
+                    anyhow::bail!("{} could not run it", system.name());
+                }
                 let dir = view.root().join(project);
                 tracer.count(|| sh(&dir, cmd).map(drop))
             });
@@ -197,4 +224,9 @@ pub fn fresh_branches(
     }
     res.notes.extend(dirty);
     Ok(())
+}
+
+/// Whether `system` was skipped for `measure` in the timed runs (its note says why).
+fn skipped_peer(res: &Results, measure: &str, system: System) -> bool {
+    res.get(measure, system.name()).is_none()
 }

@@ -414,11 +414,16 @@ fn requests_table(res: &Results, s: &mut String) {
         s,
         "FUSE requests per operation (kernel tracepoint `fuse:fuse_request_send`, one run each)\n"
     );
-    let systems: Vec<&str> = [System::Shade, System::FuseOverlayfs, System::BranchFs]
-        .iter()
-        .map(|s| s.name())
-        .filter(|name| res.requests.iter().any(|r| r.system == *name))
-        .collect();
+    let systems: Vec<&str> = [
+        System::Shade,
+        System::ShadeWarmed,
+        System::FuseOverlayfs,
+        System::BranchFs,
+    ]
+    .iter()
+    .map(|s| s.name())
+    .filter(|name| res.requests.iter().any(|r| r.system == *name))
+    .collect();
     let _ = writeln!(s, "| operation | {} |", systems.join(" | "));
     let _ = writeln!(s, "|---|{}", "---|".repeat(systems.len()));
     let fresh = crate::fresh::COMMANDS.map(|(m, _, _)| m);

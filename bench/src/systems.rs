@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub enum System {
     Native,
     Shade,
+    /// A shade branch after `Branch::warm_up` finished (a speculation's branch, made ahead).
+    ShadeWarmed,
     KernelOverlay,
     FuseOverlayfs,
     /// BranchFS (`cargo install branchfs`): a FUSE branching filesystem for agents.
@@ -48,6 +50,7 @@ impl System {
         match self {
             System::Native => "native",
             System::Shade => "shade",
+            System::ShadeWarmed => "shade, warmed up",
             System::KernelOverlay => "kernel overlayfs",
             System::FuseOverlayfs => "fuse-overlayfs",
             System::BranchFs => "BranchFS",
@@ -117,9 +120,15 @@ impl Instance {
         };
         match system {
             System::Native => {}
-            System::Shade => {
+            System::Shade | System::ShadeWarmed => {
                 let b = Branch::create(src, &shade_options(layout, threads))
                     .with_context(|| format!("creating a shade branch of {}", src.display()))?;
+                if system == System::ShadeWarmed {
+                    b.warm_up().context("starting the warm-up walk")?;
+                    while !b.warmed() {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                }
                 inst.root = b.mountpoint().to_path_buf();
                 inst.branch = Some(b);
             }
@@ -287,7 +296,7 @@ impl Prepared {
             owned: Vec::new(),
         };
         match system {
-            System::Native | System::Shade => {}
+            System::Native | System::Shade | System::ShadeWarmed => {}
             System::KernelOverlay | System::FuseOverlayfs | System::BranchFs => {
                 let d = scratch(layout, "overlay")?;
                 for (sub, slot) in [
