@@ -52,6 +52,9 @@ declare -A BENCH_PROBE=(
     [fuse-overlayfs]=fuse-overlayfs   # peer overlay for comparison benchmarks
     [hyperfine]=hyperfine             # benchmarks
     [ripgrep]=rg                      # benchmark: `rg` over the tree (agent workloads)
+    [libfuse3-dev]=/usr/include/fuse3/fuse.h  # builds BranchFS, a peer in the fresh-branch rows
+    [python3-pytest]=/usr/lib/python3/dist-packages/pytest  # fresh-branch `pytest` row
+    [pkg-config]=pkg-config           # BranchFS's build finds libfuse3 with it
 )
 
 have() {
@@ -118,6 +121,42 @@ if $want_test; then
 fi
 
 if $want_bench; then
+    export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+    # BranchFS (a FUSE branching filesystem), a peer in the fresh-branch rows (issue 20).
+    if ! command -v branchfs >/dev/null 2>&1; then
+        echo "setup: cargo install --locked branchfs"
+        CARGO_TARGET_DIR="${TMPDIR:-/tmp}/shade-setup-target" \
+            cargo install --locked --quiet branchfs </dev/null
+    fi
+    # Fresh-branch `cargo test` and `pytest` fixtures: a small crate with its dev-dependencies
+    # and a small pure-Python package with its tests, fetched once so the benchmark runs
+    # offline. The benchmark copies them into its own tree.
+    fixtures=/var/tmp/shade-bench-fixtures
+    SEMVER=1.0.28 MORE_ITERTOOLS=10.5.0
+    if [[ ! -e $fixtures/semver-$SEMVER/Cargo.lock.fetched ]]; then
+        echo "setup: fetching the bench fixture crate semver $SEMVER and its dev-dependencies"
+        mkdir -p "$fixtures"
+        tmp=$(mktemp -d)
+        mkdir "$tmp/src" && touch "$tmp/src/lib.rs"
+        printf '[package]\nname = "fetch"\nversion = "0.0.0"\nedition = "2021"\n[dependencies]\nsemver = "=%s"\n' \
+            "$SEMVER" >"$tmp/Cargo.toml"
+        cargo fetch --quiet --manifest-path "$tmp/Cargo.toml" </dev/null
+        crate=$(ls "${CARGO_HOME:-$HOME/.cargo}"/registry/cache/*/semver-$SEMVER.crate | head -1)
+        rm -rf "$fixtures/semver-$SEMVER" "$tmp"
+        tar xzf "$crate" -C "$fixtures"
+        # Its shipped Cargo.lock pins the dev-dependencies; fetch them for `cargo test --offline`.
+        cargo fetch --locked --quiet --manifest-path "$fixtures/semver-$SEMVER/Cargo.toml" </dev/null
+        touch "$fixtures/semver-$SEMVER/Cargo.lock.fetched"
+    fi
+    if [[ ! -d $fixtures/more-itertools-$MORE_ITERTOOLS ]]; then
+        echo "setup: fetching the bench fixture package more-itertools $MORE_ITERTOOLS (sdist)"
+        mkdir -p "$fixtures"
+        tmp=$(mktemp -d)
+        python3 -m pip download --quiet --disable-pip-version-check --no-binary :all: \
+            --no-deps "more-itertools==$MORE_ITERTOOLS" -d "$tmp" </dev/null
+        tar xzf "$tmp/more-itertools-$MORE_ITERTOOLS.tar.gz" -C "$fixtures"
+        rm -rf "$tmp"
+    fi
     # The benchmark's npm workload installs bench/npm's lock file with `npm ci --offline`:
     # fill npm's cache once per lock file (needs the npm registry; skipped without npm).
     if command -v npm >/dev/null 2>&1; then

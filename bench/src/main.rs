@@ -181,7 +181,7 @@ fn run(args: &Args) -> Result<()> {
         r?;
     }
     if want("fresh") {
-        fresh::fresh_branches(&layout, &cfg, &mut res)?;
+        fresh::fresh_branches(&layout, &info, &cfg, &mut res)?;
     }
     if want("create") {
         measures::creation(

@@ -154,8 +154,12 @@ fn file_ops_table(res: &Results, s: &mut String) {
         "File operations: median; ratio to native (time ratio, lower is better; for the \
          read, throughput ratio, higher is better)",
         &rows,
+        &VIEWS,
     );
 }
+
+/// The live views compared in the file-operation and agent tables.
+const VIEWS: [System; 3] = [System::Shade, System::KernelOverlay, System::FuseOverlayfs];
 
 fn agent_table(res: &Results, s: &mut String) {
     let rows = [
@@ -192,11 +196,12 @@ fn agent_table(res: &Results, s: &mut String) {
         s,
         "Agent workloads: median; time ratio to native (lower is better)",
         &rows,
+        &VIEWS,
     );
 }
 
 fn fresh_table(res: &Results, s: &mut String) {
-    let [status, diff, rg, find] = crate::fresh::COMMANDS.map(|(m, _)| m);
+    let [status, diff, rg, find, cargo_test, pytest] = crate::fresh::COMMANDS.map(|(m, _, _)| m);
     let rows = [
         (
             status,
@@ -210,39 +215,52 @@ fn fresh_table(res: &Results, s: &mut String) {
             "`find . -type f \\| wc -l`",
             Some(Goal::RatioMax(3.0)),
         ),
+        (
+            cargo_test,
+            "`cargo test --offline` (semver, test binaries built)",
+            None,
+        ),
+        (pytest, "`pytest` (more-itertools)", None),
     ];
     ratio_table(
         res,
         s,
         "Fresh branch: each command the first thing in its own new view of the warm \
-         project; median; time ratio to native (lower is better)",
+         project; `cp -r` and `git worktree add` of the project include making the copy; \
+         median; time ratio to native (lower is better)",
         &rows,
+        &crate::fresh::SYSTEMS[1..],
     );
 }
 
 /// One row per measure: native's median, each view's ratio to it, shade's goal.
-fn ratio_table(res: &Results, s: &mut String, heading: &str, rows: &[(&str, &str, Option<Goal>)]) {
+fn ratio_table(
+    res: &Results,
+    s: &mut String,
+    heading: &str,
+    rows: &[(&str, &str, Option<Goal>)],
+    views: &[System],
+) {
     if !rows
         .iter()
         .any(|(m, _, _)| res.get(m, System::Native.name()).is_some())
     {
         return;
     }
-    let views = [System::Shade, System::KernelOverlay, System::FuseOverlayfs];
     let _ = writeln!(s, "{heading}\n");
     let _ = write!(s, "| measure | native |");
     for v in views {
         let _ = write!(s, " {} |", v.name());
     }
     let _ = writeln!(s, " target (shade) | shade |");
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|{}---|---|", "---|".repeat(views.len()));
     for &(measure, label, goal) in rows {
         let Some(native) = res.get(measure, System::Native.name()) else {
             continue;
         };
         let _ = write!(s, "| {label} | {} |", abs(native));
         let mut shade_met = None;
-        for v in views {
+        for &v in views {
             match res.get(measure, v.name()) {
                 Some(m) => {
                     let r = ratio(m, native);
@@ -396,14 +414,19 @@ fn requests_table(res: &Results, s: &mut String) {
         s,
         "FUSE requests per operation (kernel tracepoint `fuse:fuse_request_send`, one run each)\n"
     );
-    let systems: Vec<&str> = [System::Shade, System::FuseOverlayfs]
-        .iter()
-        .map(|s| s.name())
-        .filter(|name| res.requests.iter().any(|r| r.system == *name))
-        .collect();
+    let systems: Vec<&str> = [
+        System::Shade,
+        System::ShadeWarmed,
+        System::FuseOverlayfs,
+        System::BranchFs,
+    ]
+    .iter()
+    .map(|s| s.name())
+    .filter(|name| res.requests.iter().any(|r| r.system == *name))
+    .collect();
     let _ = writeln!(s, "| operation | {} |", systems.join(" | "));
     let _ = writeln!(s, "|---|{}", "---|".repeat(systems.len()));
-    let fresh = crate::fresh::COMMANDS.map(|(m, _)| m);
+    let fresh = crate::fresh::COMMANDS.map(|(m, _, _)| m);
     for op in REQUEST_OPS.into_iter().chain(fresh) {
         let cells: Vec<String> = systems
             .iter()

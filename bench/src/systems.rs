@@ -16,8 +16,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub enum System {
     Native,
     Shade,
+    /// A shade branch after `Branch::warm_up` finished (a speculation's branch, made ahead).
+    ShadeWarmed,
     KernelOverlay,
     FuseOverlayfs,
+    /// BranchFS (`cargo install branchfs`): a FUSE branching filesystem for agents.
+    BranchFs,
     CpR,
     CpReflink,
     GitWorktree,
@@ -46,8 +50,10 @@ impl System {
         match self {
             System::Native => "native",
             System::Shade => "shade",
+            System::ShadeWarmed => "shade, warmed up",
             System::KernelOverlay => "kernel overlayfs",
             System::FuseOverlayfs => "fuse-overlayfs",
+            System::BranchFs => "BranchFS",
             System::CpR => "cp -r",
             System::CpReflink => "cp -r --reflink=auto",
             System::GitWorktree => "git worktree add",
@@ -85,6 +91,8 @@ pub struct Instance {
     /// Directories to delete on teardown (uppers, copies).
     owned: Vec<PathBuf>,
     git_dir: Option<PathBuf>,
+    /// BranchFS's storage dir (its daemon's socket), for `branchfs unmount`.
+    branchfs_storage: Option<PathBuf>,
 }
 
 impl Instance {
@@ -108,12 +116,19 @@ impl Instance {
             mounted: None,
             owned: prepared.owned,
             git_dir: None,
+            branchfs_storage: None,
         };
         match system {
             System::Native => {}
-            System::Shade => {
+            System::Shade | System::ShadeWarmed => {
                 let b = Branch::create(src, &shade_options(layout, threads))
                     .with_context(|| format!("creating a shade branch of {}", src.display()))?;
+                if system == System::ShadeWarmed {
+                    b.warm_up().context("starting the warm-up walk")?;
+                    while !b.warmed() {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                }
                 inst.root = b.mountpoint().to_path_buf();
                 inst.branch = Some(b);
             }
@@ -142,6 +157,25 @@ impl Instance {
                 )?;
                 inst.root = prepared.target.clone();
                 inst.mounted = Some(prepared.target);
+            }
+            System::BranchFs => {
+                // Its daemon mounts the base on `main`; a new branch is what an agent gets.
+                let storage = prepared.upper.clone();
+                let st = [OsStr::new("--storage"), storage.as_os_str()];
+                let mut mount = vec![OsStr::new("mount"), OsStr::new("--base"), src.as_os_str()];
+                mount.extend(st);
+                mount.push(prepared.target.as_os_str());
+                run("branchfs", &mount)?;
+                inst.root = prepared.target.clone();
+                inst.mounted = Some(prepared.target.clone());
+                inst.branchfs_storage = Some(storage.clone());
+                let mut create = vec![
+                    OsStr::new("create"),
+                    OsStr::new("bench"),
+                    prepared.target.as_os_str(),
+                ];
+                create.extend(st);
+                run("branchfs", &create)?;
             }
             System::CpR | System::CpReflink => {
                 let mut args = vec![OsStr::new("-r")];
@@ -192,6 +226,22 @@ impl Instance {
 
     fn teardown(&mut self) -> Result<()> {
         drop(self.branch.take());
+        if let (Some(storage), Some(m)) = (self.branchfs_storage.take(), &self.mounted) {
+            // Lets its daemon exit with its last mount; the unmount below is the fallback.
+            let _ = run(
+                "branchfs",
+                &[
+                    OsStr::new("unmount"),
+                    m.as_os_str(),
+                    OsStr::new("--storage"),
+                    storage.as_os_str(),
+                ],
+            );
+            let still = crate::mounts::mounts_under(m).map_or(true, |l| l.iter().any(|p| p == m));
+            if !still {
+                self.mounted = None;
+            }
+        }
         if let Some(m) = self.mounted.take() {
             if nix::mount::umount2(&m, nix::mount::MntFlags::empty()).is_err() {
                 nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH)
@@ -246,8 +296,8 @@ impl Prepared {
             owned: Vec::new(),
         };
         match system {
-            System::Native | System::Shade => {}
-            System::KernelOverlay | System::FuseOverlayfs => {
+            System::Native | System::Shade | System::ShadeWarmed => {}
+            System::KernelOverlay | System::FuseOverlayfs | System::BranchFs => {
                 let d = scratch(layout, "overlay")?;
                 for (sub, slot) in [
                     ("upper", &mut p.upper),

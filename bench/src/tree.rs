@@ -41,6 +41,15 @@ pub const CRATE: &str = "crate";
 pub const ACCEPT: &str = "accept";
 /// A git repository of the tree's files with a second branch, for `git status`/`checkout`.
 pub const REPO: &str = "repo";
+/// The fresh-branch section's `cargo test` crate (semver, with its dev-dependencies, test
+/// binaries built natively) and `pytest` package (more-itertools' sdist, a git repository),
+/// copied from what `scripts/setup.sh bench` fetched into [`FIXTURES`].
+pub const CARGO_TEST: &str = "semver";
+pub const PYTEST: &str = "more-itertools";
+/// Where `scripts/setup.sh bench` leaves the fixtures (outside the run's tmpfs).
+pub const FIXTURES: &str = "/var/tmp/shade-bench-fixtures";
+const FIXTURE_CRATE: &str = "semver-1.0.28";
+const FIXTURE_PY: &str = "more-itertools-10.5.0";
 /// An npm project whose lock file `npm ci --offline` installs from the local cache.
 pub const NPM: &str = "npm";
 
@@ -62,6 +71,8 @@ pub struct TreeInfo {
     pub generated_padding: usize,
     pub gen_files: usize,
     pub blob_bytes: u64,
+    /// Fixtures of the fresh section missing (setup.sh bench not run): their rows skip.
+    pub missing_fixtures: Vec<String>,
 }
 
 impl Layout {
@@ -122,6 +133,7 @@ pub fn build(
     if with_repo {
         eprintln!("bench: git repository of the tree");
         agent_repo(&layout.lower.join(REPO), &layout.tree())?;
+        fixtures(layout, &mut info)?;
     }
     if with_agent {
         eprintln!("bench: agent workloads: npm project");
@@ -289,6 +301,47 @@ fn write_blob(path: &Path, bytes: u64) -> Result<()> {
         left -= n as u64;
     }
     f.flush()?;
+    Ok(())
+}
+
+/// The fresh section's `cargo test` and `pytest` projects, made warm as a project that has
+/// been worked in: the crate's test binaries built and run once, the package's tests run
+/// once (`__pycache__`, `.pytest_cache`) and committed to git for the worktree row.
+fn fixtures(layout: &Layout, info: &mut TreeInfo) -> Result<()> {
+    let base = Path::new(FIXTURES);
+    let krate = base.join(FIXTURE_CRATE);
+    if krate.join("Cargo.lock.fetched").exists() {
+        eprintln!("bench: fixture crate {FIXTURE_CRATE}: building its tests natively");
+        let dest = layout.lower.join(CARGO_TEST);
+        run(
+            "cp",
+            &[OsStr::new("-a"), krate.as_os_str(), dest.as_os_str()],
+        )?;
+        sh(
+            &dest,
+            "cargo test --offline --locked -q >/dev/null 2>&1 || cargo test --offline --locked -q",
+        )
+        .with_context(|| format!("building and running the tests of {FIXTURE_CRATE}"))?;
+    } else {
+        info.missing_fixtures.push(CARGO_TEST.into());
+    }
+    let py = base.join(FIXTURE_PY);
+    if py.is_dir() && Path::new("/usr/lib/python3/dist-packages/pytest").exists() {
+        let dest = layout.lower.join(PYTEST);
+        run("cp", &[OsStr::new("-a"), py.as_os_str(), dest.as_os_str()])?;
+        let git = "git -c user.name=bench -c user.email=bench@localhost";
+        sh(
+            &dest,
+            &format!(
+                "git init -q -b main . && printf '__pycache__/\\n.pytest_cache/\\n' >> .git/info/exclude \
+                 && {git} add -A && {git} commit -q --no-verify -m sdist \
+                 && /usr/bin/python3 -m pytest -q >/dev/null"
+            ),
+        )
+        .with_context(|| format!("running the tests of {FIXTURE_PY}"))?;
+    } else {
+        info.missing_fixtures.push(PYTEST.into());
+    }
     Ok(())
 }
 

@@ -1,5 +1,6 @@
 //! Mount a branch of a directory and keep it until stdin closes, then print what changed.
-//! `cargo run -p shade-fusefs --example mount -- DIR` (for poking at the overlay by hand).
+//! `cargo run -p shade-fusefs --example mount -- DIR` (for poking at the overlay by hand;
+//! `SHADE_WARM_UP=1` warms the branch first).
 
 use shade_fusefs::{Branch, BranchOptions};
 
@@ -10,6 +11,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..Default::default()
     };
     let branch = Branch::create(std::path::Path::new(&dir), &opts)?;
+    // SHADE_WARM_UP=1: print the mount point only once `Branch::warm_up` has finished.
+    if std::env::var_os("SHADE_WARM_UP").is_some_and(|v| v == "1") {
+        branch.warm_up()?;
+        while !branch.warmed() {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
     println!("{}", branch.mountpoint().display());
     let mut line = String::new();
     while std::io::stdin().read_line(&mut line)? > 0 {

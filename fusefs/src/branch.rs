@@ -110,6 +110,8 @@ pub struct Branch {
     state: StateDir,
     overlay: Arc<Overlay>,
     session: Option<BackgroundSession>,
+    /// The warm-up walk, if started ([`Branch::warm_up`]).
+    warm: std::sync::Mutex<Option<crate::warm::Warm>>,
 }
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -250,6 +252,8 @@ impl Branch {
         config.clone_fd = opts.threads > 1;
         let fs = ShadeFs {
             overlay: overlay.clone(),
+            passthrough: (crate::passthrough::wanted() && overlay.caching())
+                .then(crate::passthrough::Passthrough::default),
         };
         let session = fuser::Session::new(fs, &mountpoint, &config)
             .and_then(|s| s.spawn())
@@ -273,7 +277,37 @@ impl Branch {
             state: opts.state.clone(),
             overlay,
             session: Some(session),
+            warm: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Start walking the branch's directories in the background (`warm.rs`), so that
+    /// the first commands find every entry and its attributes already in the kernel:
+    /// for a branch made ahead of its commands (a speculation), a fresh `git status` then
+    /// costs a fraction of its lookups. Ignored directories and `.git` are skipped; the
+    /// walk reads no file data, records no reads and stops when the branch goes.
+    pub fn warm_up(&self) -> std::io::Result<()> {
+        let mut warm = self
+            .warm
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if warm.is_none() {
+            let o = self.overlay.clone();
+            *warm = Some(crate::warm::Warm::start(
+                self.mountpoint.clone(),
+                move |rel| o.ignore.is_ignored(rel, true),
+            )?);
+        }
+        Ok(())
+    }
+
+    /// Whether the walk [`Branch::warm_up`] started has finished (true if none started).
+    pub fn warmed(&self) -> bool {
+        self.warm
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .is_none_or(crate::warm::Warm::done)
     }
 
     /// Unique name of this branch (also the FUSE fsname suffix).
@@ -308,6 +342,14 @@ impl Branch {
 
     /// Stop serving the mount (processes using it get errors from now on).
     pub fn unmount(&mut self) {
+        if let Some(mut w) = self
+            .warm
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            w.stop();
+        }
         if let Some(s) = self.session.take() {
             // Opened while the connection is surely ours: once our unmount releases it, its
             // number can be reused at once by another mount, which a later lookup by number

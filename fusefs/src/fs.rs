@@ -2,6 +2,7 @@
 
 use crate::node::{DirOver, Meta, NodeKind};
 use crate::overlay::{attr, errno, Creds, Handle, Overlay, Res};
+use crate::passthrough::{Answer, Passthrough, FH_BIT};
 use crate::tree::{split, Entry, InodeTarget, Obj};
 use fuser::{
     Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -46,6 +47,36 @@ impl ShadeFs {
             TTL_OWNED
         } else {
             TTL_UNCACHED
+        }
+    }
+
+    /// An open in passthrough mode: unchanged lower files opened read-only pass through to
+    /// the lower file; everything else is served by inode, as in no-open mode.
+    fn open_passthrough(&self, p: &Passthrough, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let o = &self.overlay;
+        let read_only = flags.0 & libc::O_ACCMODE == libc::O_RDONLY && flags.0 & libc::O_TRUNC == 0;
+        let mut lower = None;
+        if read_only {
+            let mut t = o.tree();
+            if let Ok(Obj::Lower(lp, _)) = o.obj_of(&t, ino.0) {
+                let file = match o.lower.open_file(&lp) {
+                    Ok(f) => f,
+                    Err(e) => return reply.error(err(errno(e))),
+                };
+                // Its data is read through this descriptor only: note what it is now.
+                if let Ok(st) = crate::overlay::fstat(&file) {
+                    t.reads.file(&lp, &st);
+                    lower = Some(file);
+                }
+            }
+        }
+        match p.open(ino.0, lower.as_ref(), |f| reply.open_backing(f)) {
+            Answer::Through(fh) => p.with_backing(ino.0, |b| match b {
+                Some(b) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), b),
+                None => reply.error(Errno::EIO),
+            }),
+            Answer::Cached => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Answer::Busy => reply.error(Errno::ETXTBSY),
         }
     }
 
@@ -145,6 +176,8 @@ struct AttrChange {
 /// The filesystem served for one branch.
 pub(crate) struct ShadeFs {
     pub overlay: Arc<Overlay>,
+    /// Open tracking of the opt-in passthrough mode (`passthrough.rs`); `None`: no-open mode.
+    pub passthrough: Option<Passthrough>,
 }
 
 impl ShadeFs {
@@ -372,6 +405,14 @@ impl Filesystem for ShadeFs {
         // We drop setuid/setgid on writes, truncates and chowns ourselves (`privs.rs`), so
         // the kernel stops asking for `security.capability` before every write.
         let _ = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
+        if self.passthrough.is_some()
+            && (config
+                .add_capabilities(InitFlags::FUSE_PASSTHROUGH)
+                .is_err()
+                || config.set_max_stack_depth(1).is_err())
+        {
+            self.passthrough = None;
+        }
         Ok(())
     }
 
@@ -651,6 +692,9 @@ impl Filesystem for ShadeFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let o = &self.overlay;
         if o.caching() {
+            if let Some(p) = &self.passthrough {
+                return self.open_passthrough(p, ino, flags, reply);
+            }
             // No-open mode: the kernel stops sending open/release, keeps the page cache
             // across opens, and reads/writes arrive by inode (`fh` 0). A lower file is
             // copied up on its first write instead of at open.
@@ -722,7 +766,7 @@ impl Filesystem for ShadeFs {
     ) {
         let o = &self.overlay;
         with_read_buf(size as usize, |buf| {
-            let res = if fh.0 == 0 {
+            let res = if fh.0 == 0 || fh.0 & FH_BIT != 0 {
                 o.read_ino(ino.0, buf, offset)
             } else {
                 o.handle(fh.0).and_then(|h| match &*h {
@@ -801,14 +845,19 @@ impl Filesystem for ShadeFs {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.overlay.drop_handle(fh.0);
+        if let Some(p) = &self.passthrough {
+            p.release(ino.0, fh.0);
+        }
+        if fh.0 != 0 && fh.0 & FH_BIT == 0 {
+            self.overlay.drop_handle(fh.0);
+        }
         reply.ok();
     }
 
@@ -857,14 +906,15 @@ impl Filesystem for ShadeFs {
 
     fn readdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
         let o = &self.overlay;
-        let entries = match self.listing_for(ino.0, fh.0, offset) {
+        let listing = || self.listing_for(ino.0, fh.0, offset);
+        let entries = match crate::warm::serve(req.pid(), listing) {
             Ok(l) => l,
             Err(e) => return reply.error(err(e)),
         };
@@ -884,14 +934,15 @@ impl Filesystem for ShadeFs {
 
     fn readdirplus(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: fuser::ReplyDirectoryPlus,
     ) {
         let o = &self.overlay;
-        let entries = match self.listing_for(ino.0, fh.0, offset) {
+        let listing = || self.listing_for(ino.0, fh.0, offset);
+        let entries = match crate::warm::serve(req.pid(), listing) {
             Ok(l) => l,
             Err(e) => return reply.error(err(e)),
         };
@@ -1154,7 +1205,7 @@ impl Overlay {
     /// The node that I/O on (`ino`, `fh`) goes to: the handle's node, or by inode in
     /// no-open mode (`fh` 0), copying a lower file up first when `for_write`.
     fn node_for_io(&self, ino: u64, fh: u64, for_write: bool) -> Res<Arc<crate::node::Node>> {
-        if fh == 0 {
+        if fh == 0 || fh & FH_BIT != 0 {
             return if for_write {
                 self.write_target(ino)
             } else {

@@ -16,6 +16,7 @@ mod ignore_rules;
 mod lower;
 mod node;
 mod overlay;
+mod passthrough;
 pub mod plan;
 mod privs;
 pub mod quote;
@@ -24,6 +25,7 @@ pub mod sandbox;
 mod select;
 pub mod state;
 mod tree;
+mod warm;
 mod watch;
 
 pub use accept::{AcceptError, AcceptOptions, AcceptReport, Conflict, DeferSignals, NotApplied};

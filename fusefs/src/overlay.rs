@@ -221,8 +221,11 @@ impl Overlay {
                 w.watch_dir(&src);
             }
             // Taken before the entries are read: a change meanwhile moves its mtime.
-            if let Ok(Some(st)) = self.lower.stat(&src) {
-                t.reads.listing(&rel, &src, &st);
+            // A warm-up walk's listing is shade's, not the branch's read (`warm.rs`).
+            if crate::warm::recording() {
+                if let Ok(Some(st)) = self.lower.stat(&src) {
+                    t.reads.listing(&rel, &src, &st);
+                }
             }
         }
         entries.extend(self.list(&t, &rel)?);
