@@ -142,6 +142,17 @@ impl Shadow {
         &self.inner.id
     }
 
+    /// Start filling the kernel's caches of this fresh branch in the background
+    /// (`Branch::warm_up`), for a branch whose commands come a little later — a
+    /// speculation waits for the model first. Best effort: a failure only loses the speed.
+    pub fn warm_up(&self) {
+        if let Some(branch) = lock(&self.inner.branch).as_ref() {
+            if let Err(e) = branch.warm_up() {
+                tracing::debug!("warming up branch {}: {e}", self.inner.id);
+            }
+        }
+    }
+
     /// The sandbox shell commands run in.
     pub fn isolation(&self) -> Isolation {
         self.inner.isolation
