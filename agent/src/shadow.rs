@@ -93,6 +93,13 @@ impl Shadow {
         project: PathBuf,
         options: ShadowOptions,
     ) -> Result<Shadow, ShadowError> {
+        // Every shadow's first command comes after a model call (or an MCP client's next
+        // request): meanwhile a background walk fills the kernel's caches of the fresh
+        // branch, so that command's look-ups (`git status`, `find`, builds) are answered
+        // without round trips. Best effort: a failure only loses the speed.
+        if let Err(e) = branch.warm_up() {
+            tracing::debug!("warming up branch {}: {e}", branch.id());
+        }
         let lower = branch.project().to_path_buf();
         let mount = branch.mountpoint().to_path_buf();
         let workspace =
@@ -140,17 +147,6 @@ impl Shadow {
     /// The branch's id (its FUSE fsname is `shade:ID`).
     pub fn id(&self) -> &str {
         &self.inner.id
-    }
-
-    /// Start filling the kernel's caches of this fresh branch in the background
-    /// (`Branch::warm_up`), for a branch whose commands come a little later — a
-    /// speculation waits for the model first. Best effort: a failure only loses the speed.
-    pub fn warm_up(&self) {
-        if let Some(branch) = lock(&self.inner.branch).as_ref() {
-            if let Err(e) = branch.warm_up() {
-                tracing::debug!("warming up branch {}: {e}", self.inner.id);
-            }
-        }
     }
 
     /// The sandbox shell commands run in.

@@ -418,9 +418,6 @@ async fn run(
         Ok(Err(e)) => return Status::Failed(format!("cannot create a branch: {e}")),
         Err(e) => return Status::Failed(format!("cannot create a branch: {e}")),
     };
-    // The first model call takes a while: meanwhile the kernel learns the branch's tree,
-    // so its `git status`/`find`/`cargo` look-ups are answered without round trips.
-    shadow.warm_up();
     let mut agent = start.agent.fork_into(&shadow, ApprovalMode::Yolo);
     agent.set_model(start.background.model());
     agent.set_max_turns(MAX_SPECULATION_TURNS);
