@@ -6,7 +6,7 @@ script's patch, make it a git repository when the script says `"git": true` (one
 the patched tree, so `git diff` shows the session's own changes), then run every step of every
 turn in order: edits and writes are applied as the agent's tools apply them (`old_string` must
 occur exactly `expected_replacements` times), reads, lists, globs and greps must find what they
-name, shell commands run with the network off (`unshare -n`) and must exit with the step's
+name, shell commands run with the network off (`unshare -n`, loopback up) and must exit with the step's
 `check.exit` (default 0) and print every string in `check.output`; a grep step that is meant
 to find nothing says `check.no_match`. (`check` is read by this checker only.) web_fetch / web_search are not run: they are the network boundary.
 `speculation_steps` (what the model does when it speculates on an ignored suggestion) are
@@ -43,7 +43,9 @@ def load_projects():
 def run(cmd, cwd, timeout=600):
     t = time.monotonic()
     p = subprocess.run(
-        ["unshare", "-n", "bash", "-c", cmd],
+        # A new network namespace with only loopback up, as `shade run --no-network` gives
+        # (cargo fix talks to its lock server over loopback).
+        ["unshare", "-n", "bash", "-c", 'ip link set lo up && exec bash -c "$0"', cmd],
         cwd=cwd,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
