@@ -25,7 +25,7 @@ use crate::followup::cache::CacheSafeParams;
 use crate::followup::generate::{generate_pipelined, SuggestionOutcome};
 use crate::followup::telemetry::{SpeculationEvent, SpeculationEventOutcome, Telemetry};
 use crate::llm::{Message, Usage};
-use crate::query_loop::{Agent, EventSink};
+use crate::query_loop::{Agent, CallGate, EventSink, GateCall};
 use crate::shadow::{Shadow, ShadowBase, ShadowOptions};
 pub use gate::{SpeculationGate, MAX_SPECULATION_MESSAGES};
 use shade_fusefs::{AcceptError, AcceptFlags};
@@ -198,6 +198,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Speculation {
     /// Create the branch and start the forked run on `runtime`.
     pub fn start(start: Start, runtime: &tokio::runtime::Handle) -> Speculation {
+        Self::start_gated(start, None, runtime)
+    }
+
+    /// [`Speculation::start`] with an extra gate consulted before shade's own: a call either
+    /// refuses is a boundary. The speculation benchmark plays the peer's stricter strategy
+    /// (stop at the first writing shell command) through it, with the engine unchanged.
+    pub fn start_gated(
+        start: Start,
+        extra: Option<Arc<dyn CallGate>>,
+        runtime: &tokio::runtime::Handle,
+    ) -> Speculation {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 status: Status::Running,
@@ -222,7 +233,7 @@ impl Speculation {
             closed: false,
         };
         runtime.spawn(async move {
-            let status = run(start, &shared, &cancel).await;
+            let status = run(start, extra, &shared, &cancel).await;
             let mut st = lock(&shared.state);
             if st.status == Status::Running {
                 st.status = status;
@@ -360,8 +371,31 @@ fn count_tool_uses(events: &[AgentEvent]) -> usize {
         .count()
 }
 
+/// An extra gate, then shade's own: the first refusal wins.
+struct Gates<'a> {
+    extra: Option<&'a dyn CallGate>,
+    main: &'a SpeculationGate,
+}
+
+impl CallGate for Gates<'_> {
+    fn check(&self, call: &GateCall<'_>) -> Option<String> {
+        self.extra
+            .and_then(|g| g.check(call))
+            .or_else(|| self.main.check(call))
+    }
+
+    fn message_limit(&self) -> Option<usize> {
+        self.main.message_limit()
+    }
+}
+
 /// The speculative run itself; returns how it ended.
-async fn run(start: Start, shared: &Arc<Shared>, cancel: &CancellationToken) -> Status {
+async fn run(
+    start: Start,
+    extra: Option<Arc<dyn CallGate>>,
+    shared: &Arc<Shared>,
+    cancel: &CancellationToken,
+) -> Status {
     // Its commands run before anyone approved them: only in the sandbox, never without.
     if let Err(why) = shade_fusefs::sandbox::probe() {
         return Status::Failed(format!("not speculating: {why}"));
@@ -415,8 +449,12 @@ async fn run(start: Start, shared: &Arc<Shared>, cancel: &CancellationToken) -> 
         sink_shared.changed.notify_waiters();
     });
     let gate = SpeculationGate::new(start.mode);
+    let both = Gates {
+        extra: extra.as_deref(),
+        main: &gate,
+    };
     let outcome = agent
-        .run_gated(&mut conversation, &sink, cancel, Some(&gate))
+        .run_gated(&mut conversation, &sink, cancel, Some(&both))
         .await;
     let new_messages = conversation.split_off(prefix_len);
     let status = match outcome {

@@ -1,195 +1,156 @@
-//! The speculation benchmark: recorded sessions replayed against the local OpenAI-compatible
-//! server with a chosen model latency, by a scripted user who accepts the shown suggestion
-//! when it is what they typed next in the recording, and types their own input otherwise.
-//! Each session runs twice on fresh copies of its project: live (no speculation) and with
-//! speculation, through the same library paths `shade chat` uses (suggestion generation with
-//! the cached prefix, `Speculation::start`, `Finished::check` and `apply`).
+//! The speculation benchmark: recorded sessions (the cassettes `shade chat --record` writes,
+//! or those `spec-record` makes from a script) replayed by a scripted user, strategies side by
+//! side on the same sessions: `none`, `peer` (the peer's: stop at the first writing shell
+//! command), `runnable` (shade's) and `pipelined` (shade's as `shade chat` runs it). The tool
+//! calls run for real on a fresh copy of the project each run; only the model is replayed, by
+//! a local OpenAI-compatible server with a latency profile — or, with `--base-url`, a live
+//! model answers everything and its own suggestions are measured against the recorded inputs.
 //!
-//! `cargo run --release -p shade-bench --bin speculation -- [--latency-ms 400]
-//!  [--think-ms 1500] [--runs 3] [--markdown FILE] [--json FILE] [SESSION.json …]`
-//! (as root: speculations mount branches). Sessions default to `bench/sessions/*.json`.
+//! `cargo run --release -p shade-bench --bin speculation -- [SESSION_DIR …]
+//!  [--strategies none,peer,runnable,pipelined] [--latency local|hosted] [--ttft-ms N]
+//!  [--tokens-per-s N] [--think-ms 1500] [--runs 1] [--out PREFIX] [--project DIR]
+//!  [--base-url URL --model M]` (as root: speculations mount branches). Sessions default to
+//! `bench/corpus/sessions/*`. See bench/README.md.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use serde::Deserialize;
-use serde_json::{json, Value};
-use shade_agent::approval::{AlwaysYes, ApprovalMode};
-use shade_agent::background::{BackgroundLlm, MeteredProvider, TokenStats};
-use shade_agent::followup::cache::{new_session_id, CacheSafeParams};
-use shade_agent::followup::generate::{generate_suggestion, SuggestionOutcome, SuggestionSource};
-use shade_agent::followup::guards::count_model_turns;
-use shade_agent::followup::telemetry::Telemetry;
-use shade_agent::llm::{LlmConfig, LlmProvider, Message, OpenAiClient};
-use shade_agent::speculation::{Speculation, Start, Status};
-use shade_agent::{Agent, AgentOptions, EventSink, ToolContext, ToolRegistry, Workspace};
-use shade_testkit::{
-    is_suggestion_request, last_real_user, last_user, tool_results_since_user, FakeLlm, Reply,
-};
-use tokio_util::sync::CancellationToken;
+use serde_json::json;
+use shade_agent::background::{MeteredProvider, TokenStats};
+use shade_agent::llm::{LlmConfig, LlmProvider, OpenAiClient};
+use shade_bench::spec::cassettes::{self, Latency, ReplayStats};
+use shade_bench::spec::engine::{self, Model, Options, Strategy};
+use shade_bench::spec::meter::Meter;
+use shade_bench::spec::project::{materialise, SessionMeta, DEFAULT_CORPUS};
+use shade_bench::spec::report::{self, SessionRun};
+use shade_testkit::FakeLlm;
 
 #[derive(Parser, Debug)]
-#[command(about = "Speculation benchmark: replayed sessions, a scripted user, live vs speculated")]
+#[command(
+    about = "Speculation benchmark: recorded sessions, a scripted user, strategies side by side"
+)]
 struct Args {
-    /// Time to first byte of every model call.
-    #[arg(long, default_value_t = 400)]
-    latency_ms: u64,
+    /// Session directories (chat.jsonl + chat.background.jsonl [+ session.toml]) or main
+    /// cassette files; default: bench/corpus/sessions/*.
+    sessions: Vec<PathBuf>,
+    /// Strategies to compare (comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "none,peer,runnable,pipelined"
+    )]
+    strategies: Vec<Strategy>,
+    /// Model latency preset: local or hosted.
+    #[arg(long, default_value = "local")]
+    latency: String,
+    /// Time to first token (overrides the preset).
+    #[arg(long)]
+    ttft_ms: Option<u64>,
+    /// Generation speed in tokens/s (overrides the preset).
+    #[arg(long)]
+    tokens_per_s: Option<f64>,
     /// How long the scripted user looks at a shown suggestion before answering.
     #[arg(long, default_value_t = 1500)]
     think_ms: u64,
-    /// Passes over every session (each pass runs it live and speculated).
-    #[arg(long, default_value_t = 3)]
+    /// Passes over every session and strategy.
+    #[arg(long, default_value_t = 1)]
     runs: usize,
-    /// Write the report as markdown here too.
+    /// Write PREFIX.md, PREFIX.json and PREFIX.svg.
+    #[arg(long, value_name = "PREFIX")]
+    out: Option<PathBuf>,
+    /// The project of sessions without a session.toml (your own recordings).
+    #[arg(long, value_name = "DIR")]
+    project: Option<PathBuf>,
+    /// Where bench/corpus/fetch.sh put the corpus projects.
+    #[arg(long, default_value = DEFAULT_CORPUS)]
+    corpus: PathBuf,
+    /// Keep the project copies on a private tmpfs instead of the disk (/var/tmp).
     #[arg(long)]
-    markdown: Option<PathBuf>,
-    /// Write every measurement as JSON here.
+    tmpfs: bool,
+    /// A live OpenAI-compatible server instead of the replay: its answers and suggestions
+    /// are its own; the user accepts a suggestion when it is their recorded next input.
+    #[arg(long, value_name = "URL")]
+    base_url: Option<String>,
+    /// The live server's model.
     #[arg(long)]
-    json: Option<PathBuf>,
-    /// Keep the projects on the disk under /var/tmp instead of a private tmpfs (as the file
-    /// benchmarks do): accept then pays the disk's fsync latency.
+    model: Option<String>,
+    /// The live server's model for background work (default: --model).
     #[arg(long)]
-    disk: bool,
-    /// Session files (default: bench/sessions/*.json).
-    sessions: Vec<PathBuf>,
-}
-
-/// A recorded session: the project, and per turn what the user typed, what the model did
-/// and what it suggested next.
-#[derive(Debug, Clone, Deserialize)]
-struct Session {
-    name: String,
-    files: BTreeMap<String, String>,
-    #[serde(default)]
-    executable: Vec<String>,
-    turns: Vec<Turn>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-struct Turn {
-    user: String,
-    steps: Vec<Step>,
-    suggestion: String,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-enum Step {
-    Tool { tool: String, args: Value },
-    Text { text: String },
-}
-
-/// The model: answers from the recording, slowly on purpose.
-fn router(session: Session, latency: Duration) -> shade_testkit::Router {
-    Arc::new(move |body: &Value| {
-        let tokens = (body.to_string().len() / 4) as u64;
-        let reply = if is_suggestion_request(body) {
-            // A pipelined request names the speculated input; a plain one follows the
-            // conversation's last input.
-            let asked = last_user(body);
-            let user = match asked.split_once("The user just said: \"") {
-                Some((_, rest)) => rest.split('"').next().unwrap_or("").to_string(),
-                None => last_real_user(body),
-            };
-            match session.turns.iter().find(|t| t.user == user) {
-                Some(t) => Reply::text(&t.suggestion),
-                None => Reply::text(""),
-            }
-        } else {
-            let user = last_real_user(body);
-            let step = tool_results_since_user(body);
-            match session
-                .turns
-                .iter()
-                .find(|t| t.user == user)
-                .and_then(|t| t.steps.get(step))
-            {
-                Some(Step::Tool { tool, args }) => Reply::tool(tool, args.clone()),
-                Some(Step::Text { text }) => Reply::text(text),
-                None => Reply::text("(not in the recording)"),
-            }
-        };
-        Reply {
-            prompt_tokens: tokens,
-            ..reply
-        }
-        .after(latency)
-    })
-}
-
-/// What one pass of one session measured.
-#[derive(Debug, Default, Clone, serde::Serialize)]
-struct Pass {
-    session: String,
-    /// Submit → result of turns the user would have accepted, run live.
-    live_ms: Vec<f64>,
-    /// Accept → result of the same turns with speculation (boundaries and fallbacks too).
-    speculated_ms: Vec<f64>,
-    /// Accept → result of the accepted speculations that had completed.
-    completed_ms: Vec<f64>,
-    /// The same, for those that had already finished when the user accepted.
-    ready_ms: Vec<f64>,
-    shown: usize,
-    accepted: usize,
-    completed: usize,
-    boundary: usize,
-    aborted: usize,
-    failed: usize,
-    /// Tokens of speculations that were thrown away.
-    discarded_tokens: u64,
+    fast_model: Option<String>,
 }
 
 fn main() {
     let args = Args::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("speculation bench: cannot start the runtime: {e}");
-            std::process::exit(1);
-        }
-    };
-    if let Err(e) = run(&args, &runtime) {
+    if let Err(e) = run(&args) {
         eprintln!("speculation bench: error: {e:#}");
         std::process::exit(1);
     }
 }
 
-fn run(args: &Args, runtime: &tokio::runtime::Runtime) -> Result<()> {
+/// FUSE mounts under this run's work directory (other programs' mounts do not count).
+fn fuse_mounts(work: &Path) -> usize {
+    let under = work.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|m| {
+            m.lines()
+                .filter(|l| {
+                    let fuse = l
+                        .split(" - ")
+                        .nth(1)
+                        .is_some_and(|t| t.starts_with("fuse") && !t.starts_with("fusectl"));
+                    let point = l.split(' ').nth(4).unwrap_or("");
+                    fuse && point.starts_with(&under)
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn commit() -> String {
+    std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn run(args: &Args) -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
         bail!("run as root: speculations mount branches (FUSE)");
     }
-    let files = if args.sessions.is_empty() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("sessions");
+    let mut latency = Latency::preset(&args.latency)?;
+    if let Some(t) = args.ttft_ms {
+        latency.ttft_ms = t;
+    }
+    if let Some(t) = args.tokens_per_s {
+        latency.tokens_per_s = t;
+    }
+    let dirs = if args.sessions.is_empty() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/sessions");
         let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
             .with_context(|| format!("reading {}", dir.display()))?
             .flatten()
             .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|e| e == "json"))
+            .filter(|p| p.join("chat.jsonl").exists())
             .collect();
         v.sort();
         v
     } else {
         args.sessions.clone()
     };
-    let sessions: Vec<Session> = files
-        .iter()
-        .map(|f| {
-            let text =
-                std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
-            serde_json::from_str(&text).with_context(|| format!("parsing {}", f.display()))
-        })
-        .collect::<Result<_>>()?;
+    if args.base_url.is_some() && args.model.is_none() {
+        bail!("--base-url needs --model");
+    }
     let work = PathBuf::from(format!("/var/tmp/shade-bench-spec/{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
-    if !args.disk {
+    if args.tmpfs {
         nix::mount::mount(
             Some("tmpfs"),
             &work,
@@ -199,360 +160,180 @@ fn run(args: &Args, runtime: &tokio::runtime::Runtime) -> Result<()> {
         )
         .context("mounting a tmpfs for the projects")?;
     }
-    let result = run_in(args, &sessions, &work, runtime);
-    if !args.disk {
+    std::env::set_var("SHADE_STATE_DIR", work.join("state"));
+    let meter = Arc::new(Meter::enter());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let result = run_all(args, &dirs, latency, &work, &meter, &runtime);
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    if args.tmpfs {
         let _ = nix::mount::umount2(&work, nix::mount::MntFlags::MNT_DETACH);
     }
     let _ = std::fs::remove_dir_all(&work);
-    let report = result?;
-    print!("{report}");
-    if let Some(p) = &args.markdown {
-        std::fs::write(p, &report)?;
+    let runs = result?;
+    let mode = match &args.base_url {
+        Some(u) => format!(
+            "a live model ({} at {u}; suggestions are its own)",
+            args.model.as_deref().unwrap_or("")
+        ),
+        None => format!(
+            "the recording replayed with {} ms to first token and {} tokens/s",
+            latency.ttft_ms, latency.tokens_per_s
+        ),
+    };
+    let commit = commit();
+    let header =
+        format!(
+        "# Speculation benchmark\n\nCommit {commit}. Model: {mode}. The user thinks {} ms at a \
+         shown suggestion; {} pass(es); projects on {}; CPU and memory of discarded work from {}.\n\
+         *wait*: the user's total waiting over the session (submit or accept → result, per pass); \
+         *time saved*: `none`'s wait less this strategy's; *accept → result*: accepted turns only.",
+        args.think_ms,
+        args.runs,
+        if args.tmpfs { "a tmpfs" } else { "the disk (/var/tmp)" },
+        meter.how()
+    );
+    let md = report::markdown(&runs, &header);
+    print!("{md}");
+    if let Some(prefix) = &args.out {
+        let with = |ext: &str| {
+            let mut p = prefix.as_os_str().to_owned();
+            p.push(ext);
+            PathBuf::from(p)
+        };
+        std::fs::write(with(".md"), &md)?;
+        let table: Vec<_> = report::table(&runs)
+            .into_iter()
+            .map(|((session, strategy), f)| json!({"session": session, "strategy": strategy, "figures": f}))
+            .collect();
+        std::fs::write(
+            with(".json"),
+            serde_json::to_string_pretty(&json!({
+                "commit": commit,
+                "model": mode,
+                "latency": latency,
+                "live": args.base_url.is_some(),
+                "think_ms": args.think_ms,
+                "passes": args.runs,
+                "tmpfs": args.tmpfs,
+                "meter": meter.how(),
+                "summary": table,
+                "runs": runs,
+            }))?,
+        )?;
+        std::fs::write(
+            with(".svg"),
+            report::svg(
+                &runs,
+                &format!("Time saved per session by strategy ({commit})"),
+            ),
+        )?;
     }
     Ok(())
 }
 
-fn run_in(
+fn run_all(
     args: &Args,
-    sessions: &[Session],
+    dirs: &[PathBuf],
+    latency: Latency,
     work: &Path,
+    meter: &Arc<Meter>,
     runtime: &tokio::runtime::Runtime,
-) -> Result<String> {
-    // Branch stores and telemetry of this run stay in the work dir.
-    std::env::set_var("SHADE_STATE_DIR", work.join("state"));
-    let latency = Duration::from_millis(args.latency_ms);
-    let think = Duration::from_millis(args.think_ms);
-    let mut passes = Vec::new();
-    for run in 0..args.runs {
-        for s in sessions {
-            eprintln!(
-                "speculation bench: {} (pass {}/{})",
-                s.name,
-                run + 1,
-                args.runs
-            );
-            let dir = work.join(format!("{}-{run}", s.name));
-            let pass = runtime.block_on(one_pass(s, &dir, latency, think, runtime.handle()))?;
-            passes.push(pass);
-        }
-    }
-    let report = report(&passes, args);
-    if let Some(p) = &args.json {
-        std::fs::write(
-            p,
-            serde_json::to_string_pretty(&json!({
-                "latency_ms": args.latency_ms, "think_ms": args.think_ms, "disk": args.disk,
-                "passes": passes}))?,
-        )?;
-    }
-    Ok(report)
-}
-
-/// A fresh copy of the session's project.
-fn lay_out(session: &Session, dir: &Path) -> Result<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let _ = std::fs::remove_dir_all(dir);
-    std::fs::create_dir_all(dir)?;
-    for (name, content) in &session.files {
-        let p = dir.join(name);
-        if let Some(parent) = p.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(&p, content)?;
-        if session.executable.contains(name) {
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))?;
-        }
-    }
-    Ok(std::fs::canonicalize(dir)?)
-}
-
-struct Side {
-    agent: Agent,
-    background: BackgroundLlm,
-    conversation: Vec<Message>,
-    project: PathBuf,
-    _llm: FakeLlm,
-}
-
-fn side(session: &Session, dir: &Path, latency: Duration) -> Result<Side> {
-    let project = lay_out(session, dir)?;
-    let llm = FakeLlm::start(router(session.clone(), latency))?;
-    let client = OpenAiClient::new(LlmConfig {
-        base_url: llm.base_url.clone(),
-        model: Some("main".into()),
-        ..LlmConfig::default()
-    })?;
-    let provider: Arc<dyn LlmProvider> = Arc::new(MeteredProvider::new(
-        Arc::new(client),
-        TokenStats::default(),
-    ));
-    let mut ctx = ToolContext::new(Workspace::new(&project)?);
-    ctx.global_memory = None;
-    let background = BackgroundLlm::new(provider.clone(), "fast");
-    ctx.background = Some(background.clone());
-    let agent = Agent::new(
-        provider,
-        ToolRegistry::standard(),
-        ctx,
-        Arc::new(AlwaysYes),
-        AgentOptions {
-            model: "main".into(),
-            max_turns: 20,
-            approval: ApprovalMode::Yolo,
-            temperature: None,
-        },
-    );
-    Ok(Side {
-        agent,
-        background,
-        conversation: Vec::new(),
-        project,
-        _llm: llm,
-    })
-}
-
-async fn live_turn(side: &mut Side, user: &str) -> Result<Duration> {
-    let quiet: EventSink = Arc::new(|_| {});
-    let t0 = Instant::now();
-    if side.conversation.is_empty() {
-        side.conversation = side.agent.start_conversation(user);
-    } else {
-        side.conversation.push(Message::User {
-            content: user.to_string(),
-        });
-    }
-    side.agent
-        .run(&mut side.conversation, &quiet, &CancellationToken::new())
-        .await?;
-    Ok(t0.elapsed())
-}
-
-async fn one_pass(
-    session: &Session,
-    dir: &Path,
-    latency: Duration,
-    think: Duration,
-    runtime: &tokio::runtime::Handle,
-) -> Result<Pass> {
-    let mut pass = Pass {
-        session: session.name.clone(),
-        ..Pass::default()
-    };
-    // Live: every turn typed and run; the turns the user would have accepted are timed.
-    let mut live = side(session, &dir.join("live"), latency)?;
-    for (i, turn) in session.turns.iter().enumerate() {
-        let took = live_turn(&mut live, &turn.user).await?;
-        if i > 0 && session.turns[i - 1].suggestion == turn.user {
-            pass.live_ms.push(took.as_secs_f64() * 1e3);
-        }
-    }
-    // Speculated: the suggestion after each answer is shown and speculated; the user takes
-    // it when it is what they typed next.
-    let mut spec = side(session, &dir.join("speculated"), latency)?;
-    let session_id = new_session_id();
-    let mut prefix: Option<CacheSafeParams> = None;
-    let mut next_suggestion: Option<String> = None;
-    for turn in &session.turns {
-        let shown = match (next_suggestion.take(), &prefix) {
-            (Some(s), _) => Some(s),
-            (None, Some(p)) if count_model_turns(&spec.conversation) >= 2 => {
-                match generate_suggestion(
-                    &spec.background,
-                    SuggestionSource::Cached(p),
-                    &CancellationToken::new(),
-                )
-                .await
-                {
-                    SuggestionOutcome::Suggested(s) => Some(s),
-                    _ => None,
-                }
-            }
-            _ => None,
-        };
-        let mut ran = false;
-        if let (Some(suggestion), Some(p)) = (shown, prefix.clone()) {
-            pass.shown += 1;
-            let speculation = Speculation::start(
-                Start {
-                    suggestion: suggestion.clone(),
-                    prefix: p,
-                    agent: spec.agent.clone(),
-                    background: spec.background.clone(),
-                    project: spec.project.clone(),
-                    base: None,
-                    mode: ApprovalMode::Yolo,
-                    pipeline: true,
-                    telemetry: Telemetry::disabled(),
-                },
-                runtime,
-            );
-            tokio::time::sleep(think).await;
-            if suggestion == turn.user {
-                pass.accepted += 1;
-                let t0 = Instant::now();
-                let ready = speculation.status().is_finished();
-                speculation.wait().await;
-                match speculation.finish() {
-                    Ok(finished) if finished.check().is_ok() => {
-                        let mut conversation = spec.conversation.clone();
-                        let applied = tokio::task::spawn_blocking(move || {
-                            finished.apply(&mut conversation).map(|a| (a, conversation))
-                        })
-                        .await??;
-                        spec.conversation = applied.1;
-                        let accepted_in = t0.elapsed();
-                        let applied = applied.0;
-                        let status = applied.status.clone();
-                        let pipelined = applied.pipelined.clone();
-                        // Unmounting the written branch is not part of the user's wait.
-                        let leftover = applied.leftover;
-                        tokio::task::spawn_blocking(move || drop(leftover)).await?;
-                        match status {
-                            Status::Boundary(_) => {
-                                pass.boundary += 1;
-                                let quiet: EventSink = Arc::new(|_| {});
-                                spec.agent
-                                    .run(&mut spec.conversation, &quiet, &CancellationToken::new())
-                                    .await?;
-                            }
-                            _ => {
-                                pass.completed += 1;
-                                let took = accepted_in.as_secs_f64() * 1e3;
-                                pass.completed_ms.push(took);
-                                if ready {
-                                    pass.ready_ms.push(took);
-                                }
-                            }
-                        }
-                        next_suggestion = pipelined;
-                        // A boundary's live continuation is part of its result.
-                        let total = match status {
-                            Status::Boundary(_) => t0.elapsed(),
-                            _ => accepted_in,
-                        };
-                        pass.speculated_ms.push(total.as_secs_f64() * 1e3);
-                        ran = true;
-                    }
-                    Ok(finished) => {
-                        pass.failed += 1;
-                        drop(finished);
-                    }
-                    Err(not_ready) => {
-                        pass.failed += 1;
-                        let (s, _) = *not_ready;
-                        pass.discarded_tokens += tokens(&s);
-                        s.abort();
-                    }
-                }
-                if !ran {
-                    // Unusable: run live, timed as the user sees it.
-                    live_turn(&mut spec, &turn.user).await?;
-                    pass.speculated_ms.push(t0.elapsed().as_secs_f64() * 1e3);
-                    ran = true;
-                }
+) -> Result<Vec<SessionRun>> {
+    let mut runs = Vec::new();
+    for pass in 0..args.runs {
+        for dir in dirs {
+            let session_dir = if dir.is_dir() {
+                dir.clone()
             } else {
-                pass.aborted += 1;
-                pass.discarded_tokens += tokens(&speculation);
-                let s = speculation;
-                tokio::task::spawn_blocking(move || s.abort()).await?;
+                dir.parent().unwrap_or(Path::new(".")).to_path_buf()
+            };
+            let name = session_dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "session".into());
+            let recorded = Arc::new(cassettes::read(dir)?);
+            let meta = SessionMeta::load(&session_dir)?;
+            let source = meta.source(&session_dir, &args.corpus, args.project.as_deref())?;
+            let patch = meta.patch.as_ref().map(|p| session_dir.join(p));
+            for &strategy in &args.strategies {
+                eprintln!(
+                    "speculation bench: {name} / {} (pass {}/{})",
+                    strategy.name(),
+                    pass + 1,
+                    args.runs
+                );
+                let before = fuse_mounts(work);
+                let project = materialise(
+                    &source,
+                    patch.as_deref(),
+                    meta.git,
+                    &work.join(format!("{name}-{}-{pass}", strategy.name())),
+                )?;
+                let stats = Arc::new(ReplayStats::default());
+                let (base_url, model, fast, _server) = match &args.base_url {
+                    Some(url) => {
+                        let m = args.model.clone().unwrap_or_default();
+                        let f = args.fast_model.clone().unwrap_or_else(|| m.clone());
+                        (url.clone(), m, f, None)
+                    }
+                    None => {
+                        let server = FakeLlm::start(cassettes::router(
+                            recorded.clone(),
+                            latency,
+                            stats.clone(),
+                        ))?;
+                        (
+                            server.base_url.clone(),
+                            "main".to_string(),
+                            "fast".to_string(),
+                            Some(server),
+                        )
+                    }
+                };
+                let client = OpenAiClient::new(LlmConfig {
+                    base_url,
+                    model: Some(model.clone()),
+                    fast_model: Some(fast.clone()),
+                    ..LlmConfig::default()
+                })?;
+                let provider: Arc<dyn LlmProvider> = Arc::new(MeteredProvider::new(
+                    Arc::new(client),
+                    TokenStats::default(),
+                ));
+                let opts = Options {
+                    strategy,
+                    think: Duration::from_millis(args.think_ms),
+                    accept: engine::same_input(),
+                    finish_unaccepted: None,
+                    suggest_after_last: false,
+                    meter: Some(meter.clone()),
+                };
+                let turns = runtime.block_on(engine::run_session(
+                    &recorded.inputs,
+                    &project,
+                    &Model {
+                        provider,
+                        model,
+                        fast,
+                    },
+                    &opts,
+                ))?;
+                let _ = std::fs::remove_dir_all(&project);
+                runs.push(SessionRun {
+                    session: name.clone(),
+                    strategy,
+                    pass,
+                    turns,
+                    replay_answered: stats.answered.load(Ordering::Relaxed),
+                    replay_missed: stats.missed.load(Ordering::Relaxed),
+                    leftover_mounts: fuse_mounts(work).saturating_sub(before),
+                    unrecorded_speculation: stats.unrecorded_speculation.load(Ordering::Relaxed),
+                });
             }
         }
-        if !ran {
-            live_turn(&mut spec, &turn.user).await?;
-        }
-        prefix = CacheSafeParams::capture(
-            session_id,
-            &spec.conversation,
-            &spec.agent.tool_specs(),
-            "main",
-            prefix.as_ref(),
-        );
     }
-    Ok(pass)
-}
-
-fn tokens(s: &Speculation) -> u64 {
-    let u = s.usage();
-    u.prompt_tokens + u.completion_tokens
-}
-
-fn median(v: &[f64]) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    Some(v[v.len() / 2])
-}
-
-fn ms(v: Option<f64>) -> String {
-    v.map(|x| format!("{x:.0} ms"))
-        .unwrap_or_else(|| "–".into())
-}
-
-fn report(passes: &[Pass], args: &Args) -> String {
-    let mut out = format!(
-        "# Speculation benchmark\n\nModel latency {} ms per call (time to first byte), user \
-         think time {} ms, {} pass(es) per session, projects on {}. Accept → result: from the user's accept \
-         to the turn's result in the project and the conversation; live: the same turn typed \
-         and run without speculation.\n\n\
-         | session | shown | accepted | hit rate | completed | boundary | aborted | failed | \
-         median accept → result, live | speculated | completed | finished before accept | ratio | discarded tokens |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-        args.latency_ms,
-        args.think_ms,
-        args.runs,
-        if args.disk { "the disk (/var/tmp)" } else { "a tmpfs" }
-    );
-    let mut names: Vec<&str> = passes.iter().map(|p| p.session.as_str()).collect();
-    names.dedup();
-    let mut all = Pass::default();
-    for name in names.iter().copied().chain(std::iter::once("all")) {
-        let mut t = Pass::default();
-        for p in passes.iter().filter(|p| name == "all" || p.session == name) {
-            t.live_ms.extend(&p.live_ms);
-            t.speculated_ms.extend(&p.speculated_ms);
-            t.completed_ms.extend(&p.completed_ms);
-            t.ready_ms.extend(&p.ready_ms);
-            t.shown += p.shown;
-            t.accepted += p.accepted;
-            t.completed += p.completed;
-            t.boundary += p.boundary;
-            t.aborted += p.aborted;
-            t.failed += p.failed;
-            t.discarded_tokens += p.discarded_tokens;
-        }
-        let (live, spec) = (median(&t.live_ms), median(&t.speculated_ms));
-        let ratio = match (live, spec) {
-            (Some(l), Some(s)) if s > 0.0 => format!("{:.0}× faster", l / s),
-            _ => "–".into(),
-        };
-        let hit = if t.shown > 0 {
-            format!("{:.0}%", 100.0 * t.accepted as f64 / t.shown as f64)
-        } else {
-            "–".into()
-        };
-        out.push_str(&format!(
-            "| {name} | {} | {} | {hit} | {} | {} | {} | {} | {} | {} | {} | {} | {ratio} | {} |\n",
-            t.shown,
-            t.accepted,
-            t.completed,
-            t.boundary,
-            t.aborted,
-            t.failed,
-            ms(live),
-            ms(spec),
-            ms(median(&t.completed_ms)),
-            ms(median(&t.ready_ms)),
-            t.discarded_tokens
-        ));
-        if name == "all" {
-            all = t;
-        }
-    }
-    out.push_str(&format!(
-        "\n{} of {} shown suggestions were accepted; discarded speculative work cost {} tokens.\n",
-        all.accepted, all.shown, all.discarded_tokens
-    ));
-    out
+    Ok(runs)
 }

@@ -1,0 +1,3 @@
+#!/bin/sh
+# add two numbers
+echo $(( $1 - $2 ))

@@ -1,0 +1,222 @@
+//! A session as `shade chat --record` leaves it: `chat.jsonl` (the conversation's model calls)
+//! and `chat.background.jsonl` (suggestions under `prompt_suggestion`/`pipelined_suggestion`,
+//! speculated turns under `speculation`). From them: the user's inputs in order, the
+//! suggestion shown after each, and the model's answers keyed leniently by (input, tool
+//! results since it) — real tool output (timings, paths) differs run to run, so the replay
+//! does not compare it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use serde_json::{json, Value};
+use shade_agent::llm::cassette::{background_path, load, CassetteEntry, Chunk, RecordedResponse};
+use shade_agent::llm::Message;
+use shade_testkit::{
+    is_suggestion_prompt, is_suggestion_request, last_real_user, tool_results_since_user, Reply,
+    Router,
+};
+
+use super::script::suggestion_follows;
+
+/// A model latency profile.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Latency {
+    /// Time to first token of every call.
+    pub ttft_ms: u64,
+    /// Generation speed (text and tool-call arguments).
+    pub tokens_per_s: f64,
+}
+
+impl Latency {
+    /// A named preset: `local` (a fast local server on a GPU) or `hosted` (a typical hosted
+    /// API).
+    pub fn preset(name: &str) -> Result<Latency> {
+        Ok(match name {
+            "local" => Latency {
+                ttft_ms: 150,
+                tokens_per_s: 120.0,
+            },
+            "hosted" => Latency {
+                ttft_ms: 900,
+                tokens_per_s: 60.0,
+            },
+            other => bail!("unknown latency profile `{other}` (local, hosted)"),
+        })
+    }
+}
+
+/// What the replay derived from one session's cassettes.
+#[derive(Debug, Clone, Default)]
+pub struct Recorded {
+    /// The user's inputs, in order.
+    pub inputs: Vec<String>,
+    /// The suggestion the model made after an input (the first recorded one).
+    pub suggestions: HashMap<String, String>,
+    /// The model's answer to (input, tool results since it).
+    pub answers: HashMap<(String, usize), RecordedResponse>,
+}
+
+/// The messages of an entry as a request body, for the same helpers the replay router uses.
+fn body(messages: &[Message]) -> Value {
+    json!({ "messages": messages })
+}
+
+/// Read `dir/chat.jsonl` and the background cassette beside it (`dir` may also name the
+/// main cassette file itself).
+pub fn read(dir: &Path) -> Result<Recorded> {
+    let main_path: PathBuf = if dir.is_dir() {
+        dir.join("chat.jsonl")
+    } else {
+        dir.to_path_buf()
+    };
+    let main = load(&main_path).with_context(|| format!("reading {}", main_path.display()))?;
+    let side = background_path(&main_path);
+    let background = if side.exists() {
+        load(&side).with_context(|| format!("reading {}", side.display()))?
+    } else {
+        Vec::new()
+    };
+    let Some(last) = main.last() else {
+        bail!("{} holds no model call", main_path.display());
+    };
+    let mut rec = Recorded {
+        // The last call's conversation holds every input (speculated turns accepted before
+        // it included); a final turn taken whole from a speculation is not visible.
+        inputs: last
+            .request
+            .messages
+            .iter()
+            .filter_map(|m| match m {
+                Message::User { content } if !is_suggestion_prompt(content) => {
+                    Some(content.clone())
+                }
+                _ => None,
+            })
+            .collect(),
+        ..Recorded::default()
+    };
+    let key = |e: &CassetteEntry| {
+        let b = body(&e.request.messages);
+        (last_real_user(&b), tool_results_since_user(&b))
+    };
+    for e in &main {
+        rec.answers
+            .entry(key(e))
+            .or_insert_with(|| e.response.clone());
+    }
+    for e in &background {
+        match e.request.prompt_id.as_deref() {
+            Some("prompt_suggestion") | Some("pipelined_suggestion") => {
+                let text = text_of(&e.response);
+                rec.suggestions
+                    .entry(suggestion_follows(&body(&e.request.messages)))
+                    .or_insert(text);
+            }
+            Some("speculation") => {
+                rec.answers
+                    .entry(key(e))
+                    .or_insert_with(|| e.response.clone());
+            }
+            _ => {}
+        }
+    }
+    Ok(rec)
+}
+
+fn text_of(r: &RecordedResponse) -> String {
+    r.chunks
+        .iter()
+        .filter_map(|c| match c {
+            Chunk::Text(t) => Some(t.as_str()),
+            Chunk::Reasoning(_) => None,
+        })
+        .collect()
+}
+
+fn approx_tokens(s: &str) -> u64 {
+    (s.len() as u64).div_ceil(4).max(1)
+}
+
+/// Counts of a replay: requests answered, and those the recording had no answer for (the
+/// run diverged from it).
+#[derive(Debug, Default)]
+pub struct ReplayStats {
+    /// Requests served from the recording.
+    pub answered: AtomicU64,
+    /// Main-model requests with no recorded answer (the run left the recording).
+    pub missed: AtomicU64,
+    /// Background (speculative) requests with no recorded answer: a suggestion the user did
+    /// not take and whose speculation was not recorded.
+    pub unrecorded_speculation: AtomicU64,
+}
+
+/// The model of a replay: answers from the recording with the latency profile.
+pub fn router(rec: Arc<Recorded>, latency: Latency, stats: Arc<ReplayStats>) -> Router {
+    Arc::new(move |body: &Value| {
+        let prompt_tokens = approx_tokens(&body["messages"].to_string());
+        let per_token = Duration::from_secs_f64(1.0 / latency.tokens_per_s.max(0.001));
+        let ttft = Duration::from_millis(latency.ttft_ms);
+        let (reply, found) = if is_suggestion_request(body) {
+            let after = suggestion_follows(body);
+            match rec.suggestions.get(&after) {
+                Some(s) => (Reply::text(s), true),
+                None => (Reply::text(""), true),
+            }
+        } else {
+            let key = (last_real_user(body), tool_results_since_user(body));
+            match rec.answers.get(&key) {
+                Some(r) => {
+                    let mut reply = Reply {
+                        chunks: r
+                            .chunks
+                            .iter()
+                            .filter_map(|c| match c {
+                                Chunk::Text(t) => Some(t.clone()),
+                                Chunk::Reasoning(_) => None,
+                            })
+                            .collect(),
+                        ..Reply::default()
+                    };
+                    for c in &r.tool_calls {
+                        let args = serde_json::from_str(&c.arguments)
+                            .unwrap_or_else(|_| Value::String(c.arguments.clone()));
+                        reply.tool_calls.push((c.name.clone(), args));
+                    }
+                    (reply, true)
+                }
+                None => (Reply::text("(not in the recording)"), false),
+            }
+        };
+        let counter = if found {
+            &stats.answered
+        } else if body["model"] == "main" {
+            &stats.missed
+        } else {
+            &stats.unrecorded_speculation
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        // Tool-call arguments are generated before they arrive; text streams at the rate.
+        let call_tokens: u64 = reply
+            .tool_calls
+            .iter()
+            .map(|(n, a)| approx_tokens(n) + approx_tokens(&a.to_string()))
+            .sum();
+        let text_tokens: u64 = reply.chunks.iter().map(|c| approx_tokens(c)).sum();
+        let chunk_delay = if reply.chunks.is_empty() {
+            Duration::ZERO
+        } else {
+            per_token * (text_tokens as u32) / (reply.chunks.len() as u32)
+        };
+        Reply {
+            prompt_tokens,
+            delay: ttft + per_token * (call_tokens as u32),
+            chunk_delay,
+            ..reply
+        }
+    })
+}

@@ -1,0 +1,10 @@
+//! Speculation benchmark: session scripts, cassette sessions, the turn engine, strategies,
+//! measurements and reports.
+
+pub mod cassettes;
+pub mod engine;
+pub mod meter;
+pub mod peer;
+pub mod project;
+pub mod report;
+pub mod script;

@@ -1,0 +1,151 @@
+//! CI smoke of the speculation benchmark: the two inline sessions (bench/corpus/sessions/
+//! fix-add and docs-lookup) × `none` and `runnable`, run for real (branches mounted, the
+//! sessions' commands run in them). It fails when accept → result or the accounting breaks:
+//! the accepted turns, their speculations' outcomes, tokens and CPU accounted, time saved
+//! equal to the waits' difference, a ready speculation's accept faster than the same turn
+//! live, no replay miss, no mount left behind. Needs root and /dev/fuse, and says so.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn turns<'a>(doc: &'a Value, session: &str, strategy: &str) -> &'a Vec<Value> {
+    doc["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .find(|r| r["session"] == session && r["strategy"] == strategy)
+        .unwrap_or_else(|| panic!("no run of {session} / {strategy}"))["turns"]
+        .as_array()
+        .expect("turns")
+}
+
+#[test]
+fn two_sessions_two_strategies_account_correctly() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root: speculations mount FUSE branches"
+    );
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "this test needs /dev/fuse: speculations mount FUSE branches"
+    );
+    let sessions = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/sessions");
+    let out_dir = std::env::temp_dir().join(format!("shade-spec-smoke-{}", std::process::id()));
+    std::fs::create_dir_all(&out_dir).expect("out dir");
+    let prefix = out_dir.join("smoke");
+    // Slow enough a model that a live turn (two calls or more) takes ≥ 0.8 s; long enough a
+    // think time that the speculations finish before the accept.
+    let out = Command::new(env!("CARGO_BIN_EXE_speculation"))
+        .arg(sessions.join("fix-add"))
+        .arg(sessions.join("docs-lookup"))
+        .args(["--strategies", "none,runnable"])
+        .args([
+            "--ttft-ms",
+            "400",
+            "--tokens-per-s",
+            "200",
+            "--think-ms",
+            "2500",
+        ])
+        .arg("--out")
+        .arg(&prefix)
+        .output()
+        .expect("run the benchmark");
+    assert!(
+        out.status.success(),
+        "the benchmark failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(prefix.with_extension("json")).expect("json");
+    let doc: Value = serde_json::from_str(&text).expect("parse json");
+    let md = std::fs::read_to_string(prefix.with_extension("md")).expect("markdown");
+    let svg = std::fs::read_to_string(prefix.with_extension("svg")).expect("svg");
+    assert!(md.contains("| all | runnable |"), "{md}");
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+
+    for run in doc["runs"].as_array().expect("runs") {
+        assert_eq!(run["leftover_mounts"], 0, "mounts left: {run}");
+        assert_eq!(run["replay_missed"], 0, "the run left the recording: {run}");
+    }
+    // Who accepted what comes from the recording, whatever the strategy.
+    for (session, expected) in [("fix-add", 2), ("docs-lookup", 1)] {
+        for strategy in ["none", "runnable"] {
+            let accepted = turns(&doc, session, strategy)
+                .iter()
+                .filter(|t| t["accepted"] == true)
+                .count();
+            assert_eq!(accepted, expected, "{session} / {strategy}");
+        }
+        for t in turns(&doc, session, "none") {
+            assert_eq!(t["speculation_tokens"], 0, "none speculated: {t}");
+        }
+    }
+    // Accepted speculations were used: fix-add's completed, docs-lookup's stopped at
+    // web_fetch and went on live.
+    for (session, outcome) in [("fix-add", "completed"), ("docs-lookup", "boundary")] {
+        let live = turns(&doc, session, "none");
+        for (i, t) in turns(&doc, session, "runnable").iter().enumerate() {
+            if t["accepted"] == true {
+                assert_eq!(t["speculation"], outcome, "{session}: {t}");
+                assert!(t["speculation_tokens"].as_u64().unwrap_or(0) > 0, "{t}");
+                assert_eq!(t["discarded_tokens"], 0, "{t}");
+                assert!(
+                    t["speculation_used"]["cpu_ms"].as_f64().unwrap_or(0.0) > 0.0,
+                    "no CPU measured: {t}"
+                );
+                // A finished speculation makes no model call at accept; the same turn live
+                // makes two or more, each ≥ 0.4 s.
+                if outcome == "completed" && t["ready_at_accept"] == true {
+                    let (spec, base) = (
+                        t["wait_ms"].as_f64().unwrap_or(f64::MAX),
+                        live[i]["wait_ms"].as_f64().unwrap_or(0.0),
+                    );
+                    assert!(
+                        spec < base,
+                        "{session} turn {i}: accept {spec} ms, live {base} ms"
+                    );
+                }
+            } else if t["speculation"] == "aborted" {
+                assert_eq!(t["discarded_tokens"], t["speculation_tokens"], "{t}");
+                assert!(
+                    t["discarded_used"].is_object(),
+                    "discarded work not measured: {t}"
+                );
+            }
+        }
+    }
+    assert!(
+        turns(&doc, "fix-add", "runnable")
+            .iter()
+            .any(|t| t["speculation"] == "aborted"
+                && t["discarded_tokens"].as_u64().unwrap_or(0) > 0),
+        "the ignored suggestion's speculation was not accounted"
+    );
+    // Time saved is the difference of the waits, per session and overall.
+    let sum = |session: Option<&str>, strategy: &str| -> f64 {
+        doc["runs"]
+            .as_array()
+            .expect("runs")
+            .iter()
+            .filter(|r| r["strategy"] == strategy && session.is_none_or(|s| r["session"] == s))
+            .flat_map(|r| r["turns"].as_array().expect("turns").iter())
+            .map(|t| t["wait_ms"].as_f64().expect("wait"))
+            .sum()
+    };
+    for row in doc["summary"].as_array().expect("summary") {
+        if row["strategy"] != "runnable" {
+            continue;
+        }
+        let session = row["session"].as_str().expect("session");
+        let pick = (session != "all").then_some(session);
+        let expected = sum(pick, "none") - sum(pick, "runnable");
+        let saved = row["figures"]["saved_ms"].as_f64().expect("saved_ms");
+        assert!(
+            (saved - expected).abs() < 1e-6,
+            "{session}: {saved} vs {expected}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
