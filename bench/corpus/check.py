@@ -145,6 +145,16 @@ def step_check(step, root, log):
 
 
 def prepare(script, script_path, projects, work):
+    if "project" not in script:
+        # An inline project (the benchmark's two toy sessions): its files are in the script.
+        root = work / "inline"
+        for rel, text in script.get("files", {}).items():
+            f = root / rel
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text(text)
+        for rel in script.get("executable", []):
+            (root / rel).chmod(0o755)
+        return root
     name = script["project"]
     if name not in projects:
         raise Failure(f"project {name} is not in projects.toml")
@@ -172,7 +182,7 @@ def check_script(script_path, projects, keep):
     script = json.loads(script_path.read_text())
     work = Path(tempfile.mkdtemp(prefix="corpus-check-"))
     log = []
-    row = {"name": script["name"], "project": script["project"], "kind": script["kind"],
+    row = {"name": script["name"], "project": script.get("project", "inline"), "kind": script.get("kind", ""),
            "turns": len(script["turns"]), "steps": 0, "shell": 0, "accepted": 0, "ignored": 0,
            "spec_steps": 0, "error": None, "secs": 0.0}
     t0 = time.monotonic()
@@ -234,7 +244,11 @@ def main():
     ap.add_argument("--outputs", help="write every shell step's output to DIR/<script>.log")
     ap.add_argument("scripts", nargs="*")
     a = ap.parse_args()
-    scripts = [Path(s) for s in a.scripts] or sorted((HERE / "scripts").glob("*.json"))
+    # By default the corpus: the scripts over projects.toml's projects (the two inline toy
+    # sessions, with no project, are checked only when named).
+    scripts = [Path(s) for s in a.scripts] or [
+        p for p in sorted((HERE / "scripts").glob("*.json")) if "project" in json.loads(p.read_text())
+    ]
     projects = load_projects()
     lines = ["| script | project | kind | turns | steps | shell | accepted / ignored | speculation steps | result | s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
