@@ -21,7 +21,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use serde_json::json;
 use shade_agent::background::{MeteredProvider, TokenStats};
-use shade_agent::llm::{LlmConfig, LlmProvider, OpenAiClient};
+use shade_agent::llm::{LlmConfig, LlmProvider, OpenAiClient, Overrides};
 use shade_bench::spec::cassettes::{self, Latency, ReplayStats};
 use shade_bench::spec::engine::{self, Model, Options, Strategy};
 use shade_bench::spec::meter::Meter;
@@ -188,7 +188,8 @@ fn run(args: &Args) -> Result<()> {
         format!(
         "# Speculation benchmark\n\nCommit {commit}. Model: {mode}. The user thinks {} ms at a \
          shown suggestion; {} pass(es); projects on {}; CPU and memory of discarded work from {}.\n\
-         *wait*: the user's total waiting over the session (submit or accept → result, per pass); \
+         Counts are summed over passes; *wait*: the user's total waiting over the session (submit \
+         or accept → result, per pass); \
          *time saved*: `none`'s wait less this strategy's; *accept → result*: accepted turns only.",
         args.think_ms,
         args.runs,
@@ -250,8 +251,13 @@ fn run_all(
             } else {
                 dir.parent().unwrap_or(Path::new(".")).to_path_buf()
             };
-            let name = session_dir
-                .file_name()
+            // A directory is named after itself, a cassette file after its stem.
+            let named = if dir.is_dir() {
+                session_dir.file_name()
+            } else {
+                dir.file_stem()
+            };
+            let name = named
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "session".into());
             let recorded = Arc::new(cassettes::read(dir)?);
@@ -293,12 +299,23 @@ fn run_all(
                         )
                     }
                 };
-                let client = OpenAiClient::new(LlmConfig {
-                    base_url,
-                    model: Some(model.clone()),
-                    fast_model: Some(fast.clone()),
-                    ..LlmConfig::default()
-                })?;
+                let config = if args.base_url.is_some() {
+                    // A live server: the API key and settings as `shade chat` reads them.
+                    LlmConfig::load(&Overrides {
+                        base_url: Some(base_url),
+                        model: Some(model.clone()),
+                        fast_model: Some(fast.clone()),
+                        config_file: None,
+                    })?
+                } else {
+                    LlmConfig {
+                        base_url,
+                        model: Some(model.clone()),
+                        fast_model: Some(fast.clone()),
+                        ..LlmConfig::default()
+                    }
+                };
+                let client = OpenAiClient::new(config)?;
                 let provider: Arc<dyn LlmProvider> = Arc::new(MeteredProvider::new(
                     Arc::new(client),
                     TokenStats::default(),

@@ -81,23 +81,11 @@ pub fn read(dir: &Path) -> Result<Recorded> {
     } else {
         Vec::new()
     };
-    let Some(last) = main.last() else {
+    if main.is_empty() {
         bail!("{} holds no model call", main_path.display());
-    };
+    }
     let mut rec = Recorded {
-        // The last call's conversation holds every input (speculated turns accepted before
-        // it included); a final turn taken whole from a speculation is not visible.
-        inputs: last
-            .request
-            .messages
-            .iter()
-            .filter_map(|m| match m {
-                Message::User { content } if !is_suggestion_prompt(content) => {
-                    Some(content.clone())
-                }
-                _ => None,
-            })
-            .collect(),
+        inputs: inputs(&main, &background),
         ..Recorded::default()
     };
     let key = |e: &CassetteEntry| {
@@ -126,6 +114,59 @@ pub fn read(dir: &Path) -> Result<Recorded> {
         }
     }
     Ok(rec)
+}
+
+/// The real inputs of a request's conversation (suggestion prompts left out).
+fn real_inputs(messages: &[Message]) -> Vec<String> {
+    messages
+        .iter()
+        .filter_map(|m| match m {
+            Message::User { content } if !is_suggestion_prompt(content) => Some(content.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `known` extended by `window` (a run of consecutive inputs, maybe cut at its start: a
+/// cached prefix keeps the last 40 messages) where `window` starts inside `known`'s tail.
+fn merge(known: &mut Vec<String>, window: &[String]) {
+    if known.is_empty() {
+        known.extend_from_slice(window);
+        return;
+    }
+    for offset in 0..known.len() {
+        let tail = &known[offset..];
+        if tail.len() <= window.len() && window[..tail.len()] == *tail {
+            if window.len() > tail.len() {
+                known.extend_from_slice(&window[tail.len()..]);
+            }
+            return;
+        }
+    }
+}
+
+/// The user's inputs in order. Each request shows the inputs before it: a main call all of
+/// them; a suggestion or speculation the ones in its cached prefix (a speculation's own last
+/// input is only a suggestion, and a turn taken whole from a speculation shows only in the
+/// requests after it — the recorder makes one, by asking for a suggestion after the last
+/// turn; a user's own recording shows it only if a request completed after that turn).
+fn inputs(main: &[CassetteEntry], background: &[CassetteEntry]) -> Vec<String> {
+    let mut known = Vec::new();
+    for e in main {
+        merge(&mut known, &real_inputs(&e.request.messages));
+    }
+    for e in background {
+        let mut seen = real_inputs(&e.request.messages);
+        match e.request.prompt_id.as_deref() {
+            Some("prompt_suggestion") | Some("pipelined_suggestion") => {}
+            Some("speculation") => {
+                seen.pop();
+            }
+            _ => continue,
+        }
+        merge(&mut known, &seen);
+    }
+    known
 }
 
 fn text_of(r: &RecordedResponse) -> String {
@@ -219,4 +260,30 @@ pub fn router(rec: Arc<Recorded>, latency: Latency, stats: Arc<ReplayStats>) -> 
             ..reply
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge;
+
+    fn v(s: &[&str]) -> Vec<String> {
+        s.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn windows_extend_the_known_inputs_only_where_they_overlap() {
+        let mut known = Vec::new();
+        merge(&mut known, &v(&["a", "b"]));
+        assert_eq!(known, v(&["a", "b"]));
+        // A prefix of what is known, and a window inside it, add nothing.
+        merge(&mut known, &v(&["a"]));
+        merge(&mut known, &v(&["b"]));
+        assert_eq!(known, v(&["a", "b"]));
+        // A window cut at its start (a cached prefix) that goes further extends it.
+        merge(&mut known, &v(&["b", "c", "d"]));
+        assert_eq!(known, v(&["a", "b", "c", "d"]));
+        // One that does not overlap the tail is not guessed at.
+        merge(&mut known, &v(&["x", "y"]));
+        assert_eq!(known, v(&["a", "b", "c", "d"]));
+    }
 }

@@ -85,6 +85,10 @@ pub struct Model {
 /// Should the scripted user take `suggestion` when their next input is `input`?
 pub type AcceptRule = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
 
+/// Should a speculation of this suggestion, which the user will not take, run to its end
+/// before it is dropped?
+pub type FinishRule = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// How a run goes.
 #[derive(Clone)]
 pub struct Options {
@@ -97,7 +101,7 @@ pub struct Options {
     pub accept: AcceptRule,
     /// Recording: wait until a speculation the user will not take has finished before
     /// dropping it, when this says so for its suggestion (so its calls are all recorded).
-    pub finish_unaccepted: Option<Arc<dyn Fn(&str) -> bool + Send + Sync>>,
+    pub finish_unaccepted: Option<FinishRule>,
     /// Ask for (and speculate) a suggestion after the last input too (the recorder does, as
     /// the chat would; the benchmark's user leaves instead).
     pub suggest_after_last: bool,
@@ -256,6 +260,9 @@ pub async fn run_session(
                             match applied {
                                 Ok((applied, conv)) => {
                                     conversation = conv;
+                                    // The speculation's cost ends here (a boundary's live
+                                    // continuation is the main agent's work).
+                                    r.speculation_used = measure(window);
                                     // Unmounting the written branch is not part of the wait.
                                     let leftover = applied.leftover;
                                     match &applied.status {
@@ -272,7 +279,6 @@ pub async fn run_session(
                                     }
                                     r.wait_ms = t0.elapsed().as_secs_f64() * 1e3;
                                     tokio::task::spawn_blocking(move || drop(leftover)).await?;
-                                    r.speculation_used = measure(window);
                                     pipelined = applied.pipelined;
                                     done = true;
                                 }
@@ -354,7 +360,11 @@ pub async fn run_session(
         if guards.blocked_by().is_some() {
             continue;
         }
-        shown = match pipelined.filter(|_| opts.strategy.pipelines()) {
+        // After the last input (the recorder only) the suggestion is asked for afresh: its
+        // request shows the whole conversation, so a last turn taken from a speculation is
+        // visible in the cassettes.
+        let last = i + 1 == inputs.len();
+        shown = match pipelined.filter(|_| opts.strategy.pipelines() && !last) {
             Some(next) => Some(next),
             None => {
                 let source = match &prefix {

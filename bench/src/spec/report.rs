@@ -219,15 +219,22 @@ pub fn markdown(runs: &[SessionRun], header: &str) -> String {
             .max(1);
         let per_pass = (runs_of / sessions).max(1) as f64;
         let accepted = f.accepted as f64 / per_pass;
+        let saved = match f.saved_ms {
+            Some(s) if accepted > 0.0 => format!("{:+.2} s", s / 1e3 / accepted),
+            _ => "–".into(),
+        };
+        let wasted = if ignored > 0 {
+            format!(
+                "{} tokens and {:.2} CPU-s",
+                f.discarded_tokens / ignored as u64,
+                f.discarded_cpu_ms / 1e3 / ignored as f64
+            )
+        } else {
+            "nothing (no suggestion ignored)".into()
+        };
         out.push_str(&format!(
-            "- **{}**: {} per accepted suggestion saved; {} tokens and {:.2} CPU-s wasted per ignored suggestion.\n",
-            strategy.name(),
-            match f.saved_ms {
-                Some(s) if accepted > 0.0 => format!("{:.2} s", s / 1e3 / accepted),
-                _ => "–".into(),
-            },
-            if ignored > 0 { (f.discarded_tokens / ignored as u64).to_string() } else { "–".into() },
-            if ignored > 0 { f.discarded_cpu_ms / 1e3 / ignored as f64 } else { 0.0 },
+            "- **{}**: time saved per accepted suggestion {saved}; wasted per ignored suggestion {wasted}.\n",
+            strategy.name()
         ));
     }
     out
@@ -272,10 +279,15 @@ pub fn svg(runs: &[SessionRun], title: &str) -> String {
     if hi - lo < 1e-9 {
         hi = lo + 1.0;
     }
+    // Axis ends on whole steps, so the top and bottom gridlines frame the bars.
+    let step = nice_step((hi - lo) / 5.0);
+    lo = (lo / step).floor() * step;
+    hi = (hi / step).ceil() * step;
     let span = hi - lo;
     let (left, top, plot_h, bar_w, gap) = (60.0, 50.0, 260.0, 22.0, 30.0);
     let group_w = bar_w * strategies.len().max(1) as f64 + gap;
-    let width = left + group_w * sessions.len().max(1) as f64 + 160.0;
+    let width = (left + group_w * sessions.len().max(1) as f64 + 160.0)
+        .max(80.0 + 9.0 * title.chars().count() as f64);
     let height = top + plot_h + 120.0;
     let y = |v: f64| top + (hi - v) / span * plot_h;
     let colours = ["#8c6bb1", "#2b8cbe", "#41ab5d"];
@@ -287,13 +299,12 @@ pub fn svg(runs: &[SessionRun], title: &str) -> String {
         escape(title)
     );
     // Gridlines and axis labels.
-    let step = nice_step(span / 5.0);
-    let mut v = (lo / step).floor() * step;
+    let mut v = lo;
     while v <= hi + 1e-9 {
         out.push_str(&format!(
             "<line x1=\"{left}\" x2=\"{:.0}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#ddd\"/>\
              <text x=\"{:.0}\" y=\"{:.1}\" text-anchor=\"end\">{v:.1} s</text>\n",
-            width - 150.0,
+            left + group_w * sessions.len().max(1) as f64,
             y(v),
             y(v),
             left - 6.0,
@@ -301,9 +312,10 @@ pub fn svg(runs: &[SessionRun], title: &str) -> String {
         ));
         v += step;
     }
+    let plot_right = left + group_w * sessions.len().max(1) as f64;
     out.push_str(&format!(
         "<line x1=\"{left}\" x2=\"{:.0}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"black\"/>\n",
-        width - 150.0,
+        plot_right,
         y(0.0),
         y(0.0)
     ));
@@ -335,10 +347,10 @@ pub fn svg(runs: &[SessionRun], title: &str) -> String {
         out.push_str(&format!(
             "<rect x=\"{:.0}\" y=\"{:.0}\" width=\"12\" height=\"12\" fill=\"{}\"/>\
              <text x=\"{:.0}\" y=\"{:.0}\">{}</text>\n",
-            width - 130.0,
+            plot_right + 20.0,
             ly - 10.0,
             colours[j % colours.len()],
-            width - 112.0,
+            plot_right + 38.0,
             ly,
             st.name()
         ));
