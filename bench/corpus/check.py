@@ -17,7 +17,6 @@ Prints a table, one row per script; exits 1 if any step failed.
 """
 
 import argparse
-import copy
 import fnmatch
 import glob as globmod
 import json
@@ -187,8 +186,12 @@ def check_script(script_path, projects, keep):
            "spec_steps": 0, "error": None, "secs": 0.0}
     t0 = time.monotonic()
     try:
-        root = prepare(script, script_path, projects, work)
         turns = script["turns"]
+        users = [t["user"] for t in turns]
+        if len(set(users)) != len(users):
+            # The recorder's scripted model finds a turn by what the user typed.
+            raise Failure("two turns have the same user input")
+        root = prepare(script, script_path, projects, work)
         for i, turn in enumerate(turns):
             nxt = turns[i + 1]["user"] if i + 1 < len(turns) else None
             if nxt is not None:
