@@ -81,6 +81,10 @@ struct Args {
     /// The live server's model for background work (default: --model).
     #[arg(long)]
     fast_model: Option<String>,
+    /// Run nothing: render the table and plot of an earlier run's PREFIX.json again (to
+    /// `--out`, or stdout for the table).
+    #[arg(long, value_name = "FILE")]
+    rerender: Option<PathBuf>,
 }
 
 fn main() {
@@ -121,7 +125,41 @@ fn commit() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// `--rerender`: the markdown and SVG of a JSON written before (its header kept).
+fn rerender(args: &Args, file: &Path) -> Result<()> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let doc: serde_json::Value = serde_json::from_str(&text)?;
+    let runs: Vec<SessionRun> = serde_json::from_value(doc["runs"].clone())?;
+    let commit = doc["commit"].as_str().unwrap_or("unknown");
+    let header = doc["header"]
+        .as_str()
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("# Speculation benchmark\n\nCommit {commit}."));
+    let md = report::markdown(&runs, &header);
+    print!("{md}");
+    if let Some(prefix) = &args.out {
+        let with = |ext: &str| {
+            let mut p = prefix.as_os_str().to_owned();
+            p.push(ext);
+            PathBuf::from(p)
+        };
+        std::fs::write(with(".md"), &md)?;
+        std::fs::write(
+            with(".svg"),
+            report::svg(
+                &runs,
+                &format!("Time saved per session by strategy ({commit})"),
+            ),
+        )?;
+    }
+    Ok(())
+}
+
 fn run(args: &Args) -> Result<()> {
+    if let Some(file) = &args.rerender {
+        return rerender(args, file);
+    }
     if !nix::unistd::geteuid().is_root() {
         bail!("run as root: speculations mount branches (FUSE)");
     }
@@ -213,6 +251,7 @@ fn run(args: &Args) -> Result<()> {
             with(".json"),
             serde_json::to_string_pretty(&json!({
                 "commit": commit,
+                "header": header,
                 "model": mode,
                 "latency": latency,
                 "live": args.base_url.is_some(),

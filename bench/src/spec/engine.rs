@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use shade_agent::approval::{AlwaysYes, ApprovalMode};
 use shade_agent::background::BackgroundLlm;
 use shade_agent::followup::cache::{new_session_id, CacheSafeParams};
@@ -29,7 +29,7 @@ use super::meter::{Meter, Used};
 use super::peer::PeerGate;
 
 /// What runs a shown suggestion ahead of the user.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Strategy {
     /// No speculation: every input runs live when submitted.
@@ -125,7 +125,7 @@ pub fn same_input() -> AcceptRule {
 }
 
 /// What one turn measured.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TurnResult {
     /// What the user typed (or accepted).
     pub input: String,

@@ -41,7 +41,7 @@ pub struct Window {
 }
 
 /// What a window measured.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub struct Used {
     /// CPU seconds (user + system) in milliseconds.
     pub cpu_ms: f64,

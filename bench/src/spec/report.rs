@@ -4,12 +4,12 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::engine::{Strategy, TurnResult};
 
 /// One pass of one session under one strategy.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SessionRun {
     /// The session's name (its directory).
     pub session: String,
@@ -23,6 +23,7 @@ pub struct SessionRun {
     pub replay_answered: u64,
     /// Model requests it had no answer for (the run left the recording).
     pub replay_missed: u64,
+    #[serde(default)]
     /// Speculative requests the recording had no answer for (a suggestion the recorded user
     /// did not take, whose speculation was not recorded): answered at once with a stub.
     pub unrecorded_speculation: u64,
@@ -288,7 +289,13 @@ pub fn svg(runs: &[SessionRun], title: &str) -> String {
     let group_w = bar_w * strategies.len().max(1) as f64 + gap;
     let width = (left + group_w * sessions.len().max(1) as f64 + 160.0)
         .max(80.0 + 9.0 * title.chars().count() as f64);
-    let height = top + plot_h + 120.0;
+    // Room below for the slanted session names.
+    let longest = sessions
+        .iter()
+        .map(|s| s.chars().count())
+        .max()
+        .unwrap_or(8) as f64;
+    let height = top + plot_h + 30.0 + 5.0 * longest;
     let y = |v: f64| top + (hi - v) / span * plot_h;
     let colours = ["#8c6bb1", "#2b8cbe", "#41ab5d"];
     let mut out = format!(
