@@ -4,7 +4,8 @@
 #   demo    what shade itself and scripts/demo.sh use (FUSE, git, tmux): seconds
 #   test    + the test suite's tools: pjdfstest and fsx (two `cargo install` builds), ruff,
 #           stress-ng, … (scripts/test.sh, scripts/integrity.sh)
-#   bench   + the benchmark's: fuse-overlayfs, hyperfine, ripgrep, the npm cache (bench/run.sh)
+#   bench   + the benchmark's: fuse-overlayfs, hyperfine, ripgrep, the npm cache (bench/run.sh),
+#           pytest and ruff, and the speculation corpus's projects (bench/corpus/fetch.sh)
 # Every part includes `demo`. Idempotent and quiet: it prints only what it installs, runs
 # `apt-get update` only when an apt package is missing, and never prompts (CI runs it as root
 # with no stdin).
@@ -55,6 +56,9 @@ declare -A BENCH_PROBE=(
     [libfuse3-dev]=/usr/include/fuse3/fuse.h  # builds BranchFS, a peer in the fresh-branch rows
     [python3-pytest]=/usr/lib/python3/dist-packages/pytest  # fresh-branch `pytest` row
     [pkg-config]=pkg-config           # BranchFS's build finds libfuse3 with it
+    [python3]=python3                 # the corpus's Python projects; fetch.sh reads projects.toml
+    [python3-pip]=pip3                # pip downloads the corpus's sdists, installs pytest and ruff
+    [npm]=npm                         # the corpus's npm project (npm pulls in nodejs)
 )
 
 have() {
@@ -94,6 +98,25 @@ if ((${#missing[@]})); then
         >/dev/null 2> >(grep -v '^debconf: delaying package configuration' >&2)
 fi
 
+# Python tools: ruff for `shade lint` tests and the corpus's lint sessions, pytest for the
+# corpus's Python projects; both pinned so their messages stay the same.
+pip_pin() { # pip_pin COMMAND VERSION-LINE PACKAGE==VERSION
+    if [[ "$($1 --version 2>/dev/null | head -n1)" != "$2" ]]; then
+        echo "setup: pip install $3"
+        python3 -m pip install --quiet --disable-pip-version-check "$3" </dev/null \
+            2> >(grep -v 'Running pip as the .root. user' >&2)
+        command -v pyenv >/dev/null 2>&1 && pyenv rehash
+    fi
+}
+RUFF_VERSION=0.17.6
+PYTEST_VERSION=8.3.3
+if $want_test || $want_bench; then
+    pip_pin ruff "ruff $RUFF_VERSION" "ruff==$RUFF_VERSION"
+fi
+if $want_bench; then
+    pip_pin "python3 -m pytest" "pytest $PYTEST_VERSION" "pytest==$PYTEST_VERSION"
+fi
+
 if $want_test; then
     # Rust tools from crates.io, installed into cargo's bin dir (on PATH with rustup).
     export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
@@ -106,15 +129,6 @@ if $want_test; then
         fi
     done
 
-    # Checkers for `shade lint` tests: ruff (a batch linter with JSON output, and `ruff server`,
-    # the language server the warm-checker tests drive), pinned so its messages stay the same.
-    RUFF_VERSION=0.17.6
-    if [[ "$(ruff --version 2>/dev/null)" != "ruff $RUFF_VERSION" ]]; then
-        echo "setup: pip install ruff==$RUFF_VERSION"
-        python3 -m pip install --quiet --disable-pip-version-check "ruff==$RUFF_VERSION" </dev/null \
-            2> >(grep -v 'Running pip as the .root. user' >&2)
-        command -v pyenv >/dev/null 2>&1 && pyenv rehash
-    fi
     # The lint tests' example crate checks offline: fetch its dependency while the registry is
     # reachable (a no-op when it is already in cargo's cache).
     cargo fetch --locked --quiet --manifest-path "$(dirname "$0")/../examples/lint-demo/Cargo.toml" </dev/null
@@ -177,6 +191,9 @@ if $want_bench; then
             rm -rf "$tmp"
         fi
     fi
+    # The speculation benchmark's corpus: real crates, sdists and an npm package, pinned,
+    # unpacked and prepared under /var/tmp/shade-corpus so their tests run offline.
+    "$(dirname "${BASH_SOURCE[0]}")/../bench/corpus/fetch.sh"
 fi
 
 # A plain user for the tests that must hold without root (the isolation tests run every
