@@ -59,6 +59,20 @@ pub struct Recorded {
     pub suggestions: HashMap<String, String>,
     /// The model's answer to (input, tool results since it).
     pub answers: HashMap<(String, usize), RecordedResponse>,
+    /// Summaries of tool outputs over the budget, by the output asked about.
+    pub summaries: HashMap<String, String>,
+}
+
+/// How the agent's request for a summary of a long tool output begins (its system prompt).
+const SUMMARY_PROMPT: &str = "You summarise the output of a tool call";
+
+/// What a summary request asks about: its first non-system message.
+fn asked(messages: &Value) -> String {
+    messages
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["role"] != "system"))
+        .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+        .unwrap_or_default()
 }
 
 /// The messages of an entry as a request body, for the same helpers the replay router uses.
@@ -109,6 +123,12 @@ pub fn read(dir: &Path) -> Result<Recorded> {
                 rec.answers
                     .entry(key(e))
                     .or_insert_with(|| e.response.clone());
+            }
+            Some("output_summary") => {
+                let b = body(&e.request.messages);
+                rec.summaries
+                    .entry(asked(&b["messages"]))
+                    .or_insert_with(|| text_of(&e.response));
             }
             _ => {}
         }
@@ -202,7 +222,17 @@ pub fn router(rec: Arc<Recorded>, latency: Latency, stats: Arc<ReplayStats>) -> 
         let prompt_tokens = approx_tokens(&body["messages"].to_string());
         let per_token = Duration::from_secs_f64(1.0 / latency.tokens_per_s.max(0.001));
         let ttft = Duration::from_millis(latency.ttft_ms);
-        let (reply, found) = if is_suggestion_request(body) {
+        let system = body["messages"][0]["content"].as_str().unwrap_or_default();
+        let (reply, found) = if system.starts_with(SUMMARY_PROMPT) {
+            // A long tool output's summary: the recorded one, else a neutral line (the
+            // output itself differs run to run; its head and tail still reach the model).
+            let text = rec
+                .summaries
+                .get(&asked(&body["messages"]))
+                .cloned()
+                .unwrap_or_else(|| "Long output; its first and last lines are below.".into());
+            (Reply::text(&text), true)
+        } else if is_suggestion_request(body) {
             let after = suggestion_follows(body);
             match rec.suggestions.get(&after) {
                 Some(s) => (Reply::text(s), true),

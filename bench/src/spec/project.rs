@@ -119,6 +119,9 @@ pub fn materialise(source: &Path, patch: Option<&Path>, git: bool, dest: &Path) 
             run(&mut c)
         };
         git(&["init", "-q"])?;
+        // The sessions' own commits need an identity a fresh machine may not have.
+        git(&["config", "user.name", "shade-bench"])?;
+        git(&["config", "user.email", "bench@localhost"])?;
         git(&["add", "-A"])?;
         git(&["commit", "-qm", "the project before the session"])?;
     }

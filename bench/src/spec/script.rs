@@ -117,6 +117,12 @@ pub fn router(script: Arc<Script>) -> Router {
                 _ => Reply::text(""),
             };
         }
+        // A tool output over the budget asks the fast model for a summary: answer it (the
+        // script is about the session's turns, not about summaries), or the recording waits.
+        let system = body["messages"][0]["content"].as_str().unwrap_or_default();
+        if system.starts_with("You summarise the output of a tool call") {
+            return Reply::text("Long output; its first and last lines are below.");
+        }
         let user = last_real_user(body);
         let step = tool_results_since_user(body);
         let steps = script
