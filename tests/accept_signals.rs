@@ -29,6 +29,22 @@ impl Lcg {
     }
 }
 
+/// The random points of a run: from `SHADE_SIGNAL_SEED` (to repeat one), else the clock;
+/// said on stderr either way.
+fn seeded() -> Lcg {
+    let seed = std::env::var("SHADE_SIGNAL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("SHADE_SIGNAL_SEED={seed}");
+    Lcg(seed)
+}
+
 const SCRIPT: &str = "for f in f*; do echo new > $f; done";
 
 /// `shade run --accept`, or the agent (`exec --shadow --accept`) running the same script.
@@ -126,17 +142,7 @@ fn trial(sig: i32, rng: &mut Lcg, via: Via) {
 
 #[test]
 fn termination_signals_during_accept_wait_for_it() {
-    let seed = std::env::var("SHADE_SIGNAL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("SHADE_SIGNAL_SEED={seed}");
-    let mut rng = Lcg(seed);
+    let mut rng = seeded();
     for _ in 0..2 {
         for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
             trial(sig, &mut rng, Via::Run);
@@ -146,12 +152,7 @@ fn termination_signals_during_accept_wait_for_it() {
 
 #[test]
 fn termination_signals_during_the_agents_accept_wait_for_it() {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    eprintln!("seed {seed}");
-    let mut rng = Lcg(seed);
+    let mut rng = seeded();
     let llm = FakeLlm::start(Arc::new(|body: &Value| {
         match tool_results_since_user(body) {
             0 => Reply::tool("shell", json!({ "command": SCRIPT })),
@@ -170,12 +171,7 @@ fn termination_signals_during_the_agents_accept_wait_for_it() {
 /// with a line saying it stopped for signal N.
 #[test]
 fn a_signal_at_any_moment_of_a_run_leaves_no_branch_mounted() {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    eprintln!("seed {seed}");
-    let mut rng = Lcg(seed);
+    let mut rng = seeded();
     let fx = Fixture::new();
     std::fs::write(fx.project.join("a"), "a\n").unwrap();
     // How long a whole run takes here, so the signals spread over all of it.

@@ -125,6 +125,26 @@ fn commit() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// `PREFIX.EXT` for the report files.
+fn with_ext(prefix: &Path, ext: &str) -> PathBuf {
+    let mut p = prefix.as_os_str().to_owned();
+    p.push(ext);
+    PathBuf::from(p)
+}
+
+/// Write the markdown and the SVG plot beside `prefix` (the JSON is the caller's).
+fn write_md_svg(prefix: &Path, md: &str, runs: &[SessionRun], commit: &str) -> Result<()> {
+    std::fs::write(with_ext(prefix, ".md"), md)?;
+    std::fs::write(
+        with_ext(prefix, ".svg"),
+        report::svg(
+            runs,
+            &format!("Time saved per session by strategy ({commit})"),
+        ),
+    )?;
+    Ok(())
+}
+
 /// `--rerender`: the markdown and SVG of a JSON written before (its header kept).
 fn rerender(args: &Args, file: &Path) -> Result<()> {
     let text =
@@ -139,19 +159,7 @@ fn rerender(args: &Args, file: &Path) -> Result<()> {
     let md = report::markdown(&runs, &header);
     print!("{md}");
     if let Some(prefix) = &args.out {
-        let with = |ext: &str| {
-            let mut p = prefix.as_os_str().to_owned();
-            p.push(ext);
-            PathBuf::from(p)
-        };
-        std::fs::write(with(".md"), &md)?;
-        std::fs::write(
-            with(".svg"),
-            report::svg(
-                &runs,
-                &format!("Time saved per session by strategy ({commit})"),
-            ),
-        )?;
+        write_md_svg(prefix, &md, &runs, commit)?;
     }
     Ok(())
 }
@@ -237,18 +245,13 @@ fn run(args: &Args) -> Result<()> {
     let md = report::markdown(&runs, &header);
     print!("{md}");
     if let Some(prefix) = &args.out {
-        let with = |ext: &str| {
-            let mut p = prefix.as_os_str().to_owned();
-            p.push(ext);
-            PathBuf::from(p)
-        };
-        std::fs::write(with(".md"), &md)?;
+        write_md_svg(prefix, &md, &runs, &commit)?;
         let table: Vec<_> = report::table(&runs)
             .into_iter()
             .map(|((session, strategy), f)| json!({"session": session, "strategy": strategy, "figures": f}))
             .collect();
         std::fs::write(
-            with(".json"),
+            with_ext(prefix, ".json"),
             serde_json::to_string_pretty(&json!({
                 "commit": commit,
                 "header": header,
@@ -262,13 +265,6 @@ fn run(args: &Args) -> Result<()> {
                 "summary": table,
                 "runs": runs,
             }))?,
-        )?;
-        std::fs::write(
-            with(".svg"),
-            report::svg(
-                &runs,
-                &format!("Time saved per session by strategy ({commit})"),
-            ),
         )?;
     }
     Ok(())
