@@ -420,3 +420,71 @@ fn names_with_control_characters_are_quoted_and_json_keeps_bytes() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(v["changes"][0].get("path_bytes").is_none(), "{v}");
 }
+
+/// Mounts coming and going elsewhere (other branches closing) while a sandbox starts: bwrap
+/// remounts every mount it binds, and one gone meanwhile fails its set-up. That is tried
+/// again — for the command, and for the one-time check that a sandbox can start at all,
+/// which used to take the race for "no sandbox here" and refuse (exit 125).
+#[test]
+fn sandbox_start_survives_mounts_coming_and_going() {
+    const MOUNTS: u64 = 200;
+    let fx = Fixture::new();
+    let churn = fx.tmp.path().join("churn");
+    fs::create_dir(&churn).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churner = {
+        let (churn, stop) = (churn.clone(), stop.clone());
+        std::thread::spawn(move || {
+            // Many mounts present at once (bwrap's remount pass over them takes a while),
+            // each in turn unmounted and mounted again.
+            let mount = |d: &std::path::Path| {
+                nix::mount::mount(
+                    Some("tmpfs"),
+                    d,
+                    Some("tmpfs"),
+                    nix::mount::MsFlags::empty(),
+                    Some("size=64k"),
+                )
+            };
+            let dirs: Vec<_> = (0..MOUNTS).map(|n| churn.join(format!("m{n}"))).collect();
+            for d in &dirs {
+                fs::create_dir(d).unwrap();
+                mount(d).unwrap();
+            }
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                // As a branch closes: unmounted, its directory removed; then one made anew.
+                let d = &dirs[(i % MOUNTS) as usize];
+                let _ = nix::mount::umount2(d, nix::mount::MntFlags::MNT_DETACH);
+                let _ = fs::remove_dir(d);
+                let _ = fs::create_dir(d);
+                let _ = mount(d);
+                // A few hundred branches closing a second: far beyond a real session, with
+                // room left between them for a set-up tried again to pass.
+                std::thread::sleep(Duration::from_millis(2));
+                i += 1;
+            }
+            for d in &dirs {
+                let _ = nix::mount::umount2(d, nix::mount::MntFlags::MNT_DETACH);
+            }
+            i
+        })
+    };
+    let mut failures = Vec::new();
+    for _ in 0..30 {
+        let o = sh(&fx, &[], "true");
+        if !o.status.success() {
+            failures.push(out(&o));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let cycles = churner.join().unwrap();
+    assert!(cycles > 50, "the mounts hardly churned ({cycles} cycles)");
+    assert!(
+        failures.is_empty(),
+        "{} of 30 runs failed while mounts churned ({cycles} cycles):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert_no_shade_mounts(&fx.state);
+}

@@ -487,7 +487,7 @@ enum Spawned {
 /// How often a sandbox that failed to set up is tried: bwrap remounts every mount it binds,
 /// and a mount that goes away meanwhile (another branch closing) fails that set-up. The
 /// command never started then, so trying again is safe.
-const SETUP_ATTEMPTS: u64 = 8;
+pub(crate) const SETUP_ATTEMPTS: u64 = 20;
 
 fn run_confined(
     conf: &Confinement,
@@ -527,7 +527,7 @@ fn run_confined(
         });
         if retry {
             tracing::debug!("{msg}: {said:?}; trying again");
-            std::thread::sleep(Duration::from_millis(10 * attempt));
+            std::thread::sleep(Duration::from_millis((10 * attempt).min(50)));
             continue;
         }
         outcome.termination = Termination::CannotExec(match said {

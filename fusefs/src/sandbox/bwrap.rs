@@ -103,7 +103,33 @@ fn find_confinement() -> std::result::Result<Confinement, String> {
         read_only_filter,
     };
     // Really start a sandbox once: AppArmor's restriction of unprivileged user namespaces
-    // and friends only show there.
+    // and friends only show there. bwrap remounts every mount it binds, and one that goes
+    // away meanwhile (another branch closing) fails its set-up: that is tried again, as a
+    // command's set-up is, rather than taken for "no sandbox here" for the whole process.
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match start_probe(&conf, &true_bin) {
+            Ok(()) => break,
+            Err(msg) if attempt < super::SETUP_ATTEMPTS && mount_race(&msg) => {
+                std::thread::sleep(std::time::Duration::from_millis((10 * attempt).min(50)));
+            }
+            Err(msg) => {
+                return Err(format!(
+                    "the sandbox cannot start here ({msg}); user namespaces are probably \
+                     restricted (kernel.apparmor_restrict_unprivileged_userns=1, \
+                     kernel.unprivileged_userns_clone=0, user.max_user_namespaces=0 or a \
+                     container's seccomp filter); allow them (see `shade doctor`) or use \
+                     `shade run --unconfined` (no security boundary)"
+                ))
+            }
+        }
+    }
+    Ok(conf)
+}
+
+/// Start `true` in a sandbox once; bwrap's first line on stderr when it cannot.
+fn start_probe(conf: &Confinement, true_bin: &Path) -> std::result::Result<(), String> {
     let (mut cmd, fds) = conf
         .base(&Layout::probe(), &[], &[true_bin.into()], Path::new("/"))
         .map_err(|e| e.to_string())?;
@@ -122,23 +148,21 @@ fn find_confinement() -> std::result::Result<Confinement, String> {
     let out = cmd
         .output()
         .map_err(|e| format!("cannot start {}: {e}", conf.bwrap.display()))?;
-    if !out.status.success() {
-        let msg = String::from_utf8_lossy(&out.stderr);
-        let msg = msg
-            .lines()
-            .next()
-            .unwrap_or("no message")
-            .trim()
-            .to_string();
-        return Err(format!(
-            "the sandbox cannot start here ({msg}); user namespaces are probably restricted \
-             (kernel.apparmor_restrict_unprivileged_userns=1, \
-             kernel.unprivileged_userns_clone=0, user.max_user_namespaces=0 or a \
-             container's seccomp filter); allow them (see `shade doctor`) or use \
-             `shade run --unconfined` (no security boundary)"
-        ));
+    if out.status.success() {
+        return Ok(());
     }
-    Ok(conf)
+    let msg = String::from_utf8_lossy(&out.stderr);
+    Err(msg
+        .lines()
+        .next()
+        .unwrap_or("no message")
+        .trim()
+        .to_string())
+}
+
+/// Whether bwrap failed because a mount it was binding went away meanwhile.
+fn mount_race(msg: &str) -> bool {
+    msg.contains("Unable to apply mount flags") || msg.contains("Can't bind mount")
 }
 
 /// The argument that makes shade's binary the foreground helper ([`foreground_helper`]).
