@@ -15,18 +15,8 @@ if [[ ! -d $proj ]]; then
   head -c 512M /dev/urandom > $proj/blob.bin
 fi
 export SHADE_STATE_DIR=$base/state
-T=/sys/kernel/tracing/instances/fresh-pt
-count() { # mountpoint cmd...
-  local mp=$1; shift
-  local dev=$(stat -c %d "$mp"); local kdev=$(( ($(( dev >> 8 & 0xfff )) << 20) | (dev & 0xff) ))
-  mkdir -p $T; echo 16384 > $T/buffer_size_kb
-  echo "connection == $kdev" > $T/events/fuse/fuse_request_send/filter
-  echo > $T/trace; echo 1 > $T/events/fuse/fuse_request_send/enable
-  "$@" >/dev/null
-  echo 0 > $T/events/fuse/fuse_request_send/enable
-  grep -o '(FUSE_[A-Z]*)' $T/trace | sort | uniq -c | sort -rn | tr '\n' ' '; echo
-  rmdir $T
-}
+source "$here/bench/fresh-lib.sh"
+count() { fuse_requests "$@"; }
 run() { # mode what cmd
   local mode=$1 what=$2; shift 2
   coproc M { SHADE_FUSE_PASSTHROUGH=$mode exec $MOUNT $proj 2>/dev/null; }

@@ -12,21 +12,10 @@ export SHADE_STATE_DIR=$base/state
 if [[ ! -d $proj/tree/.git ]]; then
   (cd $proj/tree && git init -q && git add -A -f && git -c user.name=b -c user.email=b@l commit -q -m t && sleep 1.1 && git update-index -q --refresh && git status --porcelain >/dev/null)
 fi
-T=/sys/kernel/tracing/instances/fresh-warm
-count() {
-  local mp=$1; shift
-  local dev=$(stat -c %d "$mp"); local kdev=$(( ($(( dev >> 8 & 0xfff )) << 20) | (dev & 0xff) ))
-  mkdir -p $T; echo 16384 > $T/buffer_size_kb
-  echo "connection == $kdev" > $T/events/fuse/fuse_request_send/filter
-  echo > $T/trace; echo 1 > $T/events/fuse/fuse_request_send/enable
-  "$@" >/dev/null
-  echo 0 > $T/events/fuse/fuse_request_send/enable
-  echo "$(grep -c FUSE_ $T/trace) total: $(grep -o '(FUSE_[A-Z]*)' $T/trace | sort | uniq -c | sort -rn | head -4 | tr -s ' \n' ' ')"
-  rmdir $T
-}
+source "$here/bench/fresh-lib.sh"
+count() { fuse_requests "$@"; }
 declare -A C=([status]="git status --porcelain" [rg]="rg --no-ignore -c 'fn '" [find]="find . -type f")
 echo "load $(cut -d' ' -f1-3 /proc/loadavg)"
-ms() { local t0=$(date +%s%N); eval "$1" >/dev/null; echo $(( ($(date +%s%N) - t0) / 1000000 )); }
 for r in $(seq $rounds); do
   for k in status rg find; do
     native=$(cd $proj/tree && ms "${C[$k]}")

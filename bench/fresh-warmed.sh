@@ -9,20 +9,9 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MOUNT=${MOUNT:-$here/target/release/examples/mount}  # cargo build --release -p shade-fusefs --example mount
 proj=/var/tmp/fresh-pt/proj
 export SHADE_STATE_DIR=/var/tmp/fresh-pt/state
-T=/sys/kernel/tracing/instances/fresh-warmed
 declare -A C=([status]="git status --porcelain" [diff]="git diff --stat" [rg]="rg --no-ignore -c 'fn '" [find]="find . -type f")
-ms() { local t0=$(date +%s%N); eval "$1" >/dev/null; echo $(( ($(date +%s%N) - t0) / 1000000 )); }
-count() {
-  local mp=$1; shift
-  local dev=$(stat -c %d "$mp"); local kdev=$(( ($(( dev >> 8 & 0xfff )) << 20) | (dev & 0xff) ))
-  mkdir -p $T; echo 16384 > $T/buffer_size_kb
-  echo "connection == $kdev" > $T/events/fuse/fuse_request_send/filter
-  echo > $T/trace; echo 1 > $T/events/fuse/fuse_request_send/enable
-  "$@" >/dev/null
-  echo 0 > $T/events/fuse/fuse_request_send/enable
-  echo "$(grep -c FUSE_ $T/trace) ($(grep -o '(FUSE_[A-Z]*)' $T/trace | sort | uniq -c | sort -rn | head -4 | tr -s ' \n' ' '))"
-  rmdir $T
-}
+source "$here/bench/fresh-lib.sh"
+count() { fuse_requests "$@"; }
 echo "load $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq $rounds); do
   for k in status diff rg find; do
