@@ -14,9 +14,24 @@ if [[ ! -c /dev/fuse ]]; then
 fi
 scripts/setup.sh test
 
+# Every stage has a deadline: a hang fails CI with a picture of what hung (the processes and
+# the branch mounts left), instead of running into CI's own limit with no output at all.
+stage() {
+    local name=$1 secs=$2
+    shift 2
+    local rc=0
+    timeout --kill-after=30 "$secs" "$@" || rc=$?
+    if ((rc == 124 || rc == 137)); then
+        echo "test.sh: $name did not finish within $secs s; what was running:" >&2
+        ps -eo pid,ppid,etimes,stat,args --forest | grep -v ' \[' | tail -80 >&2 || true
+        grep -E '^shade:' /proc/mounts >&2 || true
+    fi
+    return "$rc"
+}
+
 echo "== unit and integration tests"
 # The integrity tests run below, once, with their figures shown.
-cargo test --workspace --locked -- --skip integrity::
+stage "cargo test" 2700 cargo test --workspace --locked -- --skip integrity::
 
 echo "== POSIX conformance (pjdfstest) inside a branch, through shade run"
 cargo build --locked -q -p shade
@@ -28,7 +43,7 @@ chmod 755 "$proj"
 # Default flags: every uid of the command gets what a real directory gives it.
 # --unconfined: pjdfstest tests the file system, not the sandbox, and checks root's powers a
 # user namespace takes away on purpose (mknod of devices, chown to unmapped ids, setuid).
-target/debug/shade run --unconfined -C "$proj" -- "$PWD/scripts/pjdfstest.sh" "$proj"
+stage pjdfstest 900 target/debug/shade run --unconfined -C "$proj" -- "$PWD/scripts/pjdfstest.sh" "$proj"
 
 echo "== integrity and fault suite (fsx, stress-ng, crash, concurrent edits, bad input)"
-scripts/integrity.sh all
+stage integrity 1200 scripts/integrity.sh all
