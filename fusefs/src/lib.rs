@@ -12,6 +12,7 @@ mod content;
 pub mod fingerprint;
 mod fs;
 mod fusermount;
+pub mod idmap;
 mod ignore_rules;
 mod lower;
 mod node;
@@ -32,6 +33,7 @@ pub use accept::{AcceptError, AcceptOptions, AcceptReport, Conflict, DeferSignal
 pub use branch::{cleanup_stale, AcceptFlags, Branch, BranchError, BranchOptions};
 pub use changeset::{lossy_path, non_utf8_bytes, Change, ChangeKind, Changeset};
 pub use fingerprint::{Base, Fingerprint};
+pub use idmap::IdShift;
 pub use plan::{Perms, PlanOp, ReadBase, RelPath};
 pub use select::Selection;
 pub use state::StateDir;
