@@ -31,7 +31,7 @@ mod watch;
 
 pub use accept::{AcceptError, AcceptOptions, AcceptReport, Conflict, DeferSignals, NotApplied};
 pub use branch::{cleanup_stale, AcceptFlags, Branch, BranchError, BranchOptions};
-pub use changeset::{lossy_path, non_utf8_bytes, Change, ChangeKind, Changeset};
+pub use changeset::{lossy_path, non_utf8_bytes, Change, ChangeKind, Changeset, Owner};
 pub use fingerprint::{Base, Fingerprint};
 pub use idmap::IdShift;
 pub use plan::{Perms, PlanOp, ReadBase, RelPath};
