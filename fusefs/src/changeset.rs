@@ -247,6 +247,7 @@ fn dir_perms(d: &DirOver, lower_xattrs: Option<&[(OsString, Vec<u8>)]>) -> Perms
         gid: Some(d.meta.gid),
         times: Some((stamp(d.meta.atime), stamp(d.meta.mtime))),
         xattrs: changed.then(|| xattr_list(&d.meta.xattrs)),
+        origin: d.lower.clone(),
     }
 }
 
@@ -542,12 +543,12 @@ impl Overlay {
                                 base_at: slot.base_at.clone(),
                             });
                         }
-                        structure.push(Placement::Mkdir(PlanOp::Mkdir {
+                        structure.push(Placement::Mkdir(Box::new(PlanOp::Mkdir {
                             path: path.clone(),
                             perms,
                             base: Base::Absent,
                             base_at: None,
-                        }));
+                        })));
                     } else if let Base::Present(_) = slot.base {
                         // The branch touched it: at least its times changed with its entries.
                         setperms.push(PlanOp::SetPerms {
@@ -604,6 +605,7 @@ impl Overlay {
                         gid: Some(st.meta.gid),
                         times: Some((stamp(st.meta.atime), stamp(st.meta.mtime))),
                         xattrs: Some(xattr_list(&st.meta.xattrs)),
+                        origin: n.origin.clone(),
                     };
                     match n.kind {
                         NodeKind::File => {
@@ -692,7 +694,7 @@ impl Overlay {
         plan.extend(deletes);
         for place in structure {
             plan.push(match place {
-                Placement::Mkdir(op) => op,
+                Placement::Mkdir(op) => *op,
                 Placement::Move(i) => PlanOp::RenameDir {
                     from: temp(i),
                     to: moves[i].1.clone(),
@@ -817,7 +819,7 @@ fn meta_lines(c: &Change) -> String {
 
 /// A directory that accept creates or moves into place.
 enum Placement {
-    Mkdir(PlanOp),
+    Mkdir(Box<PlanOp>),
     /// Index into the plan's moves.
     Move(usize),
 }
