@@ -348,8 +348,10 @@ impl Overlay {
             Entry::Whiteout => return (None, None),
         };
         let was_owner = (st.st_uid, st.st_gid);
+        // A path that changed type was replaced, not chmod'ed: its mode says nothing new.
+        let same_type = st.st_mode & libc::S_IFMT == mode & libc::S_IFMT;
         (
-            (st.st_mode != mode).then_some((st.st_mode, mode)),
+            (same_type && st.st_mode != mode).then_some((st.st_mode, mode)),
             (was_owner != owner).then_some((was_owner, owner)),
         )
     }
