@@ -136,13 +136,21 @@ impl ShadeFs {
         a
     }
 
-    /// The stored ids of who asks, to own what it creates. A caller whose ids the shift
-    /// does not map (a process outside the command's namespace) creates nothing: the
-    /// kernel's EOVERFLOW for an fsuid without a mapping.
+    /// The stored ids of who asks, to own what it creates. shade itself (the agent's file
+    /// tools write through the mount, outside the command's namespace) creates as the
+    /// command's root would. Any other caller whose ids the shift does not map creates
+    /// nothing: the kernel's EOVERFLOW for an fsuid without a mapping.
     fn creds(&self, req: &Request) -> Res<Creds> {
+        // SAFETY: geteuid/getegid cannot fail.
+        let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let take = |id: u32, own: u32| match idmap::take(self.shift, id) {
+            Some(real) => Ok(real),
+            None if id == own => Ok(0),
+            None => Err(libc::EOVERFLOW),
+        };
         Ok(Creds {
-            uid: idmap::take(self.shift, req.uid()).ok_or(libc::EOVERFLOW)?,
-            gid: idmap::take(self.shift, req.gid()).ok_or(libc::EOVERFLOW)?,
+            uid: take(req.uid(), euid)?,
+            gid: take(req.gid(), egid)?,
         })
     }
 

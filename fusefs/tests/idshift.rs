@@ -246,9 +246,13 @@ fn a_shifted_branch_is_a_local_file_system_inside_and_stores_real_ids() {
     let m = fs::metadata(mnt.join("lower.txt")).unwrap();
     assert_eq!((m.uid(), m.gid()), (BASE + 55, BASE + 56));
 
-    // A caller the shift does not map (root outside) creates nothing: no id to own it by.
-    let e = fs::write(mnt.join("host.txt"), "x").unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(libc::EOVERFLOW), "{e}");
+    // shade itself (root outside; the agent's file tools write through the mount) creates
+    // as the command's root; a chown naming an id the namespace cannot is refused.
+    fs::write(mnt.join("host.txt"), "x").unwrap();
+    let m = fs::metadata(mnt.join("host.txt")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (BASE, BASE));
+    let e = std::os::unix::fs::chown(mnt.join("host.txt"), Some(4242), None).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
     // system.* attributes are not the branch's to keep.
     let path = CString::new(mnt.join("lower.txt").as_os_str().to_str().unwrap()).unwrap();
     let name = CString::new("system.shade_test").unwrap();
