@@ -49,6 +49,54 @@ impl Default for BranchOptions {
     }
 }
 
+/// Whether `path` is the mount point of a shade branch (the project of a branch of a
+/// branch), from /proc/self/mountinfo.
+fn is_shade_mount(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = path.as_os_str().as_bytes();
+    info.lines().any(|l| {
+        let mut halves = l.splitn(2, " - ");
+        let (Some(head), Some(tail)) = (halves.next(), halves.next()) else {
+            return false;
+        };
+        // `fuse` (mounted by root) or `fuse.shade` (by fusermount3), source `shade:ID`.
+        let mut t = tail.split(' ');
+        let fstype = t.next().unwrap_or("");
+        (fstype == "fuse" || fstype == "fuse.shade")
+            && t.next().is_some_and(|src| src.starts_with("shade:"))
+            && head
+                .split(' ')
+                .nth(4)
+                .is_some_and(|m| unescape_mount(m) == want)
+    })
+}
+
+/// A mountinfo path with its `\ooo` escapes (space, tab, newline, backslash) undone.
+fn unescape_mount(m: &str) -> Vec<u8> {
+    let b = m.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let oct = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match (b[i], oct) {
+            (b'\\', Some(d)) => {
+                out.push(d.iter().fold(0u8, |v, c| v.wrapping_mul(8) + (c - b'0')));
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
 /// Whether this process may mount with `allow_other`: root may; anyone else only where
 /// /etc/fuse.conf says `user_allow_other` (fusermount3 refuses the mount otherwise).
 fn other_users_permitted() -> bool {
@@ -258,7 +306,9 @@ impl Branch {
             overlay: overlay.clone(),
             passthrough: (crate::passthrough::wanted() && overlay.caching())
                 .then(crate::passthrough::Passthrough::default),
-            shift: opts.id_shift,
+            // A branch of a branch reads its parent's mount, whose ids are already shifted:
+            // left as they are, they are what the command's namespace maps back.
+            shift: opts.id_shift.filter(|_| !is_shade_mount(&project)),
         };
         let session = fuser::Session::new(fs, &mountpoint, &config)
             .and_then(|s| s.spawn())
@@ -676,5 +726,17 @@ fn raise_readahead(mountpoint: &Path) {
             "readahead of {} stays default: {knob}: {e}",
             mountpoint.display()
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape_mount(r"/a\040b\134c"), b"/a b\\c".to_vec());
+        assert_eq!(unescape_mount(r"/plain\0"), b"/plain\\0".to_vec());
+        assert!(!is_shade_mount(Path::new("/")));
     }
 }

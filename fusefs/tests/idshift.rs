@@ -273,5 +273,48 @@ fn a_shifted_branch_is_a_local_file_system_inside_and_stores_real_ids() {
         .unwrap();
     assert_eq!(lower.kind, ChangeKind::Modified);
     assert_eq!(lower.owner, Some(((0, 0), (55, 56))));
+
+    // A branch of this branch (a speculation off a live session), asked for the same shift,
+    // reads ids already shifted: the namespace sees the same owners there, and its accept
+    // into the parent keeps them.
+    let child = Branch::create(
+        &mnt,
+        &BranchOptions {
+            state: StateDir::at(top.path().join("state")),
+            memory_budget: 1 << 20,
+            allow_other: true,
+            threads: 2,
+            id_shift: Some(IdShift { base: BASE }),
+        },
+    )
+    .unwrap();
+    let cm = child.mountpoint().to_path_buf();
+    let m = fs::metadata(cm.join("d/moved.txt")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (BASE + 4242, BASE + 4243));
+    let script = r#"
+        set -e
+        stat -c 'moved %u:%g' d/moved.txt
+        echo more >> d/moved.txt
+        echo n > d/new
+        chown 7:8 d/new
+        stat -c 'new %u:%g' d/new
+    "#;
+    let (code, out) = as_ns_root(&cm, script);
+    assert_eq!(code, 0, "the script failed in the child:\n{out}");
+    for want in ["moved 4242:4243", "new 7:8"] {
+        assert!(
+            out.lines().any(|l| l == want),
+            "missing {want:?} in:\n{out}"
+        );
+    }
+    child.accept(Default::default()).unwrap();
+    let m = fs::metadata(mnt.join("d/new")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (BASE + 7, BASE + 8));
+    let m = fs::metadata(mnt.join("d/moved.txt")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (BASE + 4242, BASE + 4243));
+    assert_eq!(
+        fs::read_to_string(mnt.join("d/moved.txt")).unwrap(),
+        "new\nmore\n"
+    );
     drop(branch);
 }
