@@ -164,6 +164,8 @@ pub struct Branch {
     session: Option<BackgroundSession>,
     /// The warm-up walk, if started ([`Branch::warm_up`]).
     warm: std::sync::Mutex<Option<crate::warm::Warm>>,
+    /// shade's ids as the project shows them, when it is a shifted branch (see `create`).
+    own: Option<(u32, u32)>,
 }
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -287,6 +289,17 @@ impl Branch {
             Store::new(store_dir, opts.memory_budget),
             IgnoreRules::load(&project),
         ));
+        // A branch of a branch reads its parent's mount, whose ids are already shifted:
+        // left as they are, they are what the command's namespace maps back; shade's own
+        // files there show as the namespace's root, which accept then counts as shade's.
+        let (shift, own) = match opts.id_shift {
+            Some(s) if is_shade_mount(&project) => {
+                // SAFETY: geteuid/getegid cannot fail.
+                let (u, g) = unsafe { (libc::geteuid(), libc::getegid()) };
+                (None, Some((s.show(u), s.show(g))))
+            }
+            s => (s, None),
+        };
         let mut config = Config::default();
         config.mount_options = vec![
             MountOption::FSName(format!("shade:{id}")),
@@ -306,9 +319,7 @@ impl Branch {
             overlay: overlay.clone(),
             passthrough: (crate::passthrough::wanted() && overlay.caching())
                 .then(crate::passthrough::Passthrough::default),
-            // A branch of a branch reads its parent's mount, whose ids are already shifted:
-            // left as they are, they are what the command's namespace maps back.
-            shift: opts.id_shift.filter(|_| !is_shade_mount(&project)),
+            shift,
         };
         let session = fuser::Session::new(fs, &mountpoint, &config)
             .and_then(|s| s.spawn())
@@ -333,6 +344,7 @@ impl Branch {
             overlay,
             session: Some(session),
             warm: std::sync::Mutex::new(None),
+            own,
         })
     }
 
@@ -474,6 +486,7 @@ impl Branch {
                 force: flags.force,
                 state: self.state.clone(),
                 reads: self.read_bases(flags),
+                own: self.own,
             },
         )
     }
@@ -487,6 +500,7 @@ impl Branch {
             &self.plan(flags)?,
             &self.read_bases(flags),
             flags.force,
+            self.own,
         )
     }
 
@@ -562,6 +576,7 @@ impl Branch {
             &self.plan_selected(flags, sel)?,
             &self.read_bases_selected(flags, sel),
             flags.force,
+            self.own,
         )
     }
 
@@ -582,6 +597,7 @@ impl Branch {
                 force: flags.force,
                 state: self.state.clone(),
                 reads: self.read_bases_selected(flags, sel),
+                own: self.own,
             },
         )
     }

@@ -298,6 +298,7 @@ fn a_shifted_branch_is_a_local_file_system_inside_and_stores_real_ids() {
         echo n > d/new
         chown 7:8 d/new
         stat -c 'new %u:%g' d/new
+        echo r > d/byroot
     "#;
     let (code, out) = as_ns_root(&cm, script);
     assert_eq!(code, 0, "the script failed in the child:\n{out}");
@@ -312,6 +313,9 @@ fn a_shifted_branch_is_a_local_file_system_inside_and_stores_real_ids() {
     assert_eq!((m.uid(), m.gid()), (BASE + 7, BASE + 8));
     let m = fs::metadata(mnt.join("d/moved.txt")).unwrap();
     assert_eq!((m.uid(), m.gid()), (BASE + 4242, BASE + 4243));
+    // The namespace's root made it in a directory of 7:8: shade's own, as in the parent.
+    let m = fs::metadata(mnt.join("d/byroot")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (BASE, BASE));
     assert_eq!(
         fs::read_to_string(mnt.join("d/moved.txt")).unwrap(),
         "new\nmore\n"

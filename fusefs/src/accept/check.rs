@@ -210,11 +210,13 @@ impl Sim {
 
     /// As root, refuse an op that gives its path an owner the project did not have there:
     /// each of uid and gid must be the path's current one, its parent's for a new path, a
-    /// renamed object's own, or shade's. Records the owners of directories the plan makes.
+    /// renamed object's own, or shade's (`own`, else its euid/egid). Records the owners of
+    /// directories the plan makes.
     fn owner_allowed(
         &self,
         op: &PlanOp,
         made: &mut BTreeMap<PathBuf, (u32, u32)>,
+        own: Option<(u32, u32)>,
     ) -> Result<(), AcceptError> {
         let (path, perms) = match op {
             PlanOp::WriteFile { path, perms, .. }
@@ -224,7 +226,7 @@ impl Sim {
             _ => return Ok(()),
         };
         // SAFETY: geteuid/getegid cannot fail.
-        let own = unsafe { (libc::geteuid(), libc::getegid()) };
+        let own = own.unwrap_or_else(|| unsafe { (libc::geteuid(), libc::getegid()) });
         let mut allowed = vec![own];
         match self.owner_before(path, made) {
             Some(o) => allowed.push(o),
@@ -292,6 +294,7 @@ pub fn preflight(
     plan: &[PlanOp],
     reads: &[ReadBase],
     force: bool,
+    own: Option<(u32, u32)>,
 ) -> Result<Vec<(Guard, Base)>, AcceptError> {
     let known = plan
         .iter()
@@ -358,7 +361,7 @@ pub fn preflight(
             }
         }
         if let Some(made) = &mut owners {
-            sim.owner_allowed(op, made)?;
+            sim.owner_allowed(op, made, own)?;
         }
         let guard = match op {
             PlanOp::Delete { path, base, .. } => {
