@@ -1,6 +1,7 @@
 //! Mount a branch of a directory and keep it until stdin closes, then print what changed.
 //! `cargo run -p shade-fusefs --example mount -- DIR` (for poking at the overlay by hand;
-//! `SHADE_WARM_UP=1` warms the branch first).
+//! `SHADE_WARM_UP=1` warms the branch first; `SHADE_ID_SHIFT=B` shows ids shifted by `B`
+//! for commands in a user namespace mapped to `B..`, see the `nsroot` example).
 
 use shade_fusefs::{Branch, BranchOptions};
 
@@ -8,6 +9,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::args().nth(1).ok_or("usage: mount DIR")?;
     let opts = BranchOptions {
         allow_other: std::env::var_os("ALLOW_OTHER").is_some(),
+        id_shift: std::env::var("SHADE_ID_SHIFT")
+            .ok()
+            .and_then(|b| b.parse().ok())
+            .map(|base| shade_fusefs::IdShift { base }),
         ..Default::default()
     };
     let branch = Branch::create(std::path::Path::new(&dir), &opts)?;

@@ -32,6 +32,9 @@ pub struct BranchOptions {
     pub allow_other: bool,
     /// FUSE worker threads.
     pub threads: usize,
+    /// Ids shown shifted to the kernel and taken back from requests (`idmap.rs`): for a
+    /// command in a user namespace whose ids map to a host range. `None`: ids as stored.
+    pub id_shift: Option<crate::idmap::IdShift>,
 }
 
 impl Default for BranchOptions {
@@ -41,8 +44,57 @@ impl Default for BranchOptions {
             memory_budget: memory_budget_from_env(),
             allow_other: other_users_permitted(),
             threads: 2,
+            id_shift: None,
         }
     }
+}
+
+/// Whether `path` is the mount point of a shade branch (the project of a branch of a
+/// branch), from /proc/self/mountinfo.
+fn is_shade_mount(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = path.as_os_str().as_bytes();
+    info.lines().any(|l| {
+        let mut halves = l.splitn(2, " - ");
+        let (Some(head), Some(tail)) = (halves.next(), halves.next()) else {
+            return false;
+        };
+        // `fuse` (mounted by root) or `fuse.shade` (by fusermount3), source `shade:ID`.
+        let mut t = tail.split(' ');
+        let fstype = t.next().unwrap_or("");
+        (fstype == "fuse" || fstype == "fuse.shade")
+            && t.next().is_some_and(|src| src.starts_with("shade:"))
+            && head
+                .split(' ')
+                .nth(4)
+                .is_some_and(|m| unescape_mount(m) == want)
+    })
+}
+
+/// A mountinfo path with its `\ooo` escapes (space, tab, newline, backslash) undone.
+fn unescape_mount(m: &str) -> Vec<u8> {
+    let b = m.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let oct = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match (b[i], oct) {
+            (b'\\', Some(d)) => {
+                out.push(d.iter().fold(0u8, |v, c| v.wrapping_mul(8) + (c - b'0')));
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 /// Whether this process may mount with `allow_other`: root may; anyone else only where
@@ -112,6 +164,8 @@ pub struct Branch {
     session: Option<BackgroundSession>,
     /// The warm-up walk, if started ([`Branch::warm_up`]).
     warm: std::sync::Mutex<Option<crate::warm::Warm>>,
+    /// shade's ids as the project shows them, when it is a shifted branch (see `create`).
+    own: Option<(u32, u32)>,
 }
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -235,6 +289,17 @@ impl Branch {
             Store::new(store_dir, opts.memory_budget),
             IgnoreRules::load(&project),
         ));
+        // A branch of a branch reads its parent's mount, whose ids are already shifted:
+        // left as they are, they are what the command's namespace maps back; shade's own
+        // files there show as the namespace's root, which accept then counts as shade's.
+        let (shift, own) = match opts.id_shift {
+            Some(s) if is_shade_mount(&project) => {
+                // SAFETY: geteuid/getegid cannot fail.
+                let (u, g) = unsafe { (libc::geteuid(), libc::getegid()) };
+                (None, Some((s.show(u), s.show(g))))
+            }
+            s => (s, None),
+        };
         let mut config = Config::default();
         config.mount_options = vec![
             MountOption::FSName(format!("shade:{id}")),
@@ -254,6 +319,7 @@ impl Branch {
             overlay: overlay.clone(),
             passthrough: (crate::passthrough::wanted() && overlay.caching())
                 .then(crate::passthrough::Passthrough::default),
+            shift,
         };
         let session = fuser::Session::new(fs, &mountpoint, &config)
             .and_then(|s| s.spawn())
@@ -278,6 +344,7 @@ impl Branch {
             overlay,
             session: Some(session),
             warm: std::sync::Mutex::new(None),
+            own,
         })
     }
 
@@ -419,6 +486,7 @@ impl Branch {
                 force: flags.force,
                 state: self.state.clone(),
                 reads: self.read_bases(flags),
+                own: self.own,
             },
         )
     }
@@ -432,6 +500,7 @@ impl Branch {
             &self.plan(flags)?,
             &self.read_bases(flags),
             flags.force,
+            self.own,
         )
     }
 
@@ -507,6 +576,7 @@ impl Branch {
             &self.plan_selected(flags, sel)?,
             &self.read_bases_selected(flags, sel),
             flags.force,
+            self.own,
         )
     }
 
@@ -527,6 +597,7 @@ impl Branch {
                 force: flags.force,
                 state: self.state.clone(),
                 reads: self.read_bases_selected(flags, sel),
+                own: self.own,
             },
         )
     }
@@ -671,5 +742,17 @@ fn raise_readahead(mountpoint: &Path) {
             "readahead of {} stays default: {knob}: {e}",
             mountpoint.display()
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape_mount(r"/a\040b\134c"), b"/a b\\c".to_vec());
+        assert_eq!(unescape_mount(r"/plain\0"), b"/plain\\0".to_vec());
+        assert!(!is_shade_mount(Path::new("/")));
     }
 }

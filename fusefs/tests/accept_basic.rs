@@ -13,6 +13,7 @@ fn opts(env: &Env, force: bool) -> AcceptOptions {
         force,
         state: env.state.clone(),
         reads: Vec::new(),
+        own: None,
     }
 }
 

@@ -306,6 +306,7 @@ fn crash_child() {
             force: false,
             state: env.state.clone(),
             reads: Vec::new(),
+            own: None,
         };
         let outcome = match apply(&env.root, plan, &opts) {
             Ok(r) if r.not_applied.is_empty() => "ok".to_string(),
@@ -331,6 +332,7 @@ fn crash_child() {
                 force: false,
                 state: env.state.clone(),
                 reads: Vec::new(),
+                own: None,
             },
         )
         .unwrap();

@@ -50,6 +50,9 @@ pub struct AcceptOptions {
     pub state: StateDir,
     /// What the branch read before the changes it accepts (checked unless `force`).
     pub reads: Vec<ReadBase>,
+    /// The ids shade's own files have in the project when not its euid/egid: a branch of
+    /// a shifted branch accepts into a mount that shows root as the namespace's root.
+    pub own: Option<(u32, u32)>,
 }
 
 /// A change that was not applied because its path changed after the accept's commit
@@ -228,6 +231,22 @@ pub enum AcceptError {
     /// was touched.
     #[error("refusing to accept {}: {reason}", .path.display())]
     Unsafe { path: RelPath, reason: String },
+    /// As root, the plan would give a path to an owner the project did not have there (not
+    /// its current owner, its new parent's, a renamed file's own, nor shade's): a command in
+    /// a branch may not hand the user's files to someone else. Nothing was touched.
+    #[error(
+        "refusing to accept: {} would belong to {uid}:{gid}, an owner it does not have in the project (accept keeps a path's owner, its directory's for a new path, or gives it to {}:{}); nothing was written",
+        crate::quote::quote_path(path),
+        .own.0,
+        .own.1
+    )]
+    Owner {
+        path: RelPath,
+        uid: u32,
+        gid: u32,
+        /// shade's own (euid, egid).
+        own: (u32, u32),
+    },
     /// A system call failed before anything was written: the project is unchanged (the
     /// staging directory was removed again).
     #[error("accept failed at {}: {source}; the project is unchanged", .path.display())]
@@ -312,11 +331,12 @@ pub fn check_plan(
     plan: &[PlanOp],
     reads: &[ReadBase],
     force: bool,
+    own: Option<(u32, u32)>,
 ) -> Result<(), AcceptError> {
     check::validate(plan)?;
     let root = std::fs::canonicalize(root).map_err(io_err(root))?;
     let root_fd = sys::open_dir_path(&root).map_err(io_err(&root))?;
-    check::preflight(root_fd.as_raw_fd(), plan, reads, force).map(|_| ())
+    check::preflight(root_fd.as_raw_fd(), plan, reads, force, own).map(|_| ())
 }
 
 /// Apply `plan` (in the given order) to the project at `root`, all or nothing.
@@ -335,7 +355,13 @@ pub fn apply(
     let root = std::fs::canonicalize(root).map_err(io_err(root))?;
     let root_fd = sys::open_dir_path(&root).map_err(io_err(&root))?;
     sys::lock_exclusive(&root_fd).map_err(io_err(&root))?;
-    let guards = check::preflight(root_fd.as_raw_fd(), &plan, &opts.reads, opts.force)?;
+    let guards = check::preflight(
+        root_fd.as_raw_fd(),
+        &plan,
+        &opts.reads,
+        opts.force,
+        opts.own,
+    )?;
 
     let mut report = AcceptReport {
         privileges_dropped,
