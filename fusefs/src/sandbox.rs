@@ -43,6 +43,7 @@ pub use bwrap::{
 pub use caches::{default_cache_dirs, CacheBranches};
 pub use cancel::Cancel;
 pub use capture::{Captured, Tee};
+pub use child::{cloexec_inherited_fds, detach_from_terminal};
 use child::{ChildPlan, Mode};
 use report::{Report, Stage};
 
@@ -538,8 +539,15 @@ fn run_confined(
     }
 }
 
-/// Where the command's streams go, on a command being prepared.
-fn set_output(cmd: &mut Command, output: Output) -> Result<()> {
+/// Where the command's streams go, on a command being prepared. A command that does not get
+/// the terminal (`tty_handed` false) does not get it as its stdin either: it runs in a
+/// session without a controlling terminal, where nothing would stop it (SIGTTIN) from
+/// reading the keys meant for whoever has the terminal.
+fn set_output(cmd: &mut Command, output: Output, tty_handed: bool) -> Result<()> {
+    // SAFETY: isatty(3) on fd 0.
+    if !tty_handed && unsafe { libc::isatty(0) } == 1 {
+        cmd.stdin(Stdio::null());
+    }
     match output {
         Output::Inherit => {}
         Output::StdoutToStderr => {
@@ -564,7 +572,7 @@ fn spawn_confined(conf: &Confinement, spec: &RunSpec) -> Result<Running> {
         bwrap::status_pipe().map_err(SandboxError::io("creating a pipe"))?;
     let tty_handed = spec.foreground && child::can_hand_tty();
     let mut cmd = bwrap::build(conf, spec, tty_handed, Some(status_wr))?;
-    set_output(&mut cmd, spec.output)?;
+    set_output(&mut cmd, spec.output, tty_handed)?;
     let spawned = cmd.spawn();
     // The hook holds bwrap's end of the status pipe: close ours so we see EOF.
     drop(cmd);
@@ -610,7 +618,7 @@ fn spawn(spec: &RunSpec, mode: Mode) -> Result<Spawned> {
     }
     // Shells trust an inherited $PWD that names their cwd; give them the right one.
     cmd.env("PWD", plan.cwd_os());
-    set_output(&mut cmd, spec.output)?;
+    set_output(&mut cmd, spec.output, tty_handed)?;
     // SAFETY: the closure only makes async-signal-safe system calls on data prepared
     // before the fork (see child.rs); it allocates nothing.
     unsafe {

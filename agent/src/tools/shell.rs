@@ -245,6 +245,16 @@ async fn run_command(
     for (k, _) in COMMAND_ENV.iter().filter(|(_, v)| v.is_none()) {
         child.env_remove(k);
     }
+    // Nobody watches the command: a session of its own (its process group, killed as one)
+    // without the user's terminal, and none of our fds.
+    // SAFETY: the hook makes only async-signal-safe system calls.
+    unsafe {
+        child.pre_exec(|| {
+            shade_fusefs::sandbox::detach_from_terminal()?;
+            shade_fusefs::sandbox::cloexec_inherited_fds();
+            Ok(())
+        });
+    }
     let mut child = child
         .arg("-c")
         .arg(command)
@@ -253,7 +263,6 @@ async fn run_command(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| ToolError::Failed(format!("cannot start {shell}: {e}")))?;
