@@ -611,3 +611,29 @@ fn shade_run_diff_shows_a_files_escapes_instead_of_sending_them() {
     drop(tty);
     common::assert_no_shade_mounts(&fx.state);
 }
+
+#[test]
+fn a_command_inherits_no_fd_of_shades_or_its_parents() {
+    let fx = common::Fixture::new();
+    fx.write("README", "a project\n");
+    // A parent that leaks an fd (opened without close-on-exec) to shade.
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "exec 7</etc/hostname; exec {} run -- ls -l /proc/self/fd/",
+            shade_bin()
+        ))
+        .current_dir(&fx.project)
+        .env("SHADE_STATE_DIR", fx.state.root())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", common::describe(&out));
+    assert!(listing.contains(" 0 -> "), "{listing}");
+    assert!(
+        !listing.contains("hostname") && !listing.contains(" 7 -> "),
+        "the command inherited shade's fds:\n{listing}"
+    );
+    common::assert_no_shade_mounts(&fx.state);
+}
