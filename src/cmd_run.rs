@@ -198,6 +198,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
             Output::Inherit
         },
         foreground: true,
+        user_session: false,
         isolation: Isolation {
             network: args.no_network,
             private_tmp: args.private_tmp,

@@ -117,6 +117,10 @@ fn a_speculated_command_gets_no_terminal_and_the_users_keys_reach_the_chat() {
     tty.say("are you there?");
     tty.wait_text("You said: are you there?", 60);
     wait_prompt(&tty);
+    // The user's own command (`!cmd`) may open the terminal (a password prompt).
+    tty.say("!if exec 3</dev/tty; then echo USER-TTY-$((40 + 2)); fi");
+    tty.wait_text("USER-TTY-42", 60);
+    wait_prompt(&tty);
     tty.keys(&["C-d"]);
     wait_until("the session to end", 60, || !tty.alive());
     chat.assert_nothing_left();

@@ -76,6 +76,12 @@ pub struct RunSpec {
     /// installed process-wide) and it gets the terminal. Library callers leave this off and
     /// stop a run with [`Cancel`] instead.
     pub foreground: bool,
+    /// A command the user runs themselves but that does not get the terminal (chat's
+    /// `!cmd`, output captured): it stays in our session, as a background process group,
+    /// so it may still open `/dev/tty` (a password prompt). Every other run that is not
+    /// handed the terminal gets a session of its own without one. Ignored when the run
+    /// gets the terminal.
+    pub user_session: bool,
     /// Extra isolation for speculative runs.
     pub isolation: Isolation,
     /// Directories bound over paths outside the project, writable even with
@@ -97,6 +103,7 @@ impl RunSpec {
             output: Output::Inherit,
             tee: None,
             foreground: false,
+            user_session: false,
             isolation: Isolation::default(),
             binds: Vec::new(),
         }
@@ -606,7 +613,7 @@ fn spawn(spec: &RunSpec, mode: Mode) -> Result<Spawned> {
     let (report_rd, report_wr) =
         report::channel().map_err(SandboxError::io("creating a socket pair"))?;
     let tty_handed = spec.foreground && child::can_hand_tty();
-    let plan = ChildPlan::new(mode, &report_wr, tty_handed);
+    let plan = ChildPlan::new(mode, &report_wr, tty_handed, spec.user_session);
 
     let mut cmd = Command::new(&spec.argv[0]);
     cmd.args(&spec.argv[1..]);

@@ -369,7 +369,8 @@ fn state_dirs(spec: &RunSpec) -> Vec<PathBuf> {
 /// The bwrap command that runs `spec` confined: its file system per
 /// [`super::Isolation`], the branch bound over the project, state directories hidden. Its
 /// stdio is left to the caller; it gets a process group of its own and the terminal when
-/// `hand_tty`, else a session of its own without a controlling terminal. With `status`, bwrap reports the sandbox's pid and the command's exit status
+/// `hand_tty`, else a session of its own without a controlling terminal (unless
+/// [`RunSpec::user_session`]). With `status`, bwrap reports the sandbox's pid and the command's exit status
 /// on that fd (`--json-status-fd`).
 pub(crate) fn build(
     conf: &Confinement,
@@ -410,7 +411,8 @@ pub(crate) fn build(
         Some(fd) => vec!["--json-status-fd".into(), fd.to_string().into()],
         None => Vec::new(),
     };
-    if !hand_tty {
+    let own_session = !hand_tty && !spec.user_session;
+    if own_session {
         // bwrap starts the command in a session of its own too (we already made bwrap one
         // without a terminal: see the hook below).
         extra.push("--new-session".into());
@@ -429,13 +431,15 @@ pub(crate) fn build(
     unsafe {
         cmd.pre_exec(move || {
             let _fds = (&filters, &status);
-            if hand_tty {
+            if own_session {
+                child::detach_from_terminal()?;
+            } else {
                 if libc::setpgid(0, 0) == -1 {
                     return Err(io::Error::last_os_error());
                 }
-                child::take_tty();
-            } else {
-                child::detach_from_terminal()?;
+                if hand_tty {
+                    child::take_tty();
+                }
             }
             enter(userns, &inherit, &keep_open)
         });

@@ -137,15 +137,23 @@ pub(crate) struct ChildPlan {
     mode: Mode,
     report_fd: RawFd,
     hand_tty: bool,
+    /// Not handed the terminal, but kept in our session ([`RunSpec::user_session`]).
+    user_session: bool,
 }
 
 impl ChildPlan {
     /// `report` (the child end of the channel) must stay open until the spawn returns.
-    pub(crate) fn new(mode: Mode, report: &OwnedFd, hand_tty: bool) -> ChildPlan {
+    pub(crate) fn new(
+        mode: Mode,
+        report: &OwnedFd,
+        hand_tty: bool,
+        user_session: bool,
+    ) -> ChildPlan {
         ChildPlan {
             mode,
             report_fd: report.as_raw_fd(),
             hand_tty,
+            user_session,
         }
     }
 
@@ -161,10 +169,12 @@ impl ChildPlan {
     /// Runs in the child after fork, before exec. Async-signal-safe only.
     pub(crate) fn enter(&self) -> io::Result<()> {
         self.stage(Stage::Setpgid);
-        if self.hand_tty {
+        if self.hand_tty || self.user_session {
             // SAFETY: plain system calls on prepared data.
             check(unsafe { libc::setpgid(0, 0) })?;
-            take_tty();
+            if self.hand_tty {
+                take_tty();
+            }
         } else {
             detach_from_terminal()?;
         }
