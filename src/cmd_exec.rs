@@ -224,7 +224,7 @@ async fn run(args: ExecArgs) -> i32 {
             // The renderer already printed the `error` event; with --json it went to stdout,
             // so say it on stderr too.
             if args.json {
-                eprintln!("shade: {e}");
+                eprintln!("shade: {}", visible_controls(&e.to_string()));
             }
             (exit::SHADE_ERROR, None)
         }
@@ -303,7 +303,7 @@ fn finish_shadow(shadow: Shadow, args: &ExecArgs, stop: Option<StopReason>, code
                 final_code = exit::CONFLICT;
             }
             Err(e) => {
-                eprintln!("shade: {e}");
+                eprintln!("shade: {}", visible_controls(&e.to_string()));
                 event.error = Some(e.to_string());
                 final_code = exit::SHADE_ERROR;
             }
@@ -510,7 +510,7 @@ pub(crate) async fn connect_mcp(
 ) -> shade_agent::tools::mcp::McpServers {
     let mcp = shade_agent::tools::mcp::McpServers::connect(&config.mcp_servers, project).await;
     for w in &mcp.warnings {
-        eprintln!("shade: {w}");
+        eprintln!("shade: {}", visible_controls(w));
     }
     for t in &mcp.tools {
         tools.add(t.clone());

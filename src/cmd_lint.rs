@@ -119,8 +119,9 @@ fn run(args: LintArgs) -> anyhow::Result<i32> {
         serde_json::to_writer(&mut out, &shown)?;
         writeln!(out)?;
     } else {
+        // A checker's message quotes the branch's code: shown, never obeyed, on a terminal.
         for d in &shown {
-            writeln!(out, "{d}")?;
+            writeln!(out, "{}", crate::cmd_run::for_stdout(&d.to_string()))?;
         }
     }
     let new_errors = diags.iter().any(|d| d.new && d.severity == Severity::Error);

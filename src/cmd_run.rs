@@ -198,6 +198,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
             Output::Inherit
         },
         foreground: true,
+        user_session: false,
         isolation: Isolation {
             network: args.no_network,
             private_tmp: args.private_tmp,
@@ -238,7 +239,9 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     if !args.json {
         print_changes(&changes.changes);
         if let Some(d) = &diff {
-            print!("{d}");
+            // The branch's contents are the command's: on a terminal they are shown, never
+            // obeyed; a pipe gets the diff byte for byte (a patch must apply).
+            print!("{}", for_stdout(d));
         }
     }
     let ok = matches!(outcome.termination, Termination::Exited(0));
@@ -406,6 +409,17 @@ fn termination_signals(how: SigmaskHow) {
     }
     if let Err(e) = nix::sys::signal::pthread_sigmask(how, Some(&set), None) {
         tracing::warn!("cannot change the signal mask: {e}");
+    }
+}
+
+/// Text shade prints on stdout that came from elsewhere (a branch's contents): with its
+/// control characters made visible when stdout is a terminal, unchanged for a pipe or file.
+pub(crate) fn for_stdout(text: &str) -> std::borrow::Cow<'_, str> {
+    use std::io::IsTerminal;
+    if std::io::stdout().is_terminal() {
+        visible_controls(text)
+    } else {
+        std::borrow::Cow::Borrowed(text)
     }
 }
 

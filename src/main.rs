@@ -75,6 +75,12 @@ fn main() {
         Command::Mcp(args) => mcp::main(args),
         Command::Doctor(args) => cmd_doctor::main(args),
     };
+    // Every owner drops its branches on the way here; one that could not (a thread still
+    // at work when the command ended) must not leave a mount behind the process.
+    let left = shade_fusefs::unmount_all_before_exit();
+    if left > 0 {
+        tracing::debug!("{left} branches were still mounted at exit: detached");
+    }
     std::process::exit(code);
 }
 

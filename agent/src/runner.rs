@@ -198,6 +198,9 @@ pub struct Command {
     pub output_cap: usize,
     /// Also gets all of the output as it comes (the shell keeps it whole in a log).
     pub tee: Option<sandbox::Tee>,
+    /// The user's own command (chat's `!cmd`): it may open the terminal
+    /// ([`sandbox::RunSpec::user_session`]); the model's commands never may.
+    pub user_session: bool,
 }
 
 /// Why a command did not run.
@@ -290,6 +293,7 @@ impl ShadowRunner {
                 cap: cmd.output_cap,
             };
             spec.tee = cmd.tee;
+            spec.user_session = cmd.user_session;
             inner.run_sandboxed(spec, &task_stop, registration)
         });
         tokio::pin!(task);

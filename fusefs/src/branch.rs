@@ -335,6 +335,7 @@ impl Branch {
         }
         let _ = overlay.notifier.set(session.notifier());
         raise_readahead(&mountpoint);
+        live_mounts().insert(mountpoint.clone(), dir.clone());
         Ok(Branch {
             id,
             project,
@@ -612,7 +613,39 @@ impl Drop for Branch {
         if let Err(e) = std::fs::remove_dir_all(&self.dir) {
             tracing::warn!("removing branch store {}: {e}", self.dir.display());
         }
+        live_mounts().remove(&self.mountpoint);
     }
+}
+
+/// Every branch this process has mounted and not yet dropped: mount point → state directory.
+/// A process that must end now (a signal, a lost terminal) cannot wait for each owner to drop
+/// its branch, so [`unmount_all_before_exit`] finds them all here.
+static LIVE_MOUNTS: std::sync::Mutex<std::collections::BTreeMap<PathBuf, PathBuf>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+fn live_mounts() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<PathBuf, PathBuf>> {
+    LIVE_MOUNTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// How many branches this process has mounted and not yet dropped.
+pub fn live_mount_count() -> usize {
+    live_mounts().len()
+}
+
+/// Before the process exits without unwinding (`std::process::exit` after a signal): detach
+/// every branch it still has mounted and remove its state, wherever its owner is (a thread
+/// blocked on a question, a speculation being dropped). Processes still using a branch get
+/// errors from then on; the kernel ends each FUSE connection when the process exits.
+/// Returns how many branches were still mounted.
+pub fn unmount_all_before_exit() -> usize {
+    let live = std::mem::take(&mut *live_mounts());
+    for (mountpoint, dir) in &live {
+        lazy_unmount(mountpoint);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    live.len()
 }
 
 /// Each branch holds a few fds (its FUSE channel per worker thread, the lower directory,

@@ -30,7 +30,10 @@ mod warm;
 mod watch;
 
 pub use accept::{AcceptError, AcceptOptions, AcceptReport, Conflict, DeferSignals, NotApplied};
-pub use branch::{cleanup_stale, AcceptFlags, Branch, BranchError, BranchOptions};
+pub use branch::{
+    cleanup_stale, live_mount_count, unmount_all_before_exit, AcceptFlags, Branch, BranchError,
+    BranchOptions,
+};
 pub use changeset::{lossy_path, non_utf8_bytes, Change, ChangeKind, Changeset, Owner};
 pub use fingerprint::{Base, Fingerprint};
 pub use idmap::IdShift;

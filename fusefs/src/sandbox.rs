@@ -44,6 +44,7 @@ pub use bwrap::{
 pub use caches::{default_cache_dirs, CacheBranches};
 pub use cancel::Cancel;
 pub use capture::{Captured, Tee};
+pub use child::{cloexec_inherited_fds, detach_from_terminal};
 use child::{ChildPlan, Mode};
 use report::{Report, Stage};
 
@@ -76,6 +77,12 @@ pub struct RunSpec {
     /// installed process-wide) and it gets the terminal. Library callers leave this off and
     /// stop a run with [`Cancel`] instead.
     pub foreground: bool,
+    /// A command the user runs themselves but that does not get the terminal (chat's
+    /// `!cmd`, output captured): it stays in our session, as a background process group,
+    /// so it may still open `/dev/tty` (a password prompt). Every other run that is not
+    /// handed the terminal gets a session of its own without one. Ignored when the run
+    /// gets the terminal.
+    pub user_session: bool,
     /// Extra isolation for speculative runs.
     pub isolation: Isolation,
     /// Directories bound over paths outside the project, writable even with
@@ -97,6 +104,7 @@ impl RunSpec {
             output: Output::Inherit,
             tee: None,
             foreground: false,
+            user_session: false,
             isolation: Isolation::default(),
             binds: Vec::new(),
         }
@@ -551,8 +559,15 @@ fn run_confined(
     }
 }
 
-/// Where the command's streams go, on a command being prepared.
-fn set_output(cmd: &mut Command, output: Output) -> Result<()> {
+/// Where the command's streams go, on a command being prepared. A command that does not get
+/// the terminal (`tty_handed` false) does not get it as its stdin either: it runs in a
+/// session without a controlling terminal, where nothing would stop it (SIGTTIN) from
+/// reading the keys meant for whoever has the terminal.
+fn set_output(cmd: &mut Command, output: Output, tty_handed: bool) -> Result<()> {
+    // SAFETY: isatty(3) on fd 0.
+    if !tty_handed && unsafe { libc::isatty(0) } == 1 {
+        cmd.stdin(Stdio::null());
+    }
     match output {
         Output::Inherit => {}
         Output::StdoutToStderr => {
@@ -577,7 +592,7 @@ fn spawn_confined(conf: &Confinement, spec: &RunSpec) -> Result<Running> {
         bwrap::status_pipe().map_err(SandboxError::io("creating a pipe"))?;
     let tty_handed = spec.foreground && child::can_hand_tty();
     let mut cmd = bwrap::build(conf, spec, tty_handed, Some(status_wr))?;
-    set_output(&mut cmd, spec.output)?;
+    set_output(&mut cmd, spec.output, tty_handed)?;
     let spawned = cmd.spawn();
     // The hook holds bwrap's end of the status pipe: close ours so we see EOF.
     drop(cmd);
@@ -611,7 +626,7 @@ fn spawn(spec: &RunSpec, mode: Mode) -> Result<Spawned> {
     let (report_rd, report_wr) =
         report::channel().map_err(SandboxError::io("creating a socket pair"))?;
     let tty_handed = spec.foreground && child::can_hand_tty();
-    let plan = ChildPlan::new(mode, &report_wr, tty_handed);
+    let plan = ChildPlan::new(mode, &report_wr, tty_handed, spec.user_session);
 
     let mut cmd = Command::new(&spec.argv[0]);
     cmd.args(&spec.argv[1..]);
@@ -623,7 +638,7 @@ fn spawn(spec: &RunSpec, mode: Mode) -> Result<Spawned> {
     }
     // Shells trust an inherited $PWD that names their cwd; give them the right one.
     cmd.env("PWD", plan.cwd_os());
-    set_output(&mut cmd, spec.output)?;
+    set_output(&mut cmd, spec.output, tty_handed)?;
     // SAFETY: the closure only makes async-signal-safe system calls on data prepared
     // before the fork (see child.rs); it allocates nothing.
     unsafe {

@@ -399,7 +399,18 @@ pub fn build(project: &Path, cfg: &LintConfig, name: &str) -> Result<Checker, De
 /// workspace into the workspace's target/, outside the project and so outside the branch.
 fn cargo_target_dir(project: &Path) -> Result<Option<std::path::PathBuf>, DetectError> {
     // Reads the manifests only (`--no-deps`: no resolution, no lock file written).
-    let out = std::process::Command::new("cargo")
+    let mut cmd = std::process::Command::new("cargo");
+    // Not the user's terminal, nor any fd of ours (see sandbox::detach_from_terminal).
+    // SAFETY: the hook makes only async-signal-safe system calls.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            shade_fusefs::sandbox::detach_from_terminal()?;
+            shade_fusefs::sandbox::cloexec_inherited_fds();
+            Ok(())
+        });
+    }
+    let out = cmd
         .args(["metadata", "--no-deps", "--format-version=1", "--offline"])
         .current_dir(project)
         .env_remove("CARGO_TARGET_DIR")

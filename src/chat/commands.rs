@@ -211,7 +211,7 @@ pub(crate) fn apply(session: &mut super::session::Session, cmd: Command) -> Flow
                     for c in &changes.changes {
                         println!("{c}");
                     }
-                    print!("{}", shadow.diff(&changes));
+                    print!("{}", crate::cmd_run::for_stdout(&shadow.diff(&changes)));
                 }
             }
         }

@@ -1,7 +1,7 @@
 //! The interactive loop: read a line, run a turn (or a slash command), then compute the next
 //! suggestion in the background and show it as ghost text once it is due.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -84,6 +84,8 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
     // The terminal closing (SIGHUP) or a SIGTERM ends the session the same way Ctrl-D does,
     // so no speculation's branch outlives it.
     let hang_up = Arc::new(AtomicBool::new(false));
+    // Which signal ended the session (0: none): the exit status is 128 + it, as a shell's.
+    let ended_by = Arc::new(AtomicI32::new(0));
     // Set once the loop has ended and the session is being closed (branches unmounted).
     let closing = Arc::new(AtomicBool::new(false));
     for (kind, number) in [
@@ -91,11 +93,17 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
         (SignalKind::terminate(), libc::SIGTERM),
     ] {
         let (flag, wake, spec) = (hang_up.clone(), wake.clone(), speculator.clone());
-        let closing = closing.clone();
+        let (closing, ended_by) = (closing.clone(), ended_by.clone());
         match signal(kind) {
             Ok(mut s) => {
                 session.runtime.spawn(async move {
                     if s.recv().await.is_some() {
+                        let _ = ended_by.compare_exchange(
+                            0,
+                            number,
+                            Ordering::SeqCst,
+                            Ordering::SeqCst,
+                        );
                         flag.store(true, Ordering::SeqCst);
                         wake.store(true, Ordering::SeqCst);
                         // A running turn is cancelled as by Ctrl-C, so the loop comes round.
@@ -115,15 +123,20 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
                         }
                         // A closed terminal can leave the line editor spinning on its dead
                         // input instead of returning: drop the speculation here and leave.
-                        spec.shutdown();
+                        // Whatever still holds a branch (the main thread at a question about
+                        // a speculation, a drop under way) cannot be waited for: every
+                        // branch of the process is detached here.
+                        spec.shutdown_within(std::time::Duration::from_secs(3));
+                        shade_fusefs::unmount_all_before_exit();
                         echo::restore();
-                        std::process::exit(128 + number);
+                        std::process::exit(128 + ended_by.load(Ordering::SeqCst));
                     }
                 });
             }
             Err(e) => tracing::warn!("cannot catch {kind:?}: {e}"),
         }
     }
+    watch_terminal();
     // Ctrl-C outside a turn (a slash command at work, a shadow branch being written) must
     // not kill the session with its branches mounted: from here on SIGINT only ever cancels
     // what listens for it. (Tokio keeps the handler for the life of the process.)
@@ -144,8 +157,15 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
         };
         let read = match editor.read_line(&prompt) {
             Ok(s) => s,
+            Err(_) if terminal_gone(0) => {
+                // Closed under us: what is left to say has nowhere to go.
+                silence_output();
+                code = 128 + libc::SIGHUP;
+                break;
+            }
             Err(e) => {
-                eprintln!("shade: the terminal failed: {e}");
+                use std::io::Write;
+                let _ = writeln!(std::io::stderr(), "shade: the terminal failed: {e}");
                 code = exit::SHADE_ERROR;
                 break;
             }
@@ -339,7 +359,56 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
     }
     speculator.shutdown();
     session.close();
-    code
+    match ended_by.load(Ordering::SeqCst) {
+        0 => code,
+        sig => 128 + sig,
+    }
+}
+
+/// A terminal can vanish without a SIGHUP (it was not our controlling terminal, or the
+/// hang-up was ignored): reads on it then return EOF or EIO at once, and the line editor
+/// would spin on them. A thread watches it for the hang-up (`poll` reports POLLHUP without
+/// reading a byte) and signals us SIGHUP, which ends the session as a closed terminal does.
+fn watch_terminal() {
+    let spawned = std::thread::Builder::new()
+        .name("terminal-watch".into())
+        .spawn(|| loop {
+            if terminal_gone(1000) {
+                tracing::debug!("the terminal is gone: ending the session");
+                silence_output();
+                // SAFETY: signalling ourselves.
+                unsafe { libc::kill(libc::getpid(), libc::SIGHUP) };
+                return;
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot watch the terminal: {e}");
+    }
+}
+
+/// Whether our terminal (stdin) has hung up, waiting up to `ms` for it to.
+fn terminal_gone(ms: i32) -> bool {
+    let mut fds = [libc::pollfd {
+        fd: 0,
+        events: 0,
+        revents: 0,
+    }];
+    // SAFETY: poll(2) on one pollfd we own, with a timeout.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
+    n > 0 && fds[0].revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
+}
+
+/// Once the terminal is gone, writes to it fail (EIO) and `println!` would panic halfway
+/// through closing the session: stdout and stderr go to /dev/null from then on.
+fn silence_output() {
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        use std::os::fd::AsRawFd;
+        // SAFETY: dup2(2) onto our own standard streams.
+        unsafe {
+            libc::dup2(null.as_raw_fd(), 1);
+            libc::dup2(null.as_raw_fd(), 2);
+        }
+    }
 }
 
 /// A turn that made no model call of its own.

@@ -292,7 +292,9 @@ impl Session {
             eprintln!("shade: this session has no shell tool");
             return;
         };
-        let ctx = self.agent.context().clone();
+        let mut ctx = self.agent.context().clone();
+        // The user's own command: it may ask on the terminal (a password prompt).
+        ctx.user_terminal = true;
         let cancel = self.new_turn();
         let runtime = self.runtime.clone();
         let args = serde_json::json!({ "command": command });

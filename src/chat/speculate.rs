@@ -151,6 +151,24 @@ impl Speculator {
         self.prepare(None);
         self.settle();
     }
+
+    /// [`Speculator::shutdown`] for a process that must end (a signal): the aborts are given
+    /// `limit` to finish; what is still mounted then is detached by
+    /// `shade_fusefs::unmount_all_before_exit`.
+    pub fn shutdown_within(&self, limit: std::time::Duration) {
+        self.prepare(None);
+        if let Some(s) = lock(&self.current).take() {
+            self.abort_in_background(s);
+        }
+        let deadline = std::time::Instant::now() + limit;
+        let handles = std::mem::take(&mut *lock(&self.aborting));
+        while std::time::Instant::now() < deadline && !handles.iter().all(|h| h.is_finished()) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        for h in handles.into_iter().filter(|h| h.is_finished()) {
+            let _ = h.join();
+        }
+    }
 }
 
 /// What accepting a speculation came to.

@@ -135,6 +135,29 @@ impl Tty {
         (it.next().unwrap_or(0), it.next().unwrap_or(0))
     }
 
+    /// The tmux server's socket name (`tmux -L NAME`).
+    pub fn socket(&self) -> &str {
+        &self.socket
+    }
+
+    /// The program's pid.
+    pub fn pane_pid(&self) -> i32 {
+        let out = tmux(&self.socket)
+            .args(["display-message", "-p", "-t", "0", "#{pane_pid}"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    }
+
+    /// The program's exit status once it has ended (the pane stays: remain-on-exit).
+    pub fn exit_status(&self) -> Option<i32> {
+        let out = tmux(&self.socket)
+            .args(["display-message", "-p", "-t", "0", "#{pane_dead_status}"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+    }
+
     /// Is the program still running?
     pub fn alive(&self) -> bool {
         let out = tmux(&self.socket)

@@ -111,6 +111,16 @@ async fn start(
                 cmd.args(&config.args)
                     .envs(&config.env)
                     .current_dir(config.cwd.as_deref().unwrap_or(project));
+                // A server speaks over its pipes: it gets no terminal (a session of its
+                // own) and none of our fds.
+                // SAFETY: the hook makes only async-signal-safe system calls.
+                unsafe {
+                    cmd.pre_exec(|| {
+                        shade_fusefs::sandbox::detach_from_terminal()?;
+                        shade_fusefs::sandbox::cloexec_inherited_fds();
+                        Ok(())
+                    });
+                }
                 let transport = TokioChildProcess::builder(cmd)
                     .stderr(std::process::Stdio::null())
                     .spawn()

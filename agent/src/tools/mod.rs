@@ -106,6 +106,10 @@ pub struct ToolContext {
     /// The session's token account, for model calls a tool makes outside the metered
     /// provider (web_search's search model), so that `/stats` shows them too.
     pub token_stats: Option<crate::background::TokenStats>,
+    /// The user runs this tool call themselves (chat's `!cmd`): `shell` leaves its command
+    /// in the user's session, where it may open the terminal. Never set for the model's
+    /// calls, which run without a terminal.
+    pub user_terminal: bool,
 }
 
 impl ToolContext {
@@ -123,6 +127,7 @@ impl ToolContext {
                 .root()
                 .join("tool-output"),
             token_stats: None,
+            user_terminal: false,
         }
     }
 }

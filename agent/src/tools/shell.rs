@@ -136,7 +136,15 @@ impl Tool for Shell {
                 None => {
                     let root = ctx.workspace.root();
                     let cap = self.cap();
-                    let out = run_command(&p.command, root, timeout, cap, log.clone(), cancel);
+                    let out = run_command(
+                        &p.command,
+                        root,
+                        timeout,
+                        cap,
+                        log.clone(),
+                        ctx.user_terminal,
+                        cancel,
+                    );
                     (out.await?, None)
                 }
             };
@@ -238,12 +246,30 @@ async fn run_command(
     timeout: Duration,
     cap: usize,
     log: Option<Arc<summarize::FullLog>>,
+    user_terminal: bool,
     cancel: &CancellationToken,
 ) -> Result<ToolOutput, ToolError> {
     let shell = shell_program();
     let mut child = tokio::process::Command::new(shell);
     for (k, _) in COMMAND_ENV.iter().filter(|(_, v)| v.is_none()) {
         child.env_remove(k);
+    }
+    // The model's command: a session of its own (its process group, killed as one) without
+    // the user's terminal. The user's own (`!cmd`): a process group in the user's session,
+    // where it may open the terminal. Neither gets any fd of ours.
+    // SAFETY: the hook makes only async-signal-safe system calls.
+    unsafe {
+        child.pre_exec(move || {
+            if user_terminal {
+                if libc::setpgid(0, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else {
+                shade_fusefs::sandbox::detach_from_terminal()?;
+            }
+            shade_fusefs::sandbox::cloexec_inherited_fds();
+            Ok(())
+        });
     }
     let mut child = child
         .arg("-c")
@@ -253,7 +279,6 @@ async fn run_command(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| ToolError::Failed(format!("cannot start {shell}: {e}")))?;
@@ -377,6 +402,7 @@ async fn run_in_shadow(
         timeout: Some(timeout),
         output_cap: cap,
         tee,
+        user_session: ctx.user_terminal,
     };
     let outcome = match runner.run(cmd, cancel).await {
         Ok(o) => o,

@@ -300,7 +300,8 @@ impl Confinement {
 }
 
 /// In the child before exec: enter our user namespace (root), and let bwrap inherit the
-/// fds it is told about, rewound (they are read from the start). Async-signal-safe.
+/// fds it is told about, rewound (they are read from the start), and no other fd above
+/// stdio. Async-signal-safe.
 fn enter(userns: Option<RawFd>, inherit: &[RawFd], keep_open: &[RawFd]) -> io::Result<()> {
     // SAFETY: plain system calls on fds owned by the command.
     unsafe {
@@ -309,6 +310,9 @@ fn enter(userns: Option<RawFd>, inherit: &[RawFd], keep_open: &[RawFd]) -> io::R
                 return Err(io::Error::last_os_error());
             }
         }
+        // Only the fds named here reach bwrap (and none reaches the command: bwrap closes
+        // them before it execs the command).
+        child::cloexec_inherited_fds();
         for &fd in inherit.iter().chain(keep_open) {
             if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
                 return Err(io::Error::last_os_error());
@@ -365,7 +369,8 @@ fn state_dirs(spec: &RunSpec) -> Vec<PathBuf> {
 /// The bwrap command that runs `spec` confined: its file system per
 /// [`super::Isolation`], the branch bound over the project, state directories hidden. Its
 /// stdio is left to the caller; it gets a process group of its own and the terminal when
-/// `hand_tty`. With `status`, bwrap reports the sandbox's pid and the command's exit status
+/// `hand_tty`, else a session of its own without a controlling terminal (unless
+/// [`RunSpec::user_session`]). With `status`, bwrap reports the sandbox's pid and the command's exit status
 /// on that fd (`--json-status-fd`).
 pub(crate) fn build(
     conf: &Confinement,
@@ -402,10 +407,16 @@ pub(crate) fn build(
         None => spec.argv.clone(),
     };
     let status_raw = status.as_ref().map(AsRawFd::as_raw_fd);
-    let extra: Vec<OsString> = match status_raw {
+    let mut extra: Vec<OsString> = match status_raw {
         Some(fd) => vec!["--json-status-fd".into(), fd.to_string().into()],
         None => Vec::new(),
     };
+    let own_session = !hand_tty && !spec.user_session;
+    if own_session {
+        // bwrap starts the command in a session of its own too (we already made bwrap one
+        // without a terminal: see the hook below).
+        extra.push("--new-session".into());
+    }
     let (mut cmd, filters) = conf.base(&layout, &extra, &argv, &spec.cwd)?;
     for (key, value) in &spec.env {
         match value {
@@ -420,11 +431,15 @@ pub(crate) fn build(
     unsafe {
         cmd.pre_exec(move || {
             let _fds = (&filters, &status);
-            if libc::setpgid(0, 0) == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            if hand_tty {
-                child::take_tty();
+            if own_session {
+                child::detach_from_terminal()?;
+            } else {
+                if libc::setpgid(0, 0) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+                if hand_tty {
+                    child::take_tty();
+                }
             }
             enter(userns, &inherit, &keep_open)
         });

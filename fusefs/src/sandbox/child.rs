@@ -137,15 +137,23 @@ pub(crate) struct ChildPlan {
     mode: Mode,
     report_fd: RawFd,
     hand_tty: bool,
+    /// Not handed the terminal, but kept in our session ([`RunSpec::user_session`]).
+    user_session: bool,
 }
 
 impl ChildPlan {
     /// `report` (the child end of the channel) must stay open until the spawn returns.
-    pub(crate) fn new(mode: Mode, report: &OwnedFd, hand_tty: bool) -> ChildPlan {
+    pub(crate) fn new(
+        mode: Mode,
+        report: &OwnedFd,
+        hand_tty: bool,
+        user_session: bool,
+    ) -> ChildPlan {
         ChildPlan {
             mode,
             report_fd: report.as_raw_fd(),
             hand_tty,
+            user_session,
         }
     }
 
@@ -161,11 +169,16 @@ impl ChildPlan {
     /// Runs in the child after fork, before exec. Async-signal-safe only.
     pub(crate) fn enter(&self) -> io::Result<()> {
         self.stage(Stage::Setpgid);
-        // SAFETY: plain system calls on prepared data.
-        check(unsafe { libc::setpgid(0, 0) })?;
-        if self.hand_tty {
-            take_tty();
+        if self.hand_tty || self.user_session {
+            // SAFETY: plain system calls on prepared data.
+            check(unsafe { libc::setpgid(0, 0) })?;
+            if self.hand_tty {
+                take_tty();
+            }
+        } else {
+            detach_from_terminal()?;
         }
+        cloexec_inherited_fds();
         match &self.mode {
             Mode::Namespaced(ns) => self.enter_namespace(ns)?,
             Mode::Fallback { cwd } => {
@@ -411,6 +424,43 @@ pub(crate) fn is_no_privileges(errno: Errno) -> bool {
             | Errno::EUSERS
             | Errno::ENOSYS
     )
+}
+
+/// In a child before exec, for a command nobody watches (speculation, MCP, lint, language
+/// servers, the agent's shell, a `shade run` that is not the terminal's foreground job): a
+/// new session of its own, so it has no controlling terminal. Opening `/dev/tty` then fails
+/// (ENXIO), and it can neither become a terminal's foreground group (TIOCSPGRP) nor take a
+/// terminal that is some session's already (TIOCSCTTY). The session's process group has the
+/// child's pid, so killing that group still kills what it started. Async-signal-safe.
+pub fn detach_from_terminal() -> io::Result<()> {
+    // SAFETY: setsid(2) takes no data.
+    check(unsafe { libc::setsid() })
+}
+
+/// In a child before exec: every fd above stdio is closed at exec, so the command inherits
+/// none of ours, nor any its parent's parent leaked to us (an inherited terminal, a socket);
+/// a hook that means to pass an fd on clears its flag afterwards. Async-signal-safe.
+pub fn cloexec_inherited_fds() {
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: close_range(2) and fcntl(2) on fd numbers only.
+    unsafe {
+        if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) == 0 {
+            return;
+        }
+        // Before Linux 5.11: one fd at a time, up to the fd limit (bounded).
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            lim.rlim_cur.min(1 << 20) as libc::c_int
+        } else {
+            1024
+        };
+        for fd in 3..max {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags != -1 && flags & libc::FD_CLOEXEC == 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+            }
+        }
+    }
 }
 
 /// We hand the terminal to the command only if we are its foreground job: otherwise an

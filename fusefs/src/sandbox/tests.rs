@@ -59,6 +59,7 @@ impl Fixture {
             output: Output::Inherit,
             tee: None,
             foreground: false,
+            user_session: false,
             isolation: Isolation::default(),
             binds: Vec::new(),
         }
