@@ -136,8 +136,8 @@ pub(super) fn check(args: &[Arg], walker: &mut Walker) -> Check {
                 continue;
             }
             v if v.starts_with("-C") || v.starts_with("-c") => {
-                if v.starts_with("-c") {
-                    refuse_program_setting(&v[2..])?;
+                if let Some(setting) = v.strip_prefix("-c") {
+                    refuse_program_setting(setting)?;
                 }
                 globals.extend([v[..2].to_string(), v[2..].to_string()]);
                 i += 1;
