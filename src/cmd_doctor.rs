@@ -107,7 +107,7 @@ pub fn main(_args: DoctorArgs) -> i32 {
             );
             println!(
                 "sandbox:              works: user + PID + IPC namespaces, fresh /proc, minimal \
-                 /dev, /sys read-only, seccomp filter, no_new_privs, killed with shade"
+                 /dev, /sys read-only, seccomp allowlist (no io_uring), no_new_privs, killed with shade"
             );
             println!("commands:             confined (run, --shadow, speculation, lint)");
             0

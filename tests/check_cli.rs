@@ -407,3 +407,127 @@ fn git_status_runs_an_embedded_repositorys_fsmonitor_and_is_refused() {
     git(r.path(), &["status", "--short"]);
     assert!(marker.exists(), "git status ran the embedded fsmonitor");
 }
+
+/// Runs `script` in `dir` on a pseudo-terminal (util-linux `script`), as an agent that runs
+/// commands in a pty would, killed after 30 seconds.
+fn on_a_terminal(dir: &Path, script: &str) {
+    let o = Command::new("timeout")
+        .args(["-s", "KILL", "30", "script", "-qec", script, "/dev/null"])
+        .current_dir(dir)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env_remove("GIT_PAGER")
+        .env_remove("PAGER")
+        .stdin(Stdio::null())
+        .output()
+        .expect("this test needs util-linux `script` and coreutils `timeout`");
+    assert_ne!(o.status.code(), Some(137), "{script} hung on the terminal");
+}
+
+/// A pager named by `-c` (`core.pager`, `pager.<cmd>`) or by the repository's own
+/// configuration runs whenever git's stdout is a terminal — and agents run commands in a
+/// pty — so the verdict does not depend on stdout: not read-only, and on a terminal git
+/// really starts it. `cat`/`false` (no pager) and the user's global pager stay read-only.
+#[test]
+fn git_with_a_pager_is_refused_and_really_runs_it_on_a_terminal() {
+    let r = repo();
+    let tools = tempfile::tempdir().unwrap();
+    let marker = tools.path().join("pager-ran");
+    let pager = marker_program(tools.path(), "pager", &marker);
+    for script in [
+        format!("git -c core.pager='{pager}' log"),
+        format!("git -c pager.log='{pager}' log"),
+        format!("git -c core.pager='{pager}' rev-parse HEAD"),
+        "git -c core.pager='sh -c id' log".to_string(),
+        format!("git -ccore.pager={pager} branch"),
+    ] {
+        let o = check_in(r.path(), &[&script]);
+        assert_eq!(o.status.code(), Some(1), "{script}: {}", stdout(&o));
+        assert!(stdout(&o).contains("names a program"), "{}", stdout(&o));
+    }
+    on_a_terminal(r.path(), &format!("git -c core.pager='{pager}' log"));
+    assert!(
+        marker.exists(),
+        "git did not start the -c pager on a terminal"
+    );
+
+    // Set in the repository's own configuration: every git command may page.
+    std::fs::remove_file(&marker).unwrap();
+    git(r.path(), &["config", "core.pager", &pager]);
+    for script in ["git log", "git branch", "git rev-parse HEAD"] {
+        let o = check_in(r.path(), &[script]);
+        assert_eq!(o.status.code(), Some(1), "{script}: {}", stdout(&o));
+        assert!(
+            stdout(&o).contains("core.pager in local configuration"),
+            "{script}: {}",
+            stdout(&o)
+        );
+    }
+    on_a_terminal(r.path(), "git branch");
+    assert!(marker.exists(), "git did not start the repository's pager");
+    // … unless told not to page.
+    for script in ["git --no-pager log", "git -P branch"] {
+        let o = check_in(r.path(), &[script]);
+        assert_eq!(o.status.code(), Some(0), "{script}: {}", stdout(&o));
+    }
+    git(r.path(), &["config", "--unset", "core.pager"]);
+    git(r.path(), &["config", "pager.status", &pager]);
+    let o = check_in(r.path(), &["git status"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    git(r.path(), &["config", "--unset", "pager.status"]);
+
+    // No pager, or the default one switched on or off: read-only.
+    for script in [
+        "git -c core.pager=cat log",
+        "git -c pager.log=false log",
+        "git -c color.ui=never log",
+        "git log",
+    ] {
+        let o = check_in(r.path(), &[script]);
+        assert_eq!(o.status.code(), Some(0), "{script}: {}", stdout(&o));
+    }
+    // The user's own global pager is the user's.
+    let global = tools.path().join("gitconfig");
+    std::fs::write(&global, format!("[core]\n\tpager = {pager}\n")).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_shade"))
+        .args(["check-command", "git log"])
+        .current_dir(r.path())
+        .env("GIT_CONFIG_GLOBAL", &global)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+}
+
+/// Any other `-c` key naming a program is refused, whatever the subcommand.
+#[test]
+fn git_dash_c_naming_a_program_is_refused() {
+    let r = repo();
+    for key in [
+        "core.editor=x",
+        "core.sshCommand=x",
+        "core.askPass=x",
+        "sequence.editor=x",
+        "alias.lg=!id",
+        "credential.helper=x",
+        "gpg.program=x",
+        "gpg.ssh.program=x",
+        "diff.x.textconv=x",
+        "diff.external=x",
+        "core.fsmonitor=x",
+        "difftool.x.cmd=x",
+        "merge.x.driver=x",
+        "interactive.diffFilter=x",
+        "remote.origin.uploadpack=x",
+    ] {
+        let script = format!("git -c '{key}' log");
+        let o = check_in(r.path(), &[&script]);
+        assert_eq!(o.status.code(), Some(1), "{script}: {}", stdout(&o));
+        assert!(
+            stdout(&o).contains("names a program"),
+            "{script}: {}",
+            stdout(&o)
+        );
+    }
+}

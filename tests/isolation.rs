@@ -687,6 +687,189 @@ fn planted_privileges(who: Who) {
     );
 }
 
+/// A minimal MCP client over stdio (JSON-RPC, one message a line) for `shade mcp` as the
+/// test's user: every wait is bounded, and the server is killed if it outlives the test.
+struct Mcp {
+    child: Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::sync::mpsc::Receiver<String>,
+    next: u64,
+}
+
+impl Mcp {
+    fn start(e: &Env) -> Mcp {
+        use std::io::BufRead;
+        let mut child = e
+            .shade()
+            .args(["mcp", "--no-lint"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut m = Mcp {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+            next: 1,
+        };
+        m.request(
+            "initialize",
+            serde_json::json!({
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "isolation", "version": "1"}
+            }),
+        );
+        m.send(&serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        m
+    }
+
+    fn send(&mut self, msg: &serde_json::Value) {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(stdin, "{msg}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// Sends a request and waits (at most two minutes) for its answer's `result`.
+    fn request(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
+        let id = self.next;
+        self.next += 1;
+        self.send(
+            &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|e| panic!("shade mcp did not answer {method}: {e}"));
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                continue;
+            };
+            if v["id"] == id {
+                assert!(v.get("error").is_none(), "{method} failed: {v}");
+                return v["result"].clone();
+            }
+        }
+    }
+
+    /// The text of tool `name`'s answer.
+    fn tool(&mut self, name: &str, args: serde_json::Value) -> String {
+        let r = self.request(
+            "tools/call",
+            serde_json::json!({"name": name, "arguments": args}),
+        );
+        r["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// `command` in a new branch, through `run_command`: the speculation sandbox.
+    fn run_in_branch(&mut self, command: &str) -> String {
+        let made = self.tool("create_branch", serde_json::json!({}));
+        let id = made
+            .split_whitespace()
+            .nth(2)
+            .unwrap_or_default()
+            .trim_end_matches(|c: char| !c.is_alphanumeric())
+            .to_string();
+        assert!(id.starts_with('b'), "no branch: {made}");
+        self.tool(
+            "run_command",
+            serde_json::json!({"branch": id, "command": command}),
+        )
+    }
+}
+
+impl Drop for Mcp {
+    /// Closes stdin (the server ends and drops its branches), waits up to a minute, then
+    /// kills it.
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        for _ in 0..600 {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A unix socket listening outside the project and the evidence dir, that any user may
+/// connect to, and the io_uring probe beside it (readable by every user).
+fn unix_listener(e: &Env) -> (std::os::unix::net::UnixListener, PathBuf, PathBuf) {
+    let dir = e.out.parent().unwrap();
+    let sock = dir.join("listen.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let probe = dir.join("io_uring.py");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/probes/io_uring.py"),
+        &probe,
+    )
+    .unwrap();
+    std::fs::set_permissions(&probe, std::fs::Permissions::from_mode(0o644)).unwrap();
+    (listener, sock, probe)
+}
+
+/// Nobody connected to `listener` (the connection would be queued by now: no wait).
+fn no_connection(listener: &std::os::unix::net::UnixListener, what: &str) {
+    match listener.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("{what}: the listener outside got a connection: {other:?}"),
+    }
+}
+
+/// io_uring makes and connects sockets with operations no rule on socket(2) sees:
+/// `IORING_OP_SOCKET` + `IORING_OP_CONNECT` to a unix socket outside (issue 28, item 3; a
+/// tmux server there ran commands for a zero-click speculation). io_uring_setup is refused
+/// in `shade run` and in the speculation sandbox of `shade mcp`'s `run_command`, and the
+/// listener sees no one.
+fn io_uring(who: Who) {
+    let e = env(who);
+    let (listener, sock, probe) = unix_listener(&e);
+    let cmd = format!("{PYTHON} {} {}", probe.display(), sock.display());
+    let text = {
+        let mut mcp = Mcp::start(&e);
+        mcp.run_in_branch(&cmd)
+    };
+    no_connection(&listener, "shade mcp run_command");
+    assert!(
+        text.contains("setup-refused"),
+        "io_uring_setup worked in shade mcp's run_command:\n{text}"
+    );
+    let o = e.run(&[], &cmd);
+    ran(&o);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    no_connection(&listener, "shade run");
+    assert!(
+        out.contains("setup-refused"),
+        "io_uring_setup worked in shade run\n{}",
+        show(&o)
+    );
+    e.assert_held(&o);
+}
+
 macro_rules! both {
     ($($route:ident),* $(,)?) => {
         mod as_root {
@@ -716,4 +899,5 @@ both!(
     project_root_refused,
     exec_shadow,
     planted_privileges,
+    io_uring,
 );

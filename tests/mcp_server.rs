@@ -206,6 +206,14 @@ async fn tools_are_listed_with_truthful_annotations() {
     assert!(verdict.contains("\"read_only\":true"), "{verdict}");
     let verdict = ok(&client, "check_command", json!({"command": "rm -rf src"})).await;
     assert!(verdict.contains("\"read_only\":false"), "{verdict}");
+    // A pager runs when the asking agent's command has a terminal: never read-only.
+    let verdict = ok(
+        &client,
+        "check_command",
+        json!({"command": "git -c core.pager='sh -c id' log"}),
+    )
+    .await;
+    assert!(verdict.contains("\"read_only\":false"), "{verdict}");
     disconnect(client).await;
     assert_no_shade_mounts(&fx.state);
 }

@@ -14,8 +14,16 @@
 //! and `diff.*.command`, `gpg.program` through `log.showSignature` or a `%G` placeholder in
 //! `format.pretty`/`pretty.<alias>`, and submodules with their own
 //! configuration. They are read-only only when [`config_hazard`] finds none of these in the
-//! repository the command runs in. A pager only starts on a terminal, which the agent's
-//! commands never have, so pager settings are not a hazard here (`-p` still is).
+//! repository the command runs in.
+//!
+//! Every git command starts a pager when its stdout is a terminal — and other agents run
+//! commands in a pty (MCP's `check_command` is asked for them) — so a verdict must not
+//! depend on stdout: a pager named by `-c` (`core.pager`, `pager.<cmd>`) or by the
+//! repository's own configuration ([`pager_hazard`]: local and worktree scope, includes
+//! followed) makes any git command not read-only; the user's global pager is the user's.
+//! Any other `-c` key that names a program ([`names_program`]: editors, ssh commands,
+//! aliases, credential helpers, gpg, diff/merge drivers, …) is refused outright, whether
+//! or not the subcommand would run it.
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -81,6 +89,8 @@ pub(super) fn check(args: &[Arg], walker: &mut Walker) -> Check {
     // `-C DIR`, `--git-dir`, `--work-tree` and `-c KEY=VALUE`, in order: the configuration
     // check runs git with them, so it reads the configuration the command would use.
     let mut globals: Vec<String> = Vec::new();
+    // `--no-pager`/`-P`: git starts no pager, whatever the configuration says.
+    let mut no_pager = false;
     while let Some(a) = args.get(i) {
         let Some(v) = a.value.as_deref() else {
             return Err(format!(
@@ -100,6 +110,7 @@ pub(super) fn check(args: &[Arg], walker: &mut Walker) -> Check {
             | "--noglob-pathspecs"
             | "--icase-pathspecs"
             | "--no-replace-objects" => {
+                no_pager |= v == "--no-pager" || v == "-P";
                 i += 1;
                 continue;
             }
@@ -110,6 +121,9 @@ pub(super) fn check(args: &[Arg], walker: &mut Walker) -> Check {
                         "`git {v}` has a value that is only known when the command runs"
                     ));
                 };
+                if v == "-c" {
+                    refuse_program_setting(value)?;
+                }
                 globals.extend([v.to_string(), value.to_string()]);
                 i += 2;
                 continue;
@@ -122,6 +136,9 @@ pub(super) fn check(args: &[Arg], walker: &mut Walker) -> Check {
                 continue;
             }
             v if v.starts_with("-C") || v.starts_with("-c") => {
+                if let Some(setting) = v.strip_prefix("-c") {
+                    refuse_program_setting(setting)?;
+                }
                 globals.extend([v[..2].to_string(), v[2..].to_string()]);
                 i += 1;
                 continue;
@@ -178,7 +195,7 @@ pub(super) fn check(args: &[Arg], walker: &mut Walker) -> Check {
     if !globals.is_empty() {
         walker.git_config_allows(sub, &globals)?;
     }
-    match sub {
+    let verdict = match sub {
         s if PLAIN_READS.contains(&s) => Ok(()),
         s if CONFIG_READS.contains(&s) => walker.git_config_allows(s, &globals),
         "branch" => branch(&rest),
@@ -203,7 +220,13 @@ pub(super) fn check(args: &[Arg], walker: &mut Walker) -> Check {
             "`git {s}` talks to a remote repository and changes local refs or files"
         )),
         s => Err(format!("`git {s}` is not a read-only git command")),
+    };
+    verdict?;
+    // Whatever the subcommand: on a terminal, git pages its output.
+    if no_pager {
+        return Ok(());
     }
+    walker.git_pager_allows(sub, &globals)
 }
 
 /// Options that write or run programs whatever the subcommand.
@@ -486,4 +509,95 @@ pub(super) fn key_runs_programs(key: &str, value: &str) -> bool {
         ("trace2", _) => true,
         _ => false,
     }
+}
+
+/// `-c KEY=VALUE` (or `-c KEY`, which means true) naming a program: refused.
+fn refuse_program_setting(setting: &str) -> Check {
+    let (key, value) = setting.split_once('=').unwrap_or((setting, "true"));
+    if names_program(key, value) {
+        return Err(format!(
+            "`git -c {}` names a program for git to run (a pager, editor, helper or driver)",
+            key.to_ascii_lowercase()
+        ));
+    }
+    Ok(())
+}
+
+/// Does `key = value` name a program git may run (for any subcommand)? Everything
+/// [`key_runs_programs`] and [`pager_key`] know, and the keys of programs that only other
+/// subcommands run: a `-c` setting of one of them is refused whatever the subcommand.
+pub(super) fn names_program(key: &str, value: &str) -> bool {
+    if key_runs_programs(key, value) || pager_key(key, value) {
+        return true;
+    }
+    let key = key.to_ascii_lowercase();
+    let section = key.split('.').next().unwrap_or("");
+    let var = key.rsplit('.').next().unwrap_or("");
+    let has_subsection = key.matches('.').count() >= 2;
+    match (section, var) {
+        ("core", "editor" | "sshcommand" | "askpass" | "gitproxy") => true,
+        ("sequence", "editor") => true,
+        ("alias", _) => true,
+        ("credential", "helper") => true,
+        ("gpg", "program" | "defaultkeycommand") => true,
+        ("difftool" | "mergetool" | "man" | "browser", "cmd" | "path") => has_subsection,
+        ("merge", "driver") => has_subsection,
+        ("web", "browser") | ("man", "viewer") => true,
+        ("interactive", "difffilter") => true,
+        ("uploadpack", "packobjectshook") => true,
+        ("remote", "uploadpack" | "receivepack" | "vcs" | "proxy") => has_subsection,
+        ("sendemail", _) => true,
+        ("init", "templatedir") => true,
+        _ => false,
+    }
+}
+
+/// Does `key = value` set a pager? `core.pager` other than none (empty or `cat`, which git
+/// takes for no pager), and `pager.<cmd>` naming a program (true/false only switch the
+/// default pager on or off).
+pub(super) fn pager_key(key: &str, value: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    let value = value.trim();
+    if key == "core.pager" {
+        return !(value.is_empty() || value == "cat");
+    }
+    if key.starts_with("pager.") {
+        let switch = matches!(
+            value.to_ascii_lowercase().as_str(),
+            "" | "true" | "false" | "yes" | "no" | "on" | "off" | "1" | "0" | "cat"
+        );
+        return !switch;
+    }
+    false
+}
+
+/// A pager (see [`pager_key`]) that the repository's own configuration (local or worktree
+/// scope, with what they include) or the command line sets for a git command run in `dir`
+/// with `globals`, or why the configuration could not be read.
+pub(super) fn pager_hazard(dir: &Path, globals: &[String]) -> Option<String> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(globals)
+        .args(["config", "--list", "-z", "--show-scope"])
+        .env("GIT_OPTIONAL_LOCKS", "0")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output();
+    let out = match out {
+        Ok(o) if o.status.success() => o.stdout,
+        Ok(_) => return Some("`git config --list` failed".into()),
+        Err(e) => return Some(format!("could not run `git config`: {e}")),
+    };
+    let text = String::from_utf8_lossy(&out);
+    // `scope NUL key LF value NUL`, entry after entry.
+    let mut fields = text.split('\0');
+    while let (Some(scope), Some(entry)) = (fields.next(), fields.next()) {
+        let (key, value) = entry.split_once('\n').unwrap_or((entry, "true"));
+        let ours = matches!(scope, "local" | "worktree" | "command");
+        if ours && pager_key(key, value) {
+            return Some(format!("{key} in {scope} configuration"));
+        }
+    }
+    None
 }

@@ -15,7 +15,9 @@
 //! (`core.fsmonitor`, `diff.external`, textconv and filter drivers, hooks). [`classify`] knows
 //! no repository, so it does not call them read-only; [`classify_in`] reads the effective
 //! configuration of the given directory (`git config --list`) and accepts them when none of
-//! those keys is set.
+//! those keys is set. Every git command also pages on a terminal: a pager set by `-c` or in
+//! the repository's own configuration makes it not read-only, whatever stdout is at the
+//! moment of the check (see `git.rs`).
 #![warn(missing_docs)]
 
 mod awk;
@@ -87,6 +89,7 @@ fn classify_with(script: &str, repo: Option<&Path>) -> Verdict {
         repo,
         changes_dir: false,
         git_hazard: HashMap::new(),
+        git_pager: HashMap::new(),
     };
     let outcome = walker.check_script(root);
     Verdict {
@@ -109,6 +112,8 @@ struct Walker<'s, 'r> {
     /// The repository's git configuration checks, done once per set of git's global options
     /// (`-C`, `-c`, …), on the first git command that needs it.
     git_hazard: HashMap<Vec<String>, Option<String>>,
+    /// The same for a pager set in the repository's own configuration (every git command).
+    git_pager: HashMap<Vec<String>, Option<String>>,
 }
 
 /// The first characters of a node's text, on one line, for reasons.
@@ -480,6 +485,36 @@ impl Walker<'_, '_> {
             None => Ok(()),
             Some(h) => Err(format!(
                 "`git {sub}` would run a program configured for this repository ({h})"
+            )),
+        }
+    }
+
+    /// Any git command pages its output when stdout is a terminal, which the commands of
+    /// other agents (and MCP's `check_command` asked for them) have: cleared only when the
+    /// repository's own configuration names no pager (see [`git::pager_hazard`]).
+    fn git_pager_allows(&mut self, sub: &str, globals: &[String]) -> Check {
+        let Some(repo) = self.repo else {
+            return Err(format!(
+                "`git {sub}` may start a pager named in the repository's configuration, which \
+                 was not checked"
+            ));
+        };
+        if self.changes_dir {
+            return Err(format!(
+                "`git {sub}` after a directory change runs in a repository whose configuration \
+                 was not checked"
+            ));
+        }
+        let hazard = self
+            .git_pager
+            .entry(globals.to_vec())
+            .or_insert_with(|| git::pager_hazard(repo, globals))
+            .clone();
+        match hazard {
+            None => Ok(()),
+            Some(h) => Err(format!(
+                "`git {sub}` would start a pager configured for this repository ({h}), a \
+                 program of the repository's choosing whenever stdout is a terminal"
             )),
         }
     }

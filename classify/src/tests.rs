@@ -5,13 +5,37 @@ use super::git::key_runs_programs;
 use super::options::{options, Opt, OptSpec};
 use super::*;
 
+/// An empty repository with no configuration of its own: git commands are judged in it
+/// (without a repository to check, any git command may start a configured pager).
+fn clean_repo() -> &'static Path {
+    static REPO: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    REPO.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let st = std::process::Command::new("git")
+            .args(["init", "-q"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(st.success());
+        dir
+    })
+    .path()
+}
+
 #[track_caller]
 fn read_only(scripts: &[&str]) {
     for s in scripts {
-        let v = classify(s);
+        let git = s.contains("git");
+        let v = if git {
+            classify_in(s, clean_repo())
+        } else {
+            classify(s)
+        };
         assert!(v.read_only, "{s:?} should be read-only, got {:?}", v.reason);
         assert_eq!(v.reason, None, "{s:?}");
-        assert!(is_read_only(s), "{s:?}");
+        if !git {
+            assert!(is_read_only(s), "{s:?}");
+        }
     }
 }
 
@@ -523,15 +547,9 @@ fn git() {
         ("git remote show origin", "`git remote show`"),
         ("git config user.name x", "changes configuration"),
         ("git config --unset user.name", "changes configuration"),
-        (
-            "git -c core.fsmonitor=evil status",
-            "configuration was not checked",
-        ),
-        (
-            "git -c diff.external=x diff",
-            "configuration was not checked",
-        ),
-        ("git -c diff.external=x rev-parse HEAD", "not checked"),
+        ("git -c core.fsmonitor=evil status", "names a program"),
+        ("git -c diff.external=x diff", "names a program"),
+        ("git -c diff.external=x rev-parse HEAD", "names a program"),
         (
             "git --config-env=a.b=C log",
             "sets configuration from the environment",
@@ -910,4 +928,25 @@ fn classes_other_agents_test() {
         "git rev-parse \\{\\{",
         "echo '/usr'\"/\"'local'/bin",
     ]);
+}
+
+/// A pager set by `-c` is refused with or without a repository; without one, any git
+/// command may start the repository's pager, so none is read-only.
+#[test]
+fn git_pagers_are_refused_whether_or_not_stdout_is_a_terminal() {
+    refused(&[
+        (
+            "git -c core.pager='sh -c id' log",
+            "`git -c core.pager` names a program",
+        ),
+        (
+            "git -c pager.log=x log",
+            "`git -c pager.log` names a program",
+        ),
+        ("git -c core.editor=x rev-parse HEAD", "names a program"),
+        ("git rev-parse HEAD", "may start a pager"),
+    ]);
+    assert!(classify_in("git -c core.pager=cat log", clean_repo()).read_only);
+    assert!(classify_in("git -c pager.log=false log", clean_repo()).read_only);
+    assert!(classify("git --no-pager rev-parse HEAD").read_only);
 }

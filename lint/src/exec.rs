@@ -97,12 +97,42 @@ pub struct Output {
     pub timed_out: bool,
 }
 
+/// The sandbox a long-lived process (a language server) gets on top of the plain one:
+/// the default is the plain sandbox; an agent session's linter asks for the speculation
+/// sandbox ([`Confinement::speculative`]).
+#[derive(Debug, Clone, Default)]
+pub struct Confinement {
+    /// The extra isolation (its time limit is not used: the process lives on).
+    pub isolation: shade_fusefs::sandbox::Isolation,
+    /// Writable throw-away branches bound over build caches outside the project.
+    pub binds: Vec<shade_fusefs::sandbox::Bind>,
+}
+
+impl Confinement {
+    /// Network off, private /tmp, the rest of the file system read-only but for `binds`
+    /// (throw-away branches of the build caches): what a speculated command gets.
+    pub fn speculative(binds: Vec<shade_fusefs::sandbox::Bind>) -> Confinement {
+        Confinement {
+            isolation: shade_fusefs::sandbox::Isolation {
+                time_limit: None,
+                ..shade_fusefs::sandbox::Isolation::speculative(Duration::ZERO)
+            },
+            binds,
+        }
+    }
+}
+
 /// A command prepared to start inside `view` at `cwd` (an absolute path in the project),
 /// confined by the same sandbox as every other command in a branch
-/// ([`shade_fusefs::sandbox::command`]): it gets its own process group, and killing it kills
-/// everything it started. Stdio is left to the caller. Refused where the sandbox cannot be
-/// had.
-pub fn command(view: &BranchView, argv: &[String], cwd: &Path) -> std::io::Result<Command> {
+/// ([`shade_fusefs::sandbox::command`]) and `confine`: it gets its own process group, and
+/// killing it kills everything it started. Stdio is left to the caller. Refused where the
+/// sandbox cannot be had.
+pub fn command(
+    view: &BranchView,
+    argv: &[String],
+    cwd: &Path,
+    confine: &Confinement,
+) -> std::io::Result<Command> {
     if argv.is_empty() {
         return Err(std::io::Error::other("empty command"));
     }
@@ -113,6 +143,8 @@ pub fn command(view: &BranchView, argv: &[String], cwd: &Path) -> std::io::Resul
         argv.iter().map(Into::into).collect(),
     );
     spec.env = UNSET.iter().map(|k| (k.into(), None)).collect();
+    spec.isolation = confine.isolation;
+    spec.binds = confine.binds.clone();
     shade_fusefs::sandbox::command(&spec).map_err(|e| std::io::Error::other(e.to_string()))
 }
 

@@ -95,6 +95,8 @@ pub struct Linter {
     /// Stops the background baselines' checkers when the linter goes (their branches must
     /// not outlive the process).
     stop: shade_fusefs::sandbox::Cancel,
+    /// Language servers run in the speculation sandbox (see [`Linter::confine_servers`]).
+    confined_servers: bool,
 }
 
 /// The running language servers (by checker name) and where they run.
@@ -114,6 +116,10 @@ struct Home {
     owned: Option<Branch>,
     /// Files a caller's state put there, restored to the project's before the next one.
     replayed: BTreeSet<String>,
+    /// Throw-away branches of the build caches, for servers in the speculation sandbox
+    /// (made with the first such server, unmounted with the home). Declared last: dropped
+    /// after the servers' branch.
+    caches: Option<shade_fusefs::sandbox::CacheBranches>,
 }
 
 impl Servers {
@@ -168,7 +174,19 @@ impl Linter {
             lsp_baselines: Mutex::default(),
             baseline_jobs: Mutex::default(),
             stop: shade_fusefs::sandbox::Cancel::new(),
+            confined_servers: false,
         })
+    }
+
+    /// Start language servers in the speculation sandbox (network off, private /tmp, the
+    /// rest of the file system read-only but for throw-away branches of the build caches)
+    /// rather than the plain one. For agent sessions: their servers start on their own, on
+    /// whatever an agent (or a speculation nobody asked for) wrote, and run project code
+    /// (build scripts, proc macros, plugins) with nobody watching. `shade lint`, which the
+    /// user runs, keeps the plain sandbox.
+    pub fn confine_servers(mut self) -> Linter {
+        self.confined_servers = true;
+        self
     }
 
     /// The real project directory.
@@ -400,6 +418,7 @@ impl Linter {
                 view: BranchView::of(&b),
                 owned: Some(b),
                 replayed: BTreeSet::new(),
+                caches: None,
             });
         }
         let home = sv
@@ -415,7 +434,25 @@ impl Linter {
             }
         }
         if !sv.running.contains_key(&c.name) {
-            let s = lsp::Server::start(&c.name, &home.view, command, left())?;
+            let confine = if self.confined_servers {
+                if home.caches.is_none() {
+                    let opts = BranchOptions {
+                        state: self.state.clone(),
+                        ..BranchOptions::default()
+                    };
+                    home.caches = Some(shade_fusefs::sandbox::CacheBranches::create(
+                        &self.project,
+                        &shade_fusefs::sandbox::default_cache_dirs(),
+                        &opts,
+                    )?);
+                }
+                exec::Confinement::speculative(
+                    home.caches.as_ref().map(|c| c.binds()).unwrap_or_default(),
+                )
+            } else {
+                exec::Confinement::default()
+            };
+            let s = lsp::Server::start(&c.name, &home.view, command, left(), &confine)?;
             sv.running.insert(c.name.clone(), s);
             if !sv.reaper {
                 sv.reaper = true;
@@ -499,6 +536,7 @@ impl Linter {
                 view,
                 owned: None,
                 replayed: BTreeSet::new(),
+                caches: None,
             });
         }
     }

@@ -64,14 +64,16 @@ pub struct Server {
 }
 
 impl Server {
-    /// Start `command` inside `view` and complete the initialize handshake.
+    /// Start `command` inside `view`, confined by `confine`, and complete the initialize
+    /// handshake.
     pub fn start(
         name: &str,
         view: &BranchView,
         command: &[String],
         timeout: Duration,
+        confine: &exec::Confinement,
     ) -> Result<Server, LspError> {
-        let mut cmd = exec::command(view, command, &view.project)
+        let mut cmd = exec::command(view, command, &view.project, confine)
             .map_err(|e| LspError::Io(format!("{name}: {e}")))?;
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())

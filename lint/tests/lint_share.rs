@@ -236,3 +236,70 @@ fn an_idle_server_is_stopped_and_its_branch_unmounted() {
     assert_eq!(second.len(), 1);
     assert_ne!(second, first);
 }
+
+/// An agent session's linter ([`Linter::confine_servers`]) starts its language servers in
+/// the speculation sandbox (issue 28, item 4): the server (here `ruff server` behind a
+/// probe that tries the ways out first) reaches no network, no unix socket outside, writes
+/// nothing outside its branch and has a /tmp of its own — and still answers.
+#[test]
+fn confined_servers_get_the_speculation_sandbox() {
+    let fx = fixture();
+    let out = fx._tmp.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    tcp.set_nonblocking(true).unwrap();
+    let port = tcp.local_addr().unwrap().port();
+    let sock = fx._tmp.path().join("listen.sock");
+    let unix = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    unix.set_nonblocking(true).unwrap();
+    let tmp_mark = format!("/tmp/shade-lsp-probe-{}", std::process::id());
+    let probe = format!(
+        "touch {o}/rest-writable; touch {tmp_mark}; \
+         /usr/bin/python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 5)'; \
+         /usr/bin/python3 -c 'import socket; socket.socket(socket.AF_UNIX).connect(\"{s}\")'; \
+         exec ruff server",
+        o = out.display(),
+        s = sock.display(),
+    );
+    let cfg = LintConfig {
+        lsp: Some(shade_lint::checker::LspConfig {
+            name: "probed-ruff".into(),
+            command: vec!["sh".into(), "-c".into(), probe],
+            extensions: vec!["py".into()],
+        }),
+        ..Default::default()
+    };
+    let linter = Linter::new(&fx.project, fx.state.clone(), &cfg, Some("probed-ruff"))
+        .unwrap()
+        .confine_servers();
+    let a = fx.branch();
+    let found = edit(&linter, &a, &PY.replace("a + b", "a + x"));
+    assert_eq!(
+        found,
+        ["calc.py:5:16: error: Undefined name `x` [F821] (probed-ruff)"],
+        "the confined server did not answer"
+    );
+    assert!(
+        matches!(tcp.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the language server reached the host's network"
+    );
+    assert!(
+        matches!(unix.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the language server connected to a unix socket outside"
+    );
+    let left: Vec<_> = std::fs::read_dir(&out).unwrap().flatten().collect();
+    assert!(
+        left.is_empty(),
+        "the language server wrote outside: {left:?}"
+    );
+    let shared_tmp = Path::new(&tmp_mark).exists();
+    let _ = std::fs::remove_file(&tmp_mark);
+    assert!(!shared_tmp, "the language server wrote to the shared /tmp");
+    drop(linter);
+    drop(a);
+    assert_eq!(
+        fx.mounts(),
+        0,
+        "the servers' branch and cache branches are unmounted"
+    );
+}

@@ -131,7 +131,9 @@ pub fn session_hook(project: &Path, config: &LintConfig, offered: bool) -> Optio
     let state = shade_fusefs::StateDir::from_env();
     match Linter::new(project, state, config, None) {
         Ok(linter) => {
-            let linter = Arc::new(linter);
+            // Its language servers start on their own, for speculations and MCP clients
+            // too: the speculation sandbox, whoever asks (they are shared).
+            let linter = Arc::new(linter.confine_servers());
             if offered {
                 // A session that works in a branch will edit: have the unedited project's
                 // result ready by its first edit. Registered here (a stat walk), so the

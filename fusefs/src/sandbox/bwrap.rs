@@ -11,8 +11,9 @@
 //!   down with everything in it when the command ends or shade dies (`--die-with-parent`);
 //! - a minimal `/dev` (no disks), a private `/dev/shm`, a private IPC namespace, `/sys`
 //!   read-only, shade's state directories hidden under an empty tmpfs;
-//! - a seccomp filter (mount, namespaces, kernel keyrings, bpf, module loading, terminal
-//!   injection, file handles, …) and no_new_privs.
+//! - a seccomp allowlist (unlisted calls ENOSYS; mount, namespaces, kernel keyrings, bpf,
+//!   io_uring, module loading, terminal injection, file handles, … EPERM: see `seccomp`)
+//!   and no_new_privs.
 //!
 //! Where any of that cannot be had, [`probe`] says why and confined runs are refused.
 

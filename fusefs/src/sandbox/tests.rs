@@ -616,6 +616,9 @@ try remount-home 'mount -o remount,rw,bind {home} && touch {home_file}'
 try proc-root 'echo x > /proc/1/root{var_tmp}'
 try unix-socket '/usr/bin/python3 -c "import socket; socket.socket(socket.AF_UNIX).connect(\"{sock}\")"'
 try socketpair '/usr/bin/python3 -c "import socket; a, b = socket.socketpair(); a.send(b\"x\"); assert b.recv(1)"'
+try seqpacket-pair '/usr/bin/python3 -c "import socket; socket.socketpair(type=socket.SOCK_SEQPACKET)"'
+try dgram-pair '/usr/bin/python3 -c "import socket; socket.socketpair(type=socket.SOCK_DGRAM)"'
+try raw-pair '/usr/bin/python3 -c "import socket; socket.socketpair(type=socket.SOCK_RAW)"'
 try run-hidden 'test -d /run && test ! -e {sock_in_run}'
 exit 0"#
     );
@@ -638,6 +641,9 @@ exit 0"#
         "proc-root refused",
         "unix-socket refused",
         "socketpair ok",
+        "seqpacket-pair ok",
+        "dgram-pair refused",
+        "raw-pair refused",
         "run-hidden ok",
     ] {
         assert!(
@@ -788,6 +794,20 @@ fd = os.open("/dev/null", os.O_RDONLY)
 c = ctypes.c_char(b"x")
 out.append("tiocsti %d" % err(libc.ioctl(fd, 0x5412, ctypes.byref(c))))
 out.append("fionread %d" % err(libc.ioctl(fd, 0x541B, ctypes.byref(ctypes.c_int()))))
+out.append("mount %d" % err(libc.mount(b"none", b"/tmp", b"tmpfs", 0, None)))
+out.append("io_uring_setup %d" % err(libc.syscall(425, 8, ctypes.create_string_buffer(120))))
+out.append("uselib %d" % err(libc.syscall(134, b"/x")))
+out.append("clock_settime %d" % err(libc.clock_settime(0, ctypes.create_string_buffer(16))))
+out.append("persona-rie %d" % err(libc.personality(0x0400000)))
+out.append("persona-query %d" % err(libc.personality(0xffffffff)))
+out.append("persona-norandom %d" % err(libc.personality(0x0040000)))
+out.append("af_alg %d" % err(libc.socket(38, 5, 0)))
+out.append("af_vsock %d" % err(libc.socket(40, 1, 0)))
+out.append("netlink-audit %d" % err(libc.socket(16, 3, 9)))
+out.append("netlink-route %d" % err(libc.socket(16, 3, 0)))
+out.append("unix %d" % err(libc.socket(1, 1, 0)))
+out.append("dgram-pair %d" % err(libc.socketpair(1, 2, 0, ctypes.create_string_buffer(8))))
+out.append("stream-pair %d" % err(libc.socketpair(1, 1 | 0o2000000, 0, ctypes.create_string_buffer(8))))
 t = threading.Thread(target=lambda: out.append("thread ran"))
 t.start(); t.join()
 open("result", "w").write("\n".join(out) + "\n")
@@ -806,6 +826,21 @@ open("result", "w").write("\n".join(out) + "\n")
         "tiocsti 1\n",
         // Other ioctls pass the filter: /dev/null is no terminal.
         "fionread 25\n",
+        // Refused (EPERM) wins over the allowlist's ENOSYS, which is for the unlisted.
+        "mount 1\n",
+        "io_uring_setup 1\n",
+        "uselib 38\n",
+        "clock_settime 1\n",
+        "persona-rie 1\n",
+        "persona-query 0\n",
+        "persona-norandom 0\n",
+        "af_alg 1\n",
+        "af_vsock 1\n",
+        "netlink-audit 1\n",
+        "netlink-route 0\n",
+        "unix 0\n",
+        "dgram-pair 0\n",
+        "stream-pair 0\n",
         "thread ran\n",
     ] {
         assert!(
@@ -839,5 +874,9 @@ fn a_32_bit_system_call_kills_the_process() {
     // Unfiltered it works: the test would mean nothing otherwise.
     assert!(Command::new(&bin).status().unwrap().success());
     let outcome = f.run(&format!("{}", bin.display()));
+    assert_eq!(outcome.termination, Termination::Signaled(libc::SIGSYS));
+    // An x32 number (bit 30: x32's getpid) through the 64-bit entry: killed too.
+    let outcome =
+        f.run("exec /usr/bin/python3 -c 'import ctypes; ctypes.CDLL(None).syscall(0x40000027)'");
     assert_eq!(outcome.termination, Termination::Signaled(libc::SIGSYS));
 }
