@@ -4,6 +4,7 @@
 //! directory and mounts. Dropping a branch without accepting it aborts it.
 
 use crate::accept::{self, AcceptError, AcceptOptions, AcceptReport};
+use crate::budget::{Budget, BranchLimits, LimitHit};
 use crate::changeset::Changeset;
 use crate::content::Store;
 use crate::fs::ShadeFs;
@@ -32,6 +33,9 @@ pub struct BranchOptions {
     pub allow_other: bool,
     /// FUSE worker threads.
     pub threads: usize,
+    /// How much the branch may hold: contents beyond `size` and metadata beyond
+    /// `metadata` get ENOSPC (see [`Branch::take_limit_hits`]).
+    pub limits: BranchLimits,
 }
 
 impl Default for BranchOptions {
@@ -41,6 +45,7 @@ impl Default for BranchOptions {
             memory_budget: memory_budget_from_env(),
             allow_other: other_users_permitted(),
             threads: 2,
+            limits: BranchLimits::default(),
         }
     }
 }
@@ -232,7 +237,11 @@ impl Branch {
 
         let overlay = Arc::new(Overlay::new(
             lower,
-            Store::new(store_dir, opts.memory_budget),
+            Store::new(
+                store_dir,
+                opts.memory_budget,
+                Arc::new(Budget::new(opts.limits)),
+            ),
             IgnoreRules::load(&project),
         ));
         let mut config = Config::default();
@@ -323,6 +332,23 @@ impl Branch {
     /// Where the branch is mounted; processes see the project's files here.
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
+    }
+
+    /// The limits this branch reached since the last call (each said once): a command
+    /// that got ENOSPC from the branch's budgets, to be reported in one line.
+    pub fn take_limit_hits(&self) -> Vec<LimitHit> {
+        self.overlay.store.limits().take_hits()
+    }
+
+    /// The limits this branch enforces.
+    pub fn limits(&self) -> BranchLimits {
+        self.overlay.store.limits().limits()
+    }
+
+    /// Bytes of file contents the branch holds, in memory and on disk, as its contents
+    /// budget counts them.
+    pub fn size_used(&self) -> u64 {
+        self.overlay.store.limits().size_used()
     }
 
     /// Bytes of file content this branch holds in memory (the rest is on disk).

@@ -7,6 +7,7 @@
 
 pub mod accept;
 mod branch;
+pub mod budget;
 mod changeset;
 mod content;
 pub mod fingerprint;
@@ -25,11 +26,13 @@ pub mod sandbox;
 mod select;
 pub mod state;
 mod tree;
+pub mod units;
 mod warm;
 mod watch;
 
 pub use accept::{AcceptError, AcceptOptions, AcceptReport, Conflict, DeferSignals, NotApplied};
 pub use branch::{cleanup_stale, AcceptFlags, Branch, BranchError, BranchOptions};
+pub use budget::{BranchLimits, LimitHit};
 pub use changeset::{lossy_path, non_utf8_bytes, Change, ChangeKind, Changeset};
 pub use fingerprint::{Base, Fingerprint};
 pub use plan::{Perms, PlanOp, ReadBase, RelPath};

@@ -666,11 +666,11 @@ fn the_isolation_time_limit_kills_the_command() {
     let f = fixture();
     let mut spec = f.spec("sleep 100");
     spec.timeout = None;
-    spec.isolation.time_limit = Some(Duration::from_millis(300));
+    spec.isolation.limits.time_limit = Some(Duration::from_millis(300));
     assert_eq!(run(&spec).unwrap().termination, Termination::TimedOut);
     // The shorter of the two wins.
     spec.timeout = Some(Duration::from_millis(300));
-    spec.isolation.time_limit = Some(Duration::from_secs(100));
+    spec.isolation.limits.time_limit = Some(Duration::from_secs(100));
     assert_eq!(run(&spec).unwrap().termination, Termination::TimedOut);
 }
 
