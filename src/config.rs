@@ -178,7 +178,11 @@ impl LimitsConfig {
             ("tmp_size", &self.tmp_size, &mut l.tmp_size),
             ("shm_size", &self.shm_size, &mut l.shm_size),
             ("branch_size", &self.branch_size, &mut l.branch_size),
-            ("branch_metadata", &self.branch_metadata, &mut l.branch_metadata),
+            (
+                "branch_metadata",
+                &self.branch_metadata,
+                &mut l.branch_metadata,
+            ),
         ] {
             if let Some(v) = value {
                 *slot = v.bytes(key)?;
@@ -430,5 +434,41 @@ mod tests {
             ..Overrides::default()
         });
         assert!(missing.is_err());
+    }
+
+    #[test]
+    fn the_sandbox_tables_set_each_modes_limits_over_the_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        std::fs::write(
+            &path,
+            "model = \"m\"\n[sandbox.run]\nmax_processes = 100\ntmp_size = \"1G\"\n\
+             [sandbox.speculation]\nbranch_size = \"unlimited\"\nshm_size = 4096\n\
+             time_limit_secs = 0\n",
+        )
+        .unwrap();
+        let (run, spec) = sandbox_limits(Some(path.clone())).unwrap();
+        assert_eq!(run.max_processes, Some(100));
+        assert_eq!(run.tmp_size, Some(1 << 30));
+        assert_eq!(run.branch_size, None);
+        assert_eq!(spec.branch_size, None);
+        assert_eq!(spec.shm_size, Some(4096));
+        assert_eq!(spec.time_limit, None);
+        assert_eq!(spec.max_processes, Some(512));
+        assert_eq!(spec.tmp_size, Some(512 << 20));
+        // The whole file parses too ([sandbox] is a known section).
+        assert!(read_file_config(&path).is_ok());
+
+        std::fs::write(&path, "[sandbox.run]\ntmp_size = \"lots\"\n").unwrap();
+        let err = sandbox_limits(Some(path.clone())).unwrap_err();
+        assert!(err.contains("[sandbox.run] tmp_size"), "{err}");
+        std::fs::write(&path, "[sandbox.run]\nmax_procs = 3\n").unwrap();
+        assert!(sandbox_limits(Some(path)).is_err());
+        // No file: the built-in limits.
+        let none = sandbox_limits(Some(dir.path().join("absent.toml")));
+        assert!(
+            none.is_err(),
+            "an explicit file that is missing is an error"
+        );
     }
 }

@@ -4,7 +4,7 @@
 //! directory and mounts. Dropping a branch without accepting it aborts it.
 
 use crate::accept::{self, AcceptError, AcceptOptions, AcceptReport};
-use crate::budget::{Budget, BranchLimits, LimitHit};
+use crate::budget::{BranchLimits, Budget, LimitHit};
 use crate::changeset::Changeset;
 use crate::content::Store;
 use crate::fs::ShadeFs;

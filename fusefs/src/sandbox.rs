@@ -540,10 +540,7 @@ fn run_confined(
         let cgroup = process_cgroup(conf, spec);
         let mut running = spawn_confined(conf, &this, cgroup.as_ref())?;
         // Held past the command's end, to see whether its /tmp or /dev/shm filled up.
-        let namespaces = running
-            .status
-            .as_mut()
-            .and_then(|s| s.user_mnt_ns.take());
+        let namespaces = running.status.as_mut().and_then(|s| s.user_mnt_ns.take());
         let mut outcome = supervise::wait(running, ctl, true)?;
         outcome
             .limits_hit

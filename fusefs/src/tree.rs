@@ -257,7 +257,9 @@ impl Tree {
         let base = crate::budget::slot_cost(&rel, 0);
         self.slot_bytes += base + entry_extra(&slot.entry);
         if let Some(old) = self.slots.insert(rel, slot) {
-            self.slot_bytes = self.slot_bytes.saturating_sub(base + entry_extra(&old.entry));
+            self.slot_bytes = self
+                .slot_bytes
+                .saturating_sub(base + entry_extra(&old.entry));
         }
     }
 

@@ -48,7 +48,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 pub fn format_size(bytes: u64) -> String {
     for (unit, size) in [("TiB", TI), ("GiB", GI), ("MiB", MI), ("KiB", KI)] {
         if bytes >= size {
-            if bytes % size == 0 {
+            if bytes.is_multiple_of(size) {
                 return format!("{} {unit}", bytes / size);
             }
             let tenths = (u128::from(bytes) * 10 + u128::from(size) / 2) / u128::from(size);
@@ -63,6 +63,7 @@ pub fn format_size(bytes: u64) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -92,7 +93,10 @@ mod tests {
         assert_eq!(format_size(100), "100 bytes");
         assert_eq!(format_size(1), "1 byte");
         for s in ["512MiB", "1GiB", "64KiB", "3TiB"] {
-            assert_eq!(parse_size(&format_size(parse_size(s).unwrap())), parse_size(s));
+            assert_eq!(
+                parse_size(&format_size(parse_size(s).unwrap())),
+                parse_size(s)
+            );
         }
     }
 }

@@ -405,7 +405,12 @@ async fn run_in_shadow(
     let (stdout, stderr) = (text(&outcome.stdout), text(&outcome.stderr));
     // Each limit the command reached, in one line after its status.
     let status_line = std::iter::once(status_line)
-        .chain(outcome.limit_lines().into_iter().map(|l| format!("shade: {l}")))
+        .chain(
+            outcome
+                .limit_lines()
+                .into_iter()
+                .map(|l| format!("shade: {l}")),
+        )
         .collect::<Vec<_>>()
         .join("\n");
     let isolation = runner.isolation();

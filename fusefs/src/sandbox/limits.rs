@@ -133,8 +133,7 @@ pub fn limits_helper(argv: &[OsString]) -> i32 {
         .first()
         .and_then(|n| n.to_str())
         .and_then(|n| n.parse::<libc::rlim_t>().ok());
-    let (Some(n), Some((prog, args))) = (parsed, argv.get(1..).and_then(<[_]>::split_first))
-    else {
+    let (Some(n), Some((prog, args))) = (parsed, argv.get(1..).and_then(<[_]>::split_first)) else {
         eprintln!("shade: {LIMITS_HELPER_ARG}: usage: N COMMAND [ARG…]");
         return super::EXIT_CANNOT_EXEC;
     };
