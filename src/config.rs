@@ -138,7 +138,7 @@ pub struct LimitsConfig {
     /// File contents the branch may hold ("unlimited": no limit).
     pub branch_size: Option<Size>,
     /// Metadata (entries, symlinks, xattrs) the branch may keep in shade's memory
-    /// ("unlimited" keeps the built-in 256 MiB: the daemon stays bounded).
+    /// ("unlimited" keeps the built-in 1 GiB: the daemon stays bounded).
     pub branch_metadata: Option<Size>,
     /// Seconds before the command is killed; 0 is no limit.
     pub time_limit_secs: Option<u64>,

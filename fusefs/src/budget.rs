@@ -18,7 +18,7 @@ pub const XATTR_NAME_MAX: usize = 255;
 /// the slot, its place in the parent's child set, the inode record, the node.
 const SLOT_COST: u64 = 320;
 /// The metadata budget when nobody sets one: the daemon stays bounded anyway.
-pub const DEFAULT_METADATA: u64 = 256 << 20;
+pub const DEFAULT_METADATA: u64 = 1 << 30;
 
 /// Limits of one branch; `None` is no limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
