@@ -701,7 +701,7 @@ fn planted_privileges(who: Who) {
 
 /// How long a limits test may take before it is killed and fails (a command that escaped
 /// its limits may otherwise run on).
-const LIMITS_DEADLINE: Duration = Duration::from_secs(120);
+const LIMITS_DEADLINE: Duration = Duration::from_secs(300);
 
 /// What a bounded run gave: its output, and the largest resident size of the shade process
 /// seen while it ran (kB).
@@ -874,6 +874,15 @@ fn limits_branch_size(who: Who) {
     e.assert_held(o);
 }
 
+/// The time limit kills the command, and says so in one line.
+fn limits_time(who: Who) {
+    let e = env(who);
+    let b = run_limited(&e, "[sandbox.run]\ntime_limit_secs = 1\n", &[], "sleep 43");
+    stderr_says(&b.out, "shade: the command reached its 1 s time limit");
+    assert_eq!(processes_running(&["sleep", "43"]), 0, "{}", show(&b.out));
+    e.assert_held(&b.out);
+}
+
 /// An xattr flood (64 KiB values, as many as it can) is refused once the branch's
 /// metadata budget is spent, oversized values and names get E2BIG and ERANGE, and shade's
 /// own memory stays bounded all along.
@@ -974,4 +983,5 @@ both!(
     limits_tmp_and_shm,
     limits_branch_size,
     limits_xattr_flood,
+    limits_time,
 );
