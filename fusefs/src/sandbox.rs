@@ -619,7 +619,12 @@ fn process_cgroup(conf: &Confinement, spec: &RunSpec) -> Option<limits::Cgroup> 
         return None;
     }
     limits::Cgroup::create(max)
-        .map_err(|why| limits::warn_unenforced("the process limit", &why))
+        .map_err(|why| {
+            if spec.foreground {
+                eprintln!("shade: warning: the process limit is not enforced here: {why}");
+            }
+            limits::warn_unenforced("the process limit", &why)
+        })
         .ok()
 }
 
