@@ -58,6 +58,25 @@ fn own_seccomp() -> String {
     }
 }
 
+/// The limits in force per mode (built-in, or the config's `[sandbox.*]` tables), and how
+/// the process limit is enforced here.
+fn print_limits(root: bool) {
+    use shade_fusefs::sandbox::Limits;
+    println!("limits (shade run):   {}", Limits::run().describe());
+    println!(
+        "limits (speculation, shade mcp): {}",
+        Limits::speculation().describe()
+    );
+    println!(
+        "process limit:        {}",
+        if root {
+            "a pids cgroup per command (cgroup v2 or the v1 pids hierarchy)"
+        } else {
+            "RLIMIT_NPROC inside the command's user namespace"
+        }
+    );
+}
+
 pub fn main(_args: DoctorArgs) -> i32 {
     let root = nix::unistd::geteuid().is_root();
     let state = StateDir::from_env();
@@ -93,6 +112,7 @@ pub fn main(_args: DoctorArgs) -> i32 {
             "not created yet"
         }
     );
+    print_limits(root);
     match shade_fusefs::sandbox::probe() {
         Ok(conf) => {
             let version = conf.version();

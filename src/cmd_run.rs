@@ -166,8 +166,10 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
 
     // Finding out whether the sandbox works starts one: do it while the branch mounts.
     let probe = (!args.unconfined).then(|| std::thread::spawn(|| sandbox::probe().is_ok()));
+    let limits = sandbox::Limits::run();
     let opts = BranchOptions {
         state,
+        limits: limits.branch(),
         ..BranchOptions::default()
     };
     // From the mount to the unmount, Ctrl-C/SIGTERM/SIGHUP outside the command's own run
@@ -203,6 +205,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
             network: args.no_network,
             private_tmp: args.private_tmp,
             unconfined: args.unconfined,
+            limits,
             ..Isolation::default()
         },
         binds: Vec::new(),
@@ -219,6 +222,10 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     let outcome = sandbox::run(&spec);
     termination_signals(SigmaskHow::SIG_BLOCK);
     let outcome = outcome?;
+    // Each limit the command reached, in one line, before anything else is said of it.
+    for hit in outcome.limits_hit.iter().chain(&branch.take_limit_hits()) {
+        eprintln!("shade: {hit}");
+    }
     let code = outcome.exit_code();
     let changes = branch.changeset(args.include_ignored);
     if args.review {

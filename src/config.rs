@@ -11,6 +11,7 @@ use shade_agent::followup::FollowupSettings;
 use shade_agent::tools::config::{
     McpServerConfig, OutputBudget, ToolsConfig, WebFetchConfig, WebSearchConfig,
 };
+use shade_fusefs::sandbox::Limits;
 use shade_lint::LintConfig;
 use shade_llm::config::ThinkingParam;
 use shade_llm::{LlmConfig, LlmError};
@@ -32,6 +33,10 @@ pub struct Settings {
 /// one is not.
 pub fn load(overrides: &Overrides) -> Result<Settings, LlmError> {
     let file = load_file_config(overrides)?;
+    // main set the default file's limits; a file named with --config replaces them.
+    let sandbox = file.sandbox.clone().unwrap_or_default();
+    let (run, speculation) = sandbox.limits().map_err(LlmError::Config)?;
+    shade_fusefs::sandbox::configure_limits(run, speculation);
     let mut llm = LlmConfig::default();
     apply_file(&mut llm, &file);
     apply_env(&mut llm, |k| {
@@ -105,6 +110,133 @@ pub struct FileConfig {
     pub web_search: Option<WebSearchConfig>,
     /// `[mcp_servers.NAME]`: see [`shade_agent::tools::config::ToolsConfig::mcp_servers`].
     pub mcp_servers: Option<std::collections::BTreeMap<String, McpServerConfig>>,
+    /// `[sandbox.run]` and `[sandbox.speculation]`: what a command may consume (see
+    /// [`sandbox_limits`]).
+    pub sandbox: Option<SandboxConfig>,
+}
+
+/// The `[sandbox]` section: limits per mode.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxConfig {
+    /// `shade run`'s commands.
+    pub run: Option<LimitsConfig>,
+    /// Commands nobody asked for yet: speculation, and `shade mcp`'s.
+    pub speculation: Option<LimitsConfig>,
+}
+
+/// One mode's limits as written in the config; what is left out keeps the mode's default.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Processes at once; 0 is no limit of shade's.
+    pub max_processes: Option<u32>,
+    /// The private /tmp's size ("512MiB", "1G", bytes; "unlimited": the kernel's default).
+    pub tmp_size: Option<Size>,
+    /// The private /dev/shm's size (as `tmp_size`).
+    pub shm_size: Option<Size>,
+    /// File contents the branch may hold ("unlimited": no limit).
+    pub branch_size: Option<Size>,
+    /// Metadata (entries, symlinks, xattrs) the branch may keep in shade's memory
+    /// ("unlimited" keeps the built-in 1 GiB: the daemon stays bounded).
+    pub branch_metadata: Option<Size>,
+    /// Seconds before the command is killed; 0 is no limit.
+    pub time_limit_secs: Option<u64>,
+}
+
+/// A size in the config: a number of bytes or a string such as "512MiB" or "unlimited".
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Size {
+    /// Bytes.
+    Bytes(u64),
+    /// "512MiB", "1G", "unlimited".
+    Text(String),
+}
+
+impl Size {
+    /// `None` for "unlimited".
+    fn bytes(&self, key: &str) -> Result<Option<u64>, String> {
+        match self {
+            Size::Bytes(b) => Ok(Some(*b)),
+            Size::Text(t) if t.trim().eq_ignore_ascii_case("unlimited") => Ok(None),
+            Size::Text(t) => shade_fusefs::units::parse_size(t)
+                .map(Some)
+                .map_err(|e| format!("{key}: {e}")),
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// `base` with what this section sets.
+    fn apply(&self, base: Limits) -> Result<Limits, String> {
+        let mut l = base;
+        if let Some(n) = self.max_processes {
+            l.max_processes = (n > 0).then_some(n);
+        }
+        for (key, value, slot) in [
+            ("tmp_size", &self.tmp_size, &mut l.tmp_size),
+            ("shm_size", &self.shm_size, &mut l.shm_size),
+            ("branch_size", &self.branch_size, &mut l.branch_size),
+            (
+                "branch_metadata",
+                &self.branch_metadata,
+                &mut l.branch_metadata,
+            ),
+        ] {
+            if let Some(v) = value {
+                *slot = v.bytes(key)?;
+            }
+        }
+        if let Some(secs) = self.time_limit_secs {
+            l.time_limit = (secs > 0).then(|| Duration::from_secs(secs));
+        }
+        Ok(l)
+    }
+}
+
+/// The limits of `shade run` and of speculation/MCP commands that `config_file` (default:
+/// the usual file) sets, on top of the built-in ones ([`Limits::RUN`],
+/// [`Limits::SPECULATION`]). Only the `[sandbox]` table is read, so a command that needs
+/// nothing else of the file is not stopped by a problem elsewhere in it.
+pub fn sandbox_limits(config_file: Option<PathBuf>) -> Result<(Limits, Limits), String> {
+    let explicit = config_file.is_some();
+    let defaults = (Limits::RUN, Limits::SPECULATION);
+    let Some(path) = config_file.or_else(default_config_path) else {
+        return Ok(defaults);
+    };
+    if !explicit && !path.exists() {
+        return Ok(defaults);
+    }
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut table: toml::Table =
+        toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let Some(section) = table.remove("sandbox") else {
+        return Ok(defaults);
+    };
+    let sandbox: SandboxConfig = section
+        .try_into()
+        .map_err(|e| format!("{}: [sandbox]: {e}", path.display()))?;
+    sandbox
+        .limits()
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+impl SandboxConfig {
+    /// `shade run`'s limits and speculation's, the built-in ones with what this sets.
+    pub fn limits(&self) -> Result<(Limits, Limits), String> {
+        let run = self.run.clone().unwrap_or_default().apply(Limits::RUN);
+        let spec = self
+            .speculation
+            .clone()
+            .unwrap_or_default()
+            .apply(Limits::SPECULATION);
+        Ok((
+            run.map_err(|e| format!("[sandbox.run] {e}"))?,
+            spec.map_err(|e| format!("[sandbox.speculation] {e}"))?,
+        ))
+    }
 }
 
 /// Values given on the command line; they win over everything else.
@@ -302,5 +434,41 @@ mod tests {
             ..Overrides::default()
         });
         assert!(missing.is_err());
+    }
+
+    #[test]
+    fn the_sandbox_tables_set_each_modes_limits_over_the_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        std::fs::write(
+            &path,
+            "model = \"m\"\n[sandbox.run]\nmax_processes = 100\ntmp_size = \"1G\"\n\
+             [sandbox.speculation]\nbranch_size = \"unlimited\"\nshm_size = 4096\n\
+             time_limit_secs = 0\n",
+        )
+        .unwrap();
+        let (run, spec) = sandbox_limits(Some(path.clone())).unwrap();
+        assert_eq!(run.max_processes, Some(100));
+        assert_eq!(run.tmp_size, Some(1 << 30));
+        assert_eq!(run.branch_size, None);
+        assert_eq!(spec.branch_size, None);
+        assert_eq!(spec.shm_size, Some(4096));
+        assert_eq!(spec.time_limit, None);
+        assert_eq!(spec.max_processes, Some(512));
+        assert_eq!(spec.tmp_size, Some(512 << 20));
+        // The whole file parses too ([sandbox] is a known section).
+        assert!(read_file_config(&path).is_ok());
+
+        std::fs::write(&path, "[sandbox.run]\ntmp_size = \"lots\"\n").unwrap();
+        let err = sandbox_limits(Some(path.clone())).unwrap_err();
+        assert!(err.contains("[sandbox.run] tmp_size"), "{err}");
+        std::fs::write(&path, "[sandbox.run]\nmax_procs = 3\n").unwrap();
+        assert!(sandbox_limits(Some(path)).is_err());
+        // No file: the built-in limits.
+        let none = sandbox_limits(Some(dir.path().join("absent.toml")));
+        assert!(
+            none.is_err(),
+            "an explicit file that is missing is an error"
+        );
     }
 }

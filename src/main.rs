@@ -56,8 +56,14 @@ enum Command {
 fn main() {
     // Inside a sandbox, before a foreground command: not a subcommand of the CLI.
     let mut argv = std::env::args_os().skip(1);
-    if argv.next().as_deref() == Some(std::ffi::OsStr::new(sandbox::FOREGROUND_HELPER_ARG)) {
-        std::process::exit(sandbox::foreground_helper(&argv.collect::<Vec<_>>()));
+    match argv.next() {
+        Some(a) if a == sandbox::FOREGROUND_HELPER_ARG => {
+            std::process::exit(sandbox::foreground_helper(&argv.collect::<Vec<_>>()));
+        }
+        Some(a) if a == sandbox::LIMITS_HELPER_ARG => {
+            std::process::exit(sandbox::limits_helper(&argv.collect::<Vec<_>>()));
+        }
+        _ => {}
     }
     // Nobody may ptrace shade or read its memory and descriptors under /proc/PID, not even
     // a process of the same user (a command of a branch run unconfined included).
@@ -65,6 +71,18 @@ fn main() {
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0) };
     init_tracing();
     let cli = Cli::try_parse().unwrap_or_else(|e| cmd_check::exit_on_usage_error(e));
+    // Every command that runs something in a sandbox takes its limits from the config's
+    // [sandbox] table, and may need shade's binary inside the sandbox (the helpers above).
+    match config::sandbox_limits(None) {
+        Ok((run, speculation)) => sandbox::configure_limits(run, speculation),
+        Err(e) => {
+            eprintln!("shade: {e}");
+            std::process::exit(exit::SHADE_ERROR);
+        }
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        sandbox::set_foreground_helper(exe);
+    }
     let code = match cli.command {
         Command::Run(args) => cmd_run::main(args),
         Command::Exec(args) => cmd_exec::main(args),

@@ -870,6 +870,259 @@ fn io_uring(who: Who) {
     e.assert_held(&o);
 }
 
+// ----- limits (issue 28, item 5) ---------------------------------------------------
+
+/// How long a limits test may take before it is killed and fails (a command that escaped
+/// its limits may otherwise run on).
+const LIMITS_DEADLINE: Duration = Duration::from_secs(300);
+
+/// What a bounded run gave: its output, and the largest resident size of the shade process
+/// seen while it ran (kB).
+struct Bounded {
+    out: Output,
+    max_rss_kb: u64,
+}
+
+/// `shade run [extra] -- sh -c script` with `config` as its config file, killed (with its
+/// process group) and failed after LIMITS_DEADLINE; samples shade's VmRSS meanwhile.
+fn run_limited(e: &Env, config: &str, extra: &[&str], script: &str) -> Bounded {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    let cfg = e.out.parent().unwrap().join("limits.toml");
+    std::fs::write(&cfg, config).unwrap();
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut child = e
+        .shade()
+        .env("SHADE_CONFIG", &cfg)
+        .arg("run")
+        .args(extra)
+        .args(["--", "sh", "-c", script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let reader = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let out_t = reader(Box::new(child.stdout.take().unwrap()));
+    let err_t = reader(Box::new(child.stderr.take().unwrap()));
+    let start = std::time::Instant::now();
+    let mut max_rss_kb = 0;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            })
+            .unwrap_or(0);
+        max_rss_kb = max_rss_kb.max(rss);
+        if start.elapsed() > LIMITS_DEADLINE {
+            // SAFETY: kill(2) of the process group we made.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+            let _ = child.wait();
+            e.recover();
+            panic!("shade did not end within {LIMITS_DEADLINE:?}: a limit did not hold");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = Output {
+        status,
+        stdout: out_t.join().unwrap(),
+        stderr: err_t.join().unwrap(),
+    };
+    Bounded { out, max_rss_kb }
+}
+
+/// Live processes whose command line is exactly `argv` (a marker no other test uses).
+fn processes_running(argv: &[&str]) -> usize {
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
+        .count()
+}
+
+fn stderr_says(o: &Output, line: &str) {
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .lines()
+            .any(|l| l == line),
+        "shade did not say {line:?}\n{}",
+        show(o)
+    );
+}
+
+/// A fork bomb stops at the process limit, leaves no process behind, and (as root, where
+/// a pids cgroup counts the refusals) is reported in one line.
+fn limits_fork_bomb(who: Who) {
+    let e = env(who);
+    let b = run_limited(
+        &e,
+        "[sandbox.run]\nmax_processes = 64\ntime_limit_secs = 90\n",
+        &[],
+        // The forks fail in a subshell; the count is taken with builtins only (no process
+        // is left to fork one), then the command ends and its sandbox with it.
+        "(for i in $(seq 2000); do sleep 37 & done) 2>/dev/null; set -- /proc/[0-9]*; echo procs=$#",
+    );
+    let o = &b.out;
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    let procs: usize = text
+        .lines()
+        .find_map(|l| l.strip_prefix("procs="))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the command did not count its processes\n{}", show(o)));
+    // Its own 64, the sandbox's init.
+    assert!(
+        procs <= 66,
+        "{procs} processes ran in a sandbox limited to 64\n{}",
+        show(o)
+    );
+    if who == Who::Root {
+        stderr_says(o, "shade: the command reached its 64-process limit");
+    }
+    assert_eq!(
+        processes_running(&["sleep", "37"]),
+        0,
+        "the fork bomb's processes outlived the run\n{}",
+        show(o)
+    );
+    e.assert_held(o);
+}
+
+/// /tmp and /dev/shm have their configured sizes: writing past them gets ENOSPC, and each
+/// full one is reported.
+fn limits_tmp_and_shm(who: Who) {
+    let e = env(who);
+    let b = run_limited(
+        &e,
+        "[sandbox.run]\ntmp_size = \"8MiB\"\nshm_size = \"4MiB\"\n",
+        &["--private-tmp"],
+        "dd if=/dev/zero of=/tmp/x bs=1M count=20 2>/dev/null; echo tmp=$?; \
+         dd if=/dev/zero of=/dev/shm/x bs=1M count=20 2>/dev/null; echo shm=$?",
+    );
+    let o = &b.out;
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        text.contains("tmp=1") && text.contains("shm=1"),
+        "writes past /tmp's or /dev/shm's size went through\n{}",
+        show(o)
+    );
+    stderr_says(o, "shade: the command reached /tmp's 8 MiB limit");
+    stderr_says(o, "shade: the command reached /dev/shm's 4 MiB limit");
+    e.assert_held(o);
+}
+
+/// A branch write past `branch_size` gets ENOSPC and is reported.
+fn limits_branch_size(who: Who) {
+    let e = env(who);
+    let b = run_limited(
+        &e,
+        "[sandbox.run]\nbranch_size = \"16MiB\"\n",
+        &[],
+        "dd if=/dev/zero of=big bs=1M count=40 2>&1; echo rc=$?",
+    );
+    let o = &b.out;
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        text.contains("No space left on device") && text.contains("rc=1"),
+        "a write past the branch's size went through\n{}",
+        show(o)
+    );
+    stderr_says(o, "shade: the command reached the branch's 16 MiB limit");
+    e.assert_held(o);
+}
+
+/// The time limit kills the command, and says so in one line.
+fn limits_time(who: Who) {
+    let e = env(who);
+    let b = run_limited(&e, "[sandbox.run]\ntime_limit_secs = 1\n", &[], "sleep 43");
+    stderr_says(&b.out, "shade: the command reached its 1 s time limit");
+    assert_eq!(processes_running(&["sleep", "43"]), 0, "{}", show(&b.out));
+    e.assert_held(&b.out);
+}
+
+/// An xattr flood (64 KiB values, as many as it can) is refused once the branch's
+/// metadata budget is spent, oversized values and names get E2BIG and ERANGE, and shade's
+/// own memory stays bounded all along.
+fn limits_xattr_flood(who: Who) {
+    let e = env(who);
+    let script = format!(
+        r#"touch f && {PYTHON} -c '
+import errno, os
+v = b"x" * 65536
+def code(f):
+    try:
+        f(); return 0
+    except OSError as e:
+        return e.errno
+print("big", code(lambda: os.setxattr("f", "user.big", v + b"x")))
+print("long", code(lambda: os.setxattr("f", "user." + "n" * 251, b"v")))
+n = 0
+while n < 24000:
+    c = code(lambda: os.setxattr("f", "user.x%d" % n, v))
+    if c:
+        print("flood", n, c); break
+    n += 1
+else:
+    print("flood", n, 0)
+'"#
+    );
+    let b = run_limited(
+        &e,
+        "[sandbox.run]\nbranch_metadata = \"64MiB\"\n",
+        &[],
+        &script,
+    );
+    let o = &b.out;
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        b.max_rss_kb < 512 * 1024,
+        "shade grew to {} MiB during the flood\n{}",
+        b.max_rss_kb / 1024,
+        show(o)
+    );
+    assert!(
+        text.contains(&format!("big {}", libc::E2BIG)),
+        "{}",
+        show(o)
+    );
+    assert!(
+        text.contains(&format!("long {}", libc::ERANGE)),
+        "{}",
+        show(o)
+    );
+    let flood = text
+        .lines()
+        .find_map(|l| l.strip_prefix("flood "))
+        .unwrap_or_else(|| panic!("the flood did not run\n{}", show(o)));
+    assert!(
+        flood.ends_with(&format!(" {}", libc::ENOSPC)),
+        "the xattr flood was not refused with ENOSPC ({flood})\n{}",
+        show(o)
+    );
+    stderr_says(
+        o,
+        "shade: the command reached the branch's 64 MiB limit on metadata (new entries, \
+         links, symlinks, extended attributes)",
+    );
+    e.assert_held(o);
+}
+
 macro_rules! both {
     ($($route:ident),* $(,)?) => {
         mod as_root {
@@ -900,4 +1153,9 @@ both!(
     exec_shadow,
     planted_privileges,
     io_uring,
+    limits_fork_bomb,
+    limits_tmp_and_shm,
+    limits_branch_size,
+    limits_xattr_flood,
+    limits_time,
 );

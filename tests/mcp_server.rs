@@ -54,7 +54,18 @@ type Client = RunningService<RoleClient, TestClient>;
 
 /// `shade mcp` on the fixture's project (extra `args`), connected.
 async fn connect(fx: &Fixture, answer: Option<ElicitationAction>, args: &[&str]) -> Client {
+    connect_with(fx, answer, args, &[]).await
+}
+
+/// [`connect`] with `env` set for `shade mcp`.
+async fn connect_with(
+    fx: &Fixture,
+    answer: Option<ElicitationAction>,
+    args: &[&str],
+    env: &[(&str, &std::path::Path)],
+) -> Client {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_shade"));
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
     cmd.arg("mcp")
         .args(args)
         .current_dir(&fx.project)
@@ -104,6 +115,50 @@ async fn branch(client: &Client) -> String {
         .trim_end_matches(|c: char| !c.is_alphanumeric());
     assert!(id.starts_with('b'), "{text}");
     id.to_string()
+}
+
+/// `run_command` runs under the config's `[sandbox.speculation]` limits: past the process
+/// limit forks fail, past /tmp's and the branch's size writes get ENOSPC, and the tool
+/// result says each limit reached in one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_command_keeps_to_the_speculation_limits_and_says_so() {
+    let fx = Fixture::new();
+    let cfg = fx.state.root().parent().unwrap().join("limits.toml");
+    std::fs::write(
+        &cfg,
+        "[sandbox.speculation]\nmax_processes = 32\ntmp_size = \"8MiB\"\nbranch_size = \"16MiB\"\n",
+    )
+    .unwrap();
+    let client = connect_with(&fx, None, &[], &[("SHADE_CONFIG", cfg.as_path())]).await;
+    let b = branch(&client).await;
+    let script = "(for i in $(seq 300); do sleep 41 & done) 2>/dev/null; set -- /proc/[0-9]*; \
+                  echo procs=$#; dd if=/dev/zero of=/tmp/x bs=1M count=20 2>/dev/null; \
+                  echo tmp=$?; dd if=/dev/zero of=big bs=1M count=40 2>/dev/null; echo big=$?";
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        ok(
+            &client,
+            "run_command",
+            json!({"branch": b, "command": script}),
+        ),
+    )
+    .await
+    .expect("run_command did not end within 2 minutes");
+    let procs: usize = out
+        .lines()
+        .find_map(|l| l.strip_prefix("procs="))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no count: {out}"));
+    assert!(procs <= 34, "{procs} processes under a limit of 32: {out}");
+    assert!(out.contains("tmp=1") && out.contains("big=1"), "{out}");
+    for line in [
+        "shade: the command reached its 32-process limit",
+        "shade: the command reached /tmp's 8 MiB limit",
+        "shade: the command reached the branch's 16 MiB limit",
+    ] {
+        assert!(out.lines().any(|l| l == line), "no {line:?} in: {out}");
+    }
+    client.cancel().await.unwrap();
 }
 
 /// A tiny crate with no dependencies, so `cargo test --offline` works in a branch.

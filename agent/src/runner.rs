@@ -98,7 +98,13 @@ impl Inner {
         let _registration = registration;
         spec.isolation = self.isolation;
         spec.binds = self.binds().map_err(RunError::Sandbox)?;
-        sandbox::run_cancellable(&spec, stop).map_err(|e| RunError::Sandbox(e.to_string()))
+        let mut outcome =
+            sandbox::run_cancellable(&spec, stop).map_err(|e| RunError::Sandbox(e.to_string()))?;
+        // The branch's budgets are the branch's to enforce: their hits join the run's.
+        if let Some(branch) = lock(&self.branch).as_ref() {
+            outcome.limits_hit.extend(branch.take_limit_hits());
+        }
+        Ok(outcome)
     }
 
     /// Paths the branch adds that accept would carry (not ignored ones).

@@ -37,11 +37,15 @@ pub struct ShadowOptions {
 
 impl ShadowOptions {
     /// For speculation: network off, private /tmp, the rest of the file system read-only
-    /// except throw-away branches of the usual build caches, commands killed after
-    /// `time_limit`.
+    /// except throw-away branches of the usual build caches, the speculation limits
+    /// (`[sandbox.speculation]`: processes, /tmp, /dev/shm, the branch's size), commands
+    /// killed after `time_limit`.
     pub fn speculative(time_limit: Duration) -> ShadowOptions {
         ShadowOptions {
-            branch: BranchOptions::default(),
+            branch: BranchOptions {
+                limits: sandbox::Limits::speculation().branch(),
+                ..BranchOptions::default()
+            },
             isolation: Isolation::speculative(time_limit),
             cache_dirs: sandbox::default_cache_dirs(),
         }

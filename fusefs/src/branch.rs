@@ -4,6 +4,7 @@
 //! directory and mounts. Dropping a branch without accepting it aborts it.
 
 use crate::accept::{self, AcceptError, AcceptOptions, AcceptReport};
+use crate::budget::{BranchLimits, Budget, LimitHit};
 use crate::changeset::Changeset;
 use crate::content::Store;
 use crate::fs::ShadeFs;
@@ -35,6 +36,9 @@ pub struct BranchOptions {
     /// Ids shown shifted to the kernel and taken back from requests (`idmap.rs`): for a
     /// command in a user namespace whose ids map to a host range. `None`: ids as stored.
     pub id_shift: Option<crate::idmap::IdShift>,
+    /// How much the branch may hold: contents beyond `size` and metadata beyond
+    /// `metadata` get ENOSPC (see [`Branch::take_limit_hits`]).
+    pub limits: BranchLimits,
 }
 
 impl Default for BranchOptions {
@@ -45,6 +49,7 @@ impl Default for BranchOptions {
             allow_other: other_users_permitted(),
             threads: 2,
             id_shift: None,
+            limits: BranchLimits::default(),
         }
     }
 }
@@ -286,7 +291,11 @@ impl Branch {
 
         let overlay = Arc::new(Overlay::new(
             lower,
-            Store::new(store_dir, opts.memory_budget),
+            Store::new(
+                store_dir,
+                opts.memory_budget,
+                Arc::new(Budget::new(opts.limits)),
+            ),
             IgnoreRules::load(&project),
         ));
         // A branch of a branch reads its parent's mount, whose ids are already shifted:
@@ -391,6 +400,23 @@ impl Branch {
     /// Where the branch is mounted; processes see the project's files here.
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
+    }
+
+    /// The limits this branch reached since the last call (each said once): a command
+    /// that got ENOSPC from the branch's budgets, to be reported in one line.
+    pub fn take_limit_hits(&self) -> Vec<LimitHit> {
+        self.overlay.store.limits().take_hits()
+    }
+
+    /// The limits this branch enforces.
+    pub fn limits(&self) -> BranchLimits {
+        self.overlay.store.limits().limits()
+    }
+
+    /// Bytes of file contents the branch holds, in memory and on disk, as its contents
+    /// budget counts them.
+    pub fn size_used(&self) -> u64 {
+        self.overlay.store.limits().size_used()
     }
 
     /// Bytes of file content this branch holds in memory (the rest is on disk).

@@ -1,6 +1,9 @@
 //! Where overridden file contents live: in memory (a memfd) up to a per-branch budget,
 //! then spilled to unnamed files (`O_TMPFILE`) in the branch's disk store.
 //!
+//! Every content also counts against the branch's contents budget ([`Budget`]) at its
+//! largest size, on disk or not: past it, writes fail with ENOSPC.
+//!
 //! Unnamed files vanish with the process, so a crashed shade never leaves spilled data
 //! behind, and aborting a branch is just dropping the fds.
 
@@ -14,11 +17,15 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::budget::Budget;
+
 /// Per-branch content store with a memory budget.
 pub(crate) struct Store {
     disk_dir: PathBuf,
     budget: u64,
     in_memory: Arc<AtomicU64>,
+    /// The branch's limits: contents beyond them get ENOSPC.
+    limits: Arc<Budget>,
 }
 
 /// The bytes of one overridden file.
@@ -28,21 +35,52 @@ pub(crate) struct Content {
     charged: u64,
     budget_used: Arc<AtomicU64>,
     on_disk: bool,
+    /// Bytes taken from the branch's contents budget, given back on drop.
+    reserved: u64,
+    limits: Arc<Budget>,
 }
 
 impl Drop for Content {
     fn drop(&mut self) {
         self.budget_used.fetch_sub(self.charged, Ordering::Relaxed);
+        self.limits.release_size(self.reserved);
     }
 }
 
 impl Store {
-    pub fn new(disk_dir: PathBuf, budget: u64) -> Store {
+    pub fn new(disk_dir: PathBuf, budget: u64, limits: Arc<Budget>) -> Store {
         Store {
             disk_dir,
             budget,
             in_memory: Arc::new(AtomicU64::new(0)),
+            limits,
         }
+    }
+
+    /// The branch's budgets (contents and metadata).
+    pub fn limits(&self) -> &Arc<Budget> {
+        &self.limits
+    }
+
+    /// Take what `content` growing to `size` needs of the contents budget (ENOSPC past it).
+    fn reserve(&self, content: &mut Content, size: u64) -> io::Result<()> {
+        if size > content.reserved {
+            self.limits
+                .charge_size(size - content.reserved)
+                .map_err(io::Error::from_raw_os_error)?;
+            content.reserved = size;
+        }
+        Ok(())
+    }
+
+    /// A truncate to `size`: reserve what growing takes, give back what shrinking frees.
+    pub fn resize(&self, content: &mut Content, size: u64) -> io::Result<()> {
+        if size < content.reserved {
+            self.limits.release_size(content.reserved - size);
+            content.reserved = size;
+            return Ok(());
+        }
+        self.grow(content, size)
     }
 
     /// Bytes of file content currently held in memory by this branch.
@@ -53,12 +91,25 @@ impl Store {
     /// A new empty content, on disk right away when `prefer_disk` (ignored build output) or
     /// when `expected_size` would not fit the memory budget.
     pub fn create(&self, prefer_disk: bool, expected_size: u64) -> io::Result<Content> {
+        self.limits
+            .charge_size(expected_size)
+            .map_err(io::Error::from_raw_os_error)?;
+        let made = self.create_charged(prefer_disk, expected_size);
+        if made.is_err() {
+            self.limits.release_size(expected_size);
+        }
+        made
+    }
+
+    fn create_charged(&self, prefer_disk: bool, expected_size: u64) -> io::Result<Content> {
         if prefer_disk || !self.try_charge(expected_size) {
             return Ok(Content {
                 file: self.disk_file()?,
                 charged: 0,
                 budget_used: self.in_memory.clone(),
                 on_disk: true,
+                reserved: expected_size,
+                limits: self.limits.clone(),
             });
         }
         match memfd() {
@@ -67,6 +118,8 @@ impl Store {
                 charged: expected_size,
                 budget_used: self.in_memory.clone(),
                 on_disk: false,
+                reserved: expected_size,
+                limits: self.limits.clone(),
             }),
             Err(e) => {
                 self.uncharge(expected_size);
@@ -118,6 +171,7 @@ impl Store {
     /// Make room for the content to grow to `new_size`: charge the budget, or move the
     /// content to disk when the budget is exhausted.
     pub fn grow(&self, content: &mut Content, new_size: u64) -> io::Result<()> {
+        self.reserve(content, new_size)?;
         if content.on_disk || new_size <= content.charged {
             return Ok(());
         }

@@ -242,6 +242,7 @@ impl ShadeFs {
         if t.resolve(&o.lower, &rel).is_ok() {
             return Err(libc::EEXIST);
         }
+        o.room_for(&t, &rel, target.len() as u64)?;
         let (parent_rel, _) = split(&rel);
         let (uid, gid, _) = o.owner_for(&t, parent_rel, self.creds(req)?);
         let mut meta = Meta::new(perm, uid, gid);
@@ -281,7 +282,7 @@ impl ShadeFs {
             }
             let mut data = node.data_mut();
             let content = data.as_mut().ok_or(libc::EINVAL)?;
-            o.store.grow(content, size).map_err(errno)?;
+            o.store.resize(content, size).map_err(errno)?;
             content.set_len(size).map_err(errno)?;
             let mut st = node.state();
             st.size = size;
@@ -357,6 +358,7 @@ impl ShadeFs {
         if to.starts_with(&from) {
             return Err(libc::EINVAL);
         }
+        o.room_for(&t, &to, 0)?;
         let src_dir = src.is_dir();
         if let Some(dst) = &dst {
             match (src_dir, dst.is_dir()) {
@@ -606,6 +608,7 @@ impl Filesystem for ShadeFs {
             if t.resolve(&o.lower, &rel).is_ok() {
                 return Err(libc::EEXIST);
             }
+            o.room_for(&t, &rel, 0)?;
             let (parent_rel, _) = split(&rel);
             let (uid, gid, inherit) = o.owner_for(&t, parent_rel, self.creds(req)?);
             let mut perm = mode & !umask & 0o7777;
@@ -712,6 +715,7 @@ impl Filesystem for ShadeFs {
             if t.resolve(&o.lower, &rel).is_ok() {
                 return Err(libc::EEXIST);
             }
+            o.room_for(&t, &rel, 0)?;
             let node = match o.obj_of(&t, ino.0)? {
                 Obj::Node(n) => n,
                 obj if obj.is_dir() => return Err(libc::EPERM),
@@ -1091,14 +1095,21 @@ impl Filesystem for ShadeFs {
         if system_xattr(name) {
             return reply.error(Errno::EOPNOTSUPP);
         }
-        let res = self.overlay.with_meta(ino.0, |m, _| {
-            let exists = m.xattrs.contains_key(name);
-            if flags & libc::XATTR_CREATE != 0 && exists {
+        let o = &self.overlay;
+        let slot_bytes = o.tree().slot_bytes;
+        let res = o.with_meta(ino.0, |m, _| {
+            let old = m.xattrs.get(name).map(Vec::len);
+            if flags & libc::XATTR_CREATE != 0 && old.is_some() {
                 return Err(libc::EEXIST);
             }
-            if flags & libc::XATTR_REPLACE != 0 && !exists {
+            if flags & libc::XATTR_REPLACE != 0 && old.is_none() {
                 return Err(libc::ENODATA);
             }
+            // Values and names past the kernel's sizes, and the branch's metadata budget,
+            // keep the daemon's memory bounded whatever the command sets.
+            o.store
+                .limits()
+                .set_xattr(slot_bytes, name.as_bytes(), value, old)?;
             m.xattrs.insert(name.to_os_string(), value.to_vec());
             m.changed();
             Ok(())
@@ -1135,8 +1146,10 @@ impl Filesystem for ShadeFs {
         if system_xattr(name) {
             return reply.error(Errno::EOPNOTSUPP);
         }
-        let res = self.overlay.with_meta(ino.0, |m, _| {
-            m.xattrs.remove(name).ok_or(libc::ENODATA)?;
+        let o = &self.overlay;
+        let res = o.with_meta(ino.0, |m, _| {
+            let old = m.xattrs.remove(name).ok_or(libc::ENODATA)?;
+            o.store.limits().removed_xattr(name.as_bytes(), old.len());
             m.changed();
             Ok(())
         });

@@ -7,6 +7,7 @@
 
 pub mod accept;
 mod branch;
+pub mod budget;
 mod changeset;
 mod content;
 pub mod fingerprint;
@@ -26,6 +27,7 @@ pub mod sandbox;
 mod select;
 pub mod state;
 mod tree;
+pub mod units;
 mod warm;
 mod watch;
 
@@ -34,6 +36,7 @@ pub use branch::{
     cleanup_stale, live_mount_count, unmount_all_before_exit, AcceptFlags, Branch, BranchError,
     BranchOptions,
 };
+pub use budget::{BranchLimits, LimitHit};
 pub use changeset::{lossy_path, non_utf8_bytes, Change, ChangeKind, Changeset, Owner};
 pub use fingerprint::{Base, Fingerprint};
 pub use idmap::IdShift;

@@ -576,7 +576,7 @@ impl Overlay {
     pub fn place(&self, t: &mut Tree, rel: &Path, entry: Entry, is_dir: bool) -> Res<()> {
         for d in t.descendants(rel) {
             // stale whiteouts under a re-created directory: an opaque dir hides lower anyway
-            t.slots.remove(&d);
+            t.forget_slot(&d);
         }
         t.children.remove(rel);
         t.set(&self.lower, rel, entry);
@@ -610,6 +610,12 @@ impl Overlay {
             out.push((ino, kind, name.clone()));
         }
         Ok(out)
+    }
+
+    /// Whether a new entry at `rel` (with `extra` bytes, a symlink's target) fits the
+    /// branch's metadata budget; ENOSPC when it does not.
+    pub fn room_for(&self, t: &Tree, rel: &Path, extra: u64) -> Res<()> {
+        self.store.limits().room_for_entry(t.slot_bytes, rel, extra)
     }
 
     /// Whether directory `rel` shows no entries.

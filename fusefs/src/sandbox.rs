@@ -20,6 +20,7 @@ mod cancel;
 mod capture;
 mod child;
 mod ids;
+mod limits;
 mod procs;
 mod report;
 mod seccomp;
@@ -45,6 +46,9 @@ pub use caches::{default_cache_dirs, CacheBranches};
 pub use cancel::Cancel;
 pub use capture::{Captured, Tee};
 pub use child::{cloexec_inherited_fds, detach_from_terminal};
+pub use limits::{configure as configure_limits, limits_helper, Limits, LIMITS_HELPER_ARG};
+
+pub use crate::budget::LimitHit;
 use child::{ChildPlan, Mode};
 use report::{Report, Stage};
 
@@ -112,7 +116,7 @@ impl RunSpec {
 
     /// The time limit in force: the shorter of `timeout` and the isolation's.
     fn limit(&self) -> Option<Duration> {
-        match (self.timeout, self.isolation.time_limit) {
+        match (self.timeout, self.isolation.limits.time_limit) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -146,8 +150,11 @@ pub struct Isolation {
     /// project path, the [`RunSpec::binds`] and a private /tmp and /dev/shm (implied).
     /// Device nodes such as /dev/null stay usable. Needs Linux 5.12+ (mount_setattr).
     pub read_only: bool,
-    /// Kill the command after this long, whatever [`RunSpec::timeout`] says (the shorter wins).
-    pub time_limit: Option<Duration>,
+    /// What the command may consume: processes, the private /tmp's and /dev/shm's sizes,
+    /// time (whatever [`RunSpec::timeout`] says, the shorter wins). The branch's share
+    /// (`branch_size`, `branch_metadata`) is the branch's to enforce: see
+    /// [`Limits::branch`] and `BranchOptions::limits`.
+    pub limits: Limits,
     /// No sandbox: only a private mount namespace with the branch bound over the project
     /// (`shade run --unconfined`, and file system test suites that need real root). The
     /// command can reach shade, the real project and the host: no security boundary.
@@ -156,13 +163,17 @@ pub struct Isolation {
 
 impl Isolation {
     /// The sandbox of a speculative command: network off, private /tmp, the rest of the
-    /// file system read-only, killed after `time_limit`.
+    /// file system read-only, the speculation limits ([`Limits::speculation`]), killed
+    /// after `time_limit`.
     pub fn speculative(time_limit: Duration) -> Isolation {
         Isolation {
             network: true,
             private_tmp: true,
             read_only: true,
-            time_limit: Some(time_limit),
+            limits: Limits {
+                time_limit: Some(time_limit),
+                ..Limits::speculation()
+            },
             unconfined: false,
         }
     }
@@ -229,6 +240,16 @@ pub struct RunOutcome {
     pub stdout: Option<Captured>,
     /// The command's stderr, with [`Output::Capture`].
     pub stderr: Option<Captured>,
+    /// The limits the command reached (processes, time; the branch's are the branch's to
+    /// say), each said in one line by its `Display`.
+    pub limits_hit: Vec<LimitHit>,
+}
+
+impl RunOutcome {
+    /// The limits reached, one line each ("the command reached its 512-process limit").
+    pub fn limit_lines(&self) -> Vec<String> {
+        self.limits_hit.iter().map(ToString::to_string).collect()
+    }
 }
 
 impl RunOutcome {
@@ -345,10 +366,24 @@ fn run_inner(spec: &RunSpec, cancel: Option<&Cancel>) -> Result<RunOutcome> {
         cancel,
     };
     if let Some(conf) = confined {
-        return run_confined(conf, spec, &ctl, cancel);
+        return run_confined(conf, spec, &ctl, cancel).map(|o| timed(o, spec));
     }
+    run_unconfined(spec, &ctl).map(|o| timed(o, spec))
+}
+
+/// A run killed at its time limit says so among its limits.
+fn timed(mut outcome: RunOutcome, spec: &RunSpec) -> RunOutcome {
+    if outcome.termination == Termination::TimedOut {
+        if let Some(limit) = spec.limit() {
+            outcome.limits_hit.push(LimitHit::Time(limit));
+        }
+    }
+    outcome
+}
+
+fn run_unconfined(spec: &RunSpec, ctl: &supervise::Control) -> Result<RunOutcome> {
     match spawn(spec, Mode::namespaced(spec)?)? {
-        Spawned::Running(running) => supervise::wait(running, &ctl, true),
+        Spawned::Running(running) => supervise::wait(running, ctl, true),
         Spawned::CannotExec(msg) => Ok(outcome(Termination::CannotExec(msg), true)),
         Spawned::NoPrivileges(errno) => {
             if spec.isolation.needs_namespace() || !spec.binds.is_empty() {
@@ -372,7 +407,7 @@ fn run_inner(spec: &RunSpec, cancel: Option<&Cancel>) -> Result<RunOutcome> {
                     cwd: cstring(&fallback_cwd)?,
                 },
             )? {
-                Spawned::Running(running) => supervise::wait(running, &ctl, false),
+                Spawned::Running(running) => supervise::wait(running, ctl, false),
                 Spawned::CannotExec(msg) => Ok(outcome(Termination::CannotExec(msg), false)),
                 Spawned::NoPrivileges(errno) => Err(SandboxError::Io {
                     what: "starting the command".into(),
@@ -390,6 +425,7 @@ fn outcome(termination: Termination, namespaced: bool) -> RunOutcome {
         leftovers_killed: 0,
         stdout: None,
         stderr: None,
+        limits_hit: Vec::new(),
     }
 }
 
@@ -522,8 +558,24 @@ fn run_confined(
         let held = spec.tee.clone().map(capture::HeldTee::new);
         let mut this = spec.clone();
         this.tee = held.as_ref().map(capture::HeldTee::tee);
-        let running = spawn_confined(conf, &this)?;
+        let cgroup = process_cgroup(conf, spec);
+        let mut running = spawn_confined(conf, &this, cgroup.as_ref())?;
+        // Held past the command's end, to see whether its /tmp or /dev/shm filled up.
+        let namespaces = running.status.as_mut().and_then(|s| s.user_mnt_ns.take());
         let mut outcome = supervise::wait(running, ctl, true)?;
+        outcome
+            .limits_hit
+            .extend(cgroup.as_ref().and_then(limits::Cgroup::hit));
+        if let Some(ns) = &namespaces {
+            let iso = &spec.isolation;
+            let private_tmp = iso.private_tmp || iso.read_only;
+            outcome
+                .limits_hit
+                .extend(limits::full_tmpfs(ns, &iso.limits, private_tmp));
+        }
+        drop(namespaces);
+        // Emptied and removed (bounded) before the next attempt or the return.
+        drop(cgroup);
         let setup_failed = matches!(&outcome.termination,
             Termination::CannotExec(msg) if msg.starts_with(supervise::SETUP_FAILED));
         let retry =
@@ -586,12 +638,37 @@ fn set_output(cmd: &mut Command, output: Output, tty_handed: bool) -> Result<()>
     Ok(())
 }
 
+/// As root, a pids cgroup for the command's process limit (a plain user's is set inside
+/// the sandbox, see bwrap.rs); `None` without a limit, or where no cgroup can be had (said
+/// once in the log: root's commands then run without one).
+fn process_cgroup(conf: &Confinement, spec: &RunSpec) -> Option<limits::Cgroup> {
+    let max = spec.isolation.limits.max_processes?;
+    if !conf.root_userns() {
+        return None;
+    }
+    limits::Cgroup::create(max)
+        .map_err(|why| {
+            if spec.foreground {
+                eprintln!("shade: warning: the process limit is not enforced here: {why}");
+            }
+            limits::warn_unenforced("the process limit", &why)
+        })
+        .ok()
+}
+
 /// Starts bwrap for `spec` and waits for it to report its sandbox.
-fn spawn_confined(conf: &Confinement, spec: &RunSpec) -> Result<Running> {
+fn spawn_confined(
+    conf: &Confinement,
+    spec: &RunSpec,
+    cgroup: Option<&limits::Cgroup>,
+) -> Result<Running> {
     let (status_rd, status_wr) =
         bwrap::status_pipe().map_err(SandboxError::io("creating a pipe"))?;
     let tty_handed = spec.foreground && child::can_hand_tty();
     let mut cmd = bwrap::build(conf, spec, tty_handed, Some(status_wr))?;
+    if let Some(cg) = cgroup {
+        cg.enter_on_exec(&mut cmd);
+    }
     set_output(&mut cmd, spec.output, tty_handed)?;
     let spawned = cmd.spawn();
     // The hook holds bwrap's end of the status pipe: close ours so we see EOF.

@@ -88,6 +88,9 @@ pub(crate) struct Tree {
     /// the same object at the same path keeps its number after the kernel forgets it.
     fallbacks: FxHashMap<PathBuf, ((u64, u64), u64)>,
     next_ino: u64,
+    /// What the slots cost the daemon's memory (`budget::slot_cost`), for the branch's
+    /// metadata budget.
+    pub slot_bytes: u64,
 }
 
 /// Numbers of objects the branch creates have this bit set; lower objects' numbers never
@@ -100,6 +103,14 @@ pub(crate) const BRANCH_INOS: u64 = 1 << 63;
 const LOWER_INO_BITS: u32 = 56;
 /// Devices that fit in the bits between `LOWER_INO_BITS` and `BRANCH_INOS`.
 const MAX_DEVS: usize = 1 << (63 - LOWER_INO_BITS);
+
+/// What an entry costs beyond its slot: a symlink's target.
+fn entry_extra(entry: &Entry) -> u64 {
+    match entry {
+        Entry::Node(n) => n.target.len() as u64,
+        _ => 0,
+    }
+}
 
 /// Parent and name of a non-root relative path.
 pub(crate) fn split(rel: &Path) -> (&Path, &OsStr) {
@@ -133,6 +144,7 @@ impl Tree {
             claimed: FxHashSet::default(),
             fallbacks: FxHashMap::default(),
             next_ino: BRANCH_INOS | 2,
+            slot_bytes: 0,
         }
     }
 
@@ -218,7 +230,9 @@ impl Tree {
     /// Put `entry` at `rel`, keeping the base of an existing slot.
     pub fn set(&mut self, lower: &Lower, rel: &Path, entry: Entry) {
         if let Some(slot) = self.slots.get_mut(rel) {
+            let (old, new) = (entry_extra(&slot.entry), entry_extra(&entry));
             slot.entry = entry;
+            self.slot_bytes = (self.slot_bytes + new).saturating_sub(old);
             return;
         }
         let (base, base_at) = self.observe_base(lower, rel);
@@ -240,11 +254,27 @@ impl Tree {
                 .or_default()
                 .insert(name.to_os_string());
         }
-        self.slots.insert(rel, slot);
+        let base = crate::budget::slot_cost(&rel, 0);
+        self.slot_bytes += base + entry_extra(&slot.entry);
+        if let Some(old) = self.slots.insert(rel, slot) {
+            self.slot_bytes = self
+                .slot_bytes
+                .saturating_sub(base + entry_extra(&old.entry));
+        }
+    }
+
+    /// Remove the slot at `rel` only (its parent's child set is the caller's business).
+    pub fn forget_slot(&mut self, rel: &Path) {
+        if let Some(slot) = self.slots.remove(rel) {
+            let cost = crate::budget::slot_cost(rel, entry_extra(&slot.entry));
+            self.slot_bytes = self.slot_bytes.saturating_sub(cost);
+        }
     }
 
     fn drop_slot(&mut self, rel: &Path) -> Option<Slot> {
         let slot = self.slots.remove(rel)?;
+        let cost = crate::budget::slot_cost(rel, entry_extra(&slot.entry));
+        self.slot_bytes = self.slot_bytes.saturating_sub(cost);
         let (parent, name) = split(rel);
         if let Some(set) = self.children.get_mut(parent) {
             set.remove(name);

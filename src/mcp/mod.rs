@@ -30,9 +30,10 @@ pub struct McpArgs {
     /// Project directory the branches are made of (default: the current directory).
     #[arg(short = 'C', long = "dir", value_name = "DIR")]
     pub dir: Option<PathBuf>,
-    /// Longest any one command may run in a branch, in seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 600)]
-    pub timeout: u64,
+    /// Longest any one command may run in a branch, in seconds (default: the config's
+    /// `[sandbox.speculation]` `time_limit_secs`, 300 unless set).
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<u64>,
     /// Do not run the project's checker after edits (the `lint` tool then says so).
     #[arg(long)]
     pub no_lint: bool,
@@ -78,9 +79,20 @@ fn session_options(args: &McpArgs) -> anyhow::Result<SessionOptions> {
     Ok(SessionOptions {
         project,
         state,
-        time_limit: Duration::from_secs(args.timeout.max(1)),
+        time_limit: Duration::from_secs(time_limit_secs(args)),
         lint: !args.no_lint,
     })
+}
+
+/// What "no time limit" is: a year (a deadline must stay representable).
+const UNLIMITED_SECS: u64 = 365 * 24 * 3600;
+
+/// The longest a command may run: `--timeout`, else the speculation limits' (config).
+fn time_limit_secs(args: &McpArgs) -> u64 {
+    let configured = shade_fusefs::sandbox::Limits::speculation()
+        .time_limit
+        .map_or(UNLIMITED_SECS, |d| d.as_secs());
+    args.timeout.unwrap_or(configured).clamp(1, UNLIMITED_SECS)
 }
 
 /// Many sessions over HTTP until SIGTERM, SIGINT or SIGHUP; every branch is dropped before
@@ -94,13 +106,13 @@ async fn serve_http(addr: SocketAddr, args: McpArgs) -> anyhow::Result<()> {
         signals.any().await;
         on_signal.cancel();
     });
-    http::serve(addr, options, args.timeout.max(1), stop).await
+    http::serve(addr, options, time_limit_secs(&args), stop).await
 }
 
 /// One session over stdio; every branch is dropped before it returns.
 async fn serve_stdio(args: McpArgs) -> anyhow::Result<()> {
     let branches = Arc::new(Branches::new(session_options(&args)?));
-    let server = ShadeServer::new(branches.clone(), args.timeout.max(1));
+    let server = ShadeServer::new(branches.clone(), time_limit_secs(&args));
     let served = serve_until_signal(server).await;
     let b = branches.clone();
     tokio::task::spawn_blocking(move || b.close_all())

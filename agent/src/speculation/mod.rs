@@ -406,7 +406,11 @@ async fn run(
     let project = start.project.clone();
     let base = start.base.clone();
     let shadow = match tokio::task::spawn_blocking(move || {
-        let options = ShadowOptions::speculative(COMMAND_TIME_LIMIT);
+        // `[sandbox.speculation]`'s time limit, else the built-in one.
+        let limit = shade_fusefs::sandbox::Limits::speculation()
+            .time_limit
+            .unwrap_or(COMMAND_TIME_LIMIT);
+        let options = ShadowOptions::speculative(limit);
         match base {
             Some(base) => base.create_child(options),
             None => Shadow::create(&project, options),

@@ -415,6 +415,7 @@ async fn run_in_shadow(
         Termination::TimedOut => {
             let limit = runner
                 .isolation()
+                .limits
                 .time_limit
                 .map_or(timeout, |l| l.min(timeout));
             timed_out(limit)
@@ -428,6 +429,16 @@ async fn run_in_shadow(
         text: c.as_ref().map(|c| c.text()).unwrap_or_default(),
     };
     let (stdout, stderr) = (text(&outcome.stdout), text(&outcome.stderr));
+    // Each limit the command reached, in one line after its status.
+    let status_line = std::iter::once(status_line)
+        .chain(
+            outcome
+                .limit_lines()
+                .into_iter()
+                .map(|l| format!("shade: {l}")),
+        )
+        .collect::<Vec<_>>()
+        .join("\n");
     let isolation = runner.isolation();
     let refused_write = isolation.read_only
         && (stderr.text.contains("Read-only file system")

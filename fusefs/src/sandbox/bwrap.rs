@@ -207,6 +207,9 @@ struct Layout<'a> {
     binds: Vec<(&'a Path, &'a Path)>,
     /// Files bound read-only at their own path last (the foreground helper).
     ro_files: Vec<&'a Path>,
+    /// Sizes of the private /tmp and /dev/shm (`None`: the kernel's default).
+    tmp_size: Option<u64>,
+    shm_size: Option<u64>,
 }
 
 impl Layout<'_> {
@@ -218,6 +221,8 @@ impl Layout<'_> {
             hide: Vec::new(),
             binds: Vec::new(),
             ro_files: Vec::new(),
+            tmp_size: None,
+            shm_size: None,
         }
     }
 }
@@ -268,9 +273,13 @@ impl Confinement {
             "--dev",
             "/dev",
         ]);
-        cmd.args(["--perms", "1777", "--tmpfs", "/dev/shm"]);
+        cmd.args(["--perms", "1777"])
+            .args(super::limits::tmpfs_size(layout.shm_size))
+            .args(["--tmpfs", "/dev/shm"]);
         if layout.private_tmp || layout.read_only {
-            cmd.args(["--perms", "1777", "--tmpfs", "/tmp"]);
+            cmd.args(["--perms", "1777"])
+                .args(super::limits::tmpfs_size(layout.tmp_size))
+                .args(["--tmpfs", "/tmp"]);
         }
         if layout.read_only {
             // The services' sockets (systemd, the session bus, docker, …) live under /run;
@@ -388,9 +397,10 @@ pub(crate) fn build(
     );
     // The helper is bound at its own path (a private /tmp or a hidden directory may hide
     // it otherwise), unless it lies in the project, where the branch already shows it.
+    let nproc = super::limits::rlimit_nproc(&iso.limits, conf.root_userns());
     let helper = HELPER
         .get()
-        .filter(|_| hand_tty)
+        .filter(|_| hand_tty || nproc.is_some())
         .filter(|h| !h.starts_with(&spec.project));
     let layout = Layout {
         read_only: iso.read_only,
@@ -399,14 +409,17 @@ pub(crate) fn build(
         hide: state_dirs(spec),
         binds,
         ro_files: helper.map(PathBuf::as_path).into_iter().collect(),
+        tmp_size: iso.limits.tmp_size,
+        shm_size: iso.limits.shm_size,
     };
-    let argv: Vec<OsString> = match helper {
+    let argv: Vec<OsString> = match helper.filter(|_| hand_tty) {
         Some(h) => [h.as_os_str().to_os_string(), FOREGROUND_HELPER_ARG.into()]
             .into_iter()
             .chain(spec.argv.iter().cloned())
             .collect(),
         None => spec.argv.clone(),
     };
+    let argv = limited_argv(nproc, helper.map(PathBuf::as_path), argv);
     let status_raw = status.as_ref().map(AsRawFd::as_raw_fd);
     let mut extra: Vec<OsString> = match status_raw {
         Some(fd) => vec!["--json-status-fd".into(), fd.to_string().into()],
@@ -448,11 +461,32 @@ pub(crate) fn build(
     Ok(cmd)
 }
 
+/// `argv` behind the setting of `RLIMIT_NPROC` to `nproc` (a plain user's process limit),
+/// or as it is when there is none or nothing at hand sets it (said once, in the log).
+fn limited_argv(nproc: Option<u32>, helper: Option<&Path>, argv: Vec<OsString>) -> Vec<OsString> {
+    let Some(n) = nproc else {
+        return argv;
+    };
+    match super::limits::nproc_argv(n, helper, argv.clone()) {
+        Some(limited) => limited,
+        None => {
+            super::limits::warn_unenforced(
+                "the process limit",
+                "neither shade's binary nor prlimit(1) can set RLIMIT_NPROC in the sandbox",
+            );
+            argv
+        }
+    }
+}
+
 /// What bwrap reports on its `--json-status-fd`.
 pub(crate) struct Status {
     reader: BufReader<File>,
     /// The sandbox's PID namespace, held open so its inode number stays unique while we use it.
     pub pid_ns: Option<File>,
+    /// The sandbox's user and mount namespaces, held open so that its private /tmp and
+    /// /dev/shm can be looked at after the command ended (see limits::TmpfsProbe).
+    pub user_mnt_ns: Option<(File, File)>,
 }
 
 impl Status {
@@ -469,7 +503,15 @@ impl Status {
                 use std::os::unix::fs::MetadataExt;
                 f.metadata().ok().map(|m| m.ino()) == pid_ns_ino
             });
-        Status { reader, pid_ns }
+        let user_mnt_ns = init_pid
+            .zip(pid_ns_ino)
+            .filter(|_| pid_ns.is_some())
+            .and_then(|(pid, ino)| super::limits::namespaces_of(pid, ino));
+        Status {
+            reader,
+            pid_ns,
+            user_mnt_ns,
+        }
     }
 
     /// The command's exit status once bwrap has ended; `None` when the command never ran

@@ -150,6 +150,7 @@ fn finish(
         leftovers_killed,
         stdout,
         stderr,
+        limits_hit: Vec::new(),
     }
 }
 

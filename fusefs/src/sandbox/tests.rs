@@ -673,11 +673,17 @@ fn the_isolation_time_limit_kills_the_command() {
     let f = fixture();
     let mut spec = f.spec("sleep 100");
     spec.timeout = None;
-    spec.isolation.time_limit = Some(Duration::from_millis(300));
-    assert_eq!(run(&spec).unwrap().termination, Termination::TimedOut);
+    spec.isolation.limits.time_limit = Some(Duration::from_millis(300));
+    let out = run(&spec).unwrap();
+    assert_eq!(out.termination, Termination::TimedOut);
+    assert_eq!(
+        out.limit_lines(),
+        ["the command reached its 0.3 s time limit"],
+        "the time limit is said in one line"
+    );
     // The shorter of the two wins.
     spec.timeout = Some(Duration::from_millis(300));
-    spec.isolation.time_limit = Some(Duration::from_secs(100));
+    spec.isolation.limits.time_limit = Some(Duration::from_secs(100));
     assert_eq!(run(&spec).unwrap().termination, Termination::TimedOut);
 }
 
