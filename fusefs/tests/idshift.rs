@@ -175,6 +175,7 @@ fn a_shifted_branch_is_a_local_file_system_inside_and_stores_real_ids() {
             allow_other: true,
             threads: 2,
             id_shift: Some(IdShift { base: BASE }),
+            ..BranchOptions::default()
         },
     )
     .unwrap();
@@ -285,6 +286,7 @@ fn a_shifted_branch_is_a_local_file_system_inside_and_stores_real_ids() {
             allow_other: true,
             threads: 2,
             id_shift: Some(IdShift { base: BASE }),
+            ..BranchOptions::default()
         },
     )
     .unwrap();

@@ -112,11 +112,10 @@ impl Confinement {
     /// Network off, private /tmp, the rest of the file system read-only but for `binds`
     /// (throw-away branches of the build caches): what a speculated command gets.
     pub fn speculative(binds: Vec<shade_fusefs::sandbox::Bind>) -> Confinement {
+        let mut isolation = shade_fusefs::sandbox::Isolation::speculative(Duration::ZERO);
+        isolation.limits.time_limit = None;
         Confinement {
-            isolation: shade_fusefs::sandbox::Isolation {
-                time_limit: None,
-                ..shade_fusefs::sandbox::Isolation::speculative(Duration::ZERO)
-            },
+            isolation,
             binds,
         }
     }
