@@ -32,6 +32,7 @@ pub struct Settings {
 /// one is not.
 pub fn load(overrides: &Overrides) -> Result<Settings, LlmError> {
     let file = load_file_config(overrides)?;
+    install_sandbox(&file);
     let mut llm = LlmConfig::default();
     apply_file(&mut llm, &file);
     apply_env(&mut llm, |k| {
@@ -53,7 +54,10 @@ pub fn lint_config(config_file: Option<PathBuf>) -> Result<LintConfig, String> {
         config_file,
         ..Default::default()
     })
-    .map(|f| f.lint.unwrap_or_default())
+    .map(|f| {
+        install_sandbox(&f);
+        f.lint.unwrap_or_default()
+    })
     .map_err(|e| e.to_string())
 }
 
@@ -105,6 +109,42 @@ pub struct FileConfig {
     pub web_search: Option<WebSearchConfig>,
     /// `[mcp_servers.NAME]`: see [`shade_agent::tools::config::ToolsConfig::mcp_servers`].
     pub mcp_servers: Option<std::collections::BTreeMap<String, McpServerConfig>>,
+    /// `[sandbox]`: what commands in a branch get of shade's environment and home.
+    pub sandbox: Option<SandboxConfig>,
+}
+
+/// The `[sandbox]` section: secrets of the environment and the home (see
+/// `shade_fusefs::sandbox::env`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxConfig {
+    /// Variables the agent's commands get although they look secret (names, or prefixes
+    /// ending in `*`).
+    #[serde(default)]
+    pub pass_env: Vec<String>,
+    /// Hide the home's credential files from `shade run` too (they are always hidden from
+    /// the agent's commands).
+    #[serde(default)]
+    pub hide_credentials: bool,
+}
+
+/// Puts the file's `[sandbox]` settings in force for every later command of this process.
+pub fn install_sandbox(file: &FileConfig) {
+    let s = file.sandbox.clone().unwrap_or_default();
+    shade_fusefs::sandbox::env::configure(shade_fusefs::sandbox::EnvConfig {
+        pass_env: s.pass_env,
+        hide_credentials: s.hide_credentials,
+    });
+}
+
+/// At start, for every subcommand: the default config file's `[sandbox]` settings (a
+/// subcommand given `--config` installs that file's when it reads it). A broken file leaves
+/// the defaults, the strict ones, and is said when a subcommand reads it.
+pub fn install_default_sandbox() {
+    match load_file_config(&Overrides::default()) {
+        Ok(file) => install_sandbox(&file),
+        Err(e) => tracing::debug!("config not read for the sandbox settings: {e}"),
+    }
 }
 
 /// Values given on the command line; they win over everything else.

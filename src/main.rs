@@ -65,6 +65,7 @@ fn main() {
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0) };
     init_tracing();
     let cli = Cli::try_parse().unwrap_or_else(|e| cmd_check::exit_on_usage_error(e));
+    config::install_default_sandbox();
     let code = match cli.command {
         Command::Run(args) => cmd_run::main(args),
         Command::Exec(args) => cmd_exec::main(args),

@@ -402,11 +402,21 @@ pub(crate) fn build(
         None => spec.argv.clone(),
     };
     let status_raw = status.as_ref().map(AsRawFd::as_raw_fd);
-    let extra: Vec<OsString> = match status_raw {
+    let mut extra: Vec<OsString> = match status_raw {
         Some(fd) => vec!["--json-status-fd".into(), fd.to_string().into()],
         None => Vec::new(),
     };
+    // The last mounts, after every bind: the home's credentials hidden (see env.rs).
+    extra.extend(super::env::hide_args(
+        spec.env_policy,
+        &super::env::homes(),
+        &spec.project,
+    ));
     let (mut cmd, filters) = conf.base(&layout, &extra, &argv, &spec.cwd)?;
+    // bwrap and the command get the filtered environment, nothing else of ours.
+    cmd.env_clear()
+        .envs(super::env::command_env(spec.env_policy))
+        .env("PWD", &spec.cwd);
     for (key, value) in &spec.env {
         match value {
             Some(v) => cmd.env(key, v),
