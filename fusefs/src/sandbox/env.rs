@@ -407,6 +407,7 @@ pub fn hide_args(policy: EnvPolicy, homes: &[PathBuf], project: &Path) -> Vec<Os
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -512,16 +513,17 @@ mod tests {
         std::fs::write(h.join(".netrc"), "n").unwrap();
         std::fs::create_dir_all(h.join("real-aws")).unwrap();
         std::os::unix::fs::symlink(h.join("real-aws"), h.join(".aws")).unwrap();
-        let paths = credential_paths(&[h.clone()], None);
+        let homes = vec![h.clone()];
+        let paths = credential_paths(&homes, None);
         assert!(paths.contains(&h.join(".ssh")));
         assert!(paths.contains(&h.join(".netrc")));
         assert!(paths.contains(&h.join("real-aws")));
         assert!(!paths.contains(&h.join(".ssh/id_x")));
         assert!(!paths.contains(&h.join(".pgpass")));
         // A project inside a credential directory keeps it visible.
-        let inside = credential_paths(&[h.clone()], Some(&h.join(".ssh/project")));
+        let inside = credential_paths(&homes, Some(&h.join(".ssh/project")));
         assert!(!inside.contains(&h.join(".ssh")));
-        let args = hide_args(EnvPolicy::Agent, &[h.clone()], Path::new("/nonexistent"));
+        let args = hide_args(EnvPolicy::Agent, &homes, Path::new("/nonexistent"));
         let text: Vec<String> = args
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
