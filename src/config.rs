@@ -300,6 +300,21 @@ mod tests {
     }
 
     #[test]
+    fn sandbox_section_parses_and_rejects_typos() {
+        let f: FileConfig = toml::from_str(
+            "[sandbox]\npass_env = [\"NPM_TOKEN\", \"CARGO_REGISTRIES_*\"]\nhide_credentials = true\n",
+        )
+        .expect("toml");
+        let s = f.sandbox.expect("section");
+        assert_eq!(s.pass_env, ["NPM_TOKEN", "CARGO_REGISTRIES_*"]);
+        assert!(s.hide_credentials);
+        let empty: FileConfig = toml::from_str("[sandbox]\n").expect("toml");
+        let s = empty.sandbox.expect("section");
+        assert!(s.pass_env.is_empty() && !s.hide_credentials);
+        assert!(toml::from_str::<FileConfig>("[sandbox]\npass_envs = []").is_err());
+    }
+
+    #[test]
     fn unknown_keys_rejected() {
         assert!(toml::from_str::<FileConfig>("modle = 1").is_err());
     }
