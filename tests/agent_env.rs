@@ -38,15 +38,27 @@ const PASSED: (&str, &str) = ("PASSED_TOKEN", "passed-value-31d0");
 const KEY: &str = "KEYDATA-private-8d2f";
 const CONFIG_MARK: &str = "CONFIG-MARK-61e7";
 
-/// What every probe command prints: its environment, then the key and shade's config.
-const PROBE: &str = "env; echo ---; cat ~/.ssh/id_x; echo key=$?; \
-                     cat \"$XDG_CONFIG_HOME/shade/config.toml\"; echo config=$?";
+/// What every probe command prints: its environment, then the key, shade's config and
+/// the stand-in for an ssh-agent socket in `agent` (this test's own directory in /tmp).
+fn probe(agent: &std::path::Path) -> String {
+    format!(
+        "env; echo ---; cat ~/.ssh/id_x; echo key=$?; \
+         cat \"$XDG_CONFIG_HOME/shade/config.toml\"; echo config=$?; \
+         cat {}/agent.1; echo agent=$?",
+        agent.display()
+    )
+}
+
+/// What stands in for an ssh-agent's socket in /tmp (a file: its directory is what is hidden).
+const AGENT: &str = "AGENT-SOCKET-5a90";
 
 /// A project, a state dir and a home (with `~/.ssh/id_x` and shade's config), owned by the
 /// user the test runs as, under /var/tmp.
 struct Env {
     who: Who,
     _tmp: tempfile::TempDir,
+    /// This test's stand-in for an ssh-agent's directory, in /tmp.
+    agent: tempfile::TempDir,
     project: PathBuf,
     state: PathBuf,
     home: PathBuf,
@@ -73,8 +85,14 @@ fn env(who: Who, config: &str) -> Env {
         format!("# {CONFIG_MARK}\n{config}"),
     )
     .unwrap();
+    let agent = tempfile::Builder::new()
+        .prefix("ssh-shadeagentenv")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::write(agent.path().join("agent.1"), format!("{AGENT}\n")).unwrap();
     if who == Who::Plain {
         common::plain::require_fuse();
+        common::plain::chown_tree(agent.path());
         common::plain::chown_tree(&project);
         common::plain::chown_tree(&state);
         common::plain::chown_tree(&home);
@@ -82,6 +100,7 @@ fn env(who: Who, config: &str) -> Env {
     Env {
         who,
         _tmp: tmp,
+        agent,
         project,
         state,
         home,
@@ -122,7 +141,25 @@ impl Env {
     }
 }
 
-/// A child killed (its process group too) when dropped, so a failed test leaves nothing.
+impl Drop for Env {
+    /// Whatever a killed or failed shade left mounted under the state dir is unmounted, so
+    /// that a failing test leaves no mount behind.
+    fn drop(&mut self) {
+        let state = self.state.display().to_string();
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut left: Vec<&str> = mounts
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(&state))
+            .collect();
+        left.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in left {
+            let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+/// A child killed when dropped, so a failed test leaves nothing.
 struct Reaped(Child);
 
 impl Drop for Reaped {
@@ -147,8 +184,15 @@ fn output_within(cmd: &mut Command, secs: u64, what: &str) -> Output {
     match rx.recv_timeout(Duration::from_secs(secs)) {
         Ok(out) => out.unwrap(),
         Err(_) => {
+            // SIGTERM first: shade drops its branches on it. Then SIGKILL; the Env's drop
+            // unmounts what is left.
             // SAFETY: kill(2) on a child of ours that has not been reaped yet.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            if rx.recv_timeout(Duration::from_secs(20)).is_err() {
+                // SAFETY: as above.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                let _ = rx.recv_timeout(Duration::from_secs(20));
+            }
             panic!("{what} did not finish within {secs} s");
         }
     }
@@ -187,6 +231,10 @@ fn assert_filtered(seen: &str, who: Who) {
         !seen.contains(CONFIG_MARK) && seen.contains("config=1"),
         "the agent's command read shade's config ({who:?}):\n{seen}"
     );
+    assert!(
+        !seen.contains(AGENT) && seen.contains("agent=1"),
+        "the agent's command reached an ssh-agent directory in /tmp ({who:?}):\n{seen}"
+    );
 }
 
 const PASS_CONFIG: &str = "[sandbox]\npass_env = [\"PASSED_TOKEN\"]\n";
@@ -194,12 +242,13 @@ const PASS_CONFIG: &str = "[sandbox]\npass_env = [\"PASSED_TOKEN\"]\n";
 /// `shade exec --shadow`: the model's shell tool runs the probe in the branch.
 fn exec_shadow(who: Who) {
     let e = env(who, PASS_CONFIG);
-    let router = |body: &serde_json::Value| {
+    let command = probe(e.agent.path());
+    let router = move |body: &serde_json::Value| {
         use shade_testkit::{last_tool_result, Reply};
         if last_tool_result(body).is_some() {
             Reply::text("Done.")
         } else {
-            Reply::tool("shell", serde_json::json!({ "command": PROBE }))
+            Reply::tool("shell", serde_json::json!({ "command": command }))
         }
     };
     let llm = shade_testkit::FakeLlm::start(std::sync::Arc::new(router)).unwrap();
@@ -346,7 +395,7 @@ fn mcp_run_command(who: Who) {
     assert!(id.starts_with('b'), "{created}");
     let seen = mcp.call(
         "run_command",
-        serde_json::json!({"branch": id, "command": PROBE}),
+        serde_json::json!({"branch": id, "command": probe(e.agent.path())}),
     );
     assert!(seen.contains("---"), "the probe did not run: {seen}");
     assert_filtered(&seen, who);
@@ -369,7 +418,9 @@ fn mcp_run_command_gets_no_secrets_as_plain_user() {
 fn user_run(who: Who) {
     let e = env(who, "");
     let o = output_within(
-        e.shade().args(["run", "--", "sh", "-c", PROBE]),
+        e.shade()
+            .args(["run", "--", "sh", "-c"])
+            .arg(probe(e.agent.path())),
         120,
         "shade run",
     );
@@ -383,6 +434,7 @@ fn user_run(who: Who) {
     }
     assert!(seen.contains("SHADE_STATE_DIR="), "{seen}");
     assert!(seen.contains(KEY) && seen.contains("key=0"), "{seen}");
+    assert!(seen.contains(AGENT) && seen.contains("agent=0"), "{seen}");
 
     std::fs::write(
         e.home.join(".config/shade/config.toml"),
@@ -390,7 +442,9 @@ fn user_run(who: Who) {
     )
     .unwrap();
     let o = output_within(
-        e.shade().args(["run", "--", "sh", "-c", PROBE]),
+        e.shade()
+            .args(["run", "--", "sh", "-c"])
+            .arg(probe(e.agent.path())),
         120,
         "shade run",
     );

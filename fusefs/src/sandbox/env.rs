@@ -313,6 +313,38 @@ const CREDENTIAL_VARS: &[&str] = &[
     "XAUTHORITY",
 ];
 
+/// Where credential agents keep their sockets, outside any home: ssh-agent's
+/// `/tmp/ssh-XXXX/` directories (every user's: as root all are reachable) and, under each
+/// `/run/user/UID/`, gpg-agent's, the GNOME keyring's and the ssh agents of the desktop.
+/// A command that connects to one signs and decrypts with the user's keys.
+fn agent_sockets() -> Vec<PathBuf> {
+    let entries = |dir: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(dir)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default()
+    };
+    let mut found: Vec<PathBuf> = entries(Path::new("/tmp"))
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.as_bytes().starts_with(b"ssh-"))
+        })
+        .collect();
+    for user in entries(Path::new("/run/user")) {
+        for name in [
+            "gnupg",
+            "keyring",
+            "gcr",
+            "openssh_agent",
+            "ssh-agent.socket",
+            "ssh-agent",
+        ] {
+            found.push(user.join(name));
+        }
+    }
+    found
+}
+
 /// The homes whose credentials are hidden: `$HOME`, the home of our user in the password
 /// database, and as root the home of the user who used sudo.
 pub fn homes() -> Vec<PathBuf> {
@@ -359,6 +391,7 @@ pub fn credential_paths(homes: &[PathBuf], project: Option<&Path>) -> Vec<PathBu
     if let Some(docker) = std::env::var_os("DOCKER_CONFIG").filter(|v| !v.is_empty()) {
         candidates.push(PathBuf::from(docker).join("config.json"));
     }
+    candidates.extend(agent_sockets());
     let mut real: Vec<PathBuf> = candidates
         .into_iter()
         .filter(|p| p.is_absolute())
@@ -520,6 +553,13 @@ mod tests {
         assert!(paths.contains(&h.join("real-aws")));
         assert!(!paths.contains(&h.join(".ssh/id_x")));
         assert!(!paths.contains(&h.join(".pgpass")));
+        // Every ssh-agent directory in /tmp, whoever's.
+        let agent = tempfile::Builder::new()
+            .prefix("ssh-shadetest")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let agent_dir = std::fs::canonicalize(agent.path()).unwrap();
+        assert!(credential_paths(&[], None).contains(&agent_dir));
         // A project inside a credential directory keeps it visible.
         let inside = credential_paths(&homes, Some(&h.join(".ssh/project")));
         assert!(!inside.contains(&h.join(".ssh")));
