@@ -77,6 +77,46 @@ fn print_limits(root: bool) {
     );
 }
 
+/// What the agent's commands do not get: the variables of this environment filtered out
+/// (names only, never values) and the credential paths hidden from them.
+fn secrets() {
+    use shade_fusefs::sandbox::env;
+    let removed = env::removed_names();
+    let config = env::config();
+    println!(
+        "agent's environment:  {}",
+        if removed.is_empty() {
+            "nothing of this environment is withheld".to_string()
+        } else {
+            format!(
+                "withheld from the agent's commands ({}): {}",
+                removed.len(),
+                removed.join(", ")
+            )
+        }
+    );
+    if !config.pass_env.is_empty() {
+        println!(
+            "                      passed by [sandbox] pass_env: {}",
+            config.pass_env.join(", ")
+        );
+    }
+    let hidden = env::credential_paths(&env::homes(), None);
+    let whom = if config.hide_credentials {
+        "from every command"
+    } else {
+        "from the agent's commands (`shade run` sees them; [sandbox] hide_credentials = true)"
+    };
+    if hidden.is_empty() {
+        println!("credential files:     none found to hide");
+    } else {
+        println!("credential files:     hidden {whom}:");
+        for p in hidden {
+            println!("                        {}", p.display());
+        }
+    }
+}
+
 pub fn main(_args: DoctorArgs) -> i32 {
     let root = nix::unistd::geteuid().is_root();
     let state = StateDir::from_env();
@@ -113,6 +153,7 @@ pub fn main(_args: DoctorArgs) -> i32 {
         }
     );
     print_limits(root);
+    secrets();
     match shade_fusefs::sandbox::probe() {
         Ok(conf) => {
             let version = conf.version();

@@ -7,7 +7,7 @@ use clap::Args;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use serde::Serialize;
 use shade_fusefs::quote::{quote_path, visible_controls};
-use shade_fusefs::sandbox::{self, Isolation, Output, RunSpec, Termination};
+use shade_fusefs::sandbox::{self, EnvPolicy, Isolation, Output, RunSpec, Termination};
 use shade_fusefs::{AcceptError, AcceptFlags, Branch, BranchOptions, Change, StateDir};
 use std::ffi::OsString;
 use std::io::Write;
@@ -192,6 +192,8 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
         cwd,
         argv: args.command.clone(),
         env: Vec::new(),
+        // The user's own command: their environment and home as they are.
+        env_policy: EnvPolicy::User,
         timeout: args.timeout.map(Duration::from_secs_f64),
         tee: None,
         output: if args.json {

@@ -37,6 +37,7 @@ pub fn load(overrides: &Overrides) -> Result<Settings, LlmError> {
     let sandbox = file.sandbox.clone().unwrap_or_default();
     let (run, speculation) = sandbox.limits().map_err(LlmError::Config)?;
     shade_fusefs::sandbox::configure_limits(run, speculation);
+    install_sandbox(&file);
     let mut llm = LlmConfig::default();
     apply_file(&mut llm, &file);
     apply_env(&mut llm, |k| {
@@ -58,7 +59,10 @@ pub fn lint_config(config_file: Option<PathBuf>) -> Result<LintConfig, String> {
         config_file,
         ..Default::default()
     })
-    .map(|f| f.lint.unwrap_or_default())
+    .map(|f| {
+        install_sandbox(&f);
+        f.lint.unwrap_or_default()
+    })
     .map_err(|e| e.to_string())
 }
 
@@ -110,12 +114,13 @@ pub struct FileConfig {
     pub web_search: Option<WebSearchConfig>,
     /// `[mcp_servers.NAME]`: see [`shade_agent::tools::config::ToolsConfig::mcp_servers`].
     pub mcp_servers: Option<std::collections::BTreeMap<String, McpServerConfig>>,
-    /// `[sandbox.run]` and `[sandbox.speculation]`: what a command may consume (see
-    /// [`sandbox_limits`]).
+    /// `[sandbox]`: what a command may consume (`[sandbox.run]`, `[sandbox.speculation]`,
+    /// see [`sandbox_limits`]) and what it gets of shade's environment and home.
     pub sandbox: Option<SandboxConfig>,
 }
 
-/// The `[sandbox]` section: limits per mode.
+/// The `[sandbox]` section: limits per mode, and the secrets of the environment and the
+/// home (see `shade_fusefs::sandbox::env`).
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SandboxConfig {
@@ -123,6 +128,14 @@ pub struct SandboxConfig {
     pub run: Option<LimitsConfig>,
     /// Commands nobody asked for yet: speculation, and `shade mcp`'s.
     pub speculation: Option<LimitsConfig>,
+    /// Variables the agent's commands get although they look secret (names, or prefixes
+    /// ending in `*`).
+    #[serde(default)]
+    pub pass_env: Vec<String>,
+    /// Hide the home's credential files from `shade run` too (they are always hidden from
+    /// the agent's commands).
+    #[serde(default)]
+    pub hide_credentials: bool,
 }
 
 /// One mode's limits as written in the config; what is left out keeps the mode's default.
@@ -236,6 +249,25 @@ impl SandboxConfig {
             run.map_err(|e| format!("[sandbox.run] {e}"))?,
             spec.map_err(|e| format!("[sandbox.speculation] {e}"))?,
         ))
+    }
+}
+
+/// Puts the file's `[sandbox]` settings in force for every later command of this process.
+pub fn install_sandbox(file: &FileConfig) {
+    let s = file.sandbox.clone().unwrap_or_default();
+    shade_fusefs::sandbox::env::configure(shade_fusefs::sandbox::EnvConfig {
+        pass_env: s.pass_env,
+        hide_credentials: s.hide_credentials,
+    });
+}
+
+/// At start, for every subcommand: the default config file's `[sandbox]` settings (a
+/// subcommand given `--config` installs that file's when it reads it). A broken file leaves
+/// the defaults, the strict ones, and is said when a subcommand reads it.
+pub fn install_default_sandbox() {
+    match load_file_config(&Overrides::default()) {
+        Ok(file) => install_sandbox(&file),
+        Err(e) => tracing::debug!("config not read for the sandbox settings: {e}"),
     }
 }
 
@@ -389,6 +421,21 @@ mod tests {
             Some("http://s/v1")
         );
         assert!(toml::from_str::<FileConfig>("[web_fetch]\nallow_privat = true").is_err());
+    }
+
+    #[test]
+    fn sandbox_section_parses_and_rejects_typos() {
+        let f: FileConfig = toml::from_str(
+            "[sandbox]\npass_env = [\"NPM_TOKEN\", \"CARGO_REGISTRIES_*\"]\nhide_credentials = true\n",
+        )
+        .expect("toml");
+        let s = f.sandbox.expect("section");
+        assert_eq!(s.pass_env, ["NPM_TOKEN", "CARGO_REGISTRIES_*"]);
+        assert!(s.hide_credentials);
+        let empty: FileConfig = toml::from_str("[sandbox]\n").expect("toml");
+        let s = empty.sandbox.expect("section");
+        assert!(s.pass_env.is_empty() && !s.hide_credentials);
+        assert!(toml::from_str::<FileConfig>("[sandbox]\npass_envs = []").is_err());
     }
 
     #[test]

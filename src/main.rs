@@ -83,6 +83,7 @@ fn main() {
     if let Ok(exe) = std::env::current_exe() {
         sandbox::set_foreground_helper(exe);
     }
+    config::install_default_sandbox();
     let code = match cli.command {
         Command::Run(args) => cmd_run::main(args),
         Command::Exec(args) => cmd_exec::main(args),

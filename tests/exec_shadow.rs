@@ -134,6 +134,13 @@ fn json_ends_with_a_changeset_event() {
 fn a_concurrent_edit_of_the_same_file_refuses_the_accept() {
     let p = project();
     let gate = p.fx.tmp.path().join("gate");
+    // shade's own variables do not reach the agent's commands unless the config passes them.
+    std::fs::create_dir_all(p.config.path().join("shade")).unwrap();
+    std::fs::write(
+        p.config.path().join("shade/config.toml"),
+        "[sandbox]\npass_env = [\"SHADE_TEST_GATE\"]\n",
+    )
+    .unwrap();
     let mut child = p
         .exec(&["--shadow", "--accept"])
         .env("SHADE_TEST_GATE", &gate)

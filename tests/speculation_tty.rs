@@ -554,3 +554,106 @@ fn shown_speculation_stays_in(chat: Chat) {
     assert_eq!(read(&chat.project.join("README")), "a project\n");
     assert_eq!(chat.mounts(), 0);
 }
+
+/// What a speculated command prints: its environment, a key and shade's config (issue 28:
+/// secrets stay home).
+const SECRETS_PROBE: &str = "env; cat ~/.ssh/id_x; echo key=$?; \
+                             cat \"$XDG_CONFIG_HOME/shade/config.toml\"; echo config=$?";
+
+fn secrets_model(body: &Value) -> Reply {
+    let user = last_real_user(body);
+    if is_suggestion_request(body) {
+        return Reply::text(if user == "what is wrong?" {
+            "show the environment"
+        } else {
+            ""
+        });
+    }
+    let reply = match (user.as_str(), tool_results_since_user(body)) {
+        ("hello", _) => Reply::text("Hello."),
+        ("what is wrong?", _) => Reply::text("Nothing is wrong."),
+        ("show the environment", 0) => Reply::tool("shell", json!({ "command": SECRETS_PROBE })),
+        ("show the environment", _) => Reply::text("Shown."),
+        (other, _) => Reply::text(&format!("You said: {other}")),
+    };
+    reply.after(LATENCY)
+}
+
+/// A shown suggestion's speculation gets no secret of shade's environment, no shade
+/// variable and no credential file of the home, but PATH, HOME and what `pass_env` passes.
+fn speculation_gets_no_secrets(plain: bool) {
+    let chat = setup_with(secrets_model);
+    let home = chat.project.parent().unwrap().to_path_buf();
+    std::fs::create_dir_all(home.join(".ssh")).unwrap();
+    std::fs::write(home.join(".ssh/id_x"), "KEYDATA-spec-4c1f\n").unwrap();
+    std::fs::create_dir_all(home.join("config/shade")).unwrap();
+    std::fs::write(
+        home.join("config/shade/config.toml"),
+        "# CONFIG-MARK-spec\n[sandbox]\npass_env = [\"PASSED_TOKEN\"]\n",
+    )
+    .unwrap();
+    let chat = if plain {
+        chat.run_by_plain_user()
+    } else {
+        chat
+    };
+    let secrets: [(&'static str, String); 5] = [
+        ("GITHUB_TOKEN", "leak-spec-gh".into()),
+        ("AWS_SECRET_ACCESS_KEY", "leak-spec-aws".into()),
+        ("MY_API_KEY", "leak-spec-my".into()),
+        ("SHADE_MCP_TOKEN", "leak-spec-mcp".into()),
+        ("PASSED_TOKEN", "passed-spec".into()),
+    ];
+    let tty = chat.start_with(&["--approval", "yolo"], &secrets);
+    exchange(&tty, "hello", "Hello.");
+    tty.say("what is wrong?");
+    tty.wait_text("Nothing is wrong.", 60);
+    wait_ghost(&tty, "show the environment");
+    wait_until("the speculated command's result", 60, || {
+        served(&chat, "show the environment", 1, "fast-model") == 1
+    });
+    let seen = chat
+        .llm
+        .requests()
+        .iter()
+        .filter(|r| last_real_user(r) == "show the environment")
+        .find_map(shade_testkit::last_tool_result)
+        .unwrap();
+    for (name, value) in &secrets[..4] {
+        assert!(
+            !seen.contains(value.as_str()) && !seen.contains(&format!("{name}=")),
+            "{name} reached the speculated command:\n{seen}"
+        );
+    }
+    for own in [
+        "SHADE_MODEL=",
+        "SHADE_STATE_DIR=",
+        "OPENAI_API_KEY=",
+        "test-key",
+    ] {
+        assert!(!seen.contains(own), "{own} reached it:\n{seen}");
+    }
+    assert!(seen.contains("PATH=") && seen.contains("HOME="), "{seen}");
+    assert!(seen.contains("PASSED_TOKEN=passed-spec"), "{seen}");
+    assert!(
+        !seen.contains("KEYDATA-spec") && seen.contains("key=1"),
+        "{seen}"
+    );
+    assert!(
+        !seen.contains("CONFIG-MARK-spec") && seen.contains("config=1"),
+        "{seen}"
+    );
+    tty.keys(&["C-d"]);
+    wait_until("the session to end", 60, || !tty.alive());
+    assert_eq!(chat.mounts(), 0);
+}
+
+#[test]
+fn a_speculated_command_gets_no_secrets() {
+    speculation_gets_no_secrets(false);
+}
+
+#[test]
+fn a_speculated_command_gets_no_secrets_as_a_plain_user() {
+    speculation_gets_no_secrets(true);
+}

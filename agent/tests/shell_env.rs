@@ -1,5 +1,6 @@
-//! The shell tool does not hand shade's API key to the model's commands. (Its own test
-//! binary: it sets an environment variable, which must not race with other tests.)
+//! The shell tool does not hand shade's API key, other secrets or shade's own variables to
+//! the model's commands. (Its own test binary: it sets environment variables, which must
+//! not race with other tests.)
 #![allow(clippy::unwrap_used)]
 
 use serde_json::json;
@@ -10,7 +11,9 @@ use tokio_util::sync::CancellationToken;
 #[tokio::test(flavor = "current_thread")]
 async fn api_key_is_not_inherited() {
     std::env::set_var("OPENAI_API_KEY", "sk-should-not-leak");
-    std::env::set_var("SHADE_TEST_MARKER", "visible");
+    std::env::set_var("SHADE_TEST_MARKER", "shade-own");
+    std::env::set_var("GITHUB_TOKEN", "ghp-should-not-leak");
+    std::env::set_var("PLAIN_TEST_MARKER", "visible");
     let dir = tempfile::tempdir().unwrap();
     let ctx = ToolContext::new(Workspace::new(dir.path()).unwrap());
     let shell = ToolRegistry::standard().get("shell").unwrap();
@@ -18,8 +21,11 @@ async fn api_key_is_not_inherited() {
         .run(json!({"command": "env"}), &ctx, &CancellationToken::new())
         .await
         .unwrap();
-    assert!(out.content.contains("SHADE_TEST_MARKER=visible"));
-    assert!(!out.content.contains("sk-should-not-leak"));
+    assert!(out.content.contains("PLAIN_TEST_MARKER=visible"));
+    assert!(out.content.contains("PATH="));
+    for leak in ["sk-should-not-leak", "ghp-should-not-leak", "shade-own"] {
+        assert!(!out.content.contains(leak), "{leak}: {}", out.content);
+    }
 }
 
 /// `git status` in the shell tool does not rewrite `.git/index` to refresh its stat cache

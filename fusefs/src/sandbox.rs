@@ -19,6 +19,7 @@ mod caches;
 mod cancel;
 mod capture;
 mod child;
+pub mod env;
 mod ids;
 mod limits;
 mod procs;
@@ -50,6 +51,7 @@ pub use limits::{configure as configure_limits, limits_helper, Limits, LIMITS_HE
 
 pub use crate::budget::LimitHit;
 use child::{ChildPlan, Mode};
+pub use env::{EnvConfig, EnvPolicy};
 use report::{Report, Stage};
 
 /// Exit status for a command killed at its time limit (shell conventions leave it unused).
@@ -68,8 +70,12 @@ pub struct RunSpec {
     pub cwd: PathBuf,
     /// The command and its arguments; `argv[0]` is looked up in `PATH`.
     pub argv: Vec<OsString>,
-    /// Environment changes on top of ours: `Some` sets a variable, `None` removes it.
+    /// Environment changes on top of ours (as [`env_policy`](Self::env_policy) filters
+    /// it): `Some` sets a variable, `None` removes it.
     pub env: Vec<(OsString, Option<OsString>)>,
+    /// Whose command it is: an agent's gets shade's environment without its secrets and
+    /// the home's credential files hidden (see [`env`]); the user's keeps both.
+    pub env_policy: EnvPolicy,
     /// Kill the command's process group after this long.
     pub timeout: Option<Duration>,
     /// Where the command's stdin, stdout and stderr go.
@@ -104,6 +110,7 @@ impl RunSpec {
             cwd,
             argv,
             env: Vec::new(),
+            env_policy: EnvPolicy::default(),
             timeout: None,
             output: Output::Inherit,
             tee: None,
@@ -707,6 +714,7 @@ fn spawn(spec: &RunSpec, mode: Mode) -> Result<Spawned> {
 
     let mut cmd = Command::new(&spec.argv[0]);
     cmd.args(&spec.argv[1..]);
+    cmd.env_clear().envs(env::command_env(spec.env_policy));
     for (key, value) in &spec.env {
         match value {
             Some(v) => cmd.env(key, v),

@@ -6,7 +6,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shade_fusefs::sandbox::{Tee, Termination};
+use shade_fusefs::sandbox::{env as sandbox_env, EnvPolicy, Tee, Termination};
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -228,12 +228,12 @@ enum Ending {
     Cancelled,
 }
 
-/// The environment of the model's commands, in the project and in a branch alike (`None`:
-/// removed). They must not see shade's credentials, nothing may wait for a terminal that is
-/// not there, and git's read commands must not rewrite `.git/index` to refresh its stat
-/// cache (`GIT_OPTIONAL_LOCKS=0`): a read-only command leaves the repository as it was.
-const COMMAND_ENV: [(&str, Option<&str>); 5] = [
-    ("OPENAI_API_KEY", None),
+/// The environment of the model's commands, in the project and in a branch alike, on top of
+/// shade's without its secrets (the sandbox's agent policy, [`EnvPolicy::Agent`]; `None`:
+/// removed). Nothing may wait for a terminal that is not there, and git's read commands
+/// must not rewrite `.git/index` to refresh its stat cache (`GIT_OPTIONAL_LOCKS=0`): a
+/// read-only command leaves the repository as it was.
+const COMMAND_ENV: [(&str, Option<&str>); 4] = [
     ("GIT_TERMINAL_PROMPT", Some("0")),
     ("PAGER", Some("cat")),
     ("GIT_PAGER", Some("cat")),
@@ -251,9 +251,11 @@ async fn run_command(
 ) -> Result<ToolOutput, ToolError> {
     let shell = shell_program();
     let mut child = tokio::process::Command::new(shell);
-    for (k, _) in COMMAND_ENV.iter().filter(|(_, v)| v.is_none()) {
-        child.env_remove(k);
-    }
+    // Outside a branch there is no sandbox to hide the home's credential files, but the
+    // environment is filtered all the same.
+    child
+        .env_clear()
+        .envs(sandbox_env::command_env(EnvPolicy::Agent));
     // The model's command: a session of its own (its process group, killed as one) without
     // the user's terminal. The user's own (`!cmd`): a process group in the user's session,
     // where it may open the terminal. Neither gets any fd of ours.

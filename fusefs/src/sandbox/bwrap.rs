@@ -431,7 +431,17 @@ pub(crate) fn build(
         // without a terminal: see the hook below).
         extra.push("--new-session".into());
     }
+    // The last mounts, after every bind: the home's credentials hidden (see env.rs).
+    extra.extend(super::env::hide_args(
+        spec.env_policy,
+        &super::env::homes(),
+        &spec.project,
+    ));
     let (mut cmd, filters) = conf.base(&layout, &extra, &argv, &spec.cwd)?;
+    // bwrap and the command get the filtered environment, nothing else of ours.
+    cmd.env_clear()
+        .envs(super::env::command_env(spec.env_policy))
+        .env("PWD", &spec.cwd);
     for (key, value) in &spec.env {
         match value {
             Some(v) => cmd.env(key, v),

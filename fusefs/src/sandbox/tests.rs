@@ -55,6 +55,7 @@ impl Fixture {
             cwd: self.project.clone(),
             argv: ["sh", "-c", script].map(OsString::from).to_vec(),
             env: Vec::new(),
+            env_policy: super::EnvPolicy::Agent,
             timeout: Some(Duration::from_secs(30)),
             output: Output::Inherit,
             tee: None,

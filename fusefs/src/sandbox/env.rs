@@ -1,0 +1,579 @@
+//! Secrets stay home: what a command in a branch inherits of shade's environment, and which
+//! credential files of the user's home it may not read.
+//!
+//! Commands the agent runs (its shell tool, speculation, `shade mcp`, `--shadow`, checkers
+//! and language servers) are [`EnvPolicy::Agent`]: their environment is shade's minus every
+//! variable that looks like a secret (see [`is_secret`]) and minus shade's own, and the
+//! home's credential files ([`credential_paths`]) are hidden. What the user runs with
+//! `shade run` is [`EnvPolicy::User`]: the environment as it is, the files visible unless
+//! the config's `[sandbox] hide_credentials` says otherwise. `[sandbox] pass_env` names the
+//! variables an agent's command gets all the same ([`configure`]).
+//!
+//! The sandbox clears bwrap's environment and hands it this filtered set (no per-variable
+//! removal that a new variable would slip past), and hides the files with the last mounts
+//! of the sandbox, after every bind, so that no bind re-exposes them.
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+
+/// Whose command it is, which decides what of shade's environment and home it gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EnvPolicy {
+    /// A command the agent (or shade on its behalf) runs: secrets filtered, credential
+    /// files hidden. The default for library callers: forgetting to choose must not leak.
+    #[default]
+    Agent,
+    /// A command the user typed (`shade run`): their environment as it is.
+    User,
+}
+
+/// The config's `[sandbox]` settings about secrets, in force for the whole process.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EnvConfig {
+    /// Variables an agent's command gets although they look secret: exact names, or a
+    /// prefix ending in `*` (`"NPM_CONFIG_*"`).
+    pub pass_env: Vec<String>,
+    /// Hide the home's credential files from `shade run` too.
+    pub hide_credentials: bool,
+}
+
+static CONFIG: RwLock<Option<EnvConfig>> = RwLock::new(None);
+
+/// Sets the `[sandbox]` settings for every later command of this process (the CLI calls it
+/// once it has read the config file; library users that never do get the defaults).
+pub fn configure(config: EnvConfig) {
+    let mut slot = CONFIG.write().unwrap_or_else(|e| e.into_inner());
+    *slot = Some(config);
+}
+
+/// The `[sandbox]` settings in force.
+pub fn config() -> EnvConfig {
+    CONFIG
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+        .unwrap_or_default()
+}
+
+/// Names every command keeps whatever they look like: what builds, shells and tools need to
+/// find themselves and the user's locale.
+const KEEP: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "TERM",
+    "COLORTERM",
+    "NO_COLOR",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "TMPDIR",
+    "PWD",
+    "EDITOR",
+    "CI",
+    "CARGO_HOME",
+    "RUSTUP_HOME",
+    "RUSTUP_TOOLCHAIN",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "GOPATH",
+    "GOROOT",
+    "JAVA_HOME",
+    "NVM_DIR",
+    "PYENV_ROOT",
+    "XDG_CONFIG_HOME",
+    "XDG_CACHE_HOME",
+    "XDG_DATA_HOME",
+];
+
+/// A `_`-separated word of a name that is, or ends in, one of these marks a secret
+/// (`GITHUB_TOKEN`, `MY_APIKEY`, `DB_PASS`, `OAUTH_CLIENT`).
+const SECRET_WORDS: &[&str] = &[
+    "KEY",
+    "KEYS",
+    "SECRET",
+    "SECRETS",
+    "TOKEN",
+    "TOKENS",
+    "PASSWORD",
+    "PASSWORDS",
+    "PASSWD",
+    "PASS",
+    "PASSPHRASE",
+    "CREDENTIAL",
+    "CREDENTIALS",
+    "CREDS",
+    "AUTH",
+    "COOKIE",
+    "COOKIES",
+    "SESSION",
+    "PRIVATE",
+];
+
+/// Names that carry or reach a secret without saying so: agents' sockets, credential files.
+const SECRET_NAMES: &[&str] = &[
+    "SSH_AUTH_SOCK",
+    "GPG_AGENT_INFO",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "XAUTHORITY",
+    "KUBECONFIG",
+    "NETRC",
+    "PGPASSFILE",
+    "DATABASE_URL",
+];
+
+/// Prefixes of shade's own variables and of model and cloud providers' ones (keys,
+/// endpoints, accounts): none is a build's business.
+const SECRET_PREFIXES: &[&str] = &[
+    "SHADE_",
+    "OPENAI_",
+    "ANTHROPIC_",
+    "CLAUDE_",
+    "CODEX_",
+    "GEMINI_",
+    "MISTRAL_",
+    "GROQ_",
+    "COHERE_",
+    "DEEPSEEK_",
+    "OPENROUTER_",
+    "XAI_",
+    "TOGETHER_",
+    "FIREWORKS_",
+    "PERPLEXITY_",
+    "HF_",
+    "HUGGINGFACE_",
+    "HUGGING_FACE_",
+    "REPLICATE_",
+    "AWS_",
+    "AZURE_",
+    "ARM_",
+    "GOOGLE_",
+    "GCLOUD_",
+    "CLOUDSDK_",
+    "VAULT_",
+    "OP_",
+    "DIGITALOCEAN_",
+    "HEROKU_",
+];
+
+/// Whether a variable looks like a secret: its name (case-insensitive) has a secret word
+/// ([`SECRET_WORDS`]) as a `_`-separated word or at a word's end, is one of
+/// [`SECRET_NAMES`] or starts with a provider's or shade's prefix ([`SECRET_PREFIXES`]); or
+/// its value is a URL with a password in it (`postgres://me:pw@db/x`, a proxy's login).
+pub fn is_secret(name: &OsStr, value: &OsStr) -> bool {
+    let name = name.to_string_lossy().to_ascii_uppercase();
+    if KEEP.contains(&name.as_str()) || name.starts_with("LC_") {
+        return false;
+    }
+    SECRET_NAMES.contains(&name.as_str())
+        || SECRET_PREFIXES.iter().any(|p| name.starts_with(p))
+        || name
+            .split('_')
+            .filter(|w| !w.is_empty())
+            .any(|w| SECRET_WORDS.iter().any(|s| w.ends_with(s)))
+        || url_with_password(value.as_bytes())
+}
+
+/// `scheme://user:password@host…` anywhere in `value`.
+fn url_with_password(value: &[u8]) -> bool {
+    let mut rest = value;
+    while let Some(at) = rest.windows(3).position(|w| w == b"://") {
+        let after = &rest[at + 3..];
+        let authority_end = after
+            .iter()
+            .position(|&b| matches!(b, b'/' | b'?' | b'#' | b' ' | b',' | b';'))
+            .unwrap_or(after.len());
+        let authority = &after[..authority_end];
+        if let Some(userinfo_end) = authority.iter().rposition(|&b| b == b'@') {
+            if authority[..userinfo_end].contains(&b':') {
+                return true;
+            }
+        }
+        rest = after;
+    }
+    false
+}
+
+/// Whether `pass_env` names `name`.
+fn passed(name: &OsStr, pass_env: &[String]) -> bool {
+    let name = name.to_string_lossy();
+    pass_env.iter().any(|p| match p.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => *p == name,
+    })
+}
+
+/// What of `vars` a command of `policy` gets, `pass_env` passing chosen secrets.
+pub fn filter(
+    policy: EnvPolicy,
+    vars: impl IntoIterator<Item = (OsString, OsString)>,
+    pass_env: &[String],
+) -> Vec<(OsString, OsString)> {
+    vars.into_iter()
+        .filter(|(k, v)| policy == EnvPolicy::User || !is_secret(k, v) || passed(k, pass_env))
+        .collect()
+}
+
+/// The environment a command of `policy` starts with: this process's, filtered by the
+/// configured policy ([`filter`], [`configure`]).
+pub fn command_env(policy: EnvPolicy) -> Vec<(OsString, OsString)> {
+    filter(policy, std::env::vars_os(), &config().pass_env)
+}
+
+/// The names of this process's variables that an agent's command does not get (for
+/// `shade doctor`), sorted.
+pub fn removed_names() -> Vec<String> {
+    let pass = config().pass_env;
+    let mut names: Vec<String> = std::env::vars_os()
+        .filter(|(k, v)| is_secret(k, v) && !passed(k, &pass))
+        .map(|(k, _)| k.to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The credential files and directories of a home, relative to it: keys, cloud and
+/// registry logins, tokens of agents and tools, browser profiles (cookies), shell and REPL
+/// histories (commands typed with passwords in them), shade's own config (the model's
+/// key). The one list: add here.
+const HOME_CREDENTIALS: &[&str] = &[
+    // Keys and agents.
+    ".ssh",
+    ".gnupg",
+    ".password-store",
+    ".local/share/keyrings",
+    // Clouds and clusters.
+    ".aws",
+    ".azure",
+    ".config/gcloud",
+    ".kube",
+    ".oci",
+    ".config/doctl",
+    ".docker/config.json",
+    ".terraform.d/credentials.tfrc.json",
+    ".vault-token",
+    ".s3cfg",
+    ".boto",
+    ".config/rclone/rclone.conf",
+    // Network and database logins.
+    ".netrc",
+    ".pgpass",
+    ".my.cnf",
+    // Forges and package registries.
+    ".git-credentials",
+    ".config/git/credentials",
+    ".cache/git/credential",
+    ".config/gh/hosts.yml",
+    ".config/hub",
+    ".npmrc",
+    ".yarnrc.yml",
+    ".pypirc",
+    ".cargo/credentials",
+    ".cargo/credentials.toml",
+    ".gem/credentials",
+    ".m2/settings-security.xml",
+    // Other agents' logins.
+    ".claude/.credentials.json",
+    ".codex/auth.json",
+    ".config/op",
+    // Browser profiles and X cookies.
+    ".mozilla",
+    ".config/google-chrome",
+    ".config/chromium",
+    ".Xauthority",
+    ".ICEauthority",
+    // Histories.
+    ".bash_history",
+    ".zsh_history",
+    ".local/share/fish/fish_history",
+    ".python_history",
+    ".node_repl_history",
+    ".psql_history",
+    ".mysql_history",
+    ".sqlite_history",
+    // shade's own config (the model's key).
+    ".config/shade",
+];
+
+/// Variables naming a credential file or socket outside the usual places.
+const CREDENTIAL_VARS: &[&str] = &[
+    "SSH_AUTH_SOCK",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+    "AZURE_CONFIG_DIR",
+    "CLOUDSDK_CONFIG",
+    "PGPASSFILE",
+    "NETRC",
+    "SHADE_CONFIG",
+    "XAUTHORITY",
+];
+
+/// Where credential agents keep their sockets, outside any home: ssh-agent's
+/// `/tmp/ssh-XXXX/` directories (every user's: as root all are reachable) and, under each
+/// `/run/user/UID/`, gpg-agent's, the GNOME keyring's and the ssh agents of the desktop.
+/// A command that connects to one signs and decrypts with the user's keys.
+fn agent_sockets() -> Vec<PathBuf> {
+    let entries = |dir: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(dir)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default()
+    };
+    let mut found: Vec<PathBuf> = entries(Path::new("/tmp"))
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.as_bytes().starts_with(b"ssh-"))
+        })
+        .collect();
+    for user in entries(Path::new("/run/user")) {
+        for name in [
+            "gnupg",
+            "keyring",
+            "gcr",
+            "openssh_agent",
+            "ssh-agent.socket",
+            "ssh-agent",
+        ] {
+            found.push(user.join(name));
+        }
+    }
+    found
+}
+
+/// The homes whose credentials are hidden: `$HOME`, the home of our user in the password
+/// database, and as root the home of the user who used sudo.
+pub fn homes() -> Vec<PathBuf> {
+    let mut homes: Vec<PathBuf> = std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from)
+        .into_iter()
+        .collect();
+    let uid = nix::unistd::geteuid();
+    if let Ok(Some(user)) = nix::unistd::User::from_uid(uid) {
+        homes.push(user.dir);
+    }
+    if uid.is_root() {
+        let sudo = std::env::var("SUDO_USER").ok();
+        if let Some(Ok(Some(user))) = sudo.map(|n| nix::unistd::User::from_name(&n)) {
+            homes.push(user.dir);
+        }
+    }
+    homes.retain(|h| h.is_absolute() && h != Path::new("/"));
+    homes.sort();
+    homes.dedup();
+    homes
+}
+
+/// The credential paths of `homes` and of this process's environment that exist,
+/// symlinks resolved, outermost only, none that holds `project` (hiding it would hide the
+/// project).
+pub fn credential_paths(homes: &[PathBuf], project: Option<&Path>) -> Vec<PathBuf> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    for home in homes {
+        candidates.extend(HOME_CREDENTIALS.iter().map(|rel| home.join(rel)));
+    }
+    if let Some(xdg) = std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
+        candidates.push(PathBuf::from(xdg).join("shade"));
+    }
+    for var in CREDENTIAL_VARS {
+        if let Some(v) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+            candidates.push(PathBuf::from(v));
+        }
+    }
+    if let Some(kube) = std::env::var_os("KUBECONFIG") {
+        candidates.extend(std::env::split_paths(&kube));
+    }
+    if let Some(docker) = std::env::var_os("DOCKER_CONFIG").filter(|v| !v.is_empty()) {
+        candidates.push(PathBuf::from(docker).join("config.json"));
+    }
+    candidates.extend(agent_sockets());
+    let mut real: Vec<PathBuf> = candidates
+        .into_iter()
+        .filter(|p| p.is_absolute())
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .filter(|p| p != Path::new("/"))
+        .filter(|p| !project.is_some_and(|project| project.starts_with(p)))
+        .collect();
+    real.sort();
+    real.dedup();
+    let mut outermost: Vec<PathBuf> = Vec::new();
+    for p in real {
+        if !outermost.iter().any(|o| p.starts_with(o)) {
+            outermost.push(p);
+        }
+    }
+    outermost
+}
+
+/// The bwrap arguments that hide the credentials of `homes` from a command of `policy`
+/// (nothing for [`EnvPolicy::User`] unless the config's `hide_credentials`): each directory
+/// under an empty read-only tmpfs, each other file (sockets too) bound to /dev/null. They
+/// must come after every other mount of the sandbox, so that no bind shows them again.
+pub fn hide_args(policy: EnvPolicy, homes: &[PathBuf], project: &Path) -> Vec<OsString> {
+    if policy == EnvPolicy::User && !config().hide_credentials {
+        return Vec::new();
+    }
+    let mut args: Vec<OsString> = Vec::new();
+    for path in credential_paths(homes, Some(project)) {
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        if meta.is_dir() {
+            args.extend([
+                "--perms".into(),
+                "0500".into(),
+                "--tmpfs".into(),
+                path.clone().into(),
+                "--remount-ro".into(),
+                path.into(),
+            ]);
+        } else {
+            args.extend(["--ro-bind".into(), "/dev/null".into(), path.into()]);
+        }
+    }
+    args
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn secret(name: &str) -> bool {
+        is_secret(OsStr::new(name), OsStr::new("x"))
+    }
+
+    #[test]
+    fn secret_names_by_word_suffix_and_prefix() {
+        for name in [
+            "GITHUB_TOKEN",
+            "GH_TOKEN",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_REGION",
+            "MY_API_KEY",
+            "MY_APIKEY",
+            "stripe_secret",
+            "DB_PASS",
+            "PGPASSWORD",
+            "MYSQL_PWD_PASSWD",
+            "npm_config__authToken",
+            "DOCKER_AUTH_CONFIG",
+            "SSH_AUTH_SOCK",
+            "GPG_AGENT_INFO",
+            "SHADE_MCP_TOKEN",
+            "SHADE_STATE_DIR",
+            "OPENAI_BASE_URL",
+            "ANTHROPIC_API_KEY",
+            "GOOGLE_APPLICATION_CREDENTIALS",
+            "AZURE_CLIENT_ID",
+            "CI_JOB_TOKEN",
+            "SESSION_COOKIE",
+            "GIT_ASKPASS",
+            "PRIVATE_REGISTRY",
+        ] {
+            assert!(secret(name), "{name} should be filtered");
+        }
+        for name in [
+            "PATH",
+            "HOME",
+            "LANG",
+            "LC_ALL",
+            "TERM",
+            "USER",
+            "SHELL",
+            "TMPDIR",
+            "CARGO_HOME",
+            "RUSTUP_HOME",
+            "VIRTUAL_ENV",
+            "RUST_BACKTRACE",
+            "KEYRING_BACKEND",
+            "TOKENIZERS_PARALLELISM",
+            "PKG_CONFIG_PATH",
+            "CC",
+        ] {
+            assert!(!secret(name), "{name} should be kept");
+        }
+    }
+
+    #[test]
+    fn urls_with_passwords_are_secret() {
+        let v = |s: &str| is_secret(OsStr::new("SOME_URL"), OsStr::new(s));
+        assert!(v("postgres://me:hunter2@db.example/x"));
+        assert!(v("http://user:pw@proxy:3128"));
+        assert!(!v("https://example.com/a@b"));
+        assert!(!v("https://me@example.com/"));
+        assert!(!v("/usr/bin:/bin"));
+    }
+
+    #[test]
+    fn filter_keeps_users_and_passes_chosen() {
+        let vars = || {
+            [
+                ("PATH", "/bin"),
+                ("GITHUB_TOKEN", "t"),
+                ("NPM_CONFIG_TOKEN", "n"),
+            ]
+            .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+        };
+        let names = |v: Vec<(OsString, OsString)>| {
+            v.into_iter()
+                .map(|(k, _)| k.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(filter(EnvPolicy::Agent, vars(), &[])), ["PATH"]);
+        assert_eq!(
+            names(filter(EnvPolicy::Agent, vars(), &["GITHUB_TOKEN".into()])),
+            ["PATH", "GITHUB_TOKEN"]
+        );
+        assert_eq!(
+            names(filter(EnvPolicy::Agent, vars(), &["NPM_*".into()])),
+            ["PATH", "NPM_CONFIG_TOKEN"]
+        );
+        assert_eq!(names(filter(EnvPolicy::User, vars(), &[])).len(), 3);
+    }
+
+    #[test]
+    fn credential_paths_exist_resolve_and_nest() {
+        let home = tempfile::tempdir().unwrap();
+        let h = std::fs::canonicalize(home.path()).unwrap();
+        std::fs::create_dir_all(h.join(".ssh")).unwrap();
+        std::fs::write(h.join(".ssh/id_x"), "k").unwrap();
+        std::fs::write(h.join(".netrc"), "n").unwrap();
+        std::fs::create_dir_all(h.join("real-aws")).unwrap();
+        std::os::unix::fs::symlink(h.join("real-aws"), h.join(".aws")).unwrap();
+        let homes = vec![h.clone()];
+        let paths = credential_paths(&homes, None);
+        assert!(paths.contains(&h.join(".ssh")));
+        assert!(paths.contains(&h.join(".netrc")));
+        assert!(paths.contains(&h.join("real-aws")));
+        assert!(!paths.contains(&h.join(".ssh/id_x")));
+        assert!(!paths.contains(&h.join(".pgpass")));
+        // Every ssh-agent directory in /tmp, whoever's.
+        let agent = tempfile::Builder::new()
+            .prefix("ssh-shadetest")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let agent_dir = std::fs::canonicalize(agent.path()).unwrap();
+        assert!(credential_paths(&[], None).contains(&agent_dir));
+        // A project inside a credential directory keeps it visible.
+        let inside = credential_paths(&homes, Some(&h.join(".ssh/project")));
+        assert!(!inside.contains(&h.join(".ssh")));
+        let args = hide_args(EnvPolicy::Agent, &homes, Path::new("/nonexistent"));
+        let text: Vec<String> = args
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let ssh = h.join(".ssh").display().to_string();
+        let netrc = h.join(".netrc").display().to_string();
+        assert!(text.windows(2).any(|w| w == ["--tmpfs", ssh.as_str()]));
+        assert!(text.windows(2).any(|w| w == ["--remount-ro", ssh.as_str()]));
+        assert!(text
+            .windows(3)
+            .any(|w| w == ["--ro-bind", "/dev/null", netrc.as_str()]));
+    }
+}
