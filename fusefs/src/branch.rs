@@ -330,6 +330,11 @@ impl Branch {
         self.overlay.store.memory_used()
     }
 
+    /// Where the branch's layer of writes outside the project lives (see [`crate::outside`]).
+    pub fn outside_dir(&self) -> PathBuf {
+        self.dir.join("outside")
+    }
+
     /// What the branch changed so far.
     pub fn changeset(&self, include_ignored: bool) -> Changeset {
         self.overlay.changeset(include_ignored)

@@ -15,6 +15,7 @@ mod fusermount;
 mod ignore_rules;
 mod lower;
 mod node;
+pub mod outside;
 mod overlay;
 mod passthrough;
 pub mod plan;
