@@ -105,6 +105,26 @@ pub struct FileConfig {
     pub web_search: Option<WebSearchConfig>,
     /// `[mcp_servers.NAME]`: see [`shade_agent::tools::config::ToolsConfig::mcp_servers`].
     pub mcp_servers: Option<std::collections::BTreeMap<String, McpServerConfig>>,
+    /// `[outside]`: what happens to a command's writes outside the project.
+    pub outside: Option<OutsideConfig>,
+}
+
+/// The `[outside]` section.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutsideConfig {
+    /// Outside paths (or directory prefixes; `~/` is the home) kept whenever the project is
+    /// accepted, e.g. an agent's own state directory such as `~/.claude`.
+    #[serde(default)]
+    pub keep: Vec<String>,
+}
+
+/// The `[outside] keep` list of the usual config file (a missing default file is an empty
+/// list, a broken one an error).
+pub fn outside_keep() -> Result<Vec<String>, String> {
+    load_file_config(&Overrides::default())
+        .map(|f| f.outside.map(|o| o.keep).unwrap_or_default())
+        .map_err(|e| e.to_string())
 }
 
 /// Values given on the command line; they win over everything else.

@@ -205,13 +205,16 @@ pub(crate) fn apply(session: &mut super::session::Session, cmd: Command) -> Flow
         Command::Diff => {
             if let Some(shadow) = &session.shadow {
                 let changes = shadow.changeset(false);
-                if changes.changes.is_empty() {
+                let outside = shadow.outside();
+                if changes.changes.is_empty() && outside.is_empty() {
                     println!("no changes in the branch");
                 } else {
                     for c in &changes.changes {
                         println!("{c}");
                     }
+                    print_outside(&outside);
                     print!("{}", shadow.diff(&changes));
+                    print!("{}", crate::outside::diff(&outside));
                 }
             }
         }
@@ -235,6 +238,17 @@ pub(crate) fn apply(session: &mut super::session::Session, cmd: Command) -> Flow
     Flow::Continue
 }
 
+/// The "outside the project:" block on stdout (nothing when there are none).
+fn print_outside(outside: &shade_fusefs::outside::OutsideChanges) {
+    if outside.is_empty() {
+        return;
+    }
+    println!("outside the project:");
+    for l in outside.lines(shade_fusefs::outside::home_dir().as_deref()) {
+        println!("  {l}");
+    }
+}
+
 /// `/accept` in a shadow session: refuse (keeping the branch) when the project changed
 /// meanwhile, else write the branch and go on in a fresh one.
 fn accept_shadow(session: &mut super::session::Session) {
@@ -252,7 +266,11 @@ fn accept_shadow(session: &mut super::session::Session) {
         session.shadow = Some(shadow);
         return;
     }
+    let outside = shadow.outside();
     let result = shadow.accept(shade_fusefs::AcceptFlags::default());
+    if let Some(line) = crate::outside::summary(&outside, 10) {
+        println!("not written ({line}): accept writes the project only");
+    }
     if let Some(note) = result.as_ref().ok().and_then(|r| r.privileges_note()) {
         println!("shade: {note}");
     }
