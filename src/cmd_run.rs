@@ -318,8 +318,15 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
                         final_code = exit::SHADE_ERROR;
                     }
                 }
-                if args.accept && !args.json {
-                    eprintln!("shade: nothing accepted or kept");
+                if !args.json && e.nothing_written() {
+                    eprintln!(
+                        "shade: nothing {}; the host is unchanged",
+                        if args.accept {
+                            "accepted or kept"
+                        } else {
+                            "kept"
+                        }
+                    );
                 }
             }
         }

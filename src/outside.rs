@@ -110,6 +110,18 @@ pub(crate) fn report_refused(e: &KeepError) {
                 eprintln!("  {c}");
             }
         }
+        KeepError::Accept(shade_fusefs::AcceptError::Unfinished {
+            id,
+            path,
+            source,
+            done,
+            total,
+        }) => eprintln!(
+            "shade: keeping outside paths not finished: {done} of {total} steps were applied when \
+             {} failed: {source}; `shade recover` (or any later shade start) finishes it \
+             (journal {id}; paths changed since are not overwritten)",
+            shade_fusefs::quote::quote_path(path)
+        ),
         other => eprintln!("shade: {other}"),
     }
 }

@@ -320,6 +320,12 @@ impl Branch {
         &self.project
     }
 
+    /// Where the branch's outside layer lives: the writes its commands make outside the
+    /// project (see `sandbox::RunSpec::outside`).
+    pub fn outside_dir(&self) -> PathBuf {
+        self.dir.join("outside")
+    }
+
     /// Where the branch is mounted; processes see the project's files here.
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
@@ -328,11 +334,6 @@ impl Branch {
     /// Bytes of file content this branch holds in memory (the rest is on disk).
     pub fn memory_used(&self) -> u64 {
         self.overlay.store.memory_used()
-    }
-
-    /// Where the branch's layer of writes outside the project lives (see [`crate::outside`]).
-    pub fn outside_dir(&self) -> PathBuf {
-        self.dir.join("outside")
     }
 
     /// What the branch changed so far.

@@ -145,31 +145,38 @@ impl OutsideChanges {
     }
 
     fn group_line(&self, g: &Path, home: Option<&Path>) -> String {
+        let under: Vec<&OutsideChange> = self
+            .changes
+            .iter()
+            .filter(|c| c.path.starts_with(g))
+            .collect();
+        let files: Vec<&&OutsideChange> = under.iter().filter(|c| !c.is_dir).collect();
+        // Counted in files ("1,204 files added"); directories only when there are no files.
+        let (counted, noun): (Vec<&OutsideChange>, &str) = if files.is_empty() {
+            (under.clone(), "directories")
+        } else {
+            (files.into_iter().copied().collect(), "files")
+        };
         let mut by_kind: BTreeMap<&'static str, usize> = BTreeMap::new();
-        let (mut bytes, mut files, mut kept) = (0u64, 0usize, 0usize);
-        for c in self.changes.iter().filter(|c| c.path.starts_with(g)) {
+        for c in &counted {
             *by_kind.entry(c.kind.word()).or_default() += 1;
-            bytes += c.size_new.unwrap_or(0);
-            files += usize::from(!c.is_dir);
-            kept += usize::from(c.kept);
         }
-        let total: usize = by_kind.values().sum();
+        let bytes: u64 = under.iter().map(|c| c.size_new.unwrap_or(0)).sum();
+        let kept = under.iter().filter(|c| c.kept).count();
         let kinds: Vec<String> = by_kind
             .iter()
-            .map(|(w, n)| format!("{} {w}", thousands(*n)))
+            .map(|(w, n)| format!("{} {noun} {w}", thousands(*n)))
             .collect();
-        let what = if files == total { "files" } else { "paths" };
         let mut s = format!(
-            "  {}/: {} {what} ({}), {}",
+            "{}/: {}, {}",
             display_path(g, home),
-            thousands(total),
             kinds.join(", "),
             human_size(bytes)
         );
         if kept > 0 {
             s.push_str(&format!(" [{} kept]", thousands(kept)));
         }
-        s.trim_start().to_string()
+        s
     }
 
     /// Unified diffs of every change, paths with `~`: text diffs for text files up to
