@@ -45,8 +45,8 @@ pub struct RunArgs {
     /// Keep this write outside the project (a path or a directory prefix, `~` for the home;
     /// repeatable) when the command exits 0, with or without `--accept`. Without it, writes
     /// outside the project are only listed; config `[outside] keep` adds paths kept with an
-    /// accept.
-    #[arg(long = "keep-outside", value_name = "PATH", action = clap::ArgAction::Append, conflicts_with = "review")]
+    /// accept. With `--review`, these start picked.
+    #[arg(long = "keep-outside", value_name = "PATH", action = clap::ArgAction::Append)]
     pub keep_outside: Vec<String>,
     /// Accepted for compatibility: every uid of the command can use the branch by default
     /// (users outside the command still cannot reach it).
@@ -241,16 +241,13 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
             force: args.force,
         };
         let ended = describe(&outcome.termination);
-        let outside = crate::outside::read(&branch);
-        let code = crate::review::review(branch, changes, flags, &ended, code);
-        if !outside.is_empty() {
-            crate::outside::print(&outside);
-            eprintln!(
-                "shade: dropped the writes outside the project (--review does not offer them \
-                 yet; run with --keep-outside PATH to keep some)"
-            );
-        }
-        return Ok(code);
+        let outside = crate::review::Outside {
+            changes: crate::outside::read(&branch),
+            keep: crate::outside::keep_list(&args.keep_outside, true),
+        };
+        return Ok(crate::review::review(
+            branch, changes, outside, flags, &ended, code,
+        ));
     }
     let mut outside = crate::outside::read(&branch);
     let diff = args.diff.then(|| {

@@ -341,3 +341,63 @@ fn a_keep_cut_short_after_its_commit_point_is_finished_by_recover() {
     assert!(scratch.is_empty(), "{scratch:?}");
     assert!(!home.join(".claude").exists());
 }
+
+/// `--review` offers the outside changes after the project's, unpicked; picking one keeps it
+/// (and only it) with the picked project changes.
+#[test]
+fn review_offers_outside_paths_unpicked_and_keeps_the_picked_one() {
+    use common::tty::Tty;
+    let fx = Fixture::new();
+    let home = home(&fx);
+    fs::write(home.join(".profile"), "p\n").unwrap();
+    let t = layer_time();
+    let file = fx.tmp.path().join("cmd.sh");
+    fs::write(&file, script(&fx, &home, t, "echo p > in-project")).unwrap();
+    let shell = format!(
+        "{} run --unconfined --timeout 60 --review -- sh {}; echo exit=$?",
+        env!("CARGO_BIN_EXE_shade"),
+        file.display()
+    );
+    let tty = Tty::start(
+        &["sh", "-c", &shell],
+        &fx.project,
+        &[
+            ("SHADE_STATE_DIR", fx.state.root().display().to_string()),
+            ("HOME", home.display().to_string()),
+            (
+                "SHADE_CONFIG",
+                fx.tmp.path().join("config.toml").display().to_string(),
+            ),
+        ],
+    );
+    let s = tty.wait_text("[ ] outside: M ~/.gitconfig", 60);
+    assert!(
+        s.contains("[x] A in-project") && s.contains("[ ] outside: M ~/.bashrc"),
+        "{s}"
+    );
+    assert!(s.contains("outside the project: 0 kept of 5"), "{s}");
+    // Rows: in-project, ~/.bashrc, ~/.claude, ~/.claude/state.json, ~/.gitconfig, ~/.profile.
+    tty.keys(&["j", "j", "j", "j"]);
+    let s = tty.wait_text("name = evil", 10);
+    assert!(s.contains("> [ ] outside: M ~/.gitconfig"), "{s}");
+    tty.keys(&["Space"]);
+    tty.wait_text("[x] outside: M ~/.gitconfig", 10);
+    tty.keys(&["Enter"]);
+    tty.wait_text("exit=", 60);
+    let s = tty.history();
+    assert!(s.contains("exit=0"), "{s}");
+    assert!(
+        s.contains("kept 1 path outside the project: ~/.gitconfig"),
+        "{s}"
+    );
+    assert_eq!(
+        fs::read_to_string(home.join(".gitconfig")).unwrap(),
+        "[core]\n[user]\n\tname = evil\n"
+    );
+    assert_eq!(fs::read_to_string(home.join(".bashrc")).unwrap(), "orig\n");
+    assert!(!home.join(".claude").exists() && home.join(".profile").exists());
+    assert_eq!(
+        fs::read_to_string(fx.project.join("in-project")).unwrap(),
+        "p\n"
+    );
+}
