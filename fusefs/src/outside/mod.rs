@@ -344,9 +344,16 @@ impl Walker<'_> {
         let mut stack: Vec<(PathBuf, PathBuf)> = vec![(upper.to_path_buf(), host.to_path_buf())];
         let opaque_name = xattr_name(self.layer, "opaque");
         while let Some((udir, hdir)) = stack.pop() {
-            let mut names: Vec<OsString> = std::fs::read_dir(&udir)?
-                .map(|e| e.map(|e| e.file_name()))
-                .collect::<io::Result<_>>()?;
+            // A directory shade may not read (a mode the command gave it, as a plain user) or
+            // an entry gone meanwhile (a session's command still running) is skipped, not the
+            // whole listing.
+            let mut names: Vec<OsString> = match std::fs::read_dir(&udir) {
+                Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.file_name())).collect(),
+                Err(e) => {
+                    tracing::warn!("outside layer: cannot list {}: {e}", udir.display());
+                    continue;
+                }
+            };
             names.sort();
             for name in &names {
                 let up = udir.join(name);
@@ -354,7 +361,9 @@ impl Walker<'_> {
                 if self.deeper.iter().any(|d| hp.starts_with(d)) {
                     continue;
                 }
-                let um = std::fs::symlink_metadata(&up)?;
+                let Ok(um) = std::fs::symlink_metadata(&up) else {
+                    continue;
+                };
                 let host = HostSide {
                     meta: std::fs::symlink_metadata(&hp).ok(),
                 };
