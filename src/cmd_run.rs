@@ -269,6 +269,16 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     let mut final_code = code;
     let keep = crate::outside::keep_list(&args.keep_outside, args.accept);
     let keeping = ok && !keep.is_empty() && !outside.is_empty();
+    if !args.json {
+        for p in &args.keep_outside {
+            if outside.selected(&[crate::outside::expand(p)]).is_empty() {
+                eprintln!(
+                    "shade: --keep-outside {}: the command wrote nothing there",
+                    visible_controls(p)
+                );
+            }
+        }
+    }
     // Held until the accept's outcome is reported: a signal meanwhile waits for both.
     let signals = ((args.accept || keeping) && ok).then(shade_fusefs::DeferSignals::new);
     let flags = AcceptFlags {

@@ -161,13 +161,23 @@ fn keep_outside_keeps_exactly_the_named_path() {
     let o = run(
         &fx,
         &home,
-        &["--keep-outside", "~/.gitconfig"],
+        &[
+            "--keep-outside",
+            "~/.gitconfig",
+            "--keep-outside",
+            "~/.nothing",
+        ],
         &script(&fx, &home, t, "echo p > in-project"),
     );
     assert!(o.status.success(), "{}", out(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
         err.contains("kept 1 path outside the project: ~/.gitconfig"),
+        "{}",
+        out(&o)
+    );
+    assert!(
+        err.contains("--keep-outside ~/.nothing: the command wrote nothing there"),
         "{}",
         out(&o)
     );
