@@ -323,4 +323,15 @@ mod tests {
         });
         assert!(missing.is_err());
     }
+
+    #[test]
+    fn outside_keep_list_parses_and_rejects_unknown_keys() {
+        let f: FileConfig =
+            toml::from_str("[outside]\nkeep = [\"~/.claude\", \"/etc/hosts\"]\n").expect("parse");
+        assert_eq!(
+            f.outside.expect("section").keep,
+            vec!["~/.claude".to_string(), "/etc/hosts".to_string()]
+        );
+        assert!(toml::from_str::<FileConfig>("[outside]\nkept = []\n").is_err());
+    }
 }

@@ -419,3 +419,60 @@ fn keep_refuses_owners_the_user_could_not_give() {
     assert_eq!((m.uid(), m.gid()), (1001, 1001));
     assert_eq!(std::fs::read_to_string(f.host.join("mine")).unwrap(), "m2");
 }
+
+#[test]
+fn userxattr_layers_and_what_is_never_kept() {
+    let f = fx(0);
+    let p = f.outside.join("layer.json");
+    let mut l: Layer = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    l.userxattr = true;
+    std::fs::write(&p, serde_json::to_vec(&l).unwrap()).unwrap();
+    let state = StateDir::at(f._tmp.path().join("state"));
+    // An opaque directory marked the unprivileged way; the trusted name means nothing here.
+    std::fs::create_dir_all(f.host.join("o/old")).unwrap();
+    std::fs::create_dir(f.upper.join("o")).unwrap();
+    std::fs::set_permissions(
+        f.upper.join("o"),
+        std::fs::metadata(f.host.join("o")).unwrap().permissions(),
+    )
+    .unwrap();
+    set_xattr(&f.upper.join("o"), "user.overlay.opaque", b"y");
+    std::fs::create_dir_all(f.host.join("t/keep")).unwrap();
+    std::fs::create_dir(f.upper.join("t")).unwrap();
+    std::fs::set_permissions(
+        f.upper.join("t"),
+        std::fs::metadata(f.host.join("t")).unwrap().permissions(),
+    )
+    .unwrap();
+    set_xattr(&f.upper.join("t"), "trusted.overlay.opaque", b"y");
+    // A renamed directory (its contents come from elsewhere) and a device node.
+    std::fs::create_dir(f.upper.join("moved")).unwrap();
+    set_xattr(
+        &f.upper.join("moved"),
+        "user.overlay.redirect",
+        b"/elsewhere",
+    );
+    let c = CString::new(f.upper.join("dev").as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid path; a character device 1:3 (needs root).
+    assert_eq!(
+        unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) },
+        0
+    );
+    let mut c = OutsideChanges::read(&f.outside).unwrap();
+    assert_eq!(
+        kinds(&c, &f),
+        vec![
+            ("dev".into(), OutsideKind::Added),
+            ("moved".into(), OutsideKind::Added),
+            ("o/old".into(), OutsideKind::Deleted),
+        ]
+    );
+    for (path, why) in [("moved", "renamed"), ("dev", "device")] {
+        let e = c.keep(&[f.host.join(path)], &state).unwrap_err();
+        assert!(
+            matches!(e, KeepError::Refused { .. }) && e.to_string().contains(why),
+            "{e}"
+        );
+        assert!(!f.host.join(path).exists());
+    }
+}
