@@ -320,6 +320,11 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
                         conflicts = report_conflicts(list, &project);
                         final_code = exit::CONFLICT;
                     }
+                    // Refused like an accept refused for an owner: nothing written, exit 124.
+                    KeepError::Refused { .. } => {
+                        error = Some(e.to_string());
+                        final_code = exit::CONFLICT;
+                    }
                     other => {
                         error = Some(other.to_string());
                         final_code = exit::SHADE_ERROR;

@@ -76,6 +76,7 @@ fn keep_picked(ui: &mut Review) -> Result<(), i32> {
             crate::outside::report_refused(&e);
             Err(match e {
                 shade_fusefs::outside::KeepError::Conflicts(_)
+                | shade_fusefs::outside::KeepError::Refused { .. }
                 | shade_fusefs::outside::KeepError::Accept(AcceptError::Conflicts(_)) => {
                     exit::CONFLICT
                 }

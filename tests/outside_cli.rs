@@ -411,3 +411,36 @@ fn review_offers_outside_paths_unpicked_and_keeps_the_picked_one() {
         "p\n"
     );
 }
+
+#[test]
+fn a_kept_path_the_branch_gave_another_owner_is_refused() {
+    let fx = Fixture::new();
+    let home = home(&fx);
+    fs::write(home.join(".profile"), "p\n").unwrap();
+    let t = layer_time();
+    let then = r#"chown 4242:4242 "$d/u0/upper/.gitconfig""#;
+    let o = run(
+        &fx,
+        &home,
+        &["--keep-outside", "~/.gitconfig"],
+        &script(&fx, &home, t, then),
+    );
+    assert_eq!(o.status.code(), Some(124), "{}", out(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("M ~/.gitconfig (owner 0:0 -> 4242:4242)"),
+        "{}",
+        out(&o)
+    );
+    assert!(
+        err.contains("owner 4242:4242, which is neither"),
+        "{}",
+        out(&o)
+    );
+    assert!(
+        err.contains("nothing kept; the host is unchanged"),
+        "{}",
+        out(&o)
+    );
+    home_unchanged(&home);
+}

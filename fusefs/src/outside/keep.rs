@@ -301,6 +301,9 @@ impl OutsideChanges {
                 gid: root_user.then_some(new_owner.gid),
                 times: Some(((um.atime(), um.atime_nsec()), (um.mtime(), um.mtime_nsec()))),
                 xattrs: Some(xattrs),
+                // Any field the plan grows (a renamed object's origin…) stays unset: a kept
+                // path is never a rename.
+                ..Perms::default()
             };
             let path = c.path.clone();
             let op = {
