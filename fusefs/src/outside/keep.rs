@@ -295,6 +295,9 @@ impl OutsideChanges {
                 .into_iter()
                 .filter(|(n, _)| n.starts_with(b"user.") && !n.starts_with(b"user.overlay."))
                 .collect();
+            // `..Perms::default()` is for fields other branches add to the plan (h1's
+            // `origin`): needless here, needed once they are merged.
+            #[allow(clippy::needless_update)]
             let perms = Perms {
                 mode: um.mode() & 0o7777,
                 uid: root_user.then_some(new_owner.uid),
