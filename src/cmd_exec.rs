@@ -252,6 +252,8 @@ async fn run(args: ExecArgs) -> i32 {
 struct ChangesetEvent<'a> {
     r#type: &'static str,
     changes: &'a [Change],
+    /// Writes outside the project (never written by the accept).
+    outside: &'a [shade_fusefs::outside::OutsideChange],
     accepted: bool,
     conflicts: Vec<crate::cmd_run::ConflictJson>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -262,20 +264,28 @@ struct ChangesetEvent<'a> {
 /// or drop it. Returns the exit status.
 fn finish_shadow(shadow: Shadow, args: &ExecArgs, stop: Option<StopReason>, code: i32) -> i32 {
     let changes = shadow.changeset(false);
+    let outside = shadow.outside();
     let project = shadow.project().to_path_buf();
     if !args.json {
         let mut out = std::io::stdout().lock();
-        if changes.is_empty() {
+        if changes.is_empty() && outside.is_empty() {
             let _ = writeln!(out, "(no changes in the shadow branch)");
         }
         for c in &changes.changes {
             let _ = writeln!(out, "{c}");
+        }
+        if !outside.is_empty() {
+            let _ = writeln!(out, "outside the project (not written by accept):");
+            for l in outside.lines(shade_fusefs::outside::home_dir().as_deref()) {
+                let _ = writeln!(out, "  {l}");
+            }
         }
         let _ = out.flush();
     }
     let mut event = ChangesetEvent {
         r#type: "changeset",
         changes: &changes.changes,
+        outside: &outside.changes,
         accepted: false,
         conflicts: Vec::new(),
         error: None,

@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::Args;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use serde::Serialize;
+use shade_fusefs::outside::KeepError;
 use shade_fusefs::quote::{quote_path, visible_controls};
 use shade_fusefs::sandbox::{self, EnvPolicy, Isolation, Output, RunSpec, Termination};
 use shade_fusefs::{AcceptError, AcceptFlags, Branch, BranchOptions, Change, StateDir};
@@ -41,6 +42,12 @@ pub struct RunArgs {
     /// Accept even over paths the user changed meanwhile.
     #[arg(long)]
     pub force: bool,
+    /// Keep this write outside the project (a path or a directory prefix, `~` for the home;
+    /// repeatable) when the command exits 0, with or without `--accept`. Without it, writes
+    /// outside the project are only listed; config `[outside] keep` adds paths kept with an
+    /// accept. With `--review`, these start picked.
+    #[arg(long = "keep-outside", value_name = "PATH", action = clap::ArgAction::Append)]
+    pub keep_outside: Vec<String>,
     /// Accepted for compatibility: every uid of the command can use the branch by default
     /// (users outside the command still cannot reach it).
     #[arg(long, hide = true)]
@@ -68,6 +75,8 @@ struct Report<'a> {
     termination: String,
     namespaced: bool,
     changes: &'a [Change],
+    /// Writes outside the project (listed apart; `kept` says which reached the host).
+    outside: &'a [shade_fusefs::outside::OutsideChange],
     accepted: bool,
     conflicts: Vec<ConflictJson>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -242,11 +251,23 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
             force: args.force,
         };
         let ended = describe(&outcome.termination);
-        return Ok(crate::review::review(branch, changes, flags, &ended, code));
+        let outside = crate::review::Outside {
+            changes: crate::outside::read(&branch),
+            keep: crate::outside::keep_list(&args.keep_outside, true),
+        };
+        return Ok(crate::review::review(
+            branch, changes, outside, flags, &ended, code,
+        ));
     }
-    let diff = args.diff.then(|| branch.diff(&changes));
+    let mut outside = crate::outside::read(&branch);
+    let diff = args.diff.then(|| {
+        let mut d = branch.diff(&changes);
+        d.push_str(&crate::outside::diff(&outside));
+        d
+    });
     if !args.json {
         print_changes(&changes.changes);
+        crate::outside::print(&outside);
         if let Some(d) = &diff {
             // The branch's contents are the command's: on a terminal they are shown, never
             // obeyed; a pipe gets the diff byte for byte (a patch must apply).
@@ -258,14 +279,90 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     let mut conflicts = Vec::new();
     let mut error = None;
     let mut final_code = code;
+    let keep = crate::outside::keep_list(&args.keep_outside, args.accept);
+    let keeping = ok && !keep.is_empty() && !outside.is_empty();
+    if !args.json {
+        for p in &args.keep_outside {
+            if outside.selected(&[crate::outside::expand(p)]).is_empty() {
+                eprintln!(
+                    "shade: --keep-outside {}: the command wrote nothing there",
+                    visible_controls(p)
+                );
+            }
+        }
+    }
     // Held until the accept's outcome is reported: a signal meanwhile waits for both.
-    let signals = (args.accept && ok).then(shade_fusefs::DeferSignals::new);
-    if args.accept && ok {
+    let signals = ((args.accept || keeping) && ok).then(shade_fusefs::DeferSignals::new);
+    let flags = AcceptFlags {
+        include_ignored: args.include_ignored,
+        force: args.force,
+    };
+    // Kept outside paths and the project go together: both are checked before either is
+    // written, and a refusal of one writes neither.
+    let mut refused = false;
+    if keeping {
+        let checked = outside.check_keep(&keep).and_then(|()| {
+            if args.accept {
+                branch.check_accept(flags).map_err(KeepError::Accept)
+            } else {
+                Ok(())
+            }
+        });
+        let kept = checked.and_then(|()| outside.keep(&keep, &opts.state));
+        match kept {
+            Ok(r) => {
+                if let Some(note) = r.accept.privileges_note() {
+                    eprintln!("shade: {note}");
+                }
+                crate::outside::report_kept(&r.kept, args.json);
+            }
+            Err(e) => {
+                refused = true;
+                crate::outside::report_refused(&e);
+                match &e {
+                    KeepError::Conflicts(list) => {
+                        conflicts.extend(list.iter().map(|c| ConflictJson {
+                            path: c.path.clone(),
+                            path_bytes: shade_fusefs::non_utf8_bytes(&c.path).map(<[u8]>::to_vec),
+                            reason: c.reason.clone(),
+                        }));
+                        final_code = exit::CONFLICT;
+                    }
+                    KeepError::Accept(AcceptError::Conflicts(list)) => {
+                        conflicts = report_conflicts(list, &project);
+                        final_code = exit::CONFLICT;
+                    }
+                    // Refused like an accept refused for an owner: nothing written, exit 124.
+                    KeepError::Refused { .. } => {
+                        error = Some(e.to_string());
+                        final_code = exit::CONFLICT;
+                    }
+                    other => {
+                        error = Some(other.to_string());
+                        final_code = exit::SHADE_ERROR;
+                    }
+                }
+                if !args.json && e.nothing_written() {
+                    eprintln!(
+                        "shade: nothing {}; the host is unchanged",
+                        if args.accept {
+                            "accepted or kept"
+                        } else {
+                            "kept"
+                        }
+                    );
+                }
+            }
+        }
+    } else if !keep.is_empty() && !ok && !outside.is_empty() && !args.json {
+        eprintln!(
+            "shade: nothing kept outside the project: {}",
+            describe(&outcome.termination)
+        );
+    }
+    if args.accept && ok && !refused {
         let n = changes.changes.len();
-        match branch.accept(AcceptFlags {
-            include_ignored: args.include_ignored,
-            force: args.force,
-        }) {
+        match branch.accept(flags) {
             Ok(report) => {
                 accepted = true;
                 if !report_accepted(n, &report, args.json) {
@@ -292,7 +389,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
             }
         }
     } else {
-        if args.accept && !args.json {
+        if args.accept && !args.json && !refused {
             eprintln!("shade: not accepted: {}", describe(&outcome.termination));
         } else if matches!(outcome.termination, Termination::Interrupted(_)) && !args.json {
             eprintln!("shade: {}", describe(&outcome.termination));
@@ -305,6 +402,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
             termination: describe(&outcome.termination),
             namespaced: outcome.namespaced,
             changes: &changes.changes,
+            outside: &outside.changes,
             accepted,
             conflicts,
             diff,

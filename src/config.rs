@@ -117,6 +117,26 @@ pub struct FileConfig {
     /// `[sandbox]`: what a command may consume (`[sandbox.run]`, `[sandbox.speculation]`,
     /// see [`sandbox_limits`]) and what it gets of shade's environment and home.
     pub sandbox: Option<SandboxConfig>,
+    /// `[outside]`: what happens to a command's writes outside the project.
+    pub outside: Option<OutsideConfig>,
+}
+
+/// The `[outside]` section.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutsideConfig {
+    /// Outside paths (or directory prefixes; `~/` is the home) kept whenever the project is
+    /// accepted, e.g. an agent's own state directory such as `~/.claude`.
+    #[serde(default)]
+    pub keep: Vec<String>,
+}
+
+/// The `[outside] keep` list of the usual config file (a missing default file is an empty
+/// list, a broken one an error).
+pub fn outside_keep() -> Result<Vec<String>, String> {
+    load_file_config(&Overrides::default())
+        .map(|f| f.outside.map(|o| o.keep).unwrap_or_default())
+        .map_err(|e| e.to_string())
 }
 
 /// The `[sandbox]` section: limits per mode, and the secrets of the environment and the
@@ -517,5 +537,16 @@ mod tests {
             none.is_err(),
             "an explicit file that is missing is an error"
         );
+    }
+
+    #[test]
+    fn outside_keep_list_parses_and_rejects_unknown_keys() {
+        let f: FileConfig =
+            toml::from_str("[outside]\nkeep = [\"~/.claude\", \"/etc/hosts\"]\n").expect("parse");
+        assert_eq!(
+            f.outside.expect("section").keep,
+            vec!["~/.claude".to_string(), "/etc/hosts".to_string()]
+        );
+        assert!(toml::from_str::<FileConfig>("[outside]\nkept = []\n").is_err());
     }
 }

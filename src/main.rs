@@ -16,6 +16,7 @@ mod exit;
 mod llm_setup;
 mod markdown;
 mod mcp;
+mod outside;
 mod review;
 
 use clap::{Parser, Subcommand};

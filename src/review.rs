@@ -10,6 +10,7 @@ use crossterm::style::Print;
 use crossterm::terminal::{self, ClearType};
 use crossterm::{cursor, queue};
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+use shade_fusefs::outside::OutsideChanges;
 use shade_fusefs::quote::quote_path;
 use shade_fusefs::{
     AcceptError, AcceptFlags, Branch, Change, ChangeKind, Changeset, Conflict, Selection,
@@ -35,30 +36,68 @@ pub(crate) fn unavailable() -> Option<&'static str> {
 pub(crate) fn review(
     branch: Branch,
     changes: Changeset,
+    outside: Outside,
     flags: AcceptFlags,
     ended: &str,
     code: i32,
 ) -> i32 {
-    if changes.is_empty() {
+    if changes.is_empty() && outside.changes.is_empty() {
         say(format_args!("shade: no changes ({ended})"));
         return code;
     }
     // Installed before and kept until after the branch is gone (accepted or dropped inside).
     let _signals = Signals::install();
-    review_branch(branch, changes, flags, ended, code)
+    review_branch(branch, changes, outside, flags, ended, code)
+}
+
+/// The writes outside the project a review offers, each unpicked unless `keep` names it.
+pub(crate) struct Outside {
+    pub changes: OutsideChanges,
+    /// Paths (or prefixes) picked to start with (`--keep-outside`, `[outside] keep`).
+    pub keep: Vec<PathBuf>,
+}
+
+/// Keep the picked outside paths of `ui` (before the project's accept, which takes the
+/// branch and its layer); `Err(exit status)` when refused or failed (said on stderr).
+fn keep_picked(ui: &mut Review) -> Result<(), i32> {
+    let keep = ui.outside_keep();
+    if keep.is_empty() {
+        return Ok(());
+    }
+    match ui.outside.keep(&keep, &shade_fusefs::StateDir::from_env()) {
+        Ok(r) => {
+            if let Some(note) = r.accept.privileges_note() {
+                say(format_args!("shade: {note}"));
+            }
+            crate::outside::report_kept(&r.kept, false);
+            Ok(())
+        }
+        Err(e) => {
+            crate::outside::report_refused(&e);
+            Err(match e {
+                shade_fusefs::outside::KeepError::Conflicts(_)
+                | shade_fusefs::outside::KeepError::Refused { .. }
+                | shade_fusefs::outside::KeepError::Accept(AcceptError::Conflicts(_)) => {
+                    exit::CONFLICT
+                }
+                _ => exit::SHADE_ERROR,
+            })
+        }
+    }
 }
 
 /// [`review`] once its signal handlers are in place; `branch` is unmounted when this returns.
 fn review_branch(
     branch: Branch,
     changes: Changeset,
+    outside: Outside,
     flags: AcceptFlags,
     ended: &str,
     code: i32,
 ) -> i32 {
     let n = changes.changes.len();
     let project = branch.project().to_path_buf();
-    let mut ui = Review::new(&branch, changes, ended);
+    let mut ui = Review::new(&branch, changes, outside, ended);
     let choice = match Screen::open() {
         Ok(screen) => {
             let choice = ui.run(&branch, flags);
@@ -104,8 +143,23 @@ fn review_branch(
             exit::SHADE_ERROR
         }
         Choice::Accept => {
+            if let Err(status) = keep_picked(&mut ui) {
+                say(format_args!(
+                    "shade: nothing accepted; dropped {}, the project is unchanged",
+                    plural(n)
+                ));
+                return status;
+            }
             let sel = ui.sel;
             let k = sel.picked_count();
+            if k == 0 {
+                drop(branch);
+                say(format_args!(
+                    "shade: dropped {}; the project is unchanged",
+                    plural(n)
+                ));
+                return code;
+            }
             let result = branch.accept_selected(flags, &sel);
             if let Some(note) = result.as_ref().ok().and_then(|r| r.privileges_note()) {
                 say(format_args!("shade: {note}"));
@@ -270,12 +324,26 @@ struct Review {
     conflicts: HashSet<PathBuf>,
     /// The last refusal, when nothing has been accepted since.
     refused: Option<Vec<Conflict>>,
+    /// Writes outside the project, listed after the project's changes.
+    outside: OutsideChanges,
+    /// Which of them are picked to keep (none unless the command line or config said).
+    outside_picked: Vec<bool>,
+    outside_diffs: Vec<Option<Vec<String>>>,
+    /// The home, shown as `~`.
+    home: Option<PathBuf>,
 }
 
 impl Review {
-    fn new(branch: &Branch, changes: Changeset, ended: &str) -> Review {
+    fn new(branch: &Branch, changes: Changeset, outside: Outside, ended: &str) -> Review {
         let n = changes.changes.len();
+        let m = outside.changes.changes.len();
+        let prepicked = outside.changes.selected(&outside.keep);
+        let outside_picked = (0..m).map(|i| prepicked.contains(&i)).collect();
         Review {
+            outside: outside.changes,
+            outside_picked,
+            outside_diffs: vec![None; m],
+            home: shade_fusefs::outside::home_dir(),
             sel: branch.selection(changes),
             ended: shade_fusefs::quote::visible_controls(ended).into_owned(),
             cursor: 0,
@@ -329,9 +397,35 @@ impl Review {
         }
     }
 
+    /// Project changes, then outside ones: the rows of the list.
+    fn total(&self) -> usize {
+        self.sel.changes().len() + self.outside.changes.len()
+    }
+
+    /// The outside change at list row `i`, if that row is one.
+    fn outside_at(&self, i: usize) -> Option<usize> {
+        i.checked_sub(self.sel.changes().len())
+            .filter(|j| *j < self.outside.changes.len())
+    }
+
+    /// The picked outside paths.
+    fn outside_keep(&self) -> Vec<PathBuf> {
+        self.outside
+            .changes
+            .iter()
+            .zip(&self.outside_picked)
+            .filter(|(_, p)| **p)
+            .map(|(c, _)| c.path.clone())
+            .collect()
+    }
+
+    fn outside_picked_count(&self) -> usize {
+        self.outside_picked.iter().filter(|p| **p).count()
+    }
+
     /// Lines of the list and of the diff for a `h`-row terminal.
     fn layout(&self, h: usize) -> (usize, usize) {
-        let n = self.sel.changes().len();
+        let n = self.total();
         let list = n.min((h.saturating_sub(4) / 3).max(3)).max(1);
         let diff = h.saturating_sub(list + 3);
         (list, diff)
@@ -344,7 +438,7 @@ impl Review {
         flags: AcceptFlags,
         h: usize,
     ) -> Option<Choice> {
-        let n = self.sel.changes().len();
+        let n = self.total();
         let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
         if ctrl && matches!(key.code, KeyCode::Char('c')) {
             return Some(Choice::Drop);
@@ -365,6 +459,11 @@ impl Review {
             KeyCode::End | KeyCode::Char('G') => self.go(n - 1, list_h),
             KeyCode::PageDown => self.scroll += diff_h.max(1),
             KeyCode::PageUp => self.scroll = self.scroll.saturating_sub(diff_h.max(1)),
+            KeyCode::Char(' ') if self.outside_at(self.cursor).is_some() => {
+                if let Some(j) = self.outside_at(self.cursor) {
+                    self.outside_picked[j] = !self.outside_picked[j];
+                }
+            }
             KeyCode::Char(' ') => {
                 let on = !self.sel.is_picked(self.cursor);
                 let also = self.sel.set(self.cursor, on);
@@ -384,7 +483,7 @@ impl Review {
                 self.sel.set_all(true);
                 return self.try_accept(branch, flags);
             }
-            KeyCode::Enter if self.sel.picked_count() == 0 => {
+            KeyCode::Enter if self.sel.picked_count() == 0 && self.outside_picked_count() == 0 => {
                 self.confirm_drop = true;
             }
             KeyCode::Enter => return self.try_accept(branch, flags),
@@ -409,6 +508,20 @@ impl Review {
     /// Check the picked part against the project now: on conflicts stay and mark them, so
     /// the person can unpick them (or drop); the accept itself checks again.
     fn try_accept(&mut self, branch: &Branch, flags: AcceptFlags) -> Option<Choice> {
+        if let Err(e) = self.outside.check_keep(&self.outside_keep()) {
+            let text = match &e {
+                shade_fusefs::outside::KeepError::Conflicts(list) => format!(
+                    "not kept, nothing written: changed on the host meanwhile: {} — unpick (space) and Enter, or d to drop",
+                    list.iter()
+                        .map(|c| shade_fusefs::outside::display_path(&c.path, self.home.as_deref()))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                other => format!("not kept, nothing written: {other} — unpick it (space)"),
+            };
+            self.message = Some(shade_fusefs::quote::visible_controls(&text).into_owned());
+            return None;
+        }
         match branch.check_accept_selected(flags, &self.sel) {
             Ok(()) => Some(Choice::Accept),
             Err(AcceptError::Conflicts(list)) => {
@@ -429,6 +542,17 @@ impl Review {
     }
 
     fn diff_lines(&mut self, branch: &Branch, i: usize) -> &[String] {
+        if let Some(j) = self.outside_at(i) {
+            let c = &self.outside.changes[j];
+            let home = self.home.as_deref();
+            return self.outside_diffs[j].get_or_insert_with(|| {
+                c.diff(home)
+                    .lines()
+                    .filter(|l| !l.starts_with("diff --shade-outside "))
+                    .map(|l| crate::chat::colour_diff_line(&expand_tabs(l)))
+                    .collect()
+            });
+        }
         let c = &self.sel.changes()[i];
         let slot = &mut self.diffs[i];
         slot.get_or_insert_with(|| {
@@ -449,15 +573,38 @@ impl Review {
 
     fn draw(&mut self, branch: &Branch, w: usize, h: usize) -> std::io::Result<()> {
         let (list_h, diff_h) = self.layout(h);
-        let n = self.sel.changes().len();
+        let n = self.total();
+        let np = self.sel.changes().len();
         let mut rows: Vec<String> = Vec::with_capacity(h);
+        let outside = if self.outside.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; outside the project: {} kept of {}",
+                self.outside_picked_count(),
+                self.outside.changes.len()
+            )
+        };
         rows.push(format!(
-            "\x1b[1mshade run --review\x1b[0m: {} picked of {} ({})",
+            "\x1b[1mshade run --review\x1b[0m: {} picked of {}{outside} ({})",
             self.sel.picked_count(),
-            plural(n),
+            plural(np),
             self.ended
         ));
         for i in self.top..(self.top + list_h).min(n) {
+            if let Some(j) = self.outside_at(i) {
+                let mark = if self.outside_picked[j] { "[x]" } else { "[ ]" };
+                let line = format!(
+                    "outside: {}",
+                    self.outside.changes[j].line(self.home.as_deref())
+                );
+                rows.push(if i == self.cursor {
+                    format!("\x1b[7m> {mark} {line}\x1b[0m")
+                } else {
+                    format!("  {mark} {line}")
+                });
+                continue;
+            }
             let c = &self.sel.changes()[i];
             let mark = if self.sel.is_picked(i) { "[x]" } else { "[ ]" };
             let here = i == self.cursor;
@@ -477,7 +624,13 @@ impl Review {
             rows.push(String::new());
         }
         let cursor = self.cursor;
-        let title = change_line(&self.sel.changes()[cursor]);
+        let title = match self.outside_at(cursor) {
+            Some(j) => format!(
+                "outside: {}",
+                self.outside.changes[j].line(self.home.as_deref())
+            ),
+            None => change_line(&self.sel.changes()[cursor]),
+        };
         let diff_len = self.diff_lines(branch, cursor).len();
         self.scroll = self.scroll.min(diff_len.saturating_sub(diff_h));
         let more = if diff_len > diff_h {
@@ -516,7 +669,7 @@ impl Review {
         if self.confirm_drop {
             return format!(
                 "\x1b[1mdrop all {}? the project stays as it is\x1b[0m  y drop · any other key: back",
-                plural(self.sel.changes().len())
+                plural(self.total())
             );
         }
         if let Some(m) = &self.message {

@@ -14,16 +14,26 @@ use std::process::{Command, Output, Stdio};
 
 const USER: &str = "shadetest";
 
-/// `/dev/fuse` at another mode until dropped.
+/// `/dev/fuse` at another mode until dropped; one test at a time changes it (the tests of
+/// this binary run in parallel threads).
 struct FuseMode {
     original: u32,
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
 }
+
+static FUSE_MODE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl FuseMode {
     fn set(mode: u32) -> FuseMode {
+        let guard = FUSE_MODE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let original = std::fs::metadata("/dev/fuse").unwrap().mode() & 0o7777;
         std::fs::set_permissions("/dev/fuse", std::fs::Permissions::from_mode(mode)).unwrap();
-        FuseMode { original }
+        FuseMode {
+            original,
+            _one_at_a_time: guard,
+        }
     }
 }
 
@@ -122,4 +132,93 @@ fn a_plain_user_runs_in_a_branch_where_dev_fuse_allows_it() {
     assert!(err.contains("/dev/fuse") && err.contains("0666"), "{err}");
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&*state.to_string_lossy()), "{mounts}");
+}
+
+/// As the plain user, a kept outside write reaches the user's home with the user's owner and
+/// nothing else does. The layer is written by hand from an `--unconfined` command in the
+/// runner's format (see tests/outside_cli.rs).
+#[test]
+fn a_plain_user_keeps_exactly_the_named_outside_path() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test switches to the plain user {USER} and must start as root"
+    );
+    let (uid, gid) = (id("-u"), id("-g"));
+    let tmp = tempfile::Builder::new()
+        .prefix("shade-plain-outside-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = tmp.path().join("shade");
+    std::fs::copy(env!("CARGO_BIN_EXE_shade"), &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (project, state, home) = (
+        tmp.path().join("project"),
+        tmp.path().join("state"),
+        tmp.path().join("home"),
+    );
+    for d in [&project, &state, &home] {
+        std::fs::create_dir(d).unwrap();
+        std::os::unix::fs::chown(d, Some(uid), Some(gid)).unwrap();
+    }
+    for (name, text) in [(".bashrc", "orig\n"), (".gitconfig", "[core]\n")] {
+        std::fs::write(home.join(name), text).unwrap();
+        std::os::unix::fs::chown(home.join(name), Some(uid), Some(gid)).unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let script = format!(
+        r#"set -e
+d=$(ls -d {state}/branches/*/ | head -n1)outside
+mkdir -p "$d/u0/upper"
+printf '{{"created_ns":{created},"shift":0,"userxattr":true,"units":[{{"path":"{home}","dir":"u0"}}]}}' > "$d/layer.json"
+printf 'orig\nx\n' > "$d/u0/upper/.bashrc"
+printf '[core]\n[user]\n\tname = evil\n' > "$d/u0/upper/.gitconfig"
+"#,
+        state = state.display(),
+        home = home.display()
+    );
+    let o = {
+        let _mode = FuseMode::set(0o666);
+        Command::new("setpriv")
+            .args(["--reuid", USER, "--regid", USER, "--init-groups", "--"])
+            .arg(&bin)
+            .args(["run", "--unconfined", "--timeout", "60"])
+            .args(["--keep-outside", "~/.gitconfig", "--", "sh", "-c", &script])
+            .current_dir(&project)
+            .env("HOME", &home)
+            .env("SHADE_STATE_DIR", &state)
+            .env("SHADE_CONFIG", tmp.path().join("config.toml"))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("  M ~/.bashrc") && err.contains("  M ~/.gitconfig"),
+        "{}",
+        out(&o)
+    );
+    assert!(
+        err.contains("kept 1 path outside the project: ~/.gitconfig"),
+        "{}",
+        out(&o)
+    );
+    let g = std::fs::metadata(home.join(".gitconfig")).unwrap();
+    assert_eq!(
+        (
+            g.uid(),
+            g.gid(),
+            std::fs::read_to_string(home.join(".gitconfig")).unwrap()
+        ),
+        (uid, gid, "[core]\n[user]\n\tname = evil\n".into())
+    );
+    assert_eq!(
+        std::fs::read_to_string(home.join(".bashrc")).unwrap(),
+        "orig\n"
+    );
 }

@@ -209,6 +209,19 @@ impl Shadow {
         }
     }
 
+    /// What the branch's commands wrote outside the project (empty once accepted or
+    /// aborted, or when the layer cannot be read: that is logged).
+    pub fn outside(&self) -> shade_fusefs::outside::OutsideChanges {
+        match lock(&self.inner.branch).as_ref() {
+            Some(b) => shade_fusefs::outside::OutsideChanges::read(&b.outside_dir())
+                .unwrap_or_else(|e| {
+                    tracing::warn!("reading the writes outside the project: {e}");
+                    shade_fusefs::outside::OutsideChanges::default()
+                }),
+            None => shade_fusefs::outside::OutsideChanges::default(),
+        }
+    }
+
     /// Unified diff of `changes` (from [`Shadow::changeset`]), paths relative to the project.
     pub fn diff(&self, changes: &Changeset) -> String {
         match lock(&self.inner.branch).as_ref() {

@@ -397,6 +397,12 @@ impl Branch {
         &self.project
     }
 
+    /// Where the branch's outside layer lives: the writes its commands make outside the
+    /// project (see `sandbox::RunSpec::outside`).
+    pub fn outside_dir(&self) -> PathBuf {
+        self.dir.join("outside")
+    }
+
     /// Where the branch is mounted; processes see the project's files here.
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint

@@ -17,6 +17,7 @@ pub mod idmap;
 mod ignore_rules;
 mod lower;
 mod node;
+pub mod outside;
 mod overlay;
 mod passthrough;
 pub mod plan;

@@ -28,7 +28,8 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
     ),
     (
         "/accept",
-        "with --shadow: write the branch into the project (conflict-checked)",
+        "with --shadow: write the branch into the project (conflict-checked); \
+         --keep-outside PATH… also keeps those writes outside it",
     ),
     ("/abort", "with --shadow: drop the branch's changes"),
     ("/exit", "leave (also Ctrl-D)"),
@@ -38,13 +39,19 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Command {
     Help,
-    Model { fast: bool, name: Option<String> },
+    Model {
+        fast: bool,
+        name: Option<String>,
+    },
     Approval(Option<ApprovalMode>),
     Compact,
     Clear,
     Stats,
     Diff,
-    Accept,
+    /// `/accept [--keep-outside PATH…]`: the outside paths to keep with it.
+    Accept {
+        keep: Vec<String>,
+    },
     Abort,
     Exit,
 }
@@ -86,7 +93,13 @@ pub(crate) fn parse(line: &str) -> Result<Command, String> {
         "/clear" => no_args(Command::Clear),
         "/stats" => no_args(Command::Stats),
         "/diff" => no_args(Command::Diff),
-        "/accept" => no_args(Command::Accept),
+        "/accept" => match rest.split_first() {
+            None => Ok(Command::Accept { keep: Vec::new() }),
+            Some((&"--keep-outside", paths)) if !paths.is_empty() => Ok(Command::Accept {
+                keep: paths.iter().map(|p| p.to_string()).collect(),
+            }),
+            _ => Err("usage: /accept [--keep-outside PATH…]".into()),
+        },
         "/abort" => no_args(Command::Abort),
         "/exit" | "/quit" => no_args(Command::Exit),
         other => Err(format!("unknown command {other} (try /help)")),
@@ -141,6 +154,15 @@ mod tests {
         assert!(parse("/clear now").is_err());
         assert!(parse("/frobnicate").is_err());
         assert_eq!(parse("/exit"), Ok(Command::Exit));
+        assert_eq!(parse("/accept"), Ok(Command::Accept { keep: vec![] }));
+        assert_eq!(
+            parse("/accept --keep-outside ~/.gitconfig ~/.claude"),
+            Ok(Command::Accept {
+                keep: vec!["~/.gitconfig".into(), "~/.claude".into()]
+            })
+        );
+        assert!(parse("/accept --keep-outside").is_err());
+        assert!(parse("/accept now").is_err());
     }
 }
 
@@ -199,23 +221,26 @@ pub(crate) fn apply(session: &mut super::session::Session, cmd: Command) -> Flow
             println!("new conversation");
         }
         Command::Stats => print!("{}", stats(session)),
-        Command::Diff | Command::Accept | Command::Abort if session.shadow.is_none() => {
+        Command::Diff | Command::Accept { .. } | Command::Abort if session.shadow.is_none() => {
             println!("not a shadow session: start `shade chat --shadow` to work in a branch")
         }
         Command::Diff => {
             if let Some(shadow) = &session.shadow {
                 let changes = shadow.changeset(false);
-                if changes.changes.is_empty() {
+                let outside = shadow.outside();
+                if changes.changes.is_empty() && outside.is_empty() {
                     println!("no changes in the branch");
                 } else {
                     for c in &changes.changes {
                         println!("{c}");
                     }
+                    print_outside(&outside);
                     print!("{}", crate::cmd_run::for_stdout(&shadow.diff(&changes)));
+                    print!("{}", crate::cmd_run::for_stdout(&crate::outside::diff(&outside)));
                 }
             }
         }
-        Command::Accept => accept_shadow(session),
+        Command::Accept { keep } => accept_shadow(session, &keep),
         Command::Abort => {
             let n = session
                 .shadow
@@ -235,14 +260,29 @@ pub(crate) fn apply(session: &mut super::session::Session, cmd: Command) -> Flow
     Flow::Continue
 }
 
+/// The "outside the project:" block on stdout (nothing when there are none).
+fn print_outside(outside: &shade_fusefs::outside::OutsideChanges) {
+    if outside.is_empty() {
+        return;
+    }
+    println!("outside the project:");
+    for l in outside.lines(shade_fusefs::outside::home_dir().as_deref()) {
+        println!("  {l}");
+    }
+}
+
 /// `/accept` in a shadow session: refuse (keeping the branch) when the project changed
-/// meanwhile, else write the branch and go on in a fresh one.
-fn accept_shadow(session: &mut super::session::Session) {
+/// meanwhile, or a kept outside path on the host, else write the branch (and keep the named
+/// outside paths, `keep` and config `[outside] keep`) and go on in a fresh one.
+fn accept_shadow(session: &mut super::session::Session, keep: &[String]) {
     let Some(shadow) = session.shadow.take() else {
         return;
     };
     let n = shadow.changeset(false).changes.len();
-    if n == 0 {
+    let mut outside = shadow.outside();
+    let keep = crate::outside::keep_list(keep, true);
+    let keeping = !keep.is_empty() && !outside.selected(&keep).is_empty();
+    if n == 0 && !keeping {
         println!("no changes to accept");
         session.shadow = Some(shadow);
         return;
@@ -252,7 +292,32 @@ fn accept_shadow(session: &mut super::session::Session) {
         session.shadow = Some(shadow);
         return;
     }
+    if keeping {
+        match outside.keep(&keep, &shade_fusefs::StateDir::from_env()) {
+            Ok(r) => {
+                if let Some(note) = r.accept.privileges_note() {
+                    println!("shade: {note}");
+                }
+                crate::outside::report_kept(&r.kept, false);
+            }
+            Err(e) => {
+                crate::outside::report_refused(&e);
+                if e.nothing_written() {
+                    println!("nothing accepted or kept; the branch is kept");
+                }
+                session.shadow = Some(shadow);
+                return;
+            }
+        }
+    }
     let result = shadow.accept(shade_fusefs::AcceptFlags::default());
+    let dropped = shade_fusefs::outside::OutsideChanges {
+        changes: outside.changes.into_iter().filter(|c| !c.kept).collect(),
+        layer: None,
+    };
+    if let Some(line) = crate::outside::summary(&dropped, 10) {
+        println!("not written ({line}): /accept --keep-outside PATH keeps one");
+    }
     if let Some(note) = result.as_ref().ok().and_then(|r| r.privileges_note()) {
         println!("shade: {note}");
     }

@@ -227,7 +227,7 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
                         prefix = None;
                         speculator.prepare(None);
                     }
-                    if matches!(cmd, Command::Accept | Command::Abort) {
+                    if matches!(cmd, Command::Accept { .. } | Command::Abort) {
                         // Speculations branch off the session's branch: gone before it is.
                         speculator.prepare(None);
                         speculator.settle();

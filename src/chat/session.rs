@@ -427,6 +427,9 @@ impl Session {
                     eprintln!("  {c}");
                 }
             }
+            if let Some(line) = crate::outside::summary(&shadow.outside(), 10) {
+                eprintln!("shade: dropped with it, never kept: {line}");
+            }
             shadow.abort();
         }
     }

@@ -267,16 +267,24 @@ pub(crate) fn accept(
         }
     }
     let changes = finished.shadow.changeset(false);
+    let outside = finished.shadow.outside();
     let would_ask = finished
         .would_ask
         .iter()
         .any(|tool| !(asking.allowed)(tool));
-    if would_ask && asking.mode != ApprovalMode::Yolo && !changes.changes.is_empty() {
+    if would_ask
+        && asking.mode != ApprovalMode::Yolo
+        && !(changes.changes.is_empty() && outside.is_empty())
+    {
         let mut shown = String::new();
         for c in &changes.changes {
             shown.push_str(&format!("{c}\n"));
         }
+        if let Some(line) = crate::outside::summary(&outside, 10) {
+            shown.push_str(&format!("{line}\n"));
+        }
         shown.push_str(&finished.shadow.diff(&changes));
+        shown.push_str(&crate::outside::diff(&outside));
         let asked_at = Instant::now();
         let answer = (asking.ask)(&shown);
         // The time the user took to answer is neither the write's nor lost to speculation.

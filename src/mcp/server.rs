@@ -15,6 +15,7 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value};
 use shade_agent::tools::{Tool, ToolError};
 use shade_classify as shell_classify;
+use shade_fusefs::outside::OutsideChanges;
 use shade_fusefs::{AcceptError, AcceptFlags, Change};
 use tokio_util::sync::CancellationToken;
 
@@ -144,21 +145,40 @@ impl ShadeServer {
         .await
     }
 
+    /// What the branch's commands wrote outside the project.
+    async fn outside(&self, id: &str) -> Result<OutsideChanges, String> {
+        let entry = self.branches.get(id)?;
+        blocking(move || match entry.shadow().as_ref() {
+            Some(s) => Ok(s.outside()),
+            None => Err("the branch is being accepted or aborted".to_string()),
+        })
+        .await
+    }
+
     async fn changes(&self, id: &str) -> Answer {
         let changes = self.changeset(id).await?;
-        if changes.is_empty() {
+        let outside = self.outside(id).await?;
+        if changes.is_empty() && outside.is_empty() {
             return Ok(format!("Branch {id} has no changes."));
         }
-        Ok(lines(&changes))
+        let mut text = lines(&changes);
+        if !outside.is_empty() {
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(&outside_block(&outside));
+        }
+        Ok(text)
     }
 
     async fn diff(&self, id: &str) -> Answer {
         let entry = self.branches.get(id)?;
-        let text = blocking(move || match entry.shadow().as_ref() {
+        let mut text = blocking(move || match entry.shadow().as_ref() {
             Some(s) => Ok(s.diff(&s.changeset(false))),
             None => Err("the branch is being accepted or aborted".to_string()),
         })
         .await?;
+        text.push_str(&crate::outside::diff(&self.outside(id).await?));
         if text.is_empty() {
             return Ok(format!("Branch {id} has no changes."));
         }
@@ -169,6 +189,16 @@ impl ShadeServer {
     /// can ask, then written atomically and the branch closed.
     async fn accept(&self, id: &str, context: &RequestContext<RoleServer>) -> Answer {
         let changes = self.changeset(id).await?;
+        let outside = self.outside(id).await?;
+        let dropped = if outside.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "\nNot written: {} (accept writes the project only; they are dropped with the \
+                 branch).",
+                crate::outside::summary(&outside, 10).unwrap_or_default()
+            )
+        };
         let entry = self.branches.get(id)?;
         let check = entry.clone();
         blocking(move || match check.shadow().as_ref() {
@@ -193,12 +223,15 @@ impl ShadeServer {
         })
         .await?;
         if changes.is_empty() {
-            return Ok(format!("Branch {id} had no changes; it is closed."));
+            return Ok(format!(
+                "Branch {id} had no changes; it is closed.{dropped}"
+            ));
         }
         let note = report
             .privileges_note()
             .map(|n| format!("\nNote: {n}."))
-            .unwrap_or_default();
+            .unwrap_or_default()
+            + &dropped;
         Ok(format!(
             "Accepted branch {id} into {project}: {} change{} written; the branch is closed.\n{}{note}",
             changes.len(),
@@ -299,6 +332,17 @@ fn take_branch(args: &mut Map<String, Value>) -> Result<String, String> {
 
 fn tool_error(e: &ToolError) -> String {
     format!("Error: {e}")
+}
+
+/// The outside changes, apart from the project's: a header, then one line each (many under
+/// one directory grouped), paths with `~` for the home.
+fn outside_block(outside: &OutsideChanges) -> String {
+    let mut text = String::from("outside the project (not written by accept_branch):");
+    for l in outside.lines(shade_fusefs::outside::home_dir().as_deref()) {
+        text.push_str("\n  ");
+        text.push_str(&l);
+    }
+    text
 }
 
 fn lines(changes: &[Change]) -> String {

@@ -252,10 +252,14 @@ async fn run_command(
     let shell = shell_program();
     let mut child = tokio::process::Command::new(shell);
     // Outside a branch there is no sandbox to hide the home's credential files, but the
-    // environment is filtered all the same.
-    child
-        .env_clear()
-        .envs(sandbox_env::command_env(EnvPolicy::Agent));
+    // model's command gets the filtered environment all the same; the user's own `!cmd`
+    // keeps theirs.
+    let policy = if user_terminal {
+        EnvPolicy::User
+    } else {
+        EnvPolicy::Agent
+    };
+    child.env_clear().envs(sandbox_env::command_env(policy));
     // The model's command: a session of its own (its process group, killed as one) without
     // the user's terminal. The user's own (`!cmd`): a process group in the user's session,
     // where it may open the terminal. Neither gets any fd of ours.

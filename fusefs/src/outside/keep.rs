@@ -1,0 +1,455 @@
+//! Keeping outside changes: the chosen paths are written to the host by the accept engine
+//! (journal, all or nothing, set-ID bits and file capabilities stripped), after a conflict
+//! check against the layer's creation time and an owner check.
+
+use super::{OutsideChange, OutsideChanges, OutsideKind, Owner};
+use crate::accept::{self, AcceptError, AcceptOptions, AcceptReport};
+use crate::fingerprint::{Base, Fingerprint};
+use crate::plan::{Perms, PlanOp, ReadBase};
+use crate::state::StateDir;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// A kept path the host changed since the command started.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutsideConflict {
+    /// The host path.
+    pub path: PathBuf,
+    /// What changed.
+    pub reason: String,
+}
+
+impl fmt::Display for OutsideConflict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {}",
+            super::display_path(&self.path, super::home_dir().as_deref()),
+            self.reason
+        )
+    }
+}
+
+/// Why nothing was kept (or, for `Accept` after its commit point, not all: see
+/// [`AcceptError::nothing_written`]).
+#[derive(Debug, thiserror::Error)]
+pub enum KeepError {
+    /// The host changed under kept paths; nothing was written.
+    #[error("{} outside path(s) changed on the host since the command started, nothing kept: {}", .0.len(), list(.0))]
+    Conflicts(Vec<OutsideConflict>),
+    /// A kept path cannot be kept safely (owner, type); nothing was written.
+    #[error("not keeping {}: {reason}", .path.display())]
+    Refused { path: PathBuf, reason: String },
+    /// The accept engine refused or failed.
+    #[error(transparent)]
+    Accept(#[from] AcceptError),
+}
+
+impl KeepError {
+    /// Whether the host is exactly as before.
+    pub fn nothing_written(&self) -> bool {
+        match self {
+            KeepError::Accept(e) => e.nothing_written(),
+            _ => true,
+        }
+    }
+}
+
+fn list(c: &[OutsideConflict]) -> String {
+    c.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// What a keep wrote.
+#[derive(Clone, Debug, Default)]
+pub struct KeepReport {
+    /// The host paths written (or deleted).
+    pub kept: Vec<PathBuf>,
+    /// The accept engine's report (paths relative to `root`).
+    pub accept: AcceptReport,
+    /// The directory the engine worked in (the kept paths' common ancestor).
+    pub root: PathBuf,
+}
+
+fn refused(path: &Path, reason: impl Into<String>) -> KeepError {
+    KeepError::Refused {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+fn owner_of(m: &std::fs::Metadata) -> Owner {
+    Owner {
+        uid: m.uid(),
+        gid: m.gid(),
+    }
+}
+
+/// The plan, its root and what it checks, before anything is written.
+struct Planned {
+    root: PathBuf,
+    plan: Vec<PlanOp>,
+    reads: Vec<ReadBase>,
+    picked: Vec<usize>,
+}
+
+impl OutsideChanges {
+    /// Indices of the changes `keep` selects: a path, or everything under a directory
+    /// prefix (absolute paths; the caller expands `~`), plus the new directories they need.
+    pub fn selected(&self, keep: &[PathBuf]) -> Vec<usize> {
+        let mut picked: Vec<usize> = (0..self.changes.len())
+            .filter(|i| keep.iter().any(|k| self.changes[*i].path.starts_with(k)))
+            .collect();
+        let mut need = Vec::new();
+        for i in &picked {
+            for a in self.changes[*i].path.ancestors().skip(1) {
+                if let Some(j) = self.changes.iter().position(|c| {
+                    c.path == a
+                        && c.is_dir
+                        && matches!(c.kind, OutsideKind::Added | OutsideKind::TypeChanged)
+                }) {
+                    need.push(j);
+                }
+            }
+        }
+        picked.extend(need);
+        picked.sort_unstable();
+        picked.dedup();
+        picked
+    }
+
+    /// Would [`OutsideChanges::keep`] refuse `keep` now? The same checks, writing nothing.
+    pub fn check_keep(&self, keep: &[PathBuf]) -> Result<(), KeepError> {
+        let p = self.plan(keep)?;
+        if p.plan.is_empty() {
+            return Ok(());
+        }
+        accept::check_plan(&p.root, &p.plan, &p.reads, false, None)?;
+        Ok(())
+    }
+
+    /// Write the changes `keep` selects to the host, all or nothing, journaled in `state`
+    /// (a crash mid-way is finished or undone by `shade recover` like any accept). Refused,
+    /// with nothing written, when the host changed under one of them since the command
+    /// started, or a new owner is not one the user may give.
+    pub fn keep(&mut self, keep: &[PathBuf], state: &StateDir) -> Result<KeepReport, KeepError> {
+        let p = self.plan(keep)?;
+        if p.plan.is_empty() {
+            return Ok(KeepReport::default());
+        }
+        let report = accept::apply(
+            &p.root,
+            p.plan,
+            &AcceptOptions {
+                force: false,
+                state: state.clone(),
+                reads: p.reads,
+                own: None,
+            },
+        )?;
+        let mut kept = Vec::new();
+        for i in p.picked {
+            let c = &mut self.changes[i];
+            let left_out = report
+                .not_applied
+                .iter()
+                .any(|n| p.root.join(&n.path) == c.path);
+            if !left_out {
+                c.kept = true;
+                kept.push(c.path.clone());
+            }
+        }
+        Ok(KeepReport {
+            kept,
+            accept: report,
+            root: p.root,
+        })
+    }
+
+    fn plan(&self, keep: &[PathBuf]) -> Result<Planned, KeepError> {
+        let Some(layer) = &self.layer else {
+            return Ok(Planned {
+                root: PathBuf::new(),
+                plan: Vec::new(),
+                reads: Vec::new(),
+                picked: Vec::new(),
+            });
+        };
+        let created = i64::try_from(layer.created_ns).unwrap_or(i64::MAX);
+        let picked = self.selected(keep);
+        let euid = nix::unistd::geteuid().as_raw();
+        let egid = nix::unistd::getegid().as_raw();
+        let root_user = euid == 0;
+        // New owners of the directories the plan creates: their children may take them.
+        let mut planned_owner: BTreeMap<PathBuf, Owner> = BTreeMap::new();
+        let mut conflicts = Vec::new();
+        let mut writes = Vec::new();
+        let mut deletes = Vec::new();
+        let mut reads = Vec::new();
+        let conflict = |c: &OutsideChange, reason: &str| OutsideConflict {
+            path: c.path.clone(),
+            reason: reason.to_string(),
+        };
+        for &i in &picked {
+            let c = &self.changes[i];
+            let host = std::fs::symlink_metadata(&c.path).ok();
+            // The host must still be what the branch started from.
+            let base = match (c.kind, &host) {
+                (OutsideKind::Added, None) => Base::Absent,
+                (OutsideKind::Added, Some(_)) => {
+                    conflicts.push(conflict(c, "created on the host meanwhile"));
+                    continue;
+                }
+                (_, None) => {
+                    conflicts.push(conflict(c, "deleted on the host meanwhile"));
+                    continue;
+                }
+                (_, Some(h)) => {
+                    let ctime = h.ctime() * 1_000_000_000 + h.ctime_nsec();
+                    let mtime = h.mtime() * 1_000_000_000 + h.mtime_nsec();
+                    let same_type = c
+                        .mode_old
+                        .is_some_and(|m| m & libc::S_IFMT == h.mode() & libc::S_IFMT);
+                    if ctime > created || mtime > created || !same_type {
+                        conflicts
+                            .push(conflict(c, "changed on the host since the command started"));
+                        continue;
+                    }
+                    Base::Present(Fingerprint::from_metadata(h))
+                }
+            };
+            if c.kind == OutsideKind::Deleted {
+                if let Base::Present(fp) = base {
+                    if fp.is_dir() {
+                        reads.push((c.path.clone(), fp));
+                    }
+                }
+                deletes.push((c.path.clone(), base));
+                continue;
+            }
+            let Some(upper) = &c.upper else {
+                continue;
+            };
+            if c.redirected {
+                return Err(refused(
+                    &c.path,
+                    "a directory renamed in the branch (its contents come from elsewhere); copy it by hand",
+                ));
+            }
+            let Some(new_owner) = c.owner_new else {
+                return Err(refused(&c.path, "its owner is an id outside the sandbox"));
+            };
+            let um = std::fs::symlink_metadata(upper).map_err(|e| {
+                KeepError::Accept(AcceptError::Io {
+                    path: upper.clone(),
+                    source: e,
+                })
+            })?;
+            if c.kind == OutsideKind::TypeChanged
+                && (um.is_dir() || host.as_ref().is_some_and(|h| h.is_dir()))
+            {
+                return Err(refused(
+                    &c.path,
+                    "a directory replaced by a file or the other way round; replace it by hand",
+                ));
+            }
+            if um.file_type().is_block_device() || um.file_type().is_char_device() {
+                return Err(refused(&c.path, "a device node"));
+            }
+            // Owners: the host path's, its parent directory's for a new path, or ours.
+            let parent = c.path.parent().unwrap_or(Path::new("/"));
+            let parent_owner = planned_owner.get(parent).copied().or_else(|| {
+                std::fs::symlink_metadata(parent)
+                    .ok()
+                    .filter(|m| m.is_dir())
+                    .map(|m| owner_of(&m))
+            });
+            let Some(parent_owner) = parent_owner else {
+                conflicts.push(conflict(c, "its parent directory is gone on the host"));
+                continue;
+            };
+            let current = host.as_ref().map(owner_of);
+            let uid_ok = new_owner.uid == euid
+                || current.is_some_and(|o| o.uid == new_owner.uid)
+                || (current.is_none() && parent_owner.uid == new_owner.uid);
+            let gid_ok = new_owner.gid == egid
+                || current.is_some_and(|o| o.gid == new_owner.gid)
+                || (current.is_none() && parent_owner.gid == new_owner.gid);
+            if !uid_ok || !gid_ok {
+                return Err(refused(
+                    &c.path,
+                    format!(
+                        "the branch gives it owner {}:{}, which is neither its owner on the host, \
+                         its parent directory's, nor yours",
+                        new_owner.uid, new_owner.gid
+                    ),
+                ));
+            }
+            if um.is_dir() {
+                planned_owner.insert(c.path.clone(), new_owner);
+            }
+            let xattrs: Vec<(Vec<u8>, Vec<u8>)> = super::lxattrs(upper)
+                .into_iter()
+                .filter(|(n, _)| n.starts_with(b"user.") && !n.starts_with(b"user.overlay."))
+                .collect();
+            // `..Perms::default()` is for fields other branches add to the plan (h1's
+            // `origin`): needless here, needed once they are merged.
+            #[allow(clippy::needless_update)]
+            let perms = Perms {
+                mode: um.mode() & 0o7777,
+                uid: root_user.then_some(new_owner.uid),
+                gid: root_user.then_some(new_owner.gid),
+                times: Some(((um.atime(), um.atime_nsec()), (um.mtime(), um.mtime_nsec()))),
+                xattrs: Some(xattrs),
+                // Any field the plan grows (a renamed object's origin…) stays unset: a kept
+                // path is never a rename.
+                ..Perms::default()
+            };
+            let path = c.path.clone();
+            let op = {
+                let ft = um.file_type();
+                if ft.is_dir() {
+                    if c.kind == OutsideKind::Added {
+                        PlanOp::Mkdir {
+                            path,
+                            perms: perms.clone(),
+                            base,
+                            base_at: None,
+                        }
+                    } else {
+                        PlanOp::SetPerms {
+                            path,
+                            perms: Perms {
+                                xattrs: None,
+                                times: None,
+                                ..perms.clone()
+                            },
+                            base,
+                            base_at: None,
+                        }
+                    }
+                } else if ft.is_symlink() {
+                    PlanOp::Symlink {
+                        path,
+                        target: c.target_new.clone().unwrap_or_default(),
+                        base,
+                        base_at: None,
+                    }
+                } else if ft.is_file() {
+                    // A metadata-only copy-up keeps its content in the host file.
+                    let from = if c.metacopy { &c.path } else { upper };
+                    let content = std::fs::OpenOptions::new()
+                        .read(true)
+                        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                        .open(from)
+                        .map_err(|e| {
+                            KeepError::Accept(AcceptError::Io {
+                                path: from.clone(),
+                                source: e,
+                            })
+                        })?;
+                    PlanOp::WriteFile {
+                        path,
+                        content,
+                        perms: perms.clone(),
+                        base,
+                        base_at: None,
+                    }
+                } else {
+                    PlanOp::Special {
+                        path,
+                        mode: um.mode(),
+                        rdev: 0,
+                        perms: perms.clone(),
+                        base,
+                        base_at: None,
+                    }
+                }
+            };
+            writes.push(op);
+        }
+        if !conflicts.is_empty() {
+            return Err(KeepError::Conflicts(conflicts));
+        }
+        // One accept for all of them, in their common ancestor.
+        let mut all: Vec<&Path> = writes.iter().map(|op| op.path().as_path()).collect();
+        all.extend(deletes.iter().map(|(p, _)| p.as_path()));
+        let Some(first) = all.first() else {
+            return Ok(Planned {
+                root: PathBuf::new(),
+                plan: Vec::new(),
+                reads: Vec::new(),
+                picked,
+            });
+        };
+        let mut anc = first.parent().unwrap_or(Path::new("/")).to_path_buf();
+        for p in &all {
+            while !p.starts_with(&anc) || *p == anc {
+                match anc.parent() {
+                    Some(a) => anc = a.to_path_buf(),
+                    None => break,
+                }
+            }
+        }
+        let root = std::fs::canonicalize(&anc).map_err(|e| {
+            KeepError::Accept(AcceptError::Io {
+                path: anc.clone(),
+                source: e,
+            })
+        })?;
+        let rel = |p: &Path| {
+            p.strip_prefix(&anc)
+                .map(Path::to_path_buf)
+                .unwrap_or_default()
+        };
+        let mut plan = Vec::new();
+        for mut op in writes {
+            let r = rel(op.path());
+            set_path(&mut op, r);
+            plan.push(op);
+        }
+        // Deletions deepest first, after the writes.
+        deletes.sort_by(|a, b| b.0.cmp(&a.0));
+        for (p, base) in deletes {
+            plan.push(PlanOp::Delete {
+                path: rel(&p),
+                base,
+                base_at: None,
+            });
+        }
+        let reads = reads
+            .into_iter()
+            .map(|(p, fp)| ReadBase {
+                path: rel(&p),
+                seen: fp,
+                listing: false,
+                subtree_since: Some(created),
+            })
+            .collect();
+        Ok(Planned {
+            root,
+            plan,
+            reads,
+            picked,
+        })
+    }
+}
+
+/// Give a single-path op another path (the plan is built with host paths, then made relative
+/// to the accept's root).
+fn set_path(op: &mut PlanOp, new: PathBuf) {
+    match op {
+        PlanOp::WriteFile { path, .. }
+        | PlanOp::Symlink { path, .. }
+        | PlanOp::Link { path, .. }
+        | PlanOp::Special { path, .. }
+        | PlanOp::Mkdir { path, .. }
+        | PlanOp::SetPerms { path, .. }
+        | PlanOp::Delete { path, .. } => *path = new,
+        PlanOp::RenameDir { .. } => {}
+    }
+}
