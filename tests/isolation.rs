@@ -697,6 +697,42 @@ fn planted_privileges(who: Who) {
     );
 }
 
+/// Host-wide knobs under /proc (issue 28): a sysctl write as the sandbox's root was the
+/// host's (core_pattern → a program run as full root). Every probe only opens for writing,
+/// or writes the value already there, so a success harms nothing; the kernel-memory and
+/// key files give nothing.
+fn host_knobs(who: Who) {
+    let e = env(who);
+    let before = std::fs::read_to_string("/proc/sys/vm/swappiness").unwrap();
+    let o = e.run(
+        &[],
+        &format!(
+            r#"v=$(cat /proc/sys/vm/swappiness)
+            (echo "$v" > /proc/sys/vm/swappiness) 2>/dev/null && echo "$v" > {O}/swappiness
+            for f in /proc/sys/kernel/core_pattern /proc/sysrq-trigger /proc/sys/vm/drop_caches; do
+              (: >> "$f") 2>/dev/null && echo w > "{O}/$(basename $f)"
+            done
+            for f in /proc/kcore /proc/keys /proc/timer_list; do
+              [ -n "$(head -c 1 $f 2>/dev/null)" ] && echo r > "{O}/$(basename $f)"
+            done
+            true"#,
+            O = e.o()
+        ),
+    );
+    let after = std::fs::read_to_string("/proc/sys/vm/swappiness").unwrap();
+    if after != before {
+        let _ = std::fs::write("/proc/sys/vm/swappiness", &before);
+    }
+    ran(&o);
+    assert_eq!(
+        before,
+        after,
+        "the host's vm.swappiness changed\n{}",
+        show(&o)
+    );
+    e.assert_held(&o);
+}
+
 macro_rules! both {
     ($($route:ident),* $(,)?) => {
         mod as_root {
@@ -726,4 +762,5 @@ both!(
     project_root_refused,
     exec_shadow,
     planted_privileges,
+    host_knobs,
 );

@@ -267,6 +267,7 @@ impl Confinement {
             "--dev",
             "/dev",
         ]);
+        proc_knobs(&mut cmd);
         cmd.args(["--perms", "1777", "--tmpfs", "/dev/shm"]);
         if layout.private_tmp || layout.read_only {
             cmd.args(["--perms", "1777", "--tmpfs", "/tmp"]);
@@ -296,6 +297,51 @@ impl Confinement {
         }
         cmd.args(extra).arg("--").args(argv);
         Ok((cmd, fds))
+    }
+}
+
+/// Host-wide knobs under /proc that must never be writable from a sandbox: a root inside
+/// that a sysctl takes for the host's (identity-mapped ids) could set `kernel.core_pattern`
+/// and have the kernel run a program as full root. bwrap covers /proc/irq and /proc/bus
+/// itself but skips /proc/sys and /proc/sysrq-trigger when `access(W_OK)` says no, which
+/// it does for a root without host capabilities even though the sysctl files accept it.
+const PROC_READ_ONLY: [&str; 5] = [
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+    "/proc/irq",
+    "/proc/bus",
+    "/proc/fs",
+];
+
+/// What Docker masks: kernel memory, keys, timers and hardware details no build needs.
+const MASKED_FILES: [&str; 5] = [
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/timer_list",
+    "/proc/sched_debug",
+    "/proc/latency_stats",
+];
+
+/// Directories masked with an empty read-only tmpfs.
+const MASKED_DIRS: [&str; 3] = ["/proc/acpi", "/proc/scsi", "/sys/firmware"];
+
+/// After `--proc /proc` and `--ro-bind /sys /sys`: the knobs read-only (bound from the host's
+/// proc, which shows the same sysctl tables), the masked paths hidden, where they exist.
+fn proc_knobs(cmd: &mut Command) {
+    for p in PROC_READ_ONLY {
+        if Path::new(p).exists() {
+            cmd.args(["--ro-bind", p, p]);
+        }
+    }
+    for f in MASKED_FILES {
+        if Path::new(f).exists() {
+            cmd.args(["--ro-bind", "/dev/null", f]);
+        }
+    }
+    for d in MASKED_DIRS {
+        if Path::new(d).is_dir() {
+            cmd.args(["--perms", "0555", "--tmpfs", d, "--remount-ro", d]);
+        }
     }
 }
 
