@@ -320,6 +320,12 @@ impl Branch {
         &self.project
     }
 
+    /// Where the branch's outside layer lives: the writes its commands make outside the
+    /// project (see `sandbox::RunSpec::outside`).
+    pub fn outside_dir(&self) -> PathBuf {
+        self.dir.join("outside")
+    }
+
     /// Where the branch is mounted; processes see the project's files here.
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
@@ -342,6 +348,8 @@ impl Branch {
 
     /// Stop serving the mount (processes using it get errors from now on).
     pub fn unmount(&mut self) {
+        // The outside layer's overlays first: the branch's directory is removed next.
+        crate::sandbox::release_outside(&self.outside_dir());
         if let Some(mut w) = self
             .warm
             .get_mut()

@@ -19,6 +19,7 @@ mod caches;
 mod cancel;
 mod capture;
 mod child;
+mod outside;
 mod procs;
 mod report;
 mod seccomp;
@@ -44,6 +45,7 @@ pub use caches::{default_cache_dirs, CacheBranches};
 pub use cancel::Cancel;
 pub use capture::{Captured, Tee};
 use child::{ChildPlan, Mode};
+pub use outside::release_outside;
 use report::{Report, Stage};
 
 /// Exit status for a command killed at its time limit (shell conventions leave it unused).
@@ -80,6 +82,10 @@ pub struct RunSpec {
     /// Directories bound over paths outside the project, writable even with
     /// [`Isolation::read_only`]. Needs a namespace.
     pub binds: Vec<Bind>,
+    /// The branch's outside directory (`Branch::outside_dir`): every write the command makes
+    /// outside the project lands there (see outside.rs) instead of on the host. `None`: no
+    /// capture (the rest of the file system as [`Isolation`] says).
+    pub outside: Option<PathBuf>,
 }
 
 impl RunSpec {
@@ -98,6 +104,7 @@ impl RunSpec {
             foreground: false,
             isolation: Isolation::default(),
             binds: Vec::new(),
+            outside: None,
         }
     }
 

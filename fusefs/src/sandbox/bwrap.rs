@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
+use super::outside::{self, Outside, View};
 use super::{child, Result, RunSpec, SandboxError};
 use crate::StateDir;
 
@@ -206,6 +207,8 @@ struct Layout<'a> {
     binds: Vec<(&'a Path, &'a Path)>,
     /// Files bound read-only at their own path last (the foreground helper).
     ro_files: Vec<&'a Path>,
+    /// The branch's outside layer, in place of the host's `/`.
+    outside: Option<&'a Outside>,
 }
 
 impl Layout<'_> {
@@ -217,6 +220,7 @@ impl Layout<'_> {
             hide: Vec::new(),
             binds: Vec::new(),
             ro_files: Vec::new(),
+            outside: None,
         }
     }
 }
@@ -252,12 +256,17 @@ impl Confinement {
         }
         // bwrap runs the mounts in argument order and takes every source from the old
         // root, so the branch can be bound after its state directory is hidden.
-        let root = if layout.read_only {
-            "--ro-bind"
-        } else {
-            "--bind"
-        };
-        cmd.args([root, "/", "/"]);
+        match layout.outside {
+            Some(outside) => outside_binds(&mut cmd, outside),
+            None => {
+                let root = if layout.read_only {
+                    "--ro-bind"
+                } else {
+                    "--bind"
+                };
+                cmd.args([root, "/", "/"]);
+            }
+        }
         cmd.args([
             "--ro-bind",
             "/sys",
@@ -297,6 +306,33 @@ impl Confinement {
         }
         cmd.args(extra).arg("--").args(argv);
         Ok((cmd, fds))
+    }
+}
+
+/// The command's `/` from the outside layer: each unit's overlay over its path, in path
+/// order, on top of a read-only `/` wherever no unit covers it.
+fn outside_binds(cmd: &mut Command, outside: &Outside) {
+    let root_unit = matches!(outside.views.first(),
+        Some(View::Layer { path, .. } | View::ReadOnly(path)) if path == Path::new("/"));
+    if outside.ro_root || !root_unit {
+        cmd.args(["--ro-bind", "/", "/"]);
+    }
+    for view in &outside.views {
+        match view {
+            View::Layer { path, merged } => {
+                // -try: a plain user's unit whose directory vanished since it was planned
+                // has no stage (see outside::UserStage::enter).
+                let bind = if outside.ro_root {
+                    "--bind-try"
+                } else {
+                    "--bind"
+                };
+                cmd.arg(bind).arg(merged).arg(path);
+            }
+            View::ReadOnly(path) => {
+                cmd.arg("--ro-bind").arg(path).arg(path);
+            }
+        }
     }
 }
 
@@ -432,13 +468,37 @@ pub(crate) fn build(
         .get()
         .filter(|_| hand_tty)
         .filter(|h| !h.starts_with(&spec.project));
+    let mut hide = state_dirs(spec);
+    if let Some(dir) = &spec.outside {
+        // The layer itself is never the command's to see (its uppers hold what other
+        // commands wrote, and a lower's walk into them only meets overlayfs's traps).
+        std::fs::create_dir_all(dir).map_err(SandboxError::io(format!(
+            "creating the outside layer {}",
+            dir.display()
+        )))?;
+        if let Ok(dir) = std::fs::canonicalize(dir) {
+            if !hide.iter().any(|h| dir.starts_with(h)) {
+                hide.push(dir);
+            }
+        }
+    }
+    let mut outside = match &spec.outside {
+        Some(dir) => Some(outside::prepare(
+            dir,
+            &hide,
+            &spec.project,
+            iso.private_tmp || iso.read_only,
+        )?),
+        None => None,
+    };
     let layout = Layout {
         read_only: iso.read_only,
         private_tmp: iso.private_tmp,
         network_off: iso.network,
-        hide: state_dirs(spec),
+        hide,
         binds,
         ro_files: helper.map(PathBuf::as_path).into_iter().collect(),
+        outside: outside.as_ref(),
     };
     let argv: Vec<OsString> = match helper {
         Some(h) => [h.as_os_str().to_os_string(), FOREGROUND_HELPER_ARG.into()]
@@ -453,6 +513,7 @@ pub(crate) fn build(
         None => Vec::new(),
     };
     let (mut cmd, filters) = conf.base(&layout, &extra, &argv, &spec.cwd)?;
+    let stage = outside.as_mut().and_then(|o| o.stage.take());
     for (key, value) in &spec.env {
         match value {
             Some(v) => cmd.env(key, v),
@@ -471,6 +532,9 @@ pub(crate) fn build(
             }
             if hand_tty {
                 child::take_tty();
+            }
+            if let Some(stage) = &stage {
+                stage.enter()?;
             }
             enter(userns, &inherit, &keep_open)
         });
