@@ -297,6 +297,11 @@ fn finish_shadow(shadow: Shadow, args: &ExecArgs, stop: Option<StopReason>, code
                 event.conflicts = crate::cmd_run::report_conflicts(&list, &project);
                 final_code = exit::CONFLICT;
             }
+            Err(e @ AcceptError::Owner { .. }) => {
+                eprintln!("shade: {e}");
+                event.error = Some(e.to_string());
+                final_code = exit::CONFLICT;
+            }
             Err(e) => {
                 eprintln!("shade: {e}");
                 event.error = Some(e.to_string());

@@ -266,6 +266,12 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
                 conflicts = report_conflicts(&list, &project);
                 final_code = exit::CONFLICT;
             }
+            Err(e @ AcceptError::Owner { .. }) => {
+                // Refused like conflicts: nothing written, one line saying why.
+                eprintln!("shade: {e}");
+                error = Some(e.to_string());
+                final_code = exit::CONFLICT;
+            }
             Err(e) => {
                 // The error says what the project is left as (unchanged, or partly changed
                 // and how to finish it).

@@ -3,7 +3,8 @@
 
 /// shade could not do its job (bad project dir, no /dev/fuse, mount failed, …).
 pub const SHADE_ERROR: i32 = 125;
-/// Accept found conflicts with changes made to the real tree meanwhile; nothing was written.
+/// Accept found conflicts with changes made to the real tree meanwhile, or (as root) would
+/// give a file to an owner it does not have in the project; nothing was written.
 pub const CONFLICT: i32 = 124;
 // A command that could not be started (127) or hit `--timeout` (123): see
 // `shade_fusefs::sandbox::{EXIT_CANNOT_EXEC, EXIT_TIMED_OUT}`.

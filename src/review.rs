@@ -93,6 +93,10 @@ fn review_branch(
                 code
             }
         }
+        Choice::Failed(e @ AcceptError::Owner { .. }) => {
+            say(format_args!("shade: {e}"));
+            exit::CONFLICT
+        }
         Choice::Failed(e) => {
             say(format_args!(
                 "shade: accept failed, the project is unchanged: {e}"
@@ -121,6 +125,10 @@ fn review_branch(
                 }
                 Err(AcceptError::Conflicts(list)) => {
                     report_conflicts(&list, &project);
+                    exit::CONFLICT
+                }
+                Err(e @ AcceptError::Owner { .. }) => {
+                    say(format_args!("shade: {e}"));
                     exit::CONFLICT
                 }
                 Err(e) => {

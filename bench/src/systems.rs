@@ -68,6 +68,7 @@ pub fn shade_options(layout: &Layout, threads: usize) -> BranchOptions {
         memory_budget: 256 << 20,
         allow_other: false,
         threads,
+        id_shift: None,
     }
 }
 

@@ -32,6 +32,9 @@ pub struct BranchOptions {
     pub allow_other: bool,
     /// FUSE worker threads.
     pub threads: usize,
+    /// Ids shown shifted to the kernel and taken back from requests (`idmap.rs`): for a
+    /// command in a user namespace whose ids map to a host range. `None`: ids as stored.
+    pub id_shift: Option<crate::idmap::IdShift>,
 }
 
 impl Default for BranchOptions {
@@ -41,6 +44,7 @@ impl Default for BranchOptions {
             memory_budget: memory_budget_from_env(),
             allow_other: other_users_permitted(),
             threads: 2,
+            id_shift: None,
         }
     }
 }
@@ -254,6 +258,7 @@ impl Branch {
             overlay: overlay.clone(),
             passthrough: (crate::passthrough::wanted() && overlay.caching())
                 .then(crate::passthrough::Passthrough::default),
+            shift: opts.id_shift,
         };
         let session = fuser::Session::new(fs, &mountpoint, &config)
             .and_then(|s| s.spawn())

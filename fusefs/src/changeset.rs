@@ -47,6 +47,51 @@ pub struct Change {
     pub is_dir: bool,
     /// Under a gitignored path (build output); accept skips these unless asked.
     pub ignored: bool,
+    /// `st_mode` (type and permission bits) before and after, when the branch changed it:
+    /// a chmod is a change to see like any other.
+    pub mode: Option<(u32, u32)>,
+    /// Owner `(uid, gid)` before and after, when the branch changed it (a chown, as root).
+    pub owner: Option<(Owner, Owner)>,
+}
+
+/// Who owns a file: `(uid, gid)`.
+pub type Owner = (u32, u32);
+
+/// A change's mode and owner, each as (before, after) when it changed.
+type MetaChange = (Option<(u32, u32)>, Option<(Owner, Owner)>);
+
+/// An owner in JSON: `{"uid": 0, "gid": 0}`.
+#[derive(Serialize)]
+struct OwnerJson {
+    uid: u32,
+    gid: u32,
+}
+
+impl Change {
+    /// A change of `path` with no mode or owner change recorded.
+    pub fn new(kind: ChangeKind, path: PathBuf, old_path: Option<PathBuf>, is_dir: bool) -> Change {
+        Change {
+            kind,
+            path,
+            old_path,
+            is_dir,
+            ignored: false,
+            mode: None,
+            owner: None,
+        }
+    }
+
+    /// `mode 100644 -> 100600, owner 0:0 -> 4242:0`, or `None` when neither changed.
+    pub fn meta_note(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if let Some((a, b)) = self.mode {
+            parts.push(format!("mode {a:06o} -> {b:06o}"));
+        }
+        if let Some(((ou, og), (nu, ng))) = self.owner {
+            parts.push(format!("owner {ou}:{og} -> {nu}:{ng}"));
+        }
+        (!parts.is_empty()).then(|| parts.join(", "))
+    }
 }
 
 /// JSON strings are UTF-8: a name with invalid bytes is shown with U+FFFD instead of
@@ -64,7 +109,7 @@ pub fn non_utf8_bytes(p: &Path) -> Option<&[u8]> {
 impl Serialize for Change {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut m = s.serialize_struct("Change", 7)?;
+        let mut m = s.serialize_struct("Change", 11)?;
         m.serialize_field("kind", &self.kind)?;
         m.serialize_field("path", &self.path.to_string_lossy())?;
         match non_utf8_bytes(&self.path) {
@@ -86,6 +131,26 @@ impl Serialize for Change {
         }
         m.serialize_field("is_dir", &self.is_dir)?;
         m.serialize_field("ignored", &self.ignored)?;
+        match self.mode {
+            Some((a, b)) => {
+                m.serialize_field("mode_old", &format!("{a:06o}"))?;
+                m.serialize_field("mode_new", &format!("{b:06o}"))?;
+            }
+            None => {
+                m.skip_field("mode_old")?;
+                m.skip_field("mode_new")?;
+            }
+        }
+        match self.owner {
+            Some(((ou, og), (nu, ng))) => {
+                m.serialize_field("owner_old", &OwnerJson { uid: ou, gid: og })?;
+                m.serialize_field("owner_new", &OwnerJson { uid: nu, gid: ng })?;
+            }
+            None => {
+                m.skip_field("owner_old")?;
+                m.skip_field("owner_new")?;
+            }
+        }
         m.end()
     }
 }
@@ -109,6 +174,10 @@ impl std::fmt::Display for Change {
                 self.kind.letter(),
                 quote_path(&self.path)
             ),
+        }?;
+        match self.meta_note() {
+            Some(note) => write!(f, " ({note})"),
+            None => Ok(()),
         }
     }
 }
@@ -130,11 +199,15 @@ fn same_as_lower(o: &Overlay, n: &Node, lower: &Path) -> io::Result<bool> {
     let Some(st) = o.lower.stat(lower)? else {
         return Ok(false);
     };
-    let (perm, size, mtime, xattrs) = {
+    let (perm, size, mtime, xattrs, owner) = {
         let s = n.state();
-        (s.meta.perm, s.size, s.meta.mtime, s.meta.xattrs.clone())
+        let m = &s.meta;
+        (m.perm, s.size, m.mtime, m.xattrs.clone(), (m.uid, m.gid))
     };
-    if NodeKind::from_mode(st.st_mode) != Some(n.kind) || (st.st_mode & 0o7777) != perm {
+    if NodeKind::from_mode(st.st_mode) != Some(n.kind)
+        || (st.st_mode & 0o7777) != perm
+        || (st.st_uid, st.st_gid) != owner
+    {
         return Ok(false);
     }
     // Times and attributes the branch set are changes too (`touch -d`, `setfattr`).
@@ -174,6 +247,7 @@ fn dir_perms(d: &DirOver, lower_xattrs: Option<&[(OsString, Vec<u8>)]>) -> Perms
         gid: Some(d.meta.gid),
         times: Some((stamp(d.meta.atime), stamp(d.meta.mtime))),
         xattrs: changed.then(|| xattr_list(&d.meta.xattrs)),
+        origin: d.lower.clone(),
     }
 }
 
@@ -259,6 +333,27 @@ fn base_is_dir(b: &Base) -> bool {
 }
 
 impl Overlay {
+    /// How `entry`'s mode and owner differ from the lower object at `lower` (what each
+    /// was and is), for a changed or renamed path.
+    fn meta_change(&self, lower: &Path, entry: &Entry) -> MetaChange {
+        let Ok(Some(st)) = self.lower.stat(lower) else {
+            return (None, None);
+        };
+        let (mode, owner) = match entry {
+            Entry::Dir(d) => (libc::S_IFDIR | d.meta.perm, (d.meta.uid, d.meta.gid)),
+            Entry::Node(n) => {
+                let s = n.state();
+                (n.kind.type_bits() | s.meta.perm, (s.meta.uid, s.meta.gid))
+            }
+            Entry::Whiteout => return (None, None),
+        };
+        let was_owner = (st.st_uid, st.st_gid);
+        (
+            (st.st_mode != mode).then_some((st.st_mode, mode)),
+            (was_owner != owner).then_some((was_owner, owner)),
+        )
+    }
+
     /// The branch's changes, one entry per path (directory renames as one entry).
     pub(crate) fn changeset(&self, include_ignored: bool) -> Changeset {
         let t = self.tree();
@@ -272,12 +367,25 @@ impl Overlay {
             if skip {
                 continue;
             }
-            let mk = |kind, old_path, is_dir| Change {
-                kind,
-                path: path.clone(),
-                old_path,
-                is_dir,
-                ignored,
+            let mk = |kind, old_path: Option<PathBuf>, is_dir| {
+                let was = match kind {
+                    ChangeKind::Modified => t.natural_lower(path),
+                    ChangeKind::Renamed => old_path.clone(),
+                    _ => None,
+                };
+                let (mode, owner) = match (&slot.entry, was) {
+                    (Entry::Whiteout, _) | (_, None) => (None, None),
+                    (entry, Some(lp)) => self.meta_change(&lp, entry),
+                };
+                Change {
+                    kind,
+                    path: path.clone(),
+                    old_path,
+                    is_dir,
+                    ignored,
+                    mode,
+                    owner,
+                }
             };
             match &slot.entry {
                 Entry::Whiteout => {
@@ -300,13 +408,14 @@ impl Overlay {
                             for e in hidden {
                                 let child = path.join(&e.name);
                                 if !t.slots.contains_key(&child) {
-                                    out.push(Change {
-                                        kind: ChangeKind::Deleted,
-                                        path: child,
-                                        old_path: None,
-                                        is_dir: e.file_type == libc::S_IFDIR,
-                                        ignored,
-                                    });
+                                    let mut c = Change::new(
+                                        ChangeKind::Deleted,
+                                        child,
+                                        None,
+                                        e.file_type == libc::S_IFDIR,
+                                    );
+                                    c.ignored = ignored;
+                                    out.push(c);
                                 }
                             }
                         }
@@ -320,7 +429,11 @@ impl Overlay {
                         let xattrs_changed = d.lower.as_ref().is_some_and(|lp| {
                             !same_xattrs(&d.meta.xattrs, &self.lower.xattrs(lp, false))
                         });
-                        if fp.mode & 0o7777 != d.meta.perm || xattrs_changed {
+                        let owner_changed = d.lower.as_ref().is_some_and(|lp| {
+                            matches!(self.lower.stat(lp), Ok(Some(st))
+                                if (st.st_uid, st.st_gid) != (d.meta.uid, d.meta.gid))
+                        });
+                        if fp.mode & 0o7777 != d.meta.perm || xattrs_changed || owner_changed {
                             out.push(mk(ChangeKind::Modified, None, true));
                         }
                     }
@@ -430,12 +543,12 @@ impl Overlay {
                                 base_at: slot.base_at.clone(),
                             });
                         }
-                        structure.push(Placement::Mkdir(PlanOp::Mkdir {
+                        structure.push(Placement::Mkdir(Box::new(PlanOp::Mkdir {
                             path: path.clone(),
                             perms,
                             base: Base::Absent,
                             base_at: None,
-                        }));
+                        })));
                     } else if let Base::Present(_) = slot.base {
                         // The branch touched it: at least its times changed with its entries.
                         setperms.push(PlanOp::SetPerms {
@@ -492,6 +605,7 @@ impl Overlay {
                         gid: Some(st.meta.gid),
                         times: Some((stamp(st.meta.atime), stamp(st.meta.mtime))),
                         xattrs: Some(xattr_list(&st.meta.xattrs)),
+                        origin: n.origin.clone(),
                     };
                     match n.kind {
                         NodeKind::File => {
@@ -580,7 +694,7 @@ impl Overlay {
         plan.extend(deletes);
         for place in structure {
             plan.push(match place {
-                Placement::Mkdir(op) => op,
+                Placement::Mkdir(op) => *op,
                 Placement::Move(i) => PlanOp::RenameDir {
                     from: temp(i),
                     to: moves[i].1.clone(),
@@ -644,8 +758,20 @@ impl Overlay {
     pub(crate) fn diff(&self, changes: &Changeset) -> String {
         let t = self.tree();
         let mut out = String::new();
+        // Header names quoted as git quotes them (`--- "a/evil\033…"`), see crate::quote.
+        let side = |prefix: &[u8], p: &Path| {
+            crate::quote::quote_bytes(&[prefix, p.as_os_str().as_bytes()].concat()).into_owned()
+        };
         for c in &changes.changes {
+            let a = c.old_path.as_ref().unwrap_or(&c.path);
+            let (qa, qb) = (side(b"a/", a), side(b"b/", &c.path));
+            // Mode and owner changes as git shows a mode change, before any content.
+            let meta = meta_lines(c);
+            let header = format!("diff --shade {qa} {qb}\n{meta}");
             if c.is_dir {
+                if !meta.is_empty() {
+                    out.push_str(&header);
+                }
                 continue;
             }
             let old_lower = match c.kind {
@@ -660,21 +786,18 @@ impl Overlay {
                 Some(Entry::Node(n)) => read_node(n),
                 _ => Vec::new(),
             };
-            let a = c.old_path.as_ref().unwrap_or(&c.path);
-            // Header names quoted as git quotes them (`--- "a/evil\033…"`), see crate::quote.
-            let side = |prefix: &[u8], p: &Path| {
-                crate::quote::quote_bytes(&[prefix, p.as_os_str().as_bytes()].concat()).into_owned()
-            };
-            let (qa, qb) = (side(b"a/", a), side(b"b/", &c.path));
             if old.contains(&0) || new.contains(&0) {
+                if !meta.is_empty() {
+                    out.push_str(&header);
+                }
                 out.push_str(&format!("Binary files {qa} and {qb} differ\n"));
                 continue;
             }
             let (old, new) = (String::from_utf8_lossy(&old), String::from_utf8_lossy(&new));
             let diff = similar::TextDiff::from_lines(old.as_ref(), new.as_ref());
             let text = diff.unified_diff().header(&qa, &qb).to_string();
-            if !text.is_empty() {
-                out.push_str(&format!("diff --shade {qa} {qb}\n"));
+            if !text.is_empty() || !meta.is_empty() {
+                out.push_str(&header);
                 out.push_str(&text);
             }
         }
@@ -682,9 +805,21 @@ impl Overlay {
     }
 }
 
+/// `old mode`/`new mode` and `old owner`/`new owner` lines of a change, or nothing.
+fn meta_lines(c: &Change) -> String {
+    let mut s = String::new();
+    if let Some((a, b)) = c.mode {
+        s.push_str(&format!("old mode {a:06o}\nnew mode {b:06o}\n"));
+    }
+    if let Some(((ou, og), (nu, ng))) = c.owner {
+        s.push_str(&format!("old owner {ou}:{og}\nnew owner {nu}:{ng}\n"));
+    }
+    s
+}
+
 /// A directory that accept creates or moves into place.
 enum Placement {
-    Mkdir(PlanOp),
+    Mkdir(Box<PlanOp>),
     /// Index into the plan's moves.
     Move(usize),
 }

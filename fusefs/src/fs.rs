@@ -1,5 +1,6 @@
 //! The FUSE face of a branch: one method per request, explicit replies.
 
+use crate::idmap;
 use crate::node::{DirOver, Meta, NodeKind};
 use crate::overlay::{attr, errno, Creds, Handle, Overlay, Res};
 use crate::passthrough::{Answer, Passthrough, FH_BIT};
@@ -115,22 +116,53 @@ fn reply_empty(reply: ReplyEmpty, res: Res<()>) {
     }
 }
 
+/// Whether `name` is a `system.*` attribute, refused in a branch as on a file system that
+/// has none: POSIX ACLs stored as plain attributes would never change the mode bits they
+/// stand for (`cp -p` sets the mode through one, and falls back to chmod), and other
+/// `system.*` names are the kernel's to interpret (writing one back made accept fail).
+fn system_xattr(name: &OsStr) -> bool {
+    name.as_bytes().starts_with(b"system.")
+}
+
 fn err(e: i32) -> Errno {
     Errno::from_i32(e)
 }
 
-fn creds(req: &Request) -> Creds {
-    Creds {
-        uid: req.uid(),
-        gid: req.gid(),
+impl ShadeFs {
+    /// Attributes as the kernel must see them: ids shifted (`idmap.rs`).
+    fn shown(&self, mut a: FileAttr) -> FileAttr {
+        a.uid = idmap::show(self.shift, a.uid);
+        a.gid = idmap::show(self.shift, a.gid);
+        a
     }
-}
 
-fn caller(req: &Request) -> crate::privs::Caller {
-    crate::privs::Caller {
-        pid: req.pid(),
-        uid: req.uid(),
-        gid: req.gid(),
+    /// The stored ids of who asks, to own what it creates. A caller whose ids the shift
+    /// does not map (a process outside the command's namespace) creates nothing: the
+    /// kernel's EOVERFLOW for an fsuid without a mapping.
+    fn creds(&self, req: &Request) -> Res<Creds> {
+        Ok(Creds {
+            uid: idmap::take(self.shift, req.uid()).ok_or(libc::EOVERFLOW)?,
+            gid: idmap::take(self.shift, req.gid()).ok_or(libc::EOVERFLOW)?,
+        })
+    }
+
+    /// Who changes a file, in stored ids (unmapped ones as the overflow id, which owns
+    /// nothing a setuid judgement could favour).
+    fn caller(&self, req: &Request) -> crate::privs::Caller {
+        let take = |id| idmap::take(self.shift, id).unwrap_or(idmap::OVERFLOW);
+        crate::privs::Caller {
+            pid: req.pid(),
+            uid: take(req.uid()),
+            gid: take(req.gid()),
+            shift: self.shift,
+        }
+    }
+
+    /// A chown's new id in stored ids; one the shift does not map is invalid, as the
+    /// kernel says of an id without a mapping.
+    fn take_owner(&self, id: Option<u32>) -> Res<Option<u32>> {
+        id.map(|id| idmap::take(self.shift, id).ok_or(libc::EINVAL))
+            .transpose()
     }
 }
 
@@ -178,6 +210,8 @@ pub(crate) struct ShadeFs {
     pub overlay: Arc<Overlay>,
     /// Open tracking of the opt-in passthrough mode (`passthrough.rs`); `None`: no-open mode.
     pub passthrough: Option<Passthrough>,
+    /// Ids shown shifted and taken back at this boundary (`idmap.rs`); `None`: as stored.
+    pub shift: Option<idmap::IdShift>,
 }
 
 impl ShadeFs {
@@ -201,7 +235,7 @@ impl ShadeFs {
             return Err(libc::EEXIST);
         }
         let (parent_rel, _) = split(&rel);
-        let (uid, gid, _) = o.owner_for(&t, parent_rel, creds(req));
+        let (uid, gid, _) = o.owner_for(&t, parent_rel, self.creds(req)?);
         let mut meta = Meta::new(perm, uid, gid);
         meta.rdev = rdev;
         let node = o.new_node(&mut t, &rel, kind, meta, target.to_os_string())?;
@@ -425,7 +459,7 @@ impl Filesystem for ShadeFs {
             Ok((a, self.ttl(matches!(obj, Obj::Node(_)))))
         });
         match res {
-            Ok((a, ttl)) => reply.entry(&ttl, &a, Generation(0)),
+            Ok((a, ttl)) => reply.entry(&ttl, &self.shown(a), Generation(0)),
             Err(libc::ENOENT) if o.caching() => {
                 // A cached negative entry; lower creations invalidate it (watch.rs).
                 let mut a = attr(
@@ -458,7 +492,7 @@ impl Filesystem for ShadeFs {
                     t.inodes.get(&ino.0).map(|i| &i.target),
                     Some(InodeTarget::Node(_))
                 );
-                reply.attr(&self.ttl(owned), &a)
+                reply.attr(&self.ttl(owned), &self.shown(a))
             }
             Err(e) => reply.error(err(e)),
         }
@@ -482,6 +516,10 @@ impl Filesystem for ShadeFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let (uid, gid) = match (self.take_owner(uid), self.take_owner(gid)) {
+            (Ok(u), Ok(g)) => (u, g),
+            (Err(e), _) | (_, Err(e)) => return reply.error(err(e)),
+        };
         let change = AttrChange {
             mode,
             uid,
@@ -490,10 +528,10 @@ impl Filesystem for ShadeFs {
             atime,
             mtime,
             ctime,
-            caller: caller(req),
+            caller: self.caller(req),
         };
         match self.do_setattr(ino.0, change) {
-            Ok(a) => reply.attr(&self.ttl(false), &a),
+            Ok(a) => reply.attr(&self.ttl(false), &self.shown(a)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -540,7 +578,7 @@ impl Filesystem for ShadeFs {
                 target: OsStr::new(""),
             },
         ) {
-            Ok((a, _)) => reply.entry(&self.ttl(true), &a, Generation(0)),
+            Ok((a, _)) => reply.entry(&self.ttl(true), &self.shown(a), Generation(0)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -561,7 +599,7 @@ impl Filesystem for ShadeFs {
                 return Err(libc::EEXIST);
             }
             let (parent_rel, _) = split(&rel);
-            let (uid, gid, inherit) = o.owner_for(&t, parent_rel, creds(req));
+            let (uid, gid, inherit) = o.owner_for(&t, parent_rel, self.creds(req)?);
             let mut perm = mode & !umask & 0o7777;
             if inherit {
                 perm |= libc::S_ISGID;
@@ -577,7 +615,7 @@ impl Filesystem for ShadeFs {
             Ok(o.entry(&mut t, &rel, &Obj::Dir(d)))
         });
         match res {
-            Ok(a) => reply.entry(&self.ttl(false), &a, Generation(0)),
+            Ok(a) => reply.entry(&self.ttl(false), &self.shown(a), Generation(0)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -631,7 +669,7 @@ impl Filesystem for ShadeFs {
             target: target.as_os_str(),
         };
         match self.create_node(req, parent, link_name, new) {
-            Ok((a, _)) => reply.entry(&self.ttl(true), &a, Generation(0)),
+            Ok((a, _)) => reply.entry(&self.ttl(true), &self.shown(a), Generation(0)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -684,7 +722,7 @@ impl Filesystem for ShadeFs {
             Ok(o.entry(&mut t, &rel, &Obj::Node(node)))
         });
         match res {
-            Ok(a) => reply.entry(&self.ttl(true), &a, Generation(0)),
+            Ok(a) => reply.entry(&self.ttl(true), &self.shown(a), Generation(0)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -705,8 +743,8 @@ impl Filesystem for ShadeFs {
         let trunc = flags.0 & libc::O_TRUNC != 0;
         // An O_TRUNC open truncates here (FUSE_ATOMIC_O_TRUNC): setuid goes as on truncate.
         let kill = |st: &mut crate::node::NodeState| {
-            if crate::privs::has_privs(&st.meta) && !crate::privs::may_keep(caller(req)) {
-                crate::privs::kill(&mut st.meta, caller(req));
+            if crate::privs::has_privs(&st.meta) && !crate::privs::may_keep(self.caller(req)) {
+                crate::privs::kill(&mut st.meta, self.caller(req));
             }
         };
         let res = (|| -> Res<Handle> {
@@ -809,7 +847,7 @@ impl Filesystem for ShadeFs {
             st.meta.modified();
             let mode = st.meta.perm;
             if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-                crate::privs::kill(&mut st.meta, caller(req));
+                crate::privs::kill(&mut st.meta, self.caller(req));
             }
             Ok((data.len() as u32, mode != st.meta.perm))
         });
@@ -951,7 +989,7 @@ impl Filesystem for ShadeFs {
             Ok(d) => d,
             Err(e) => return reply.error(err(e)),
         };
-        let dir_attr = o.attr_of(&t, ino.0);
+        let dir_attr = o.attr_of(&t, ino.0).map(|a| self.shown(a));
         let dir_lower = t.lower_of(&dir);
         for (i, (_, _, name)) in entries.iter().enumerate().skip(offset as usize) {
             let off = (i + 1) as u64;
@@ -969,7 +1007,7 @@ impl Filesystem for ShadeFs {
                 continue;
             };
             let child = t.ino_for(&rel, &obj);
-            let a = attr(child, &obj);
+            let a = self.shown(attr(child, &obj));
             if reply.add(
                 INodeNo(child),
                 off,
@@ -1042,10 +1080,7 @@ impl Filesystem for ShadeFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        // POSIX ACLs are not plain attributes: stored as such they would never change the
-        // mode bits they stand for (`cp -p` sets the mode through one). Refused as on a file
-        // system without ACLs, so tools fall back to chmod.
-        if name.as_bytes().starts_with(b"system.posix_acl_") {
+        if system_xattr(name) {
             return reply.error(Errno::EOPNOTSUPP);
         }
         let res = self.overlay.with_meta(ino.0, |m, _| {
@@ -1064,6 +1099,9 @@ impl Filesystem for ShadeFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if system_xattr(name) {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
         match self.overlay.xattr_of(ino.0, name) {
             Ok(Some(v)) => xattr_reply(reply, &v, size),
             Ok(None) => reply.error(Errno::NO_XATTR),
@@ -1075,7 +1113,7 @@ impl Filesystem for ShadeFs {
         match self.overlay.xattrs_of(ino.0) {
             Ok(x) => {
                 let mut buf = Vec::new();
-                for (n, _) in x {
+                for (n, _) in x.iter().filter(|(n, _)| !system_xattr(n)) {
                     buf.extend_from_slice(n.as_bytes());
                     buf.push(0);
                 }
@@ -1086,6 +1124,9 @@ impl Filesystem for ShadeFs {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if system_xattr(name) {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
         let res = self.overlay.with_meta(ino.0, |m, _| {
             m.xattrs.remove(name).ok_or(libc::ENODATA)?;
             m.changed();
@@ -1140,7 +1181,7 @@ impl Filesystem for ShadeFs {
                 };
                 reply.created(
                     &self.ttl(true),
-                    &a,
+                    &self.shown(a),
                     Generation(0),
                     FileHandle(fh),
                     FopenFlags::empty(),

@@ -12,6 +12,7 @@ mod content;
 pub mod fingerprint;
 mod fs;
 mod fusermount;
+pub mod idmap;
 mod ignore_rules;
 mod lower;
 mod node;
@@ -30,8 +31,9 @@ mod watch;
 
 pub use accept::{AcceptError, AcceptOptions, AcceptReport, Conflict, DeferSignals, NotApplied};
 pub use branch::{cleanup_stale, AcceptFlags, Branch, BranchError, BranchOptions};
-pub use changeset::{lossy_path, non_utf8_bytes, Change, ChangeKind, Changeset};
+pub use changeset::{lossy_path, non_utf8_bytes, Change, ChangeKind, Changeset, Owner};
 pub use fingerprint::{Base, Fingerprint};
+pub use idmap::IdShift;
 pub use plan::{Perms, PlanOp, ReadBase, RelPath};
 pub use select::Selection;
 pub use state::StateDir;

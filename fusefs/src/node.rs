@@ -98,6 +98,18 @@ impl NodeKind {
         })
     }
 
+    /// The `S_IFMT` bits of this kind, for a full `st_mode`.
+    pub fn type_bits(self) -> u32 {
+        match self {
+            NodeKind::File => libc::S_IFREG,
+            NodeKind::Symlink => libc::S_IFLNK,
+            NodeKind::Fifo => libc::S_IFIFO,
+            NodeKind::Socket => libc::S_IFSOCK,
+            NodeKind::CharDevice => libc::S_IFCHR,
+            NodeKind::BlockDevice => libc::S_IFBLK,
+        }
+    }
+
     pub fn file_type(self) -> fuser::FileType {
         match self {
             NodeKind::File => fuser::FileType::RegularFile,

@@ -29,6 +29,9 @@ pub struct Perms {
     /// The complete set of extended attributes (names as bytes); `None` leaves them alone.
     /// On an existing directory, `user.` and `trusted.` attributes not listed are removed.
     pub xattrs: Option<Vec<(Vec<u8>, Vec<u8>)>>,
+    /// The project path this object came from (a renamed file's source): as root, accept
+    /// may give the object that path's owner too (see `accept::check`).
+    pub origin: Option<RelPath>,
 }
 
 /// One step of an accept.

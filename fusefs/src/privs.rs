@@ -22,6 +22,8 @@ pub(crate) struct Caller {
     pub pid: u32,
     pub uid: u32,
     pub gid: u32,
+    /// The id shift of the branch: `/proc` shows the caller's groups in host ids.
+    pub shift: Option<crate::idmap::IdShift>,
 }
 
 /// Whether `m` has anything a kill could drop.
@@ -81,7 +83,12 @@ fn in_group_or_capable(caller: Caller, gid: u32) -> bool {
         return true;
     }
     match status(caller.pid) {
-        Some((caps, groups)) => caps & (1 << CAP_FSETID) != 0 || groups.contains(&gid),
+        Some((caps, groups)) => {
+            caps & (1 << CAP_FSETID) != 0
+                || groups
+                    .iter()
+                    .any(|g| crate::idmap::take(caller.shift, *g) == Some(gid))
+        }
         None => caller.uid == 0,
     }
 }
@@ -99,6 +106,7 @@ mod tests {
             pid: std::process::id(),
             uid: 0,
             gid: 0,
+            shift: None,
         };
         kill(&mut m, me);
         assert_eq!(m.perm, 0o755);
@@ -116,6 +124,7 @@ mod tests {
             pid: std::process::id(),
             uid: 1000,
             gid: 1000,
+            shift: None,
         };
         assert_eq!(may_keep(me), nix::unistd::geteuid().is_root());
     }

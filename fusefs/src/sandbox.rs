@@ -19,6 +19,7 @@ mod caches;
 mod cancel;
 mod capture;
 mod child;
+mod ids;
 mod outside;
 mod procs;
 mod report;
@@ -169,6 +170,18 @@ impl Isolation {
     fn needs_namespace(&self) -> bool {
         self.network || self.private_tmp || self.read_only
     }
+}
+
+pub use ids::sandbox_base;
+
+/// The id shift a branch must present for a command run with `iso`: when shade runs as
+/// root a confined command is root of a user namespace mapped to [`sandbox_base`], and
+/// sees the branch's files only through that shift; unconfined commands and other users'
+/// sandboxes keep their ids.
+pub fn branch_id_shift(iso: &Isolation) -> Option<crate::idmap::IdShift> {
+    (nix::unistd::geteuid().is_root() && !iso.unconfined).then(|| crate::idmap::IdShift {
+        base: sandbox_base(),
+    })
 }
 
 /// A writable directory bound over a path outside the project, typically a throw-away

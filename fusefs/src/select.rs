@@ -294,13 +294,7 @@ mod tests {
     use crate::changeset::ChangeKind;
 
     fn change(kind: ChangeKind, path: &str) -> Change {
-        Change {
-            kind,
-            path: PathBuf::from(path),
-            old_path: None,
-            is_dir: false,
-            ignored: false,
-        }
+        Change::new(kind, PathBuf::from(path), None, false)
     }
 
     #[test]

@@ -25,6 +25,7 @@ fn branch(project: &std::path::Path, state: &std::path::Path) -> Branch {
             memory_budget: 1 << 20,
             allow_other: false,
             threads: 2,
+            id_shift: None,
         },
     )
     .unwrap()

@@ -18,6 +18,7 @@ fn branch(project: &Path, state: &Path) -> Branch {
             memory_budget: 1 << 20,
             allow_other: false,
             threads: 2,
+            id_shift: None,
         },
     )
     .unwrap()

@@ -177,6 +177,82 @@ impl Sim {
     }
 }
 
+impl Sim {
+    /// Who owns `p` in the project now, `(uid, gid)`; `None` where nothing is (or the
+    /// walk meets a symlink or file: nothing the plan could keep an owner of).
+    fn owner_now(&self, p: &Path) -> Option<(u32, u32)> {
+        let st = if p.as_os_str().is_empty() {
+            sys::lstat_at(self.root, std::ffi::OsStr::new("."))
+        } else {
+            let (dir, name) = super::safe_path::open_parent(self.root, p, false).ok()?;
+            sys::lstat_at(dir.as_raw_fd(), &name)
+        };
+        st.ok().flatten().map(|st| (st.st_uid, st.st_gid))
+    }
+
+    /// Who owns `p` for this op: what a directory the plan made was given (`made`),
+    /// nothing inside one, else the project's owner of the object there (where earlier
+    /// renames put it), also when the plan deleted it to put something else in its place.
+    fn owner_before(&self, p: &Path, made: &BTreeMap<PathBuf, (u32, u32)>) -> Option<(u32, u32)> {
+        if let Some(o) = made.get(p) {
+            return Some(*o);
+        }
+        let under_new = p
+            .ancestors()
+            .skip(1)
+            .filter(|a| !a.as_os_str().is_empty())
+            .any(|a| made.contains_key(a));
+        if under_new {
+            return None;
+        }
+        self.owner_now(&self.map_back(p))
+    }
+
+    /// As root, refuse an op that gives its path an owner the project did not have there:
+    /// each of uid and gid must be the path's current one, its parent's for a new path, a
+    /// renamed object's own, or shade's. Records the owners of directories the plan makes.
+    fn owner_allowed(
+        &self,
+        op: &PlanOp,
+        made: &mut BTreeMap<PathBuf, (u32, u32)>,
+    ) -> Result<(), AcceptError> {
+        let (path, perms) = match op {
+            PlanOp::WriteFile { path, perms, .. }
+            | PlanOp::Special { path, perms, .. }
+            | PlanOp::Mkdir { path, perms, .. }
+            | PlanOp::SetPerms { path, perms, .. } => (path, perms),
+            _ => return Ok(()),
+        };
+        // SAFETY: geteuid/getegid cannot fail.
+        let own = unsafe { (libc::geteuid(), libc::getegid()) };
+        let mut allowed = vec![own];
+        match self.owner_before(path, made) {
+            Some(o) => allowed.push(o),
+            None => {
+                let parent = path.parent().unwrap_or(Path::new(""));
+                allowed.extend(self.owner_before(parent, made));
+            }
+        }
+        if let Some(origin) = &perms.origin {
+            allowed.extend(self.owner_now(origin));
+        }
+        let uid = perms.uid.unwrap_or(own.0);
+        let gid = perms.gid.unwrap_or(own.1);
+        if !allowed.iter().any(|o| o.0 == uid) || !allowed.iter().any(|o| o.1 == gid) {
+            return Err(AcceptError::Owner {
+                path: op.base_at().unwrap_or(path).clone(),
+                uid,
+                gid,
+                own,
+            });
+        }
+        if let PlanOp::Mkdir { .. } = op {
+            made.insert(path.clone(), (uid, gid));
+        }
+        Ok(())
+    }
+}
+
 fn unsafe_path(path: &Path, reason: impl Into<String>) -> AcceptError {
     AcceptError::Unsafe {
         path: path.to_path_buf(),
@@ -231,6 +307,8 @@ pub fn preflight(
     };
     let mut conflicts = Vec::new();
     let mut guards = Vec::with_capacity(plan.len());
+    // As root accept sets owners: who the plan's new directories go to, for their entries.
+    let mut owners = sys::is_root().then(BTreeMap::<PathBuf, (u32, u32)>::new);
     let mut conflict = |path: &Path, expected: Base, found: Base| {
         conflicts.push(Conflict {
             path: path.to_path_buf(),
@@ -278,6 +356,9 @@ pub fn preflight(
                     conflict(shown, *base, found);
                 }
             }
+        }
+        if let Some(made) = &mut owners {
+            sim.owner_allowed(op, made)?;
         }
         let guard = match op {
             PlanOp::Delete { path, base, .. } => {

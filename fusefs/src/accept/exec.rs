@@ -161,6 +161,7 @@ impl Exec<'_> {
                     gid: *gid,
                     times: None,
                     xattrs: xattrs.clone(),
+                    origin: None,
                 },
                 pre,
                 *staged,
@@ -287,6 +288,7 @@ impl Exec<'_> {
                 gid: Some(st.st_gid),
                 times,
                 xattrs: Some(xattrs),
+                origin: None,
             };
             stage::set_perms(&out, &perms)?;
             sys::fsync(&out)?;

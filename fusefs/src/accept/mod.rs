@@ -228,6 +228,22 @@ pub enum AcceptError {
     /// was touched.
     #[error("refusing to accept {}: {reason}", .path.display())]
     Unsafe { path: RelPath, reason: String },
+    /// As root, the plan would give a path to an owner the project did not have there (not
+    /// its current owner, its new parent's, a renamed file's own, nor shade's): a command in
+    /// a branch may not hand the user's files to someone else. Nothing was touched.
+    #[error(
+        "refusing to accept: {} would belong to {uid}:{gid}, an owner it does not have in the project (accept keeps a path's owner, its directory's for a new path, or gives it to {}:{}); nothing was written",
+        crate::quote::quote_path(path),
+        .own.0,
+        .own.1
+    )]
+    Owner {
+        path: RelPath,
+        uid: u32,
+        gid: u32,
+        /// shade's own (euid, egid).
+        own: (u32, u32),
+    },
     /// A system call failed before anything was written: the project is unchanged (the
     /// staging directory was removed again).
     #[error("accept failed at {}: {source}; the project is unchanged", .path.display())]
