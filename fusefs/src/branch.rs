@@ -652,6 +652,8 @@ pub fn cleanup_stale(state: &StateDir) -> Vec<String> {
             continue;
         }
         lazy_unmount(&dir.join("mnt"));
+        // Its outside layer's overlays too, before the removal walks into them.
+        crate::sandbox::release_outside(&dir.join("outside"));
         if std::fs::remove_dir_all(&dir).is_ok() {
             cleaned.push(e.file_name().to_string_lossy().into_owned());
         }

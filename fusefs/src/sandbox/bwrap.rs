@@ -319,18 +319,15 @@ fn outside_binds(cmd: &mut Command, outside: &Outside) {
     }
     for view in &outside.views {
         match view {
+            // -try: a mount or directory that went away since the layer was planned (another
+            // program's temporary directory) is skipped rather than failing the sandbox;
+            // a plain user's unit whose directory vanished has no stage (see
+            // outside::UserStage::enter).
             View::Layer { path, merged } => {
-                // -try: a plain user's unit whose directory vanished since it was planned
-                // has no stage (see outside::UserStage::enter).
-                let bind = if outside.ro_root {
-                    "--bind-try"
-                } else {
-                    "--bind"
-                };
-                cmd.arg(bind).arg(merged).arg(path);
+                cmd.arg("--bind-try").arg(merged).arg(path);
             }
             View::ReadOnly(path) => {
-                cmd.arg("--ro-bind").arg(path).arg(path);
+                cmd.arg("--ro-bind-try").arg(path).arg(path);
             }
         }
     }

@@ -292,6 +292,39 @@ pub(crate) fn prepare(
     }
 }
 
+/// File systems on a device: the machine's disks, each its own unit.
+const DISK_FS: [&str; 10] = [
+    "ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "vfat", "exfat", "bcachefs",
+];
+
+/// Whether a mount is part of the machine for the branch's life, not something a program
+/// mounted for a moment (a test's tmpfs, another sandbox's mounts) that would pile up as
+/// units: `/`, disks mounted outside the temporary directories, and memory file systems
+/// at the usual system places.
+fn lasting(m: &Mount) -> bool {
+    let p = &m.point;
+    if p == Path::new("/") {
+        return true;
+    }
+    let temporary = ["/tmp", "/var/tmp", "/run", "/dev/shm"]
+        .iter()
+        .any(|t| p.starts_with(t) && p != Path::new(t));
+    if temporary {
+        return false;
+    }
+    if DISK_FS.contains(&m.fstype.as_str()) {
+        return true;
+    }
+    [
+        "/tmp", "/var/tmp", "/run", "/home", "/root", "/srv", "/opt", "/var", "/var/lib",
+    ]
+    .iter()
+    .any(|t| p == Path::new(t))
+}
+
+/// At most this many units as root (one per file system).
+const MAX_ROOT_UNITS: usize = 32;
+
 /// Outside directories whose overlays this process mounted (root), and their views.
 static MOUNTED: Mutex<Option<HashMap<PathBuf, Vec<View>>>> = Mutex::new(None);
 
@@ -324,7 +357,11 @@ fn root_views(outside: &Path, hide: &[PathBuf], project: &Path) -> Result<Vec<Vi
             || m.point.starts_with(project)
             || PSEUDO.contains(&m.fstype.as_str())
             || m.fstype == "autofs"
-            || m.fstype.starts_with("fuse");
+            || m.fstype.starts_with("fuse")
+            // Other branches' layers (their state directories are not ours to hide) and
+            // other programs' overlays come and go; only a container's `/` is one to keep.
+            || (m.fstype == "overlay" && m.point != Path::new("/"))
+            || !lasting(m);
         if hidden {
             skip.push(m.point.clone());
         } else {
@@ -334,6 +371,7 @@ fn root_views(outside: &Path, hide: &[PathBuf], project: &Path) -> Result<Vec<Vi
     // Nothing under a mount that is not shown.
     chosen.retain(|m| !skip.iter().any(|s| m.point != *s && m.point.starts_with(s)));
     chosen.sort_by(|a, b| a.point.cmp(&b.point));
+    chosen.truncate(MAX_ROOT_UNITS);
     let units: Vec<PathBuf> = chosen
         .iter()
         .filter(|m| !m.read_only && m.point.is_dir() && option_safe(&m.point))
