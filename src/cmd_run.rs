@@ -220,6 +220,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
             ..Isolation::default()
         },
         binds: Vec::new(),
+        outside: (!args.unconfined).then(|| branch.outside_dir()),
     };
     // Only this thread takes Ctrl-C/SIGTERM, and only while the command runs (the runner
     // forwards them to it). Outside that window they wait until shade has finished its own

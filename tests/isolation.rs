@@ -870,6 +870,42 @@ fn io_uring(who: Who) {
     e.assert_held(&o);
 }
 
+/// Host-wide knobs under /proc (issue 28): a sysctl write as the sandbox's root was the
+/// host's (core_pattern → a program run as full root). Every probe only opens for writing,
+/// or writes the value already there, so a success harms nothing; the kernel-memory and
+/// key files give nothing.
+fn host_knobs(who: Who) {
+    let e = env(who);
+    let before = std::fs::read_to_string("/proc/sys/vm/swappiness").unwrap();
+    let o = e.run(
+        &[],
+        &format!(
+            r#"v=$(cat /proc/sys/vm/swappiness)
+            (echo "$v" > /proc/sys/vm/swappiness) 2>/dev/null && echo "$v" > {O}/swappiness
+            for f in /proc/sys/kernel/core_pattern /proc/sysrq-trigger /proc/sys/vm/drop_caches; do
+              (: >> "$f") 2>/dev/null && echo w > "{O}/$(basename $f)"
+            done
+            for f in /proc/kcore /proc/keys /proc/timer_list; do
+              [ -n "$(head -c 1 $f 2>/dev/null)" ] && echo r > "{O}/$(basename $f)"
+            done
+            true"#,
+            O = e.o()
+        ),
+    );
+    let after = std::fs::read_to_string("/proc/sys/vm/swappiness").unwrap();
+    if after != before {
+        let _ = std::fs::write("/proc/sys/vm/swappiness", &before);
+    }
+    ran(&o);
+    assert_eq!(
+        before,
+        after,
+        "the host's vm.swappiness changed\n{}",
+        show(&o)
+    );
+    e.assert_held(&o);
+}
+
 // ----- limits (issue 28, item 5) ---------------------------------------------------
 
 /// How long a limits test may take before it is killed and fails (a command that escaped
@@ -1158,4 +1194,5 @@ both!(
     limits_branch_size,
     limits_xattr_flood,
     limits_time,
+    host_knobs,
 );

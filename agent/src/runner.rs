@@ -98,6 +98,9 @@ impl Inner {
         let _registration = registration;
         spec.isolation = self.isolation;
         spec.binds = self.binds().map_err(RunError::Sandbox)?;
+        // Writes outside the project land in the branch's outside layer (issue 29), for
+        // the live session and speculation alike (no read-only home that tools fail on).
+        spec.outside = lock(&self.branch).as_ref().map(|b| b.outside_dir());
         let mut outcome =
             sandbox::run_cancellable(&spec, stop).map_err(|e| RunError::Sandbox(e.to_string()))?;
         // The branch's budgets are the branch's to enforce: their hits join the run's.

@@ -442,6 +442,8 @@ impl Branch {
 
     /// Stop serving the mount (processes using it get errors from now on).
     pub fn unmount(&mut self) {
+        // The outside layer's overlays first: the branch's directory is removed next.
+        crate::sandbox::release_outside(&self.outside_dir());
         if let Some(mut w) = self
             .warm
             .get_mut()
@@ -775,6 +777,8 @@ pub fn cleanup_stale(state: &StateDir) -> Vec<String> {
             continue;
         }
         lazy_unmount(&dir.join("mnt"));
+        // Its outside layer's overlays too, before the removal walks into them.
+        crate::sandbox::release_outside(&dir.join("outside"));
         if std::fs::remove_dir_all(&dir).is_ok() {
             cleaned.push(e.file_name().to_string_lossy().into_owned());
         }

@@ -22,6 +22,7 @@ mod child;
 pub mod env;
 mod ids;
 mod limits;
+mod outside;
 mod procs;
 mod report;
 mod seccomp;
@@ -52,6 +53,7 @@ pub use limits::{configure as configure_limits, limits_helper, Limits, LIMITS_HE
 pub use crate::budget::LimitHit;
 use child::{ChildPlan, Mode};
 pub use env::{EnvConfig, EnvPolicy};
+pub use outside::release_outside;
 use report::{Report, Stage};
 
 /// Exit status for a command killed at its time limit (shell conventions leave it unused).
@@ -98,6 +100,10 @@ pub struct RunSpec {
     /// Directories bound over paths outside the project, writable even with
     /// [`Isolation::read_only`]. Needs a namespace.
     pub binds: Vec<Bind>,
+    /// The branch's outside directory (`Branch::outside_dir`): every write the command makes
+    /// outside the project lands there (see outside.rs) instead of on the host. `None`: no
+    /// capture (the rest of the file system as [`Isolation`] says).
+    pub outside: Option<PathBuf>,
 }
 
 impl RunSpec {
@@ -118,6 +124,7 @@ impl RunSpec {
             user_session: false,
             isolation: Isolation::default(),
             binds: Vec::new(),
+            outside: None,
         }
     }
 

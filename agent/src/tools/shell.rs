@@ -450,8 +450,9 @@ async fn run_in_shadow(
         && (stderr.text.contains("Read-only file system")
             || stdout.text.contains("Read-only file system"));
     let note = refused_write.then_some(
-        "this command ran in a sandbox where only the project is writable (and /tmp, and \
-         throw-away copies of build caches); writes elsewhere are refused.",
+        "this command ran in a sandbox where writes outside the project land in the \
+         branch's own throw-away layer, but system paths (/proc, /sys, read-only mounts) \
+         stay read-only; that write was refused.",
     );
     Ok((render(command, &status_line, &stdout, &stderr, note), note))
 }

@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
+use super::outside::{self, Outside, View};
 use super::{child, Result, RunSpec, SandboxError};
 use crate::StateDir;
 
@@ -210,6 +211,8 @@ struct Layout<'a> {
     /// Sizes of the private /tmp and /dev/shm (`None`: the kernel's default).
     tmp_size: Option<u64>,
     shm_size: Option<u64>,
+    /// The branch's outside layer, in place of the host's `/`.
+    outside: Option<&'a Outside>,
 }
 
 impl Layout<'_> {
@@ -223,6 +226,7 @@ impl Layout<'_> {
             ro_files: Vec::new(),
             tmp_size: None,
             shm_size: None,
+            outside: None,
         }
     }
 }
@@ -258,12 +262,17 @@ impl Confinement {
         }
         // bwrap runs the mounts in argument order and takes every source from the old
         // root, so the branch can be bound after its state directory is hidden.
-        let root = if layout.read_only {
-            "--ro-bind"
-        } else {
-            "--bind"
-        };
-        cmd.args([root, "/", "/"]);
+        match layout.outside {
+            Some(outside) => outside_binds(&mut cmd, outside),
+            None => {
+                let root = if layout.read_only {
+                    "--ro-bind"
+                } else {
+                    "--bind"
+                };
+                cmd.args([root, "/", "/"]);
+            }
+        }
         cmd.args([
             "--ro-bind",
             "/sys",
@@ -273,6 +282,7 @@ impl Confinement {
             "--dev",
             "/dev",
         ]);
+        proc_knobs(&mut cmd);
         cmd.args(["--perms", "1777"])
             .args(super::limits::tmpfs_size(layout.shm_size))
             .args(["--tmpfs", "/dev/shm"]);
@@ -306,6 +316,75 @@ impl Confinement {
         }
         cmd.args(extra).arg("--").args(argv);
         Ok((cmd, fds))
+    }
+}
+
+/// The command's `/` from the outside layer: each unit's overlay over its path, in path
+/// order, on top of a read-only `/` wherever no unit covers it.
+fn outside_binds(cmd: &mut Command, outside: &Outside) {
+    let root_unit = matches!(outside.views.first(),
+        Some(View::Layer { path, .. } | View::ReadOnly(path)) if path == Path::new("/"));
+    if outside.ro_root || !root_unit {
+        cmd.args(["--ro-bind", "/", "/"]);
+    }
+    for view in &outside.views {
+        match view {
+            // -try: a mount or directory that went away since the layer was planned (another
+            // program's temporary directory) is skipped rather than failing the sandbox;
+            // a plain user's unit whose directory vanished has no stage (see
+            // outside::UserStage::enter).
+            View::Layer { path, merged } => {
+                cmd.arg("--bind-try").arg(merged).arg(path);
+            }
+            View::ReadOnly(path) => {
+                cmd.arg("--ro-bind-try").arg(path).arg(path);
+            }
+        }
+    }
+}
+
+/// Host-wide knobs under /proc that must never be writable from a sandbox: a root inside
+/// that a sysctl takes for the host's (identity-mapped ids) could set `kernel.core_pattern`
+/// and have the kernel run a program as full root. bwrap covers /proc/irq and /proc/bus
+/// itself but skips /proc/sys and /proc/sysrq-trigger when `access(W_OK)` says no, which
+/// it does for a root without host capabilities even though the sysctl files accept it.
+const PROC_READ_ONLY: [&str; 5] = [
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+    "/proc/irq",
+    "/proc/bus",
+    "/proc/fs",
+];
+
+/// What Docker masks: kernel memory, keys, timers and hardware details no build needs.
+const MASKED_FILES: [&str; 5] = [
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/timer_list",
+    "/proc/sched_debug",
+    "/proc/latency_stats",
+];
+
+/// Directories masked with an empty read-only tmpfs.
+const MASKED_DIRS: [&str; 3] = ["/proc/acpi", "/proc/scsi", "/sys/firmware"];
+
+/// After `--proc /proc` and `--ro-bind /sys /sys`: the knobs read-only (bound from the host's
+/// proc, which shows the same sysctl tables), the masked paths hidden, where they exist.
+fn proc_knobs(cmd: &mut Command) {
+    for p in PROC_READ_ONLY {
+        if Path::new(p).exists() {
+            cmd.args(["--ro-bind", p, p]);
+        }
+    }
+    for f in MASKED_FILES {
+        if Path::new(f).exists() {
+            cmd.args(["--ro-bind", "/dev/null", f]);
+        }
+    }
+    for d in MASKED_DIRS {
+        if Path::new(d).is_dir() {
+            cmd.args(["--perms", "0555", "--tmpfs", d, "--remount-ro", d]);
+        }
     }
 }
 
@@ -402,15 +481,39 @@ pub(crate) fn build(
         .get()
         .filter(|_| hand_tty || nproc.is_some())
         .filter(|h| !h.starts_with(&spec.project));
+    let mut hide = state_dirs(spec);
+    if let Some(dir) = &spec.outside {
+        // The layer itself is never the command's to see (its uppers hold what other
+        // commands wrote, and a lower's walk into them only meets overlayfs's traps).
+        std::fs::create_dir_all(dir).map_err(SandboxError::io(format!(
+            "creating the outside layer {}",
+            dir.display()
+        )))?;
+        if let Ok(dir) = std::fs::canonicalize(dir) {
+            if !hide.iter().any(|h| dir.starts_with(h)) {
+                hide.push(dir);
+            }
+        }
+    }
+    let mut outside = match &spec.outside {
+        Some(dir) => Some(outside::prepare(
+            dir,
+            &hide,
+            &spec.project,
+            iso.private_tmp || iso.read_only,
+        )?),
+        None => None,
+    };
     let layout = Layout {
         read_only: iso.read_only,
         private_tmp: iso.private_tmp,
         network_off: iso.network,
-        hide: state_dirs(spec),
+        hide,
         binds,
         ro_files: helper.map(PathBuf::as_path).into_iter().collect(),
         tmp_size: iso.limits.tmp_size,
         shm_size: iso.limits.shm_size,
+        outside: outside.as_ref(),
     };
     let argv: Vec<OsString> = match helper.filter(|_| hand_tty) {
         Some(h) => [h.as_os_str().to_os_string(), FOREGROUND_HELPER_ARG.into()]
@@ -442,6 +545,7 @@ pub(crate) fn build(
     cmd.env_clear()
         .envs(super::env::command_env(spec.env_policy))
         .env("PWD", &spec.cwd);
+    let stage = outside.as_mut().and_then(|o| o.stage.take());
     for (key, value) in &spec.env {
         match value {
             Some(v) => cmd.env(key, v),
@@ -464,6 +568,9 @@ pub(crate) fn build(
                 if hand_tty {
                     child::take_tty();
                 }
+            }
+            if let Some(stage) = &stage {
+                stage.enter()?;
             }
             enter(userns, &inherit, &keep_open)
         });

@@ -63,6 +63,7 @@ impl Fixture {
             user_session: false,
             isolation: Isolation::default(),
             binds: Vec::new(),
+            outside: None,
         }
     }
 
@@ -886,4 +887,52 @@ fn a_32_bit_system_call_kills_the_process() {
     let outcome =
         f.run("exec /usr/bin/python3 -c 'import ctypes; ctypes.CDLL(None).syscall(0x40000027)'");
     assert_eq!(outcome.termination, Termination::Signaled(libc::SIGSYS));
+}
+
+/// Issue 29: a confined command's writes outside the project land in the outside layer,
+/// the host's files stay as they were, and the next command given the same layer sees them.
+#[test]
+fn outside_writes_land_in_the_layer_and_the_next_command_sees_them() {
+    let f = fixture();
+    let outside = f.mnt.parent().unwrap().join("outside");
+    let probe = format!("/etc/shade-layer-probe-{}", std::process::id());
+    let captured = |script: &str| {
+        let mut s = f.spec(script);
+        s.outside = Some(outside.clone());
+        s.output = Output::Capture { cap: 1 << 16 };
+        let o = run(&s).unwrap();
+        let text = o.stdout.as_ref().map(Captured::text).unwrap_or_default();
+        let err = o.stderr.as_ref().map(Captured::text).unwrap_or_default();
+        (o.exit_code(), format!("{text}{err}"))
+    };
+    let (code, said) = captured(&format!(
+        "echo one > {probe} && mkdir -p /usr/local/shade-layer-probe && echo two > /usr/local/shade-layer-probe/f"
+    ));
+    assert_eq!(code, 0, "{said}");
+    assert!(!Path::new(&probe).exists(), "the write reached the host");
+    assert!(!Path::new("/usr/local/shade-layer-probe").exists());
+    let (code, said) = captured(&format!("cat {probe} /usr/local/shade-layer-probe/f"));
+    assert_eq!((code, said.as_str()), (0, "one\ntwo\n"));
+    // On disk, in the unit of `/`, as layer.json says.
+    let layer: serde_json::Value =
+        serde_json::from_slice(&fs::read(outside.join("layer.json")).unwrap()).unwrap();
+    let dir = layer["units"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["path"] == "/")
+        .map(|u| u["dir"].as_str().unwrap().to_string())
+        .unwrap();
+    let upper = outside.join(dir).join("upper");
+    assert_eq!(
+        fs::read_to_string(upper.join(probe.trim_start_matches('/'))).unwrap(),
+        "one\n"
+    );
+    release_outside(&outside);
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(&*outside.to_string_lossy()),
+        "the layer is still mounted after its release"
+    );
+    fs::remove_dir_all(&outside).unwrap();
 }
