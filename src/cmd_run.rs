@@ -176,9 +176,16 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     // Finding out whether the sandbox works starts one: do it while the branch mounts.
     let probe = (!args.unconfined).then(|| std::thread::spawn(|| sandbox::probe().is_ok()));
     let limits = sandbox::Limits::run();
+    let iso_for_ids = Isolation {
+        unconfined: args.unconfined,
+        ..Isolation::default()
+    };
     let opts = BranchOptions {
         state,
         limits: limits.branch(),
+        // As root, the command is root of a namespace mapped to unprivileged ids: the
+        // branch shows it its files as its own (see fusefs/src/idmap.rs).
+        id_shift: sandbox::branch_id_shift(&iso_for_ids),
         ..BranchOptions::default()
     };
     // From the mount to the unmount, Ctrl-C/SIGTERM/SIGHUP outside the command's own run

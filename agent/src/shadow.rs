@@ -44,6 +44,7 @@ impl ShadowOptions {
         ShadowOptions {
             branch: BranchOptions {
                 limits: sandbox::Limits::speculation().branch(),
+                id_shift: sandbox::branch_id_shift(&Isolation::speculative(time_limit)),
                 ..BranchOptions::default()
             },
             isolation: Isolation::speculative(time_limit),
@@ -55,7 +56,10 @@ impl ShadowOptions {
     /// the branch is writable.
     pub fn live() -> ShadowOptions {
         ShadowOptions {
-            branch: BranchOptions::default(),
+            branch: BranchOptions {
+                id_shift: sandbox::branch_id_shift(&Isolation::default()),
+                ..BranchOptions::default()
+            },
             isolation: Isolation::default(),
             cache_dirs: Vec::new(),
         }

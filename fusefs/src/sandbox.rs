@@ -348,7 +348,7 @@ pub fn command(spec: &RunSpec) -> Result<Command> {
         ));
     }
     let conf = probe().map_err(|why| SandboxError::Unconfined(why.to_string()))?;
-    bwrap::build(conf, spec, false, None)
+    bwrap::build(conf, spec, false, None, None)
 }
 
 fn run_inner(spec: &RunSpec, cancel: Option<&Cancel>) -> Result<RunOutcome> {
@@ -679,10 +679,7 @@ fn spawn_confined(
     let (status_rd, status_wr) =
         bwrap::status_pipe().map_err(SandboxError::io("creating a pipe"))?;
     let tty_handed = spec.foreground && child::can_hand_tty();
-    let mut cmd = bwrap::build(conf, spec, tty_handed, Some(status_wr))?;
-    if let Some(cg) = cgroup {
-        cg.enter_on_exec(&mut cmd);
-    }
+    let mut cmd = bwrap::build(conf, spec, tty_handed, Some(status_wr), cgroup)?;
     set_output(&mut cmd, spec.output, tty_handed)?;
     let spawned = cmd.spawn();
     // The hook holds bwrap's end of the status pipe: close ours so we see EOF.

@@ -114,10 +114,7 @@ impl Confinement {
     pub fn speculative(binds: Vec<shade_fusefs::sandbox::Bind>) -> Confinement {
         let mut isolation = shade_fusefs::sandbox::Isolation::speculative(Duration::ZERO);
         isolation.limits.time_limit = None;
-        Confinement {
-            isolation,
-            binds,
-        }
+        Confinement { isolation, binds }
     }
 }
 

@@ -205,6 +205,7 @@ impl Linter {
             &self.project,
             &BranchOptions {
                 state: self.state.clone(),
+                id_shift: shade_fusefs::sandbox::branch_id_shift(&Default::default()),
                 ..BranchOptions::default()
             },
         )?)
@@ -374,6 +375,7 @@ impl Linter {
                     &project,
                     &BranchOptions {
                         state,
+                        id_shift: shade_fusefs::sandbox::branch_id_shift(&Default::default()),
                         ..BranchOptions::default()
                     },
                 )?;
@@ -438,6 +440,7 @@ impl Linter {
                 if home.caches.is_none() {
                     let opts = BranchOptions {
                         state: self.state.clone(),
+                        id_shift: shade_fusefs::sandbox::branch_id_shift(&Default::default()),
                         ..BranchOptions::default()
                     };
                     home.caches = Some(shade_fusefs::sandbox::CacheBranches::create(

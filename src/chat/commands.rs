@@ -236,7 +236,10 @@ pub(crate) fn apply(session: &mut super::session::Session, cmd: Command) -> Flow
                     }
                     print_outside(&outside);
                     print!("{}", crate::cmd_run::for_stdout(&shadow.diff(&changes)));
-                    print!("{}", crate::cmd_run::for_stdout(&crate::outside::diff(&outside)));
+                    print!(
+                        "{}",
+                        crate::cmd_run::for_stdout(&crate::outside::diff(&outside))
+                    );
                 }
             }
         }

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-use super::outside::{self, Outside, View};
+use super::outside::{self, Outside, RootStage, RootUnit, View};
 use super::{child, Result, RunSpec, SandboxError};
 use crate::StateDir;
 
@@ -39,6 +39,8 @@ pub struct Confinement {
     pub bwrap: PathBuf,
     /// As root: the user namespace with our identity map that bwrap starts in.
     userns: Option<OwnedFd>,
+    /// As root: the host id the command's root is (its namespace maps `0..65536` there).
+    root_base: Option<u32>,
     /// The seccomp programs, compiled (classic BPF, native byte order).
     filters: Vec<Vec<u8>>,
     /// The read-only (speculative) sandbox's extra program: no unix sockets.
@@ -85,8 +87,11 @@ fn find_confinement() -> std::result::Result<Confinement, String> {
             .to_string()
     })?;
     let true_bin = which("true").unwrap_or_else(|| PathBuf::from("/bin/true"));
-    let userns = if nix::unistd::geteuid().is_root() {
-        Some(identity_userns().map_err(|e| {
+    let root_base = nix::unistd::geteuid()
+        .is_root()
+        .then(super::ids::sandbox_base);
+    let userns = if let Some(base) = root_base {
+        Some(sandbox_userns(base).map_err(|e| {
             format!(
                 "cannot create a user namespace ({e}): they are disabled here \
                  (user.max_user_namespaces, or a container's seccomp filter); allow them \
@@ -101,6 +106,7 @@ fn find_confinement() -> std::result::Result<Confinement, String> {
     let conf = Confinement {
         bwrap,
         userns,
+        root_base,
         filters,
         read_only_filter,
     };
@@ -206,8 +212,8 @@ struct Layout<'a> {
     hide: Vec<PathBuf>,
     /// (source, target) binds, writable, in order (the branch first).
     binds: Vec<(&'a Path, &'a Path)>,
-    /// Files bound read-only at their own path last (the foreground helper).
-    ro_files: Vec<&'a Path>,
+    /// Files bound read-only last, (source, target) (the foreground helper).
+    ro_files: Vec<(&'a Path, &'a Path)>,
     /// Sizes of the private /tmp and /dev/shm (`None`: the kernel's default).
     tmp_size: Option<u64>,
     shm_size: Option<u64>,
@@ -302,8 +308,8 @@ impl Confinement {
         for (source, target) in &layout.binds {
             cmd.arg("--bind").arg(source).arg(target);
         }
-        for file in &layout.ro_files {
-            cmd.arg("--ro-bind").arg(file).arg(file);
+        for (source, target) in &layout.ro_files {
+            cmd.arg("--ro-bind").arg(source).arg(target);
         }
         cmd.arg("--chdir").arg(cwd);
         let mut fds: Vec<OwnedFd> = Vec::new();
@@ -323,7 +329,8 @@ impl Confinement {
 /// order, on top of a read-only `/` wherever no unit covers it.
 fn outside_binds(cmd: &mut Command, outside: &Outside) {
     let root_unit = matches!(outside.views.first(),
-        Some(View::Layer { path, .. } | View::ReadOnly(path)) if path == Path::new("/"));
+        Some(View::Layer { path, .. } | View::ReadOnly(path) | View::Staged { path, .. })
+            if path == Path::new("/"));
     if outside.ro_root || !root_unit {
         cmd.args(["--ro-bind", "/", "/"]);
     }
@@ -338,6 +345,9 @@ fn outside_binds(cmd: &mut Command, outside: &Outside) {
             }
             View::ReadOnly(path) => {
                 cmd.arg("--ro-bind-try").arg(path).arg(path);
+            }
+            View::Staged { path, source } => {
+                cmd.arg("--ro-bind-try").arg(source).arg(path);
             }
         }
     }
@@ -396,6 +406,14 @@ fn enter(userns: Option<RawFd>, inherit: &[RawFd], keep_open: &[RawFd]) -> io::R
     unsafe {
         if let Some(fd) = userns {
             if libc::setns(fd, libc::CLONE_NEWUSER) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // Become the namespace's root: host uid 0 is not mapped there, so until now we
+            // were nobody in it. No supplementary groups (root's would be host groups).
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setresgid(0, 0, 0) != 0
+                || libc::setresuid(0, 0, 0) != 0
+            {
                 return Err(io::Error::last_os_error());
             }
         }
@@ -466,14 +484,47 @@ pub(crate) fn build(
     spec: &RunSpec,
     hand_tty: bool,
     status: Option<OwnedFd>,
+    cgroup: Option<&super::limits::Cgroup>,
 ) -> Result<Command> {
     let iso = &spec.isolation;
-    let mut binds: Vec<(&Path, &Path)> = vec![(&spec.mount, &spec.project)];
-    binds.extend(
-        spec.binds
-            .iter()
-            .map(|b| (b.source.as_path(), b.target.as_path())),
-    );
+    // As root, bwrap is already the sandbox's root (an unprivileged host id): what it binds
+    // is first bound into a stage made in the pre-exec hook (outside::RootStage), since the
+    // branch mount and shade's binary may lie where only host root may pass.
+    let mut stage = match conf.root_base {
+        Some(_) => Some(RootStage {
+            at: super::cstring(&stage_place())?,
+            ..RootStage::default()
+        }),
+        None => None,
+    };
+    let stage_at = stage_place();
+    let mut staged = |source: &Path, name: String, file: bool| -> Result<PathBuf> {
+        let Some(st) = stage.as_mut() else {
+            return Ok(source.to_path_buf());
+        };
+        let to = stage_at.join(name);
+        let c = super::cstring(&to)?;
+        if file {
+            st.files.push(c.clone());
+        } else {
+            st.dirs.push(c.clone());
+        }
+        st.binds.push((super::cstring(source)?, c, false));
+        Ok(to)
+    };
+    let mut sources: Vec<PathBuf> = Vec::new();
+    for (j, source) in std::iter::once(&spec.mount)
+        .chain(spec.binds.iter().map(|b| &b.source))
+        .enumerate()
+    {
+        sources.push(staged(source, format!("b{j}"), false)?);
+    }
+    let targets = std::iter::once(&spec.project).chain(spec.binds.iter().map(|b| &b.target));
+    let binds: Vec<(&Path, &Path)> = sources
+        .iter()
+        .map(PathBuf::as_path)
+        .zip(targets.map(PathBuf::as_path))
+        .collect();
     // The helper is bound at its own path (a private /tmp or a hidden directory may hide
     // it otherwise), unless it lies in the project, where the branch already shows it.
     let nproc = super::limits::rlimit_nproc(&iso.limits, conf.root_userns());
@@ -481,6 +532,10 @@ pub(crate) fn build(
         .get()
         .filter(|_| hand_tty || nproc.is_some())
         .filter(|h| !h.starts_with(&spec.project));
+    let helper_source = match helper {
+        Some(h) => Some(staged(h, "helper".into(), true)?),
+        None => None,
+    };
     let mut hide = state_dirs(spec);
     if let Some(dir) = &spec.outside {
         // The layer itself is never the command's to see (its uppers hold what other
@@ -501,16 +556,60 @@ pub(crate) fn build(
             &hide,
             &spec.project,
             iso.private_tmp || iso.read_only,
+            conf.root_base.map(|b| (b, stage_at.as_path())),
         )?),
         None => None,
     };
+    if let (Some(st), Some(o)) = (stage.as_mut(), outside.as_mut()) {
+        // The units' mount points in the stage, and read-only views staged like binds.
+        for (k, view) in o.views.iter_mut().enumerate() {
+            if let View::ReadOnly(path) = view {
+                let to = stage_at.join(format!("r{k}"));
+                let c = super::cstring(&to)?;
+                if path.is_dir() {
+                    st.dirs.push(c.clone());
+                } else {
+                    st.files.push(c.clone());
+                }
+                st.binds.push((super::cstring(path)?, c, true));
+                *view = View::Staged {
+                    path: path.clone(),
+                    source: to,
+                };
+            }
+        }
+        for u in o.root_units.drain(..) {
+            st.dirs.push(u.idmapped_dir());
+            st.dirs.push(u.merged_dir());
+            st.units.push(u);
+        }
+    }
+    if let (Some(st), None) = (stage.as_mut(), outside.as_ref()) {
+        // No layer to write to: root's view of the host, read-only.
+        let (unit, at) = RootUnit::read_only_root(&stage_at)?;
+        st.dirs.push(unit.idmapped_dir());
+        st.units.push(unit);
+        outside = Some(Outside {
+            views: vec![View::Staged {
+                path: PathBuf::from("/"),
+                source: at,
+            }],
+            ro_root: false,
+            stage: None,
+            root_units: Vec::new(),
+        });
+    }
     let layout = Layout {
         read_only: iso.read_only,
         private_tmp: iso.private_tmp,
         network_off: iso.network,
         hide,
         binds,
-        ro_files: helper.map(PathBuf::as_path).into_iter().collect(),
+        ro_files: helper_source
+            .as_deref()
+            .zip(helper.map(PathBuf::as_path))
+            .into_iter()
+            .collect(),
         tmp_size: iso.limits.tmp_size,
         shm_size: iso.limits.shm_size,
         outside: outside.as_ref(),
@@ -541,11 +640,15 @@ pub(crate) fn build(
         &spec.project,
     ));
     let (mut cmd, filters) = conf.base(&layout, &extra, &argv, &spec.cwd)?;
+    // The process limit's cgroup is entered first, while still host root.
+    if let Some(cg) = cgroup {
+        cg.enter_on_exec(&mut cmd);
+    }
     // bwrap and the command get the filtered environment, nothing else of ours.
     cmd.env_clear()
         .envs(super::env::command_env(spec.env_policy))
         .env("PWD", &spec.cwd);
-    let stage = outside.as_mut().and_then(|o| o.stage.take());
+    let user_stage = outside.as_mut().and_then(|o| o.stage.take());
     for (key, value) in &spec.env {
         match value {
             Some(v) => cmd.env(key, v),
@@ -569,13 +672,26 @@ pub(crate) fn build(
                     child::take_tty();
                 }
             }
-            if let Some(stage) = &stage {
+            if let Some(stage) = &user_stage {
                 stage.enter()?;
+            }
+            if let (Some(stage), Some(ns)) = (&stage, userns) {
+                stage.enter(ns)?;
             }
             enter(userns, &inherit, &keep_open)
         });
     }
     Ok(cmd)
+}
+
+/// Where a root command's stage is built (a tmpfs mounted over it in the command's own mount
+/// namespace): a directory every id may pass, which the sandbox's own `/dev` then hides.
+fn stage_place() -> PathBuf {
+    ["/dev/shm", "/run", "/tmp"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_dir())
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
 }
 
 /// `argv` behind the setting of `RLIMIT_NPROC` to `nproc` (a plain user's process limit),
@@ -703,24 +819,16 @@ fn runnable(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-/// As root: a user namespace mapping every id we have to itself, made by a child that
-/// unshares and waits while we write its maps (a process may not write a map wider than
-/// its own id for itself), then exits; we keep the namespace through an fd.
-fn identity_userns() -> io::Result<OwnedFd> {
+/// As root: the sandbox's user namespace, mapping `0..65536` to the unprivileged host range
+/// `base..base+65536` (see ids.rs), so that the command's root is nobody on the host: no
+/// sysctl, no host file of root's, no capability that counts outside. Made by a child that
+/// unshares and waits while we write its maps (a process may not write a map for itself
+/// that names ids other than its own), then exits; we keep the namespace through an fd.
+fn sandbox_userns(base: u32) -> io::Result<OwnedFd> {
     let (ready_r, ready_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let (go_r, go_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    let maps = |file: &str| -> io::Result<Vec<u8>> {
-        let own = std::fs::read_to_string(format!("/proc/self/{file}"))?;
-        let mut out = String::new();
-        for line in own.lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if let [inner, _outer, count] = f[..] {
-                out.push_str(&format!("{inner} {inner} {count}\n"));
-            }
-        }
-        Ok(out.into_bytes())
-    };
-    let (uid_map, gid_map) = (maps("uid_map")?, maps("gid_map")?);
+    let map = format!("0 {base} {}\n", crate::idmap::RANGE).into_bytes();
+    let (uid_map, gid_map) = (map.clone(), map);
     // SAFETY: the child only makes async-signal-safe system calls (unshare, write, read,
     // _exit) on fds prepared before the fork.
     let pid = unsafe { libc::fork() };

@@ -11,6 +11,11 @@ use crate::idmap::RANGE;
 /// start below 2^31 that collides with no id in /etc/passwd, /etc/group, /etc/subuid and
 /// /etc/subgid.
 pub fn sandbox_base() -> u32 {
+    static BASE: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *BASE.get_or_init(find_base)
+}
+
+fn find_base() -> u32 {
     if let Some(b) = std::env::var("SHADE_SANDBOX_IDS")
         .ok()
         .and_then(|v| v.trim().parse::<u32>().ok())

@@ -24,13 +24,12 @@
 //!   namespace of its own that bwrap starts in, so they see every mount of that moment; the
 //!   rest of `/` is bound read-only.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
@@ -83,6 +82,8 @@ pub(crate) enum View {
     Layer { path: PathBuf, merged: PathBuf },
     /// The host's `path` bound read-only (a read-only mount, a file, a unit that failed).
     ReadOnly(PathBuf),
+    /// As root: the host's `path`, bound read-only into the command's stage at `source`.
+    Staged { path: PathBuf, source: PathBuf },
 }
 
 /// What a command with an outside layer gets: its views in mount order, and for the plain
@@ -93,6 +94,8 @@ pub(crate) struct Outside {
     /// The plain user's `--ro-bind / /` under the units (root has the `/` unit).
     pub ro_root: bool,
     pub stage: Option<UserStage>,
+    /// Root: the units the command's stage mounts (see [`RootStage`]).
+    pub root_units: Vec<RootUnit>,
 }
 
 /// The plain user's per-command stage, all built before the fork.
@@ -178,6 +181,7 @@ fn now_ns() -> u64 {
 fn record_units(
     outside: &Path,
     userxattr: bool,
+    shift: u32,
     wanted: &[PathBuf],
 ) -> Result<HashMap<PathBuf, PathBuf>> {
     let io_err = |what: &str| SandboxError::io(format!("{what} {}", outside.display()));
@@ -188,7 +192,7 @@ fn record_units(
             .map_err(|e| SandboxError::Invalid(format!("{} is damaged: {e}", file.display())))?,
         Err(e) if e.kind() == io::ErrorKind::NotFound => LayerFile {
             created_ns: now_ns(),
-            shift: 0,
+            shift,
             userxattr,
             units: Vec::new(),
         },
@@ -220,10 +224,10 @@ fn record_units(
         .collect())
 }
 
-/// Makes `uN/upper`, `uN/work` and `stage/uN`; the upper's root takes the lower root's
-/// mode (and, as root, owner): overlayfs shows the upper's root attributes for the merged
-/// root.
-fn unit_dirs(unit: &Path, lower: &Path, root: bool) -> io::Result<(PathBuf, PathBuf)> {
+/// Makes `uN/upper` and `uN/work`; the upper's root takes the lower root's mode (and, as
+/// root, its owner shifted by the sandbox's `base`, as the idmapped lower shows it):
+/// overlayfs shows the upper's root attributes for the merged root.
+fn unit_dirs(unit: &Path, lower: &Path, base: Option<u32>) -> io::Result<(PathBuf, PathBuf)> {
     let (upper, work) = (unit.join("upper"), unit.join("work"));
     let fresh = !upper.exists();
     std::fs::create_dir_all(&upper)?;
@@ -234,8 +238,15 @@ fn unit_dirs(unit: &Path, lower: &Path, root: bool) -> io::Result<(PathBuf, Path
             &upper,
             std::fs::Permissions::from_mode(meta.permissions().mode() & 0o7777),
         )?;
-        if root {
-            std::os::unix::fs::chown(&upper, Some(meta.uid()), Some(meta.gid()))?;
+        if let Some(base) = base {
+            let shifted = |id: u32| {
+                if id < crate::idmap::RANGE {
+                    base + id
+                } else {
+                    base + crate::idmap::RANGE - 2
+                }
+            };
+            std::os::unix::fs::chown(&upper, Some(shifted(meta.uid())), Some(shifted(meta.gid())))?;
             // chown clears set-id bits; give the mode again.
             std::fs::set_permissions(
                 &upper,
@@ -274,21 +285,18 @@ fn overlay_options(lower: &Path, upper: &Path, work: &Path, userxattr: bool) -> 
 
 /// The outside view for a command of the branch whose outside directory is `outside`.
 /// `hide` are the directories hidden from the command (never units), `project` the project
-/// path (the branch covers it).
+/// path (the branch covers it). As root, `root` is the sandbox's id base and the directory
+/// the command's stage is built in (see [`RootStage`]).
 pub(crate) fn prepare(
     outside: &Path,
     hide: &[PathBuf],
     project: &Path,
     private_tmp: bool,
+    root: Option<(u32, &Path)>,
 ) -> Result<Outside> {
-    if nix::unistd::geteuid().is_root() {
-        Ok(Outside {
-            views: root_views(outside, hide, project)?,
-            ro_root: false,
-            stage: None,
-        })
-    } else {
-        user_outside(outside, hide, project, private_tmp)
+    match root {
+        Some((base, stage)) => root_outside(outside, hide, project, base, stage),
+        None => user_outside(outside, hide, project, private_tmp),
     }
 }
 
@@ -325,17 +333,51 @@ fn lasting(m: &Mount) -> bool {
 /// At most this many units as root (one per file system).
 const MAX_ROOT_UNITS: usize = 32;
 
-/// Outside directories whose overlays this process mounted (root), and their views.
-static MOUNTED: Mutex<Option<HashMap<PathBuf, Vec<View>>>> = Mutex::new(None);
+/// One root unit as the per-command stage mounts it: an idmapped clone of the host's
+/// `lower` at `idmapped`, and the overlay on it at `merged` (see [`RootStage::enter`]).
+#[derive(Debug)]
+pub(crate) struct RootUnit {
+    lower: CString,
+    idmapped: CString,
+    merged: CString,
+    /// The overlay's options; `None`: no overlay, the idmapped clone itself is the view,
+    /// read-only (see [`RootUnit::read_only_root`]).
+    options: Option<CString>,
+}
 
-fn root_views(outside: &Path, hide: &[PathBuf], project: &Path) -> Result<Vec<View>> {
-    let mut guard = MOUNTED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let map = guard.get_or_insert_with(HashMap::new);
-    if let Some(views) = map.get(outside) {
-        return Ok(views.clone());
+impl RootUnit {
+    /// As root, for a command without an outside layer: the host's `/` idmapped to the
+    /// sandbox (root's files are the command's root's to read) and read-only (an idmapped
+    /// mount writes the real files), at `stage/l0`; returns the unit and its path.
+    pub(crate) fn read_only_root(stage: &Path) -> Result<(RootUnit, PathBuf)> {
+        let idmapped = stage.join("l0");
+        let unit = RootUnit {
+            lower: super::cstring(Path::new("/"))?,
+            idmapped: super::cstring(&idmapped)?,
+            merged: super::cstring(&idmapped)?,
+            options: None,
+        };
+        Ok((unit, idmapped))
     }
+
+    /// The unit's two mount points in the stage, made before it is mounted.
+    pub(crate) fn idmapped_dir(&self) -> CString {
+        self.idmapped.clone()
+    }
+
+    /// See [`RootUnit::idmapped_dir`].
+    pub(crate) fn merged_dir(&self) -> CString {
+        self.merged.clone()
+    }
+}
+
+fn root_outside(
+    outside: &Path,
+    hide: &[PathBuf],
+    project: &Path,
+    base: u32,
+    stage: &Path,
+) -> Result<Outside> {
     let all = mounts().map_err(SandboxError::io("reading /proc/self/mountinfo"))?;
     // The topmost mount at each point.
     let mut top: Vec<Mount> = Vec::new();
@@ -355,11 +397,12 @@ fn root_views(outside: &Path, hide: &[PathBuf], project: &Path) -> Result<Vec<Vi
             || under_any(&m.point, hide)
             || m.point.starts_with(outside)
             || m.point.starts_with(project)
+            || m.point.starts_with(stage)
             || PSEUDO.contains(&m.fstype.as_str())
             || m.fstype == "autofs"
             || m.fstype.starts_with("fuse")
-            // Other branches' layers (their state directories are not ours to hide) and
-            // other programs' overlays come and go; only a container's `/` is one to keep.
+            // Other branches' layers and other programs' overlays come and go; only a
+            // container's `/` is one to keep.
             || (m.fstype == "overlay" && m.point != Path::new("/"))
             || !lasting(m);
         if hidden {
@@ -377,88 +420,45 @@ fn root_views(outside: &Path, hide: &[PathBuf], project: &Path) -> Result<Vec<Vi
         .filter(|m| !m.read_only && m.point.is_dir() && option_safe(&m.point))
         .map(|m| m.point.clone())
         .collect();
-    let dirs = record_units(outside, false, &units)?;
-    let stage = outside.join("stage");
-    std::fs::create_dir_all(&stage).map_err(SandboxError::io("creating the layer's stage"))?;
-    // Only root passes: the merged trees show root's files as root sees them.
-    let _ = std::fs::set_permissions(&stage, std::fs::Permissions::from_mode(0o700));
-    let mounted: HashSet<PathBuf> = mounts()
-        .map_err(SandboxError::io("reading /proc/self/mountinfo"))?
-        .into_iter()
-        .filter(|m| m.fstype == "overlay")
-        .map(|m| m.point)
-        .collect();
+    let dirs = record_units(outside, false, base, &units)?;
     let mut views = Vec::new();
-    for m in &chosen {
-        let Some(unit) = dirs.get(&m.point) else {
+    let mut root_units = Vec::new();
+    for (i, m) in chosen.iter().enumerate() {
+        let unit = dirs.get(&m.point).and_then(|unit| {
+            unit_dirs(unit, &m.point, Some(base))
+                .map_err(|e| tracing::warn!("{} is not captured: {e}", m.point.display()))
+                .ok()
+        });
+        let Some((upper, work)) = unit else {
             views.push(View::ReadOnly(m.point.clone()));
             continue;
         };
-        match mount_root_unit(outside, unit, &m.point, &mounted) {
-            Ok(merged) => views.push(View::Layer {
-                path: m.point.clone(),
-                merged,
-            }),
-            Err(e) => {
-                tracing::warn!(
-                    "{} is not captured (bound read-only): {e}",
-                    m.point.display()
-                );
-                views.push(View::ReadOnly(m.point.clone()));
-            }
-        }
-    }
-    map.insert(outside.to_path_buf(), views.clone());
-    Ok(views)
-}
-
-fn mount_root_unit(
-    outside: &Path,
-    unit: &Path,
-    lower: &Path,
-    mounted: &HashSet<PathBuf>,
-) -> Result<PathBuf> {
-    let merged = stage_dir(outside, unit);
-    std::fs::create_dir_all(&merged).map_err(SandboxError::io("creating the layer's stage"))?;
-    let canon = std::fs::canonicalize(&merged).unwrap_or_else(|_| merged.clone());
-    if mounted.contains(&canon) {
-        // Another run of this branch (a process that ended without releasing it) left it:
-        // the same upper, so the same layer.
-        return Ok(merged);
-    }
-    let (upper, work) =
-        unit_dirs(unit, lower, true).map_err(SandboxError::io("creating the layer's unit"))?;
-    let opts = overlay_options(lower, &upper, &work, false)?;
-    let target = super::cstring(&merged)?;
-    // SAFETY: mount(2) on NUL-terminated strings we own.
-    let ret = unsafe {
-        libc::mount(
-            c"overlay".as_ptr(),
-            target.as_ptr(),
-            c"overlay".as_ptr(),
-            0,
-            opts.as_ptr().cast(),
-        )
-    };
-    if ret != 0 {
-        return Err(SandboxError::Io {
-            what: format!("mounting the outside layer of {}", lower.display()),
-            err: io::Error::last_os_error(),
+        let idmapped = stage.join(format!("l{i}"));
+        let merged = stage.join(format!("m{i}"));
+        root_units.push(RootUnit {
+            lower: super::cstring(&m.point)?,
+            idmapped: super::cstring(&idmapped)?,
+            merged: super::cstring(&merged)?,
+            options: Some(overlay_options(&idmapped, &upper, &work, false)?),
+        });
+        views.push(View::Layer {
+            path: m.point.clone(),
+            merged,
         });
     }
-    Ok(merged)
+    Ok(Outside {
+        views,
+        ro_root: false,
+        stage: None,
+        root_units,
+    })
 }
 
-/// Unmounts the branch's outside overlays (root), before its directory is removed: a
-/// removal walking into a mounted overlay of `/` would take all day. Safe to call for any
-/// directory, any number of times.
+/// Nothing to undo since the layers are mounted per command, in the command's own mount
+/// namespace (they go with it): kept for callers that release a branch's layer, and to
+/// unmount what an older shade left mounted on the host. Safe for any directory, any
+/// number of times.
 pub fn release_outside(outside: &Path) {
-    let mut guard = MOUNTED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(map) = guard.as_mut() {
-        map.remove(outside);
-    }
     let Ok(all) = mounts() else { return };
     let base = std::fs::canonicalize(outside).unwrap_or_else(|_| outside.to_path_buf());
     let mut points: Vec<PathBuf> = all
@@ -468,40 +468,11 @@ pub fn release_outside(outside: &Path) {
         .collect();
     // Deepest first.
     points.sort();
-    points.dedup();
-    for p in points.iter().rev() {
-        if let Err(e) = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH) {
-            tracing::warn!("unmounting the outside layer {}: {e}", p.display());
-        }
-    }
-    if let Ok(meta) = std::fs::symlink_metadata(&base) {
-        open_up(&base, meta.dev(), 0);
-    }
-}
-
-/// Lets the branch's removal reach every file of the layer: overlayfs leaves its work
-/// directory mode 000, and an upper keeps the modes of what it copied (a read-only
-/// directory), which a plain user could not empty. Stays on the layer's file system.
-fn open_up(dir: &Path, dev: u64, depth: usize) {
-    if depth > 256 {
-        return;
-    }
-    let Ok(meta) = std::fs::symlink_metadata(dir) else {
-        return;
-    };
-    if !meta.is_dir() || meta.dev() != dev {
-        return;
-    }
-    let mode = meta.permissions().mode();
-    if mode & 0o700 != 0o700 {
-        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o700));
-    }
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        if e.file_type().is_ok_and(|t| t.is_dir()) {
-            open_up(&e.path(), dev, depth + 1);
+    points.reverse();
+    for p in points {
+        if let Ok(c) = super::cstring(&p) {
+            // SAFETY: umount2(2) on a NUL-terminated path we own.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
         }
     }
 }
@@ -562,7 +533,7 @@ fn user_outside(
         split(d, &points, hide, project, outside, 0, &mut units);
     }
     units.truncate(MAX_UNITS);
-    let recorded = record_units(outside, true, &units)?;
+    let recorded = record_units(outside, true, 0, &units)?;
     let mut views = Vec::new();
     let mut stage_mounts = Vec::new();
     for path in &units {
@@ -571,7 +542,7 @@ fn user_outside(
         };
         let merged = stage_dir(outside, unit);
         let made = std::fs::create_dir_all(&merged)
-            .and_then(|()| unit_dirs(unit, path, false))
+            .and_then(|()| unit_dirs(unit, path, None))
             .map_err(SandboxError::io("creating the layer's unit"));
         let (upper, work) = match made {
             Ok(uw) => uw,
@@ -597,6 +568,7 @@ fn user_outside(
             gid_map: format!("{gid} {gid} 1\n").into_bytes(),
             mounts: stage_mounts,
         }),
+        root_units: Vec::new(),
     })
 }
 
@@ -714,6 +686,173 @@ impl UserStage {
             }
         }
         Ok(())
+    }
+}
+
+/// As root, a command's stage: a mount namespace of its own made in the pre-exec hook,
+/// while still host root (before entering the sandbox's user namespace), where
+/// - a tmpfs at `at` (a directory every id may pass, `/dev/shm`) holds what bwrap binds, so
+///   that bwrap, already the sandbox's root (an unprivileged host id), reaches sources that
+///   lie under directories only host root may pass (root's 0700 home holds the state dir);
+/// - `binds` are the branch mount, cache branches and shade's binary bound there;
+/// - `units` are the outside layer: each host file system cloned without its submounts,
+///   idmapped to the sandbox's user namespace (host root's files show as the command's
+///   root's, so `/root` and `/etc` behave as root expects), under an overlay whose upper
+///   is in the branch's outside directory.
+///
+/// Everything goes with the command's mount namespace: nothing is left mounted on the
+/// host whatever happens to shade.
+#[derive(Debug, Default)]
+pub(crate) struct RootStage {
+    pub at: CString,
+    /// Directories to make in the tmpfs (mount points), then files (for file binds).
+    pub dirs: Vec<CString>,
+    pub files: Vec<CString>,
+    /// (source, target, read-only).
+    pub binds: Vec<(CString, CString, bool)>,
+    pub units: Vec<RootUnit>,
+}
+
+impl RootStage {
+    /// In the pre-exec hook, as host root (async-signal-safe): builds the stage in a new
+    /// mount namespace; `userns` is the sandbox's user namespace the lowers are idmapped to.
+    /// A unit whose file system refuses idmapping or overlay is bound read-only instead.
+    pub(crate) fn enter(&self, userns: std::os::fd::RawFd) -> io::Result<()> {
+        let fail = || Err(io::Error::last_os_error());
+        // SAFETY: plain system calls on data built before the fork.
+        unsafe {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return fail();
+            }
+            if libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            {
+                return fail();
+            }
+            if libc::mount(
+                c"shade-stage".as_ptr(),
+                self.at.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                c"mode=0755,size=1m".as_ptr().cast(),
+            ) != 0
+            {
+                return fail();
+            }
+            for d in &self.dirs {
+                if libc::mkdir(d.as_ptr(), 0o755) != 0 {
+                    return fail();
+                }
+            }
+            for f in &self.files {
+                let fd = libc::open(
+                    f.as_ptr(),
+                    libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
+                    0o644,
+                );
+                if fd < 0 {
+                    return fail();
+                }
+                libc::close(fd);
+            }
+            for (source, target, read_only) in &self.binds {
+                if libc::mount(
+                    source.as_ptr(),
+                    target.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND | libc::MS_REC,
+                    std::ptr::null(),
+                ) != 0
+                {
+                    return fail();
+                }
+                if *read_only && remount_read_only(target) != 0 {
+                    return fail();
+                }
+            }
+            for u in &self.units {
+                if mount_unit(u, userns) != 0 {
+                    // As it is, read-only: never writable for real.
+                    if libc::mount(
+                        u.lower.as_ptr(),
+                        u.merged.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND,
+                        std::ptr::null(),
+                    ) != 0
+                        || remount_read_only(&u.merged) != 0
+                    {
+                        return fail();
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// mount(2) `target` read-only again after a bind; 0 or -1.
+unsafe fn remount_read_only(target: &std::ffi::CStr) -> libc::c_int {
+    libc::mount(
+        std::ptr::null(),
+        target.as_ptr(),
+        std::ptr::null(),
+        libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY,
+        std::ptr::null(),
+    )
+}
+
+/// One unit: the idmapped clone of its lower, then the overlay; 0 or -1.
+unsafe fn mount_unit(u: &RootUnit, userns: std::os::fd::RawFd) -> libc::c_int {
+    let tree = libc::syscall(
+        libc::SYS_open_tree,
+        libc::AT_FDCWD,
+        u.lower.as_ptr(),
+        (libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC) as libc::c_uint,
+    ) as libc::c_int;
+    if tree < 0 {
+        return -1;
+    }
+    let mut attr: libc::mount_attr = std::mem::zeroed();
+    attr.attr_set = libc::MOUNT_ATTR_IDMAP;
+    if u.options.is_none() {
+        attr.attr_set |= libc::MOUNT_ATTR_RDONLY;
+    }
+    attr.userns_fd = userns as u64;
+    let ok = libc::syscall(
+        libc::SYS_mount_setattr,
+        tree,
+        c"".as_ptr(),
+        libc::AT_EMPTY_PATH as libc::c_uint,
+        &attr as *const libc::mount_attr,
+        std::mem::size_of::<libc::mount_attr>(),
+    ) == 0
+        && libc::syscall(
+            libc::SYS_move_mount,
+            tree,
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            u.idmapped.as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH as libc::c_uint,
+        ) == 0;
+    libc::close(tree);
+    if !ok {
+        return -1;
+    }
+    match &u.options {
+        Some(options) => libc::mount(
+            c"overlay".as_ptr(),
+            u.merged.as_ptr(),
+            c"overlay".as_ptr(),
+            0,
+            options.as_ptr().cast(),
+        ),
+        None => 0,
     }
 }
 
