@@ -123,9 +123,26 @@ pub fn main(_args: DoctorArgs) -> i32 {
     println!(
         "user:                 {}",
         if root {
-            "root (commands run as root of their own user namespace, without CAP_SYS_ADMIN)"
+            format!(
+                "root (commands run as root of their own user namespace, which maps 0..65536 \
+                 to host ids {b}..{e}: host uid {b}, no host capability, without \
+                 CAP_SYS_ADMIN; SHADE_SANDBOX_IDS or a `shade` entry in /etc/subuid sets it)",
+                b = shade_fusefs::sandbox::sandbox_base(),
+                e = u64::from(shade_fusefs::sandbox::sandbox_base()) + 65535
+            )
         } else {
             "plain user (commands run as you in their own user namespace, no capabilities)"
+                .to_string()
+        }
+    );
+    println!(
+        "outside the project: {}",
+        if root {
+            "writes land in the branch's outside layer (overlays of every disk and memory \
+             file system, idmapped to the command's ids), listed, kept only with --keep-outside"
+        } else {
+            "writes to $HOME, /tmp, /var/tmp, /run/user/UID and writable top-level \
+             directories land in the branch's outside layer; the rest is read-only"
         }
     );
     println!(

@@ -55,14 +55,20 @@ fn env(who: Who) -> Env {
         .unwrap();
     let root = tmp.path().canonicalize().unwrap();
     let (project, state, out) = (root.join("project"), root.join("state"), root.join("out"));
-    for d in [&project, &state, &out] {
+    let share = root.join("share");
+    for d in [&project, &state, &out, &share] {
         std::fs::create_dir(d).unwrap();
+    }
+    // `out` (where an escape leaves its proof) and `share` are written by the command for
+    // real, past its outside layer (SHADE_SHARE), by whatever id the sandbox's root is.
+    for d in [&out, &share] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o777)).unwrap();
     }
     std::fs::write(project.join("file"), "orig").unwrap();
     std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
     if who == Who::Plain {
         let (uid, gid) = plain_ids();
-        for p in [&root, &project, &state, &out, &project.join("file")] {
+        for p in [&root, &project, &state, &out, &share, &project.join("file")] {
             std::os::unix::fs::chown(p, Some(uid), Some(gid)).unwrap();
         }
         common::plain::require_fuse();
@@ -103,7 +109,9 @@ impl Env {
                 c
             }
         };
+        let share = std::env::join_paths([self.out.clone(), self.out.join("../share")]).unwrap();
         c.env("SHADE_STATE_DIR", &self.state)
+            .env("SHADE_SHARE", share)
             .env_remove("CARGO_TARGET_DIR")
             .current_dir(&self.project)
             .stdin(Stdio::null());
@@ -614,7 +622,7 @@ fn exec_shadow(who: Who) {
     use std::sync::Arc;
     let e = env(who);
     let attack = format!(
-        r#"for p in /proc/[0-9]*; do echo X > $p/root{P}/file; done 2>/dev/null; for t in $PPID 1; do nsenter -t $t -m -- sh -c "echo X > {P}/file; echo X > {O}/ns-$t"; done 2>/dev/null; umount -l {P} 2>/dev/null; echo X > {P}/file; ls /proc/$$/fd > {O}/../fds; echo attempted"#,
+        r#"for p in /proc/[0-9]*; do echo X > $p/root{P}/file; done 2>/dev/null; for t in $PPID 1; do nsenter -t $t -m -- sh -c "echo X > {P}/file; echo X > {O}/ns-$t"; done 2>/dev/null; umount -l {P} 2>/dev/null; echo X > {P}/file; ls /proc/$$/fd > {O}/../share/fds; echo attempted"#,
         P = e.p(),
         O = e.o()
     );
@@ -649,7 +657,7 @@ fn exec_shadow(who: Who) {
     );
     e.assert_held(&o);
     // The agent's shell inherits none of the session's descriptors (sockets, logs, FUSE).
-    let fds = std::fs::read_to_string(e.out.join("../fds")).unwrap();
+    let fds = std::fs::read_to_string(e.out.join("../share/fds")).unwrap();
     let mut got: Vec<i32> = fds.split_whitespace().map(|f| f.parse().unwrap()).collect();
     got.sort();
     assert_eq!(got, passed_on(), "descriptors the agent's shell got");

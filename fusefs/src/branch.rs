@@ -48,7 +48,14 @@ impl Default for BranchOptions {
             memory_budget: memory_budget_from_env(),
             allow_other: other_users_permitted(),
             threads: 2,
-            id_shift: None,
+            // As root every confined command is root of a namespace mapped to the sandbox's
+            // unprivileged ids (see sandbox/ids.rs): branches show it their files as its own
+            // unless a caller says otherwise (an unconfined run sets `None`).
+            id_shift: nix::unistd::geteuid()
+                .is_root()
+                .then(|| crate::idmap::IdShift {
+                    base: crate::sandbox::sandbox_base(),
+                }),
             limits: BranchLimits::default(),
         }
     }

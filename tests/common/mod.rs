@@ -71,8 +71,14 @@ impl Fixture {
 
     /// The `shade` binary with this fixture's state dir.
     pub fn shade(&self) -> Command {
+        // The test's temporary directory is where it meets the commands it starts (flags,
+        // outputs): shared with them for real (not layered), and open to the sandbox's
+        // root, which is an unprivileged host id when the tests run as root.
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(self.tmp.path(), std::fs::Permissions::from_mode(0o777));
         let mut c = Command::new(env!("CARGO_BIN_EXE_shade"));
         c.env("SHADE_STATE_DIR", self.state.root())
+            .env("SHADE_SHARE", self.tmp.path())
             .current_dir(&self.project)
             .stdin(std::process::Stdio::null());
         c

@@ -212,6 +212,9 @@ struct Layout<'a> {
     hide: Vec<PathBuf>,
     /// (source, target) binds, writable, in order (the branch first).
     binds: Vec<(&'a Path, &'a Path)>,
+    /// (source, target) of the directories shared for real (`SHADE_SHARE`), bound before
+    /// the state directories are hidden.
+    shared: Vec<(&'a Path, &'a Path)>,
     /// Files bound read-only last, (source, target) (the foreground helper).
     ro_files: Vec<(&'a Path, &'a Path)>,
     /// Sizes of the private /tmp and /dev/shm (`None`: the kernel's default).
@@ -229,6 +232,7 @@ impl Layout<'_> {
             network_off: true,
             hide: Vec::new(),
             binds: Vec::new(),
+            shared: Vec::new(),
             ro_files: Vec::new(),
             tmp_size: None,
             shm_size: None,
@@ -301,6 +305,9 @@ impl Confinement {
             // The services' sockets (systemd, the session bus, docker, …) live under /run;
             // the read-only sandbox gets an empty one (see seccomp::read_only_program).
             cmd.args(["--perms", "0755", "--tmpfs", "/run"]);
+        }
+        for (source, target) in &layout.shared {
+            cmd.arg("--bind").arg(source).arg(target);
         }
         for dir in &layout.hide {
             cmd.arg("--tmpfs").arg(dir);
@@ -519,12 +526,21 @@ pub(crate) fn build(
     {
         sources.push(staged(source, format!("b{j}"), false)?);
     }
-    let targets = std::iter::once(&spec.project).chain(spec.binds.iter().map(|b| &b.target));
-    let binds: Vec<(&Path, &Path)> = sources
+    // Directories the user shares with every command for real (SHADE_SHARE): not layered.
+    let shared = shared_dirs(&spec.project);
+    for (k, dir) in shared.iter().enumerate() {
+        sources.push(staged(dir, format!("s{k}"), false)?);
+    }
+    let targets = std::iter::once(&spec.project)
+        .chain(spec.binds.iter().map(|b| &b.target))
+        .chain(shared.iter());
+    let mut binds: Vec<(&Path, &Path)> = sources
         .iter()
         .map(PathBuf::as_path)
         .zip(targets.map(PathBuf::as_path))
         .collect();
+    // Shared directories go under the hidden state directories (which may lie inside one).
+    let shared_binds = binds.split_off(binds.len() - shared.len());
     // The helper is bound at its own path (a private /tmp or a hidden directory may hide
     // it otherwise), unless it lies in the project, where the branch already shows it.
     let nproc = super::limits::rlimit_nproc(&iso.limits, conf.root_userns());
@@ -588,6 +604,7 @@ pub(crate) fn build(
         // No layer to write to: root's view of the host, read-only.
         let (unit, at) = RootUnit::read_only_root(&stage_at)?;
         st.dirs.push(unit.idmapped_dir());
+        st.dirs.push(unit.merged_dir());
         st.units.push(unit);
         outside = Some(Outside {
             views: vec![View::Staged {
@@ -605,6 +622,7 @@ pub(crate) fn build(
         network_off: iso.network,
         hide,
         binds,
+        shared: shared_binds,
         ro_files: helper_source
             .as_deref()
             .zip(helper.map(PathBuf::as_path))
@@ -682,6 +700,23 @@ pub(crate) fn build(
         });
     }
     Ok(cmd)
+}
+
+/// `SHADE_SHARE`: directories (`:`-separated, absolute) that every command of this shade
+/// writes for real, past the outside layer — a test harness's meeting place with the
+/// commands it starts, a build's output directory the user wants as it is written. Set by
+/// whoever starts shade (commands cannot change shade's environment); one that is missing,
+/// relative, the project or inside it is ignored.
+fn shared_dirs(project: &Path) -> Vec<PathBuf> {
+    let Some(v) = std::env::var_os("SHADE_SHARE") else {
+        return Vec::new();
+    };
+    std::env::split_paths(&v)
+        .filter(|p| p.is_absolute())
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .filter(|p| p.is_dir() && p != Path::new("/"))
+        .filter(|p| !p.starts_with(project) && !project.starts_with(p))
+        .collect()
 }
 
 /// Where a root command's stage is built (a tmpfs mounted over it in the command's own mount

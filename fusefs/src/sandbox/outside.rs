@@ -340,24 +340,31 @@ pub(crate) struct RootUnit {
     lower: CString,
     idmapped: CString,
     merged: CString,
-    /// The overlay's options; `None`: no overlay, the idmapped clone itself is the view,
-    /// read-only (see [`RootUnit::read_only_root`]).
-    options: Option<CString>,
+    /// The overlay's options.
+    options: CString,
+    /// The idmapped clone made read-only too (the view has no upper: see
+    /// [`RootUnit::read_only_root`]).
+    read_only: bool,
 }
 
 impl RootUnit {
     /// As root, for a command without an outside layer: the host's `/` idmapped to the
-    /// sandbox (root's files are the command's root's to read) and read-only (an idmapped
-    /// mount writes the real files), at `stage/l0`; returns the unit and its path.
+    /// sandbox (root's files are the command's root's to read), read-only (an idmapped
+    /// mount writes the real files), under an overlay without an upper at `stage/m0`: a
+    /// unix socket is not connectable through an overlay, and root's 0600 ones would be
+    /// through the idmapped clone. Returns the unit and its view's path.
     pub(crate) fn read_only_root(stage: &Path) -> Result<(RootUnit, PathBuf)> {
         let idmapped = stage.join("l0");
+        let merged = stage.join("m0");
         let unit = RootUnit {
             lower: super::cstring(Path::new("/"))?,
             idmapped: super::cstring(&idmapped)?,
-            merged: super::cstring(&idmapped)?,
-            options: None,
+            merged: super::cstring(&merged)?,
+            options: CString::new(format!("lowerdir={}", idmapped.display()))
+                .map_err(|_| SandboxError::Invalid("a stage path has a NUL byte".into()))?,
+            read_only: true,
         };
-        Ok((unit, idmapped))
+        Ok((unit, merged))
     }
 
     /// The unit's two mount points in the stage, made before it is mounted.
@@ -439,7 +446,8 @@ fn root_outside(
             lower: super::cstring(&m.point)?,
             idmapped: super::cstring(&idmapped)?,
             merged: super::cstring(&merged)?,
-            options: Some(overlay_options(&idmapped, &upper, &work, false)?),
+            options: overlay_options(&idmapped, &upper, &work, false)?,
+            read_only: false,
         });
         views.push(View::Layer {
             path: m.point.clone(),
@@ -459,6 +467,18 @@ fn root_outside(
 /// unmount what an older shade left mounted on the host. Safe for any directory, any
 /// number of times.
 pub fn release_outside(outside: &Path) {
+    // overlayfs leaves `uN/work/work` with mode 000: a plain user could not remove the
+    // branch's directory otherwise.
+    if let Ok(units) = std::fs::read_dir(outside) {
+        for unit in units.flatten() {
+            let work = unit.path().join("work");
+            for dir in [work.join("work"), work.join("index"), work] {
+                if dir.is_dir() {
+                    let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+                }
+            }
+        }
+    }
     let Ok(all) = mounts() else { return };
     let base = std::fs::canonicalize(outside).unwrap_or_else(|_| outside.to_path_buf());
     let mut points: Vec<PathBuf> = all
@@ -820,7 +840,7 @@ unsafe fn mount_unit(u: &RootUnit, userns: std::os::fd::RawFd) -> libc::c_int {
     }
     let mut attr: libc::mount_attr = std::mem::zeroed();
     attr.attr_set = libc::MOUNT_ATTR_IDMAP;
-    if u.options.is_none() {
+    if u.read_only {
         attr.attr_set |= libc::MOUNT_ATTR_RDONLY;
     }
     attr.userns_fd = userns as u64;
@@ -844,16 +864,13 @@ unsafe fn mount_unit(u: &RootUnit, userns: std::os::fd::RawFd) -> libc::c_int {
     if !ok {
         return -1;
     }
-    match &u.options {
-        Some(options) => libc::mount(
-            c"overlay".as_ptr(),
-            u.merged.as_ptr(),
-            c"overlay".as_ptr(),
-            0,
-            options.as_ptr().cast(),
-        ),
-        None => 0,
-    }
+    libc::mount(
+        c"overlay".as_ptr(),
+        u.merged.as_ptr(),
+        c"overlay".as_ptr(),
+        if u.read_only { libc::MS_RDONLY } else { 0 },
+        u.options.as_ptr().cast(),
+    )
 }
 
 unsafe fn write_file(path: &std::ffi::CStr, data: &[u8]) -> io::Result<()> {

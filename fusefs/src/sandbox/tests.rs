@@ -30,7 +30,7 @@ fn fixture() -> Fixture {
         nix::unistd::geteuid().is_root(),
         "the runner tests need root (they create mount namespaces); run `cargo test -p shade-fusefs` as root"
     );
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let root = dir.path().canonicalize().unwrap();
     let (project, mnt, out) = (root.join("project"), root.join("mnt"), root.join("out"));
     for d in [&project, &mnt, &out] {
@@ -38,6 +38,15 @@ fn fixture() -> Fixture {
     }
     fs::write(project.join("a"), "real").unwrap();
     fs::write(mnt.join("a"), "shadow").unwrap();
+    // The command's root is the sandbox's unprivileged host id (ids.rs): the plain
+    // directory standing in for a branch, and `out`, are that id's, as a branch would show
+    // them; `out` is bound in for real (see `spec`).
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+    let b = super::sandbox_base();
+    for p in [&mnt, &mnt.join("a"), &out] {
+        std::os::unix::fs::chown(p, Some(b), Some(b)).unwrap();
+    }
     Fixture {
         _lock: lock,
         _dir: dir,
@@ -62,7 +71,10 @@ impl Fixture {
             foreground: false,
             user_session: false,
             isolation: Isolation::default(),
-            binds: Vec::new(),
+            binds: vec![super::Bind {
+                source: self.out.clone(),
+                target: self.out.clone(),
+            }],
             outside: None,
         }
     }
