@@ -4,7 +4,9 @@
 //! branch's mount, which the checker's namespace binds recursively over the project. The user's warm build still reads through and nothing reaches the
 //! real directory, as with the branch itself, but rustc's incremental state (tens of MB
 //! read and rewritten per check) no longer crosses FUSE, which was most of the warm lint's
-//! cost over a native `cargo check`. Where the overlay cannot be mounted (not root, an
+//! cost over a native `cargo check`. Off as root, whose checkers run as an unprivileged
+//! id the overlay's lower layer would not show root's files to (see `TargetOverlay::new`).
+//! Where the overlay cannot be mounted (not root, an
 //! upper directory on a file system overlayfs refuses, no `target/`), runs go through the
 //! branch as before.
 //!
@@ -32,6 +34,12 @@ impl TargetOverlay {
     /// `None` when there is no build directory to overlay or its path cannot be spelled
     /// as an overlayfs option.
     pub fn new(project: &Path, dir: PathBuf) -> Option<TargetOverlay> {
+        // As root the checker is root of a namespace mapped to unprivileged ids (see
+        // fusefs/src/sandbox/ids.rs): the real target/ as a lower layer shows it root's
+        // files as nobody's. The branch shifts ids; the overlay cannot. Through the branch.
+        if sandbox::branch_id_shift(&sandbox::Isolation::default()).is_some() {
+            return None;
+        }
         let target = project.join("target");
         let meta = std::fs::symlink_metadata(&target).ok()?;
         let plain = |p: &Path| !p.to_string_lossy().contains([',', ':', '\\']);

@@ -605,6 +605,7 @@ pub(crate) fn build(
         let (unit, at) = RootUnit::read_only_root(&stage_at)?;
         st.dirs.push(unit.idmapped_dir());
         st.dirs.push(unit.merged_dir());
+        st.dirs.push(RootUnit::empty_dir(&stage_at)?);
         st.units.push(unit);
         outside = Some(Outside {
             views: vec![View::Staged {
@@ -706,7 +707,8 @@ pub(crate) fn build(
 /// writes for real, past the outside layer — a test harness's meeting place with the
 /// commands it starts, a build's output directory the user wants as it is written. Set by
 /// whoever starts shade (commands cannot change shade's environment); one that is missing,
-/// relative, the project or inside it is ignored.
+/// relative, `/`, or inside the project is ignored. One that holds the project is bound
+/// before the branch, which covers the project in it.
 fn shared_dirs(project: &Path) -> Vec<PathBuf> {
     let Some(v) = std::env::var_os("SHADE_SHARE") else {
         return Vec::new();
@@ -715,7 +717,7 @@ fn shared_dirs(project: &Path) -> Vec<PathBuf> {
         .filter(|p| p.is_absolute())
         .filter_map(|p| std::fs::canonicalize(p).ok())
         .filter(|p| p.is_dir() && p != Path::new("/"))
-        .filter(|p| !p.starts_with(project) && !project.starts_with(p))
+        .filter(|p| !p.starts_with(project))
         .collect()
 }
 

@@ -356,15 +356,26 @@ impl RootUnit {
     pub(crate) fn read_only_root(stage: &Path) -> Result<(RootUnit, PathBuf)> {
         let idmapped = stage.join("l0");
         let merged = stage.join("m0");
+        // Without an upper, overlayfs wants two lower layers: an empty one goes under.
+        let empty = stage.join("e0");
         let unit = RootUnit {
             lower: super::cstring(Path::new("/"))?,
             idmapped: super::cstring(&idmapped)?,
             merged: super::cstring(&merged)?,
-            options: CString::new(format!("lowerdir={}", idmapped.display()))
-                .map_err(|_| SandboxError::Invalid("a stage path has a NUL byte".into()))?,
+            options: CString::new(format!(
+                "lowerdir={}:{}",
+                idmapped.display(),
+                empty.display()
+            ))
+            .map_err(|_| SandboxError::Invalid("a stage path has a NUL byte".into()))?,
             read_only: true,
         };
         Ok((unit, merged))
+    }
+
+    /// The empty lower layer of a read-only view (see [`RootUnit::read_only_root`]).
+    pub(crate) fn empty_dir(stage: &Path) -> Result<CString> {
+        super::cstring(&stage.join("e0"))
     }
 
     /// The unit's two mount points in the stage, made before it is mounted.
