@@ -666,14 +666,7 @@ impl UserStage {
             }
             write_file(c"/proc/self/uid_map", &self.uid_map)?;
             write_file(c"/proc/self/gid_map", &self.gid_map)?;
-            if libc::mount(
-                std::ptr::null(),
-                c"/".as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            ) != 0
-            {
+            if make_private() != 0 {
                 return Err(io::Error::last_os_error());
             }
             for (opts, target, lower) in &self.mounts {
@@ -703,14 +696,7 @@ impl UserStage {
                         }
                         return Err(io::Error::last_os_error());
                     }
-                    if libc::mount(
-                        std::ptr::null(),
-                        target.as_ptr(),
-                        std::ptr::null(),
-                        libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY,
-                        std::ptr::null(),
-                    ) != 0
-                    {
+                    if remount_read_only(target) != 0 {
                         return Err(io::Error::last_os_error());
                     }
                 }
@@ -752,17 +738,7 @@ impl RootStage {
         let fail = || Err(io::Error::last_os_error());
         // SAFETY: plain system calls on data built before the fork.
         unsafe {
-            if libc::unshare(libc::CLONE_NEWNS) != 0 {
-                return fail();
-            }
-            if libc::mount(
-                std::ptr::null(),
-                c"/".as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            ) != 0
-            {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 || make_private() != 0 {
                 return fail();
             }
             if libc::mount(
@@ -825,6 +801,18 @@ impl RootStage {
         }
         Ok(())
     }
+}
+
+/// Makes every mount of our (new) mount namespace private, so nothing we mount reaches
+/// the host's; 0 or -1.
+unsafe fn make_private() -> libc::c_int {
+    libc::mount(
+        std::ptr::null(),
+        c"/".as_ptr(),
+        std::ptr::null(),
+        libc::MS_REC | libc::MS_PRIVATE,
+        std::ptr::null(),
+    )
 }
 
 /// mount(2) `target` read-only again after a bind; 0 or -1.
