@@ -29,7 +29,13 @@ impl IdShift {
 
     /// The stored id for kernel id `kernel`, or `None` if the namespace does not map it
     /// (a request by a process outside the command, or an id the command cannot name).
+    /// Host root's own 0 stays 0: no command can name it (its namespace does not map it),
+    /// so it comes from shade itself (its agent tools, an accept into a branch of this
+    /// branch), whose files are root's.
     pub fn take(self, kernel: u32) -> Option<u32> {
+        if kernel == 0 {
+            return Some(0);
+        }
         kernel
             .checked_sub(self.base)
             .filter(|inside| *inside < RANGE)
@@ -60,7 +66,8 @@ mod tests {
         assert_eq!(s.show(4242), (1 << 20) + 4242);
         assert_eq!(s.show(70000), (1 << 20) + OVERFLOW);
         assert_eq!(s.take((1 << 20) + 4242), Some(4242));
-        assert_eq!(s.take(0), None);
+        assert_eq!(s.take(0), Some(0));
+        assert_eq!(s.take(1), None);
         assert_eq!(s.take((1 << 20) + RANGE), None);
         assert_eq!(s.take(s.show(65535)), Some(65535));
         assert_eq!(show(None, 7), 7);

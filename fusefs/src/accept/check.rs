@@ -226,8 +226,11 @@ impl Sim {
             _ => return Ok(()),
         };
         // SAFETY: geteuid/getegid cannot fail.
-        let own = own.unwrap_or_else(|| unsafe { (libc::geteuid(), libc::getegid()) });
-        let mut allowed = vec![own];
+        let me = unsafe { (libc::geteuid(), libc::getegid()) };
+        let own = own.unwrap_or(me);
+        // shade's own ids as they are too: what shade itself wrote into a branch of a
+        // branch (not through a command's namespace) is shade's.
+        let mut allowed = vec![own, me];
         match self.owner_before(path, made) {
             Some(o) => allowed.push(o),
             None => {
