@@ -40,6 +40,7 @@ async fn edit_in_branch(checker: &str) {
         &project,
         &BranchOptions {
             state: state.clone(),
+            id_shift: shade_fusefs::sandbox::branch_id_shift(&Default::default()),
             ..BranchOptions::default()
         },
     )
@@ -161,6 +162,7 @@ async fn a_baseline_slower_than_the_budget_finishes_for_the_next_edit() {
         &project,
         &BranchOptions {
             state: state.clone(),
+            id_shift: shade_fusefs::sandbox::branch_id_shift(&Default::default()),
             ..BranchOptions::default()
         },
     )

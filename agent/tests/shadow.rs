@@ -62,6 +62,8 @@ impl Fx {
     fn options(&self, mut o: ShadowOptions) -> ShadowOptions {
         o.branch = BranchOptions {
             state: self.state.clone(),
+            // As the options it replaces: commands run in the branch.
+            id_shift: o.branch.id_shift,
             ..BranchOptions::default()
         };
         o

@@ -48,14 +48,10 @@ impl Default for BranchOptions {
             memory_budget: memory_budget_from_env(),
             allow_other: other_users_permitted(),
             threads: 2,
-            // As root every confined command is root of a namespace mapped to the sandbox's
-            // unprivileged ids (see sandbox/ids.rs): branches show it their files as its own
-            // unless a caller says otherwise (an unconfined run sets `None`).
-            id_shift: nix::unistd::geteuid()
-                .is_root()
-                .then(|| crate::idmap::IdShift {
-                    base: crate::sandbox::sandbox_base(),
-                }),
+            // Callers whose branch serves confined commands set it (see
+            // `sandbox::branch_id_shift`); a branch read and written only by shade and the
+            // host shows its ids as they are.
+            id_shift: None,
             limits: BranchLimits::default(),
         }
     }

@@ -48,6 +48,7 @@ impl Fixture {
             &self.project,
             &BranchOptions {
                 state: self.state.clone(),
+                id_shift: shade_fusefs::sandbox::branch_id_shift(&Default::default()),
                 ..BranchOptions::default()
             },
         )

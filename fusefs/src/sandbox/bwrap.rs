@@ -561,7 +561,8 @@ pub(crate) fn build(
             dir.display()
         )))?;
         if let Ok(dir) = std::fs::canonicalize(dir) {
-            if !hide.iter().any(|h| dir.starts_with(h)) {
+            // In a state directory inside the project, the branch hides it already.
+            if !hide.iter().any(|h| dir.starts_with(h)) && !dir.starts_with(&spec.project) {
                 hide.push(dir);
             }
         }

@@ -716,6 +716,7 @@ fn a_cache_outside_the_project_gets_a_throw_away_branch() {
     let state = tempfile::tempdir_in("/var/tmp").unwrap();
     let opts = crate::BranchOptions {
         state: crate::StateDir::at(state.path().to_path_buf()),
+        id_shift: super::branch_id_shift(&Isolation::default()),
         ..crate::BranchOptions::default()
     };
     // Missing and nested directories are skipped; only the outer cache gets a branch.
