@@ -145,6 +145,12 @@ mod integrity {
         }
         let sync = fx.tmp.path().join("sync");
         fs::create_dir(&sync).unwrap();
+        // Written by the command for real (the test's temporary directory is shared with
+        // it), whose root is the sandbox's unprivileged id when the tests run as root.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(&sync, fs::Permissions::from_mode(0o777)).unwrap();
+        }
         // Phase 1 changes files; then it waits for the user; phase 2 checks that every file
         // the branch did not touch shows the user's content (inotify invalidation is
         // asynchronous: poll), and records the result for the test.
