@@ -470,7 +470,7 @@ fn sighup_at_the_speculations_question_leaves_no_mount_and_no_process() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(tty.exit_status(), Some(128 + libc::SIGHUP));
+    assert_eq!(tty.exit_status(10), Ok(128 + libc::SIGHUP));
     assert!(mounts_of(&chat).is_empty(), "{:?}", mounts_of(&chat));
     let deadline = Instant::now() + Duration::from_secs(10);
     while !processes_naming(&chat.state).is_empty() {

@@ -149,13 +149,33 @@ impl Tty {
         String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
     }
 
-    /// The program's exit status once it has ended (the pane stays: remain-on-exit).
-    pub fn exit_status(&self) -> Option<i32> {
-        let out = tmux(&self.socket)
-            .args(["display-message", "-p", "-t", "0", "#{pane_dead_status}"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+    /// The program's exit status once it has ended (the pane stays: remain-on-exit). tmux
+    /// marks the pane dead when the terminal closes, which can be before it has reaped the
+    /// program: the status is waited for (up to `secs`). A program killed by a signal has no
+    /// status: the error names the signal.
+    pub fn exit_status(&self, secs: u64) -> Result<i32, String> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        loop {
+            let out = tmux(&self.socket)
+                .args([
+                    "display-message",
+                    "-p",
+                    "-t",
+                    "0",
+                    "#{pane_dead_status} #{pane_dead_signal}",
+                ])
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            let mut words = text.split_whitespace();
+            if let Some(Ok(code)) = words.next().map(str::parse) {
+                return Ok(code);
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(format!("no exit status after {secs} s (tmux: {text:?})"));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
     }
 
     /// Is the program still running?
