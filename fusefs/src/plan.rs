@@ -120,6 +120,21 @@ impl PlanOp {
         }
     }
 
+    /// The path of a single-path op, to change it (a plan built with host paths is made
+    /// relative to its accept's root); a rename has two and gives none.
+    pub fn path_mut(&mut self) -> Option<&mut RelPath> {
+        match self {
+            PlanOp::WriteFile { path, .. }
+            | PlanOp::Symlink { path, .. }
+            | PlanOp::Link { path, .. }
+            | PlanOp::Special { path, .. }
+            | PlanOp::Mkdir { path, .. }
+            | PlanOp::SetPerms { path, .. }
+            | PlanOp::Delete { path, .. } => Some(path),
+            PlanOp::RenameDir { .. } => None,
+        }
+    }
+
     /// The base of a single-path op (a rename has two, see its fields).
     pub fn base(&self) -> Option<Base> {
         match self {

@@ -534,6 +534,41 @@ pub(crate) fn cstring(path: &Path) -> Result<CString> {
         .map_err(|_| SandboxError::Invalid(format!("path {} contains a NUL byte", path.display())))
 }
 
+/// Write `data` to an existing file (a /proc file such as uid_map) with raw calls only: both
+/// namespace stages call it between fork and exec, where nothing may allocate.
+///
+/// # Safety
+/// `path` must be a valid C string; the call is async-signal-safe.
+unsafe fn write_file(path: &std::ffi::CStr, data: &[u8]) -> std::io::Result<()> {
+    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let n = libc::write(fd, data.as_ptr().cast(), data.len());
+    let err = std::io::Error::last_os_error();
+    libc::close(fd);
+    if n == data.len() as isize {
+        Ok(())
+    } else {
+        Err(err)
+    }
+}
+
+/// Map the ids of the user namespace just unshared (setgroups denied first, as an
+/// unprivileged gid_map write requires; old kernels have no setgroups file). Between fork
+/// and exec: raw calls only.
+///
+/// # Safety
+/// Async-signal-safe; call in the process that unshared the namespace.
+pub(crate) unsafe fn write_id_maps(uid_map: &[u8], gid_map: &[u8]) -> std::io::Result<()> {
+    match write_file(c"/proc/self/setgroups", b"deny") {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+        other => other?,
+    }
+    write_file(c"/proc/self/uid_map", uid_map)?;
+    write_file(c"/proc/self/gid_map", gid_map)
+}
+
 /// A started child, handed to the supervisor.
 pub(crate) struct Running {
     pub child: std::process::Child,

@@ -409,7 +409,9 @@ impl OutsideChanges {
         let mut plan = Vec::new();
         for mut op in writes {
             let r = rel(op.path());
-            set_path(&mut op, r);
+            if let Some(path) = op.path_mut() {
+                *path = r;
+            }
             plan.push(op);
         }
         // Deletions deepest first, after the writes.
@@ -436,20 +438,5 @@ impl OutsideChanges {
             reads,
             picked,
         })
-    }
-}
-
-/// Give a single-path op another path (the plan is built with host paths, then made relative
-/// to the accept's root).
-fn set_path(op: &mut PlanOp, new: PathBuf) {
-    match op {
-        PlanOp::WriteFile { path, .. }
-        | PlanOp::Symlink { path, .. }
-        | PlanOp::Link { path, .. }
-        | PlanOp::Special { path, .. }
-        | PlanOp::Mkdir { path, .. }
-        | PlanOp::SetPerms { path, .. }
-        | PlanOp::Delete { path, .. } => *path = new,
-        PlanOp::RenameDir { .. } => {}
     }
 }

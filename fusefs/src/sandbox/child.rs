@@ -205,13 +205,7 @@ impl ChildPlan {
             check(libc::unshare(flags))?;
             if let Some(maps) = &ns.user_maps {
                 self.stage(Stage::UserMaps);
-                // Required before an unprivileged gid_map write; absent on old kernels.
-                match write_file(c"/proc/self/setgroups", b"deny") {
-                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-                    other => other?,
-                }
-                write_file(c"/proc/self/uid_map", &maps.uid_map)?;
-                write_file(c"/proc/self/gid_map", &maps.gid_map)?;
+                super::write_id_maps(&maps.uid_map, &maps.gid_map)?;
             }
             report::send_mnt_ns(self.report_fd);
             self.stage(Stage::Private);
@@ -325,19 +319,6 @@ unsafe fn private_shm() -> io::Result<()> {
         return Ok(());
     }
     check(ret)
-}
-
-unsafe fn write_file(path: &CStr, data: &[u8]) -> io::Result<()> {
-    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-    check(fd)?;
-    let n = libc::write(fd, data.as_ptr().cast(), data.len());
-    let err = io::Error::last_os_error();
-    libc::close(fd);
-    if n == data.len() as isize {
-        Ok(())
-    } else {
-        Err(err)
-    }
 }
 
 /// Mounts a fresh tmpfs on /tmp. If the project lives under /tmp the tmpfs hides the

@@ -660,12 +660,7 @@ impl UserStage {
             // shade is not dumpable (no ptrace), which leaves /proc/self's files to root;
             // exec makes bwrap dumpable anyway.
             libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0);
-            match write_file(c"/proc/self/setgroups", b"deny") {
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-                other => other?,
-            }
-            write_file(c"/proc/self/uid_map", &self.uid_map)?;
-            write_file(c"/proc/self/gid_map", &self.gid_map)?;
+            super::write_id_maps(&self.uid_map, &self.gid_map)?;
             if make_private() != 0 {
                 return Err(io::Error::last_os_error());
             }
@@ -870,21 +865,6 @@ unsafe fn mount_unit(u: &RootUnit, userns: std::os::fd::RawFd) -> libc::c_int {
         if u.read_only { libc::MS_RDONLY } else { 0 },
         u.options.as_ptr().cast(),
     )
-}
-
-unsafe fn write_file(path: &std::ffi::CStr, data: &[u8]) -> io::Result<()> {
-    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let n = libc::write(fd, data.as_ptr().cast(), data.len());
-    let err = io::Error::last_os_error();
-    libc::close(fd);
-    if n == data.len() as isize {
-        Ok(())
-    } else {
-        Err(err)
-    }
 }
 
 #[cfg(test)]
