@@ -37,7 +37,10 @@ fn wait_flag(p: &Path) {
     wait_until(&format!("{} to appear", p.display()), 60, || p.exists());
 }
 
-const WAIT: &str = "touch \"$READY\"; while [ ! -e \"$GO\" ]; do sleep 0.05; done";
+/// Wait for `$GO`, or for `$READY` to vanish: a failed test's fixture removes both, and the
+/// command must then end instead of waiting (with its branch mounted) for ever.
+const WAIT: &str =
+    "touch \"$READY\"; while [ ! -e \"$GO\" ] && [ -e \"$READY\" ]; do sleep 0.05; done";
 
 #[test]
 fn a_file_read_then_rewritten_conflicts_with_the_users_edit_in_between() {

@@ -157,7 +157,7 @@ mod integrity {
         let script = format!(
         "set -e; for i in $(seq 0 {last}); do echo branch >> e$i; rm d$i; mv r$i r$i.moved; \
          echo branch > c$i; done; touch {s}/phase1; \
-         while [ ! -e {s}/go ]; do sleep 0.01; done; \
+         while [ ! -e {s}/go ] && [ -e {s}/phase1 ]; do sleep 0.01; done; \
          for i in $(seq 0 {last}); do t=0; \
            while [ \"$(cat u$i 2>/dev/null)\" != \"user u$i\" ]; do t=$((t+1)); [ $t -lt 500 ] || break; sleep 0.01; done; \
            [ \"$(cat u$i)\" = \"user u$i\" ] && echo ok >> {s}/seen; \
