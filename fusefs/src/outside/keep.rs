@@ -292,10 +292,7 @@ impl OutsideChanges {
             if um.is_dir() {
                 planned_owner.insert(c.path.clone(), new_owner);
             }
-            let xattrs: Vec<(Vec<u8>, Vec<u8>)> = super::lxattrs(upper)
-                .into_iter()
-                .filter(|(n, _)| n.starts_with(b"user.") && !n.starts_with(b"user.overlay."))
-                .collect();
+            let xattrs = super::user_xattrs(upper);
             // `..Perms::default()` is for fields other branches add to the plan (h1's
             // `origin`): needless here, needed once they are merged.
             #[allow(clippy::needless_update)]
@@ -324,7 +321,13 @@ impl OutsideChanges {
                         PlanOp::SetPerms {
                             path,
                             perms: Perms {
-                                xattrs: None,
+                                // The host directory's own attributes stay unless the branch
+                                // changed them.
+                                xattrs: if c.xattrs_changed {
+                                    perms.xattrs.clone()
+                                } else {
+                                    None
+                                },
                                 times: None,
                                 ..perms.clone()
                             },

@@ -117,6 +117,9 @@ pub struct OutsideChange {
     pub redirected: bool,
     /// Only the metadata was copied up (`*.overlay.metacopy`): the content is the host's.
     pub metacopy: bool,
+    /// Its user extended attributes differ from the host's (an xattr-only change is a
+    /// change: a keep writes them).
+    pub xattrs_changed: bool,
     /// Written to the host by a keep.
     pub kept: bool,
 }
@@ -124,7 +127,7 @@ pub struct OutsideChange {
 impl Serialize for OutsideChange {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut m = s.serialize_struct("OutsideChange", 14)?;
+        let mut m = s.serialize_struct("OutsideChange", 15)?;
         m.serialize_field("path", &self.path.to_string_lossy())?;
         match crate::changeset::non_utf8_bytes(&self.path) {
             Some(b) => m.serialize_field("path_bytes", b)?,
@@ -142,6 +145,7 @@ impl Serialize for OutsideChange {
         m.serialize_field("target_old", &lossy(&self.target_old))?;
         m.serialize_field("target_new", &lossy(&self.target_new))?;
         m.serialize_field("foreign_owner", &self.foreign_owner)?;
+        m.serialize_field("xattrs_changed", &self.xattrs_changed)?;
         m.serialize_field("kept", &self.kept)?;
         m.end()
     }
@@ -220,6 +224,17 @@ fn overlay_prefix(layer: &Layer) -> &'static [u8] {
 
 fn xattr_name(layer: &Layer, what: &str) -> Vec<u8> {
     [overlay_prefix(layer), what.as_bytes()].concat()
+}
+
+/// The user extended attributes of `path` that are its own (not overlayfs's bookkeeping,
+/// which the unprivileged layer keeps under `user.overlay.`), sorted: what a keep writes.
+pub(crate) fn user_xattrs(path: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut x: Vec<_> = lxattrs(path)
+        .into_iter()
+        .filter(|(n, _)| n.starts_with(b"user.") && !n.starts_with(b"user.overlay."))
+        .collect();
+    x.sort();
+    x
 }
 
 /// `lgetxattr` (never follows a symlink); None when absent or unreadable.
@@ -402,6 +417,7 @@ impl Walker<'_> {
                             if c.owner_new != c.owner_old
                                 || c.mode_new != c.mode_old
                                 || c.foreign_owner
+                                || c.xattrs_changed
                                 || redirected
                             {
                                 out.push(c);
@@ -424,7 +440,11 @@ impl Walker<'_> {
 
     /// A copied-up object identical to the host's (content, mode, owner, target).
     fn unchanged(&self, c: &OutsideChange, up: &Path, hp: &Path, um: &std::fs::Metadata) -> bool {
-        if c.mode_new != c.mode_old || c.owner_new != c.owner_old || c.foreign_owner {
+        if c.mode_new != c.mode_old
+            || c.owner_new != c.owner_old
+            || c.foreign_owner
+            || c.xattrs_changed
+        {
             return false;
         }
         if um.file_type().is_symlink() {
@@ -461,6 +481,7 @@ impl Walker<'_> {
             upper: None,
             redirected: false,
             metacopy: false,
+            xattrs_changed: false,
             kept: false,
         }
     }
@@ -512,6 +533,7 @@ impl Walker<'_> {
             upper: Some(up.to_path_buf()),
             redirected,
             metacopy,
+            xattrs_changed: hm.is_some() && user_xattrs(up) != user_xattrs(hp),
             kept: false,
         }
     }

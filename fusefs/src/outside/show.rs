@@ -86,6 +86,9 @@ impl OutsideChange {
                 ));
             }
         }
+        if self.xattrs_changed {
+            s.push_str(" (extended attributes)");
+        }
         if self.kept {
             s.push_str(" [kept]");
         }
@@ -305,6 +308,9 @@ impl OutsideChange {
             }
             if self.owner_old != self.owner_new {
                 s.push_str("owner changed\n");
+            }
+            if self.xattrs_changed {
+                s.push_str("extended attributes changed\n");
             }
             return s;
         }

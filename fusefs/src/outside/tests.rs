@@ -476,3 +476,63 @@ fn userxattr_layers_and_what_is_never_kept() {
         assert!(!f.host.join(path).exists());
     }
 }
+
+#[test]
+fn an_extended_attribute_change_alone_is_listed_and_kept() {
+    let f = fx(0);
+    let (h, u) = (&f.host, &f.upper);
+    // A file copied up with the same content, mode and owner, and one user attribute more.
+    std::fs::write(h.join("tagged"), "same\n").unwrap();
+    std::fs::write(u.join("tagged"), "same\n").unwrap();
+    let perms = std::fs::metadata(h.join("tagged")).unwrap().permissions();
+    std::fs::set_permissions(u.join("tagged"), perms).unwrap();
+    set_xattr(&u.join("tagged"), "user.mark", b"agent");
+    // overlayfs's own bookkeeping is not a change.
+    std::fs::write(h.join("plain"), "p").unwrap();
+    std::fs::write(u.join("plain"), "p").unwrap();
+    let perms = std::fs::metadata(h.join("plain")).unwrap().permissions();
+    std::fs::set_permissions(u.join("plain"), perms).unwrap();
+    set_xattr(&u.join("plain"), "user.overlay.origin", b"x");
+    // A directory whose attribute changed.
+    std::fs::create_dir(h.join("d")).unwrap();
+    std::fs::create_dir(u.join("d")).unwrap();
+    let perms = std::fs::metadata(h.join("d")).unwrap().permissions();
+    std::fs::set_permissions(u.join("d"), perms).unwrap();
+    set_xattr(&u.join("d"), "user.colour", b"red");
+
+    let mut c = OutsideChanges::read(&f.outside).unwrap();
+    assert_eq!(
+        kinds(&c, &f),
+        vec![
+            ("d".into(), OutsideKind::Modified),
+            ("tagged".into(), OutsideKind::Modified),
+        ]
+    );
+    let lines = c.lines(Some(h));
+    assert!(
+        lines.contains(&"M ~/tagged (extended attributes)".to_string()),
+        "{lines:?}"
+    );
+    let tagged = c
+        .changes
+        .iter()
+        .find(|c| c.path.ends_with("tagged"))
+        .unwrap();
+    assert!(tagged.diff(Some(h)).contains("extended attributes changed"));
+    assert_eq!(
+        serde_json::to_value(tagged).unwrap()["xattrs_changed"],
+        true
+    );
+
+    let state = StateDir::at(f._tmp.path().join("state"));
+    c.keep(&[h.join("tagged"), h.join("d")], &state).unwrap();
+    assert_eq!(
+        lgetxattr(&h.join("tagged"), b"user.mark").as_deref(),
+        Some(&b"agent"[..])
+    );
+    assert_eq!(
+        lgetxattr(&h.join("d"), b"user.colour").as_deref(),
+        Some(&b"red"[..])
+    );
+    assert_eq!(std::fs::read_to_string(h.join("tagged")).unwrap(), "same\n");
+}
