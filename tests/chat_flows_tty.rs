@@ -855,3 +855,76 @@ fn approvals_in_a_shadow_session_write_into_its_branch() {
     wait_until("the session to end", 60, || !tty.alive());
     chat.assert_nothing_left();
 }
+
+#[test]
+fn a_shadow_session_lists_writes_outside_the_project_and_keeps_only_the_named_one() {
+    common::require_fuse_root();
+    let chat = Chat::new(|body: &Value| {
+        let user = last_real_user(body);
+        match (user.as_str(), tool_results_since_user(body)) {
+            ("set up git", 0) => Reply::tool(
+                "shell",
+                json!({"command": "git config --global user.name evil && echo x >> ~/.bashrc && echo fixed > FIX && echo done-$?"}),
+            ),
+            ("set up git", _) => Reply::text("Configured."),
+            (other, _) => Reply::text(&format!("You said: {other}")),
+        }
+    });
+    let home = chat.project.parent().unwrap().to_path_buf();
+    std::fs::write(home.join(".bashrc"), "orig\n").unwrap();
+    let tty = chat.start(&["--shadow", "--approval", "yolo", "--no-suggest"]);
+    tty.say("set up git");
+    tty.wait_text("Configured.", 60);
+    wait_prompt(&tty);
+    assert!(
+        chat.llm
+            .requests()
+            .iter()
+            .any(|r| last_tool_result(r).is_some_and(|t| t.contains("done-0"))),
+        "the command failed in the branch: {:?}",
+        chat.llm.requests().last()
+    );
+    // The turn ends by saying what the branch holds, outside the project too.
+    let h = tty.history();
+    assert!(
+        h.contains(
+            "in the branch: 1 change; outside the project: ~/.bashrc modified, ~/.gitconfig added"
+        ),
+        "{h}"
+    );
+    // Nothing reached the host yet.
+    assert!(!home.join(".gitconfig").exists());
+    assert_eq!(
+        std::fs::read_to_string(home.join(".bashrc")).unwrap(),
+        "orig\n"
+    );
+    tty.say("/changes");
+    let screen = tty.wait_text("A ~/.gitconfig", 60);
+    assert!(
+        screen.contains("outside the project:\n  M ~/.bashrc\n  A ~/.gitconfig"),
+        "{screen}"
+    );
+    assert!(screen.contains("A FIX"), "{screen}");
+    wait_prompt(&tty);
+    tty.say("/accept --keep-outside ~/.gitconfig");
+    let screen = tty.wait_text("accepted 1 change", 60);
+    assert!(
+        screen.contains("kept 1 path outside the project: ~/.gitconfig"),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("~/.bashrc"),
+        "the dropped write is named: {screen}"
+    );
+    wait_prompt(&tty);
+    assert_eq!(read(&chat, "FIX"), "fixed\n");
+    let gitconfig = std::fs::read_to_string(home.join(".gitconfig")).unwrap();
+    assert!(gitconfig.contains("name = evil"), "{gitconfig}");
+    assert_eq!(
+        std::fs::read_to_string(home.join(".bashrc")).unwrap(),
+        "orig\n"
+    );
+    tty.keys(&["C-d"]);
+    wait_until("the session to end", 60, || !tty.alive());
+    chat.assert_nothing_left();
+}

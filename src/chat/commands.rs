@@ -23,6 +23,10 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
         "tokens per model, cached tokens, background work counted apart",
     ),
     (
+        "/changes",
+        "with --shadow: the paths the session's branch changed, in the project and outside it",
+    ),
+    (
         "/diff",
         "with --shadow: what the session's branch changed, as a diff",
     ),
@@ -47,6 +51,7 @@ pub(crate) enum Command {
     Compact,
     Clear,
     Stats,
+    Changes,
     Diff,
     /// `/accept [--keep-outside PATH…]`: the outside paths to keep with it.
     Accept {
@@ -92,6 +97,7 @@ pub(crate) fn parse(line: &str) -> Result<Command, String> {
         "/compact" => no_args(Command::Compact),
         "/clear" => no_args(Command::Clear),
         "/stats" => no_args(Command::Stats),
+        "/changes" => no_args(Command::Changes),
         "/diff" => no_args(Command::Diff),
         "/accept" => match rest.split_first() {
             None => Ok(Command::Accept { keep: Vec::new() }),
@@ -154,6 +160,8 @@ mod tests {
         assert!(parse("/clear now").is_err());
         assert!(parse("/frobnicate").is_err());
         assert_eq!(parse("/exit"), Ok(Command::Exit));
+        assert_eq!(parse("/changes"), Ok(Command::Changes));
+        assert!(parse("/changes now").is_err());
         assert_eq!(parse("/accept"), Ok(Command::Accept { keep: vec![] }));
         assert_eq!(
             parse("/accept --keep-outside ~/.gitconfig ~/.claude"),
@@ -221,20 +229,24 @@ pub(crate) fn apply(session: &mut super::session::Session, cmd: Command) -> Flow
             println!("new conversation");
         }
         Command::Stats => print!("{}", stats(session)),
-        Command::Diff | Command::Accept { .. } | Command::Abort if session.shadow.is_none() => {
+        Command::Changes | Command::Diff | Command::Accept { .. } | Command::Abort
+            if session.shadow.is_none() =>
+        {
             println!("not a shadow session: start `shade chat --shadow` to work in a branch")
         }
-        Command::Diff => {
+        which @ (Command::Changes | Command::Diff) => {
             if let Some(shadow) = &session.shadow {
                 let changes = shadow.changeset(false);
                 let outside = shadow.outside();
                 if changes.changes.is_empty() && outside.is_empty() {
                     println!("no changes in the branch");
-                } else {
-                    for c in &changes.changes {
-                        println!("{c}");
-                    }
-                    print_outside(&outside);
+                    return Flow::Continue;
+                }
+                for c in &changes.changes {
+                    println!("{c}");
+                }
+                print_outside(&outside);
+                if which == Command::Diff {
                     print!("{}", crate::cmd_run::for_stdout(&shadow.diff(&changes)));
                     print!(
                         "{}",

@@ -305,6 +305,9 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
             // again here would print the same long line twice.
             Err(_) => {}
         }
+        if let Some(line) = session.branch_summary() {
+            println!("\x1b[2m{line}\x1b[0m");
+        }
         session.save();
         let tools = session.agent.tool_specs();
         prefix = CacheSafeParams::capture(

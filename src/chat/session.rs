@@ -414,6 +414,28 @@ impl Session {
         Ok(())
     }
 
+    /// After a turn in a shadow session: one line saying what the branch now holds, in the
+    /// project and outside it (None when it holds nothing), so a write to `~/.bashrc` is
+    /// seen when it happens, not only at `/accept`.
+    pub fn branch_summary(&self) -> Option<String> {
+        let shadow = self.shadow.as_ref()?;
+        let n = shadow.changeset(false).changes.len();
+        let outside = crate::outside::summary(&shadow.outside(), 5);
+        if n == 0 && outside.is_none() {
+            return None;
+        }
+        let mut line = format!(
+            "in the branch: {}",
+            shade_agent::tools::text::plural(n, "change")
+        );
+        if let Some(o) = outside {
+            line.push_str("; ");
+            line.push_str(&o);
+        }
+        line.push_str(" (/changes, /diff, /accept, /abort)");
+        Some(line)
+    }
+
     /// At the end of the session: say what a shadow branch held that is now dropped.
     pub fn close(&mut self) {
         if let Some(shadow) = self.shadow.take() {
