@@ -657,3 +657,83 @@ fn a_speculated_command_gets_no_secrets() {
 fn a_speculated_command_gets_no_secrets_as_a_plain_user() {
     speculation_gets_no_secrets(true);
 }
+
+/// A suggestion whose command writes the home and reads it back (a tool filling its cache).
+fn home_writing_model(body: &Value) -> Reply {
+    let user = last_real_user(body);
+    if is_suggestion_request(body) {
+        let next = match user.as_str() {
+            "what is wrong?" => "warm the cache",
+            _ => "",
+        };
+        return Reply::text(next);
+    }
+    match (user.as_str(), tool_results_since_user(body)) {
+        ("hello", _) => Reply::text("Hello."),
+        ("what is wrong?", _) => Reply::text("The cache is cold."),
+        ("warm the cache", 0) => Reply::tool(
+            "shell",
+            json!({"command": "mkdir -p ~/.cache/probe && echo warm > ~/.cache/probe/v; echo status-$?; cat ~/.cache/probe/v"}),
+        ),
+        ("warm the cache", _) => Reply::text("The cache is warm."),
+        (other, _) => Reply::text(&format!("You said: {other}")),
+    }
+    .after(LATENCY)
+}
+
+#[test]
+fn a_speculated_command_writing_the_home_gets_the_live_result_and_the_host_home_stays() {
+    let chat = setup_with(home_writing_model);
+    // A home outside /tmp (a speculation's /tmp is private: a write there proves nothing).
+    let home_dir = tempfile::Builder::new()
+        .prefix("shade-spec-home-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let home = home_dir.path().to_path_buf();
+    let tty = chat.start_with(
+        &["--approval", "yolo"],
+        &[("HOME", home.display().to_string())],
+    );
+    exchange(&tty, "hello", "Hello.");
+    tty.say("what is wrong?");
+    tty.wait_text("The cache is cold.", 60);
+    wait_ghost(&tty, "warm the cache");
+    wait_until("the speculated answer", 60, || {
+        served(&chat, "warm the cache", 1, "fast-model") == 1
+    });
+    // The speculated command saw its own write, as it would live (a read-only home made it
+    // fail with EROFS, and accepting handed the user that wrong result).
+    let result = chat
+        .llm
+        .requests()
+        .iter()
+        .filter(|r| last_real_user(r) == "warm the cache" && tool_results_since_user(r) == 1)
+        .find_map(shade_testkit::last_tool_result)
+        .unwrap();
+    assert!(result.contains("status-0"), "{result}");
+    assert!(result.contains("warm"), "{result}");
+    assert!(
+        !home.join(".cache/probe").exists(),
+        "the speculation wrote the host's home"
+    );
+    tty.keys(&["Enter"]);
+    tty.wait_text("The cache is warm.", 60);
+    wait_until("the note on the dropped home writes", 60, || {
+        tty.history().contains(
+            "shade: not written (outside the project: ~/.cache added, ~/.cache/probe added, \
+             ~/.cache/probe/v added): an accepted speculation writes the project only",
+        )
+    });
+    assert_eq!(
+        served(&chat, "warm the cache", 0, "main-model"),
+        0,
+        "the accepted turn was run again live"
+    );
+    assert!(
+        !home.join(".cache/probe").exists(),
+        "accept wrote the host's home"
+    );
+    tty.keys(&["C-d"]);
+    wait_until("the session to end", 60, || !tty.alive());
+    chat.assert_nothing_left();
+}

@@ -332,6 +332,13 @@ pub(crate) fn accept(
             } else if applied.files > 0 {
                 eprintln!("shade: {written} written{place}");
             }
+            // Its writes outside the project stay in its branch, dropped with it: said, so
+            // that a cache or config the speculated commands wrote is not thought kept.
+            if let Some(line) = crate::outside::summary(&outside, 5) {
+                eprintln!(
+                    "shade: not written ({line}): an accepted speculation writes the project only"
+                );
+            }
             Accepted::Applied {
                 continue_live: matches!(applied.status, Status::Boundary(_)),
                 next: applied.pipelined,
