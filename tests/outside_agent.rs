@@ -115,9 +115,9 @@ fn pip_install_user_in_a_shadow_turn_is_used_in_the_branch_and_never_reaches_the
     );
     // The host's home never saw it; the run said where it went.
     assert!(!home.join(".local").exists(), "pip wrote the host's home");
-    let err = String::from_utf8_lossy(&o.stderr);
+    let out = String::from_utf8_lossy(&o.stdout);
     assert!(
-        err.contains("~/.local"),
+        out.contains("outside the project (not written by accept):\n  A ~/.local/\n"),
         "the outside write was not listed:\n{log}"
     );
     common::assert_no_shade_mounts(&fx.state);
