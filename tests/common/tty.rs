@@ -120,19 +120,18 @@ impl Tty {
 
     /// The cursor's column and row.
     pub fn cursor(&self) -> (usize, usize) {
-        let out = tmux(&self.socket)
-            .args([
-                "display-message",
-                "-p",
-                "-t",
-                "0",
-                "#{cursor_x} #{cursor_y}",
-            ])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = self.show("#{cursor_x} #{cursor_y}");
         let mut it = text.split_whitespace().map(|n| n.parse().unwrap_or(0));
         (it.next().unwrap_or(0), it.next().unwrap_or(0))
+    }
+
+    /// tmux's `display-message -p FORMAT` for the pane: its facts (pid, cursor, status).
+    fn show(&self, format: &str) -> String {
+        let out = tmux(&self.socket)
+            .args(["display-message", "-p", "-t", "0", format])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// The tmux server's socket name (`tmux -L NAME`).
@@ -142,11 +141,7 @@ impl Tty {
 
     /// The program's pid.
     pub fn pane_pid(&self) -> i32 {
-        let out = tmux(&self.socket)
-            .args(["display-message", "-p", "-t", "0", "#{pane_pid}"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+        self.show("#{pane_pid}").trim().parse().unwrap()
     }
 
     /// The program's exit status once it has ended (the pane stays: remain-on-exit). tmux
@@ -156,17 +151,7 @@ impl Tty {
     pub fn exit_status(&self, secs: u64) -> Result<i32, String> {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
         loop {
-            let out = tmux(&self.socket)
-                .args([
-                    "display-message",
-                    "-p",
-                    "-t",
-                    "0",
-                    "#{pane_dead_status} #{pane_dead_signal}",
-                ])
-                .output()
-                .unwrap();
-            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            let text = self.show("#{pane_dead_status} #{pane_dead_signal}");
             let mut words = text.split_whitespace();
             if let Some(Ok(code)) = words.next().map(str::parse) {
                 return Ok(code);
@@ -180,11 +165,7 @@ impl Tty {
 
     /// Is the program still running?
     pub fn alive(&self) -> bool {
-        let out = tmux(&self.socket)
-            .args(["display-message", "-p", "-t", "0", "#{pane_dead}"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).trim() == "0"
+        self.show("#{pane_dead}").trim() == "0"
     }
 }
 
