@@ -25,6 +25,7 @@ mod limits;
 mod outside;
 mod procs;
 mod report;
+mod scope;
 mod seccomp;
 mod signals;
 mod supervise;
@@ -54,6 +55,7 @@ pub use crate::budget::LimitHit;
 use child::{ChildPlan, Mode};
 pub use env::{EnvConfig, EnvPolicy};
 pub use outside::release_outside;
+pub use scope::abi as landlock_abi;
 use report::{Report, Stage};
 
 /// Exit status for a command killed at its time limit (shell conventions leave it unused).

@@ -45,6 +45,9 @@ pub struct Confinement {
     filters: Vec<Vec<u8>>,
     /// The read-only (speculative) sandbox's extra program: no unix sockets.
     read_only_filter: Vec<u8>,
+    /// The Landlock ruleset every command enters (abstract unix sockets and signals scoped
+    /// to the sandbox: see scope.rs); `None` where the kernel has no scopes.
+    scope: Option<OwnedFd>,
 }
 
 impl Confinement {
@@ -60,6 +63,12 @@ impl Confinement {
     /// Whether commands run as root inside their own user namespace (shade runs as root).
     pub fn root_userns(&self) -> bool {
         self.userns.is_some()
+    }
+
+    /// Whether commands are kept from host abstract unix sockets and from signalling
+    /// outside their sandbox (Landlock scopes, Linux 6.12+).
+    pub fn scoped(&self) -> bool {
+        self.scope.is_some()
     }
 }
 
@@ -103,12 +112,14 @@ fn find_confinement() -> std::result::Result<Confinement, String> {
     };
     let filters = super::seccomp::programs()?;
     let read_only_filter = super::seccomp::read_only_program()?;
+    let scope = super::scope::ruleset();
     let conf = Confinement {
         bwrap,
         userns,
         root_base,
         filters,
         read_only_filter,
+        scope,
     };
     // Really start a sandbox once: AppArmor's restriction of unprivileged user namespaces
     // and friends only show there. bwrap remounts every mount it binds, and one that goes
@@ -142,12 +153,13 @@ fn start_probe(conf: &Confinement, true_bin: &Path) -> std::result::Result<(), S
         .base(&Layout::probe(), &[], &[true_bin.into()], Path::new("/"))
         .map_err(|e| e.to_string())?;
     let userns = conf.userns.as_ref().map(AsRawFd::as_raw_fd);
+    let scope = conf.scope.as_ref().map(AsRawFd::as_raw_fd);
     let inherit: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
     // SAFETY: only async-signal-safe system calls on data prepared before the fork.
     unsafe {
         cmd.pre_exec(move || {
             let _fds = &fds;
-            enter(userns, &inherit, &[])
+            enter(userns, scope, &inherit, &[])
         });
     }
     cmd.stdin(Stdio::null())
@@ -405,10 +417,15 @@ fn proc_knobs(cmd: &mut Command) {
     }
 }
 
-/// In the child before exec: enter our user namespace (root), and let bwrap inherit the
-/// fds it is told about, rewound (they are read from the start), and no other fd above
-/// stdio. Async-signal-safe.
-fn enter(userns: Option<RawFd>, inherit: &[RawFd], keep_open: &[RawFd]) -> io::Result<()> {
+/// In the child before exec: enter our user namespace (root) and the Landlock scopes
+/// (`scope`), and let bwrap inherit the fds it is told about, rewound (they are read from
+/// the start), and no other fd above stdio. Async-signal-safe.
+fn enter(
+    userns: Option<RawFd>,
+    scope: Option<RawFd>,
+    inherit: &[RawFd],
+    keep_open: &[RawFd],
+) -> io::Result<()> {
     // SAFETY: plain system calls on fds owned by the command.
     unsafe {
         if let Some(fd) = userns {
@@ -435,6 +452,11 @@ fn enter(userns: Option<RawFd>, inherit: &[RawFd], keep_open: &[RawFd]) -> io::R
         for &fd in inherit {
             libc::lseek(fd, 0, libc::SEEK_SET);
         }
+    }
+    // Last, once every mount of the stage is made: the domain holds for bwrap and all
+    // it starts.
+    if let Some(fd) = scope {
+        super::scope::restrict(fd)?;
     }
     Ok(())
 }
@@ -676,6 +698,7 @@ pub(crate) fn build(
         };
     }
     let userns = conf.userns.as_ref().map(AsRawFd::as_raw_fd);
+    let scope = conf.scope.as_ref().map(AsRawFd::as_raw_fd);
     let inherit: Vec<RawFd> = filters.iter().map(AsRawFd::as_raw_fd).collect();
     let keep_open: Vec<RawFd> = status_raw.into_iter().collect();
     // SAFETY: only async-signal-safe system calls on data prepared before the fork.
@@ -698,7 +721,7 @@ pub(crate) fn build(
             if let (Some(stage), Some(ns)) = (&stage, userns) {
                 stage.enter(ns)?;
             }
-            enter(userns, &inherit, &keep_open)
+            enter(userns, scope, &inherit, &keep_open)
         });
     }
     Ok(cmd)
