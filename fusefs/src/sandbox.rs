@@ -55,8 +55,8 @@ pub use crate::budget::LimitHit;
 use child::{ChildPlan, Mode};
 pub use env::{EnvConfig, EnvPolicy};
 pub use outside::release_outside;
-pub use scope::abi as landlock_abi;
 use report::{Report, Stage};
+pub use scope::abi as landlock_abi;
 
 /// Exit status for a command killed at its time limit (shell conventions leave it unused).
 pub const EXIT_TIMED_OUT: i32 = 123;

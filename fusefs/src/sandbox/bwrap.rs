@@ -339,7 +339,13 @@ impl Confinement {
             cmd.arg("--add-seccomp-fd").arg(fd.as_raw_fd().to_string());
             fds.push(fd);
         }
-        cmd.args(extra).arg("--").args(argv);
+        cmd.args(extra);
+        if layout.outside.is_some_and(|o| o.rebuilt) {
+            // The rebuilt `/` is the sandbox's own tmpfs: read-only once everything is
+            // mounted on it, as the host's `/` would be.
+            cmd.args(["--remount-ro", "/"]);
+        }
+        cmd.arg("--").args(argv);
         Ok((cmd, fds))
     }
 }
@@ -350,7 +356,7 @@ fn outside_binds(cmd: &mut Command, outside: &Outside) {
     let root_unit = matches!(outside.views.first(),
         Some(View::Layer { path, .. } | View::ReadOnly(path) | View::Staged { path, .. })
             if path == Path::new("/"));
-    if outside.ro_root || !root_unit {
+    if outside.ro_root || (!root_unit && !outside.rebuilt) {
         cmd.args(["--ro-bind", "/", "/"]);
     }
     for view in &outside.views {
@@ -367,6 +373,13 @@ fn outside_binds(cmd: &mut Command, outside: &Outside) {
             }
             View::Staged { path, source } => {
                 cmd.arg("--ro-bind-try").arg(source).arg(path);
+            }
+            View::Dir { path, mode } => {
+                cmd.args(["--perms", &format!("{mode:04o}"), "--dir"])
+                    .arg(path);
+            }
+            View::Symlink { path, target } => {
+                cmd.arg("--symlink").arg(target).arg(path);
             }
         }
     }
@@ -617,6 +630,10 @@ pub(crate) fn build(
                 };
             }
         }
+        if !o.root_units.is_empty() {
+            // The empty lower of read-only units.
+            st.dirs.push(RootUnit::empty_dir(&stage_at)?);
+        }
         for u in o.root_units.drain(..) {
             st.dirs.push(u.idmapped_dir());
             st.dirs.push(u.merged_dir());
@@ -636,6 +653,7 @@ pub(crate) fn build(
                 source: at,
             }],
             ro_root: false,
+            rebuilt: false,
             stage: None,
             root_units: Vec::new(),
         });
