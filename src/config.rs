@@ -156,6 +156,10 @@ pub struct SandboxConfig {
     /// the agent's commands).
     #[serde(default)]
     pub hide_credentials: bool,
+    /// Unix sockets outside the branch that commands may connect to (every other one is
+    /// closed): paths, `$VAR` and `~/` expanded, e.g. `"$SSH_AUTH_SOCK"`.
+    #[serde(default)]
+    pub allow_sockets: Vec<String>,
 }
 
 /// One mode's limits as written in the config; what is left out keeps the mode's default.
@@ -279,6 +283,13 @@ pub fn install_sandbox(file: &FileConfig) {
         pass_env: s.pass_env,
         hide_credentials: s.hide_credentials,
     });
+    // A variable that is not set allows nothing (said in the log; `shade doctor` lists it).
+    let sockets = s.allow_sockets.iter().filter_map(|p| {
+        shade_fusefs::sandbox::expand_socket(p)
+            .map_err(|e| tracing::info!("[sandbox] allow_sockets: {e}"))
+            .ok()
+    });
+    shade_fusefs::sandbox::allow_sockets(sockets);
 }
 
 /// At start, for every subcommand: the default config file's `[sandbox]` settings (a

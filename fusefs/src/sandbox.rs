@@ -28,6 +28,7 @@ mod report;
 mod scope;
 mod seccomp;
 mod signals;
+mod sockets;
 mod supervise;
 #[cfg(test)]
 mod tests;
@@ -57,6 +58,7 @@ pub use env::{EnvConfig, EnvPolicy};
 pub use outside::release_outside;
 use report::{Report, Stage};
 pub use scope::abi as landlock_abi;
+pub use sockets::{allow_sockets, allowed_sockets, check as check_socket, expand as expand_socket};
 
 /// Exit status for a command killed at its time limit (shell conventions leave it unused).
 pub const EXIT_TIMED_OUT: i32 = 123;

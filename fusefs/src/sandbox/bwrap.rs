@@ -693,12 +693,26 @@ pub(crate) fn build(
         // without a terminal: see the hook below).
         extra.push("--new-session".into());
     }
-    // The last mounts, after every bind: the home's credentials hidden (see env.rs).
+    // The last mounts, after every bind: the home's credentials hidden (see env.rs), then
+    // the unix sockets the user allows (see sockets.rs), the real ones at their paths.
     extra.extend(super::env::hide_args(
         spec.env_policy,
         &super::env::homes(),
         &spec.project,
     ));
+    for (k, sock) in super::sockets::present().into_iter().enumerate() {
+        let source = match stage.as_mut() {
+            Some(st) => {
+                let to = stage_at.join(format!("k{k}"));
+                let c = super::cstring(&to)?;
+                st.files.push(c.clone());
+                st.sockets.push((super::cstring(&sock)?, c));
+                to
+            }
+            None => sock.clone(),
+        };
+        extra.extend(["--bind".into(), source.into(), sock.into()]);
+    }
     let (mut cmd, filters) = conf.base(&layout, &extra, &argv, &spec.cwd)?;
     // The process limit's cgroup is entered first, while still host root.
     if let Some(cg) = cgroup {

@@ -868,6 +868,9 @@ pub(crate) struct RootStage {
     /// (source, target, read-only).
     pub binds: Vec<(CString, CString, bool)>,
     pub units: Vec<RootUnit>,
+    /// Allowed unix sockets (see sockets.rs): (the host's socket, its file in the stage),
+    /// idmapped so that the sandbox's root may connect where host root may.
+    pub sockets: Vec<(CString, CString)>,
 }
 
 impl RootStage {
@@ -937,6 +940,21 @@ impl RootStage {
                     return fail();
                 }
             }
+            for (source, target) in &self.sockets {
+                // A file system that cannot be idmapped: the socket as it is (the user
+                // allowed it; its owner's permissions then decide).
+                if idmapped_clone(source, target, userns, false) != 0
+                    && libc::mount(
+                        source.as_ptr(),
+                        target.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND,
+                        std::ptr::null(),
+                    ) != 0
+                {
+                    return fail();
+                }
+            }
         }
         Ok(())
     }
@@ -967,10 +985,30 @@ unsafe fn remount_read_only(target: &std::ffi::CStr) -> libc::c_int {
 
 /// One unit: the idmapped clone of its lower, then the overlay; 0 or -1.
 unsafe fn mount_unit(u: &RootUnit, userns: std::os::fd::RawFd) -> libc::c_int {
+    if idmapped_clone(&u.lower, &u.idmapped, userns, u.read_only) != 0 {
+        return -1;
+    }
+    libc::mount(
+        c"overlay".as_ptr(),
+        u.merged.as_ptr(),
+        c"overlay".as_ptr(),
+        if u.read_only { libc::MS_RDONLY } else { 0 },
+        u.options.as_ptr().cast(),
+    )
+}
+
+/// `source` (a directory or a file: an allowed socket) cloned without its submounts,
+/// idmapped to `userns`, at `target`; 0 or -1.
+unsafe fn idmapped_clone(
+    source: &std::ffi::CStr,
+    target: &std::ffi::CStr,
+    userns: std::os::fd::RawFd,
+    read_only: bool,
+) -> libc::c_int {
     let tree = libc::syscall(
         libc::SYS_open_tree,
         libc::AT_FDCWD,
-        u.lower.as_ptr(),
+        source.as_ptr(),
         (libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC) as libc::c_uint,
     ) as libc::c_int;
     if tree < 0 {
@@ -978,7 +1016,7 @@ unsafe fn mount_unit(u: &RootUnit, userns: std::os::fd::RawFd) -> libc::c_int {
     }
     let mut attr: libc::mount_attr = std::mem::zeroed();
     attr.attr_set = libc::MOUNT_ATTR_IDMAP;
-    if u.read_only {
+    if read_only {
         attr.attr_set |= libc::MOUNT_ATTR_RDONLY;
     }
     attr.userns_fd = userns as u64;
@@ -995,20 +1033,15 @@ unsafe fn mount_unit(u: &RootUnit, userns: std::os::fd::RawFd) -> libc::c_int {
             tree,
             c"".as_ptr(),
             libc::AT_FDCWD,
-            u.idmapped.as_ptr(),
+            target.as_ptr(),
             libc::MOVE_MOUNT_F_EMPTY_PATH as libc::c_uint,
         ) == 0;
     libc::close(tree);
-    if !ok {
-        return -1;
+    if ok {
+        0
+    } else {
+        -1
     }
-    libc::mount(
-        c"overlay".as_ptr(),
-        u.merged.as_ptr(),
-        c"overlay".as_ptr(),
-        if u.read_only { libc::MS_RDONLY } else { 0 },
-        u.options.as_ptr().cast(),
-    )
 }
 
 unsafe fn write_file(path: &std::ffi::CStr, data: &[u8]) -> io::Result<()> {
