@@ -878,6 +878,118 @@ fn io_uring(who: Who) {
     e.assert_held(&o);
 }
 
+/// Host unix sockets (issue 29): a service listening outside the branch acts for whoever
+/// connects (systemd, the buses, docker, a tmux server, an ssh agent), so none is reachable
+/// from a confined command: one under /tmp, one beside the project (a directory the plain
+/// user's layer cannot overlay whole: the project lies below it) and an abstract one (no
+/// file at all). `shade run` with and without network and `/tmp`, and `shade mcp`'s
+/// `run_command`: no listener sees a connection. Then `--allow-socket` and `[sandbox]
+/// allow_sockets` (with `$VAR`) open exactly the two named, and the abstract one stays shut.
+fn host_sockets(who: Who) {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixListener};
+    let e = env(who);
+    let dir = e.out.parent().unwrap().to_path_buf();
+    let tag = format!("{}-{who:?}", std::process::id());
+    let in_tmp = PathBuf::from(format!("/tmp/shade-iso-{tag}.sock"));
+    let beside = dir.join("beside.sock");
+    let abstract_name = format!("shade-iso-{tag}");
+    struct Gone(PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _ = std::fs::remove_file(&in_tmp);
+    let _gone = Gone(in_tmp.clone());
+    let listen = |p: &Path| {
+        let l = UnixListener::bind(p).unwrap();
+        l.set_nonblocking(true).unwrap();
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777)).unwrap();
+        l
+    };
+    let tmp_l = listen(&in_tmp);
+    let beside_l = listen(&beside);
+    let abs_l =
+        UnixListener::bind_addr(&SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap())
+            .unwrap();
+    abs_l.set_nonblocking(true).unwrap();
+    let client = dir.join("connect.py");
+    std::fs::write(
+        &client,
+        "import socket, sys\n\
+         for p in sys.argv[1:]:\n\
+         \x20   s = socket.socket(socket.AF_UNIX)\n\
+         \x20   s.settimeout(5)\n\
+         \x20   try:\n\
+         \x20       s.connect('\\0' + p[1:] if p.startswith('@') else p)\n\
+         \x20       print('connected', p)\n\
+         \x20   except OSError as e:\n\
+         \x20       print('refused', p, e)\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&client, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let cmd = format!(
+        "{PYTHON} {} {} {} @{abstract_name}",
+        client.display(),
+        in_tmp.display(),
+        beside.display()
+    );
+    let none = |what: &str| {
+        no_connection(&tmp_l, &format!("{what}, under /tmp"));
+        no_connection(&beside_l, &format!("{what}, beside the project"));
+        no_connection(&abs_l, &format!("{what}, abstract"));
+    };
+    for extra in [&[][..], &["--no-network", "--private-tmp"][..]] {
+        let o = e.run(extra, &cmd);
+        ran(&o);
+        none(&format!("shade run {extra:?}"));
+        assert!(
+            !String::from_utf8_lossy(&o.stdout).contains("connected"),
+            "{}",
+            show(&o)
+        );
+        e.assert_held(&o);
+    }
+    let text = {
+        let mut mcp = Mcp::start(&e);
+        mcp.run_in_branch(&cmd)
+    };
+    none("shade mcp run_command");
+    assert!(!text.contains("connected"), "{text}");
+    // Allowed: by flag and by config ($VAR expanded); the abstract one is never reachable.
+    let cfg = dir.join("sockets.toml");
+    std::fs::write(&cfg, "[sandbox]\nallow_sockets = [\"$SHADE_ISO_SOCKET\"]\n").unwrap();
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = e
+        .shade()
+        .env("SHADE_CONFIG", &cfg)
+        .env("SHADE_ISO_SOCKET", &beside)
+        .arg("run")
+        .arg("--allow-socket")
+        .arg(&in_tmp)
+        .args(["--", "sh", "-c", &cmd])
+        .output()
+        .unwrap();
+    ran(&o);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    for (l, p) in [(&tmp_l, &in_tmp), (&beside_l, &beside)] {
+        assert!(
+            l.accept().is_ok(),
+            "the allowed socket {} got no connection\n{}",
+            p.display(),
+            show(&o)
+        );
+    }
+    no_connection(&abs_l, "allowed run, abstract");
+    assert!(
+        out.contains(&format!("refused @{abstract_name}")),
+        "{}",
+        show(&o)
+    );
+    e.assert_held(&o);
+}
+
 /// Host-wide knobs under /proc (issue 28): a sysctl write as the sandbox's root was the
 /// host's (core_pattern → a program run as full root). Every probe only opens for writing,
 /// or writes the value already there, so a success harms nothing; the kernel-memory and
@@ -1197,6 +1309,7 @@ both!(
     exec_shadow,
     planted_privileges,
     io_uring,
+    host_sockets,
     limits_fork_bomb,
     limits_tmp_and_shm,
     limits_branch_size,
