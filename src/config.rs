@@ -179,6 +179,9 @@ pub struct LimitsConfig {
     pub branch_metadata: Option<Size>,
     /// Seconds before the command is killed; 0 is no limit.
     pub time_limit_secs: Option<u64>,
+    /// What the branch's outside layer may hold, in memory ("unlimited": on the state
+    /// directory's disk, no limit).
+    pub outside_size: Option<Size>,
 }
 
 /// A size in the config: a number of bytes or a string such as "512MiB" or "unlimited".
@@ -220,6 +223,7 @@ impl LimitsConfig {
                 &self.branch_metadata,
                 &mut l.branch_metadata,
             ),
+            ("outside_size", &self.outside_size, &mut l.outside_size),
         ] {
             if let Some(v) = value {
                 *slot = v.bytes(key)?;

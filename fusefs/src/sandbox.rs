@@ -28,6 +28,7 @@ mod report;
 mod scope;
 mod seccomp;
 mod signals;
+mod sized;
 mod sockets;
 mod supervise;
 #[cfg(test)]
@@ -592,6 +593,9 @@ fn run_confined(
                 .extend(limits::full_tmpfs(ns, &iso.limits, private_tmp));
         }
         drop(namespaces);
+        if let Some(size) = spec.outside.as_deref().and_then(sized::full) {
+            outcome.limits_hit.push(LimitHit::Outside(size));
+        }
         // Emptied and removed (bounded) before the next attempt or the return.
         drop(cgroup);
         let setup_failed = matches!(&outcome.termination,

@@ -609,6 +609,7 @@ pub(crate) fn build(
             &spec.project,
             iso.private_tmp || iso.read_only,
             conf.root_base.map(|b| (b, stage_at.as_path())),
+            iso.limits.outside_size,
         )?),
         None => None,
     };

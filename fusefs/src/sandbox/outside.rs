@@ -106,6 +106,9 @@ pub(crate) struct Outside {
 pub(crate) struct UserStage {
     uid_map: Vec<u8>,
     gid_map: Vec<u8>,
+    /// The user namespace to make the stage in, when the layer is sized (see sized.rs):
+    /// else a new one.
+    holder: Option<std::os::fd::RawFd>,
     /// (overlay options, mount point); a failing one leaves its mount point empty.
     mounts: Vec<(CString, CString)>,
 }
@@ -202,9 +205,17 @@ fn record_units(
         Err(e) => return Err(io_err("reading the outside layer")(e)),
     };
     let mut changed = !file.exists();
+    let sized = super::sized::root_of(outside);
     for p in wanted {
         if !layer.units.iter().any(|u| &u.path == p) {
             let dir = format!("u{}", layer.units.len());
+            if let Some(fd) = sized {
+                // The unit lives on the layer's tmpfs (see sized.rs).
+                let real = super::sized::unit_path(fd, &dir);
+                std::fs::create_dir(&real)
+                    .and_then(|()| std::os::unix::fs::symlink(&real, outside.join(&dir)))
+                    .map_err(io_err("making a unit of the outside layer"))?;
+            }
             layer.units.push(UnitRec {
                 path: p.clone(),
                 dir,
@@ -296,7 +307,15 @@ pub(crate) fn prepare(
     project: &Path,
     private_tmp: bool,
     root: Option<(u32, &Path)>,
+    size: Option<u64>,
 ) -> Result<Outside> {
+    if let Some(size) = size {
+        std::fs::create_dir_all(outside).map_err(SandboxError::io(format!(
+            "creating the outside layer {}",
+            outside.display()
+        )))?;
+        super::sized::make(outside, size, outside.join(LAYER_FILE).exists());
+    }
     match root {
         Some((base, stage)) => root_outside(outside, hide, project, base, stage),
         None => user_outside(outside, hide, project, private_tmp),
@@ -505,6 +524,7 @@ fn root_outside(
 /// unmount what an older shade left mounted on the host. Safe for any directory, any
 /// number of times.
 pub fn release_outside(outside: &Path) {
+    super::sized::release(outside);
     // overlayfs leaves `uN/work/work` with mode 000: a plain user could not remove the
     // branch's directory otherwise.
     if let Ok(units) = std::fs::read_dir(outside) {
@@ -668,6 +688,7 @@ fn user_outside(
         stage: Some(UserStage {
             uid_map: format!("{uid} {uid} 1\n").into_bytes(),
             gid_map: format!("{gid} {gid} 1\n").into_bytes(),
+            holder: super::sized::root_of(outside).and_then(|_| super::sized::holder()),
             mounts: stage_mounts,
         }),
         root_units: Vec::new(),
@@ -801,18 +822,27 @@ impl UserStage {
     pub(crate) fn enter(&self) -> io::Result<()> {
         // SAFETY: plain system calls on data built before the fork.
         unsafe {
-            if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
-                return Err(io::Error::last_os_error());
+            if let Some(ns) = self.holder {
+                // Mapped already; only its own may use the layer's tmpfs.
+                if libc::setns(ns, libc::CLONE_NEWUSER) != 0
+                    || libc::unshare(libc::CLONE_NEWNS) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+            } else {
+                if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // shade is not dumpable (no ptrace), which leaves /proc/self's files to
+                // root; exec makes bwrap dumpable anyway.
+                libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0);
+                match write_file(c"/proc/self/setgroups", b"deny") {
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                    other => other?,
+                }
+                write_file(c"/proc/self/uid_map", &self.uid_map)?;
+                write_file(c"/proc/self/gid_map", &self.gid_map)?;
             }
-            // shade is not dumpable (no ptrace), which leaves /proc/self's files to root;
-            // exec makes bwrap dumpable anyway.
-            libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0);
-            match write_file(c"/proc/self/setgroups", b"deny") {
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-                other => other?,
-            }
-            write_file(c"/proc/self/uid_map", &self.uid_map)?;
-            write_file(c"/proc/self/gid_map", &self.gid_map)?;
             if make_private() != 0 {
                 return Err(io::Error::last_os_error());
             }
