@@ -1203,6 +1203,92 @@ fn limits_branch_size(who: Who) {
     e.assert_held(o);
 }
 
+/// The outside layer's size (issue 29; an attacker wrote 4.6 GB through MCP): a write in
+/// the home past `outside_size` gets ENOSPC, says so in one line, and the host's home is
+/// unchanged. The layer is a detached tmpfs: nothing of it is mounted on the host while a
+/// command runs, nor after shade is killed with SIGKILL and `shade recover` ran.
+fn limits_outside_size(who: Who) {
+    let e = env(who);
+    let home = match who {
+        Who::Root => PathBuf::from("/root"),
+        Who::Plain => PathBuf::from(format!("/home/{PLAIN}")),
+    };
+    let name = format!("shade-iso-outside-{}", std::process::id());
+    let config = "[sandbox.run]\noutside_size = \"8MiB\"\n";
+    let b = run_limited(
+        &e,
+        config,
+        &[],
+        &format!("head -c 20000000 /dev/zero > ~/{name}; echo rc=$?"),
+    );
+    let o = &b.out;
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("rc=1")
+            && String::from_utf8_lossy(&o.stderr).contains("No space left on device"),
+        "a write past the outside layer's size went through\n{}",
+        show(o)
+    );
+    stderr_says(
+        o,
+        "shade: the command reached the branch's 8 MiB limit on writes outside the project",
+    );
+    assert!(
+        !home.join(&name).exists(),
+        "the write reached the host's home"
+    );
+    e.assert_held(o);
+    // Killed while its command runs: no host mount of the layer then, or after recover.
+    let cfg = e.out.parent().unwrap().join("limits.toml");
+    let share = e.out.join("../share");
+    let mut child = e
+        .shade()
+        .env("SHADE_CONFIG", &cfg)
+        .args(["run", "--", "sh", "-c"])
+        .arg(format!(
+            "echo x > ~/{name}; echo up > {}/ready; sleep 100",
+            share.display()
+        ))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    common::wait_until("the command to start", 60, || share.join("ready").exists());
+    let state = e.state.to_string_lossy().to_string();
+    let layer_mounts = || -> Vec<String> {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(&state) && !l.contains(" - fuse"))
+            .map(str::to_string)
+            .collect()
+    };
+    let during = layer_mounts();
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    let recovered = e.shade().arg("recover").output().unwrap();
+    let after: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(&state))
+        .map(str::to_string)
+        .collect();
+    e.recover();
+    assert!(
+        during.is_empty(),
+        "the layer is mounted on the host: {during:?}"
+    );
+    assert!(
+        after.is_empty(),
+        "left mounted after kill -9 and recover: {after:?}\n{}",
+        show(&recovered)
+    );
+    assert!(
+        !home.join(&name).exists(),
+        "the write reached the host's home"
+    );
+}
+
 /// The time limit kills the command, and says so in one line.
 fn limits_time(who: Who) {
     let e = env(who);
@@ -1313,6 +1399,7 @@ both!(
     limits_fork_bomb,
     limits_tmp_and_shm,
     limits_branch_size,
+    limits_outside_size,
     limits_xattr_flood,
     limits_time,
     host_knobs,
