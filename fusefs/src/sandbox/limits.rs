@@ -492,7 +492,7 @@ mod tests {
         assert_eq!(
             d,
             "processes 512, /tmp 512 MiB, /dev/shm 512 MiB, branch contents 1 GiB, \
-             branch metadata 64 MiB, time 300 s"
+             branch metadata 64 MiB, outside layer 1 GiB, time 300 s"
         );
         assert!(Limits::RUN.describe().contains("as the system's"));
     }
