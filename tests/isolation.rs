@@ -878,12 +878,48 @@ fn io_uring(who: Who) {
     e.assert_held(&o);
 }
 
+/// `exec --shadow` whose agent runs `command` in its shell once, then says "Done.".
+fn agent_shell(e: &Env, command: &str) -> Output {
+    use std::sync::Arc;
+    let command = command.to_string();
+    let llm = shade_testkit::FakeLlm::start(Arc::new(move |body: &serde_json::Value| {
+        if shade_testkit::tool_results_since_user(body) == 0 {
+            shade_testkit::Reply::tool("shell", serde_json::json!({ "command": command }))
+        } else {
+            shade_testkit::Reply::text("Done.")
+        }
+    }))
+    .unwrap();
+    let config = e.out.join("../agent-config");
+    std::fs::create_dir_all(&config).unwrap();
+    if e.who == Who::Plain {
+        let (uid, gid) = plain_ids();
+        std::os::unix::fs::chown(&config, Some(uid), Some(gid)).unwrap();
+    }
+    let o = e
+        .shade()
+        .args(["exec", "--shadow", "--approval", "yolo", "go"])
+        .env("XDG_CONFIG_HOME", &config)
+        .env("OPENAI_BASE_URL", &llm.base_url)
+        .env("OPENAI_API_KEY", "test-key")
+        .env("SHADE_MODEL", "main-model")
+        .env("SHADE_FAST_MODEL", "fast-model")
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("Done."),
+        "the agent did not finish\n{}",
+        show(&o)
+    );
+    o
+}
+
 /// Host unix sockets (issue 29): a service listening outside the branch acts for whoever
 /// connects (systemd, the buses, docker, a tmux server, an ssh agent), so none is reachable
 /// from a confined command: one under /tmp, one beside the project (a directory the plain
 /// user's layer cannot overlay whole: the project lies below it) and an abstract one (no
-/// file at all). `shade run` with and without network and `/tmp`, and `shade mcp`'s
-/// `run_command`: no listener sees a connection. Then `--allow-socket` and `[sandbox]
+/// file at all). `shade run` with and without network and `/tmp`, `shade mcp`'s
+/// `run_command` and `exec --shadow`'s shell: no listener sees a connection. Then `--allow-socket` and `[sandbox]
 /// allow_sockets` (with `$VAR`) open exactly the two named, and the abstract one stays shut.
 fn host_sockets(who: Who) {
     use std::os::linux::net::SocketAddrExt;
@@ -957,6 +993,14 @@ fn host_sockets(who: Who) {
     };
     none("shade mcp run_command");
     assert!(!text.contains("connected"), "{text}");
+    let o = agent_shell(&e, &cmd);
+    none("exec --shadow's shell");
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("connected"),
+        "{}",
+        show(&o)
+    );
+    e.assert_held(&o);
     // Allowed: by flag and by config ($VAR expanded); the abstract one is never reachable.
     let cfg = dir.join("sockets.toml");
     std::fs::write(&cfg, "[sandbox]\nallow_sockets = [\"$SHADE_ISO_SOCKET\"]\n").unwrap();
