@@ -219,7 +219,8 @@ fn unix_sockets(scoped: bool) {
         );
     }
     let allowed = shade_fusefs::sandbox::allowed_sockets();
-    if allowed.is_empty() {
+    let unresolved = shade_fusefs::sandbox::unresolved_sockets();
+    if allowed.is_empty() && unresolved.is_empty() {
         println!(
             "unix sockets:         host sockets closed to commands; none allowed \
              (--allow-socket, [sandbox] allow_sockets)"
@@ -233,5 +234,8 @@ fn unix_sockets(scoped: bool) {
             Err(why) => format!("allowed, not bound: {why}"),
         };
         println!("  {}  ({state})", p.display());
+    }
+    for why in unresolved {
+        println!("  {why} (allows nothing)");
     }
 }

@@ -290,7 +290,10 @@ pub fn install_sandbox(file: &FileConfig) {
     // A variable that is not set allows nothing (said in the log; `shade doctor` lists it).
     let sockets = s.allow_sockets.iter().filter_map(|p| {
         shade_fusefs::sandbox::expand_socket(p)
-            .map_err(|e| tracing::info!("[sandbox] allow_sockets: {e}"))
+            .map_err(|e| {
+                tracing::info!("[sandbox] allow_sockets: {e}");
+                shade_fusefs::sandbox::note_unresolved(e);
+            })
             .ok()
     });
     shade_fusefs::sandbox::allow_sockets(sockets);

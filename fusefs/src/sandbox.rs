@@ -59,7 +59,10 @@ pub use env::{EnvConfig, EnvPolicy};
 pub use outside::release_outside;
 use report::{Report, Stage};
 pub use scope::abi as landlock_abi;
-pub use sockets::{allow_sockets, allowed_sockets, check as check_socket, expand as expand_socket};
+pub use sockets::{
+    allow_sockets, allowed_sockets, check as check_socket, expand as expand_socket,
+    note_unresolved, unresolved_sockets,
+};
 
 /// Exit status for a command killed at its time limit (shell conventions leave it unused).
 pub const EXIT_TIMED_OUT: i32 = 123;

@@ -13,6 +13,26 @@ use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 
 static ALLOWED: RwLock<Vec<PathBuf>> = RwLock::new(Vec::new());
+static UNRESOLVED: RwLock<Vec<String>> = RwLock::new(Vec::new());
+
+/// Notes an allowed socket whose path could not be made (an unset `$VAR`): it allows
+/// nothing, and `shade doctor` says so.
+pub fn note_unresolved(why: String) {
+    let mut list = UNRESOLVED
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !list.contains(&why) {
+        list.push(why);
+    }
+}
+
+/// What [`note_unresolved`] noted.
+pub fn unresolved_sockets() -> Vec<String> {
+    UNRESOLVED
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+}
 
 /// Adds `paths` to the sockets every later command of this process may reach.
 pub fn allow_sockets(paths: impl IntoIterator<Item = PathBuf>) {
