@@ -180,13 +180,14 @@ fn tmpfs(size: u64) -> Result<OwnedFd, String> {
     if !kernel_at_least(6, 15) {
         return Err("Linux 6.15 or later is needed".into());
     }
+    let opt = size_option(size);
     let fd = match holder() {
         None if nix::unistd::geteuid().is_root() => {
             // SAFETY: only fd-returning system calls on NUL-terminated strings.
-            unsafe { detached_tmpfs(size) }
+            unsafe { detached_tmpfs(&opt) }
         }
         None => return Err("no user namespace of its own".into()),
-        Some(ns) => in_namespace(ns, size),
+        Some(ns) => in_namespace(ns, &opt),
     };
     let fd = RawFd::try_from(fd)
         .ok()
@@ -196,11 +197,17 @@ fn tmpfs(size: u64) -> Result<OwnedFd, String> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// fsopen + fsconfig + fsmount: the fd of a detached tmpfs, or -1. async-signal-safe.
-unsafe fn detached_tmpfs(size: u64) -> libc::c_long {
+/// `size` as fsconfig's NUL-terminated string, made before any fork (no allocation after).
+fn size_option(size: u64) -> [u8; 32] {
     let mut opt = [0u8; 32];
     let text = size.to_string();
     opt[..text.len()].copy_from_slice(text.as_bytes());
+    opt
+}
+
+/// fsopen + fsconfig + fsmount: the fd of a detached tmpfs of `opt` bytes (see
+/// [`size_option`]), or -1. async-signal-safe: it allocates nothing.
+unsafe fn detached_tmpfs(opt: &[u8; 32]) -> libc::c_long {
     let fs = libc::syscall(libc::SYS_fsopen, c"tmpfs".as_ptr(), 1 as libc::c_uint);
     if fs < 0 {
         return -1;
@@ -240,7 +247,7 @@ unsafe fn detached_tmpfs(size: u64) -> libc::c_long {
 
 /// [`detached_tmpfs`] in the holder's user namespace, by a child sharing our fd table; the
 /// fd (in our table too) or -1.
-fn in_namespace(ns: RawFd, size: u64) -> libc::c_long {
+fn in_namespace(ns: RawFd, opt: &[u8; 32]) -> libc::c_long {
     let Ok((rd, wr)) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) else {
         return -1;
     };
@@ -265,7 +272,7 @@ fn in_namespace(ns: RawFd, size: u64) -> libc::c_long {
             let m = if libc::setns(ns, libc::CLONE_NEWUSER) == 0
                 && libc::unshare(libc::CLONE_NEWNS) == 0
             {
-                detached_tmpfs(size)
+                detached_tmpfs(opt)
             } else {
                 -1
             };
