@@ -188,6 +188,7 @@ pub fn main(_args: DoctorArgs) -> i32 {
                  /dev, /sys read-only, seccomp allowlist (no io_uring), no_new_privs, killed with shade"
             );
             println!("commands:             confined (run, --shadow, speculation, lint)");
+            unix_sockets(conf.scoped());
             0
         }
         Err(why) => {
@@ -198,5 +199,43 @@ pub fn main(_args: DoctorArgs) -> i32 {
             );
             1
         }
+    }
+}
+
+/// The unix sockets a command may reach: host ones closed, the allowed ones listed (and
+/// whether each is there), and whether host abstract sockets are closed (Landlock scopes).
+fn unix_sockets(scoped: bool) {
+    let abi = shade_fusefs::sandbox::landlock_abi();
+    if scoped {
+        println!(
+            "abstract sockets:     closed to commands (Landlock scopes, ABI {abi}); signals \
+             stay inside the sandbox"
+        );
+    } else {
+        println!(
+            "abstract sockets:     OPEN to commands that share the host network (Landlock \
+             ABI {abi}, scopes need 6: Linux 6.12+); use `shade run --no-network` where it \
+             matters"
+        );
+    }
+    let allowed = shade_fusefs::sandbox::allowed_sockets();
+    let unresolved = shade_fusefs::sandbox::unresolved_sockets();
+    if allowed.is_empty() && unresolved.is_empty() {
+        println!(
+            "unix sockets:         host sockets closed to commands; none allowed \
+             (--allow-socket, [sandbox] allow_sockets)"
+        );
+        return;
+    }
+    println!("unix sockets:         host sockets closed to commands except:");
+    for p in allowed {
+        let state = match shade_fusefs::sandbox::check_socket(&p) {
+            Ok(_) => "allowed, present".to_string(),
+            Err(why) => format!("allowed, not bound: {why}"),
+        };
+        println!("  {}  ({state})", p.display());
+    }
+    for why in unresolved {
+        println!("  {why} (allows nothing)");
     }
 }

@@ -52,6 +52,12 @@ pub struct RunArgs {
     /// (users outside the command still cannot reach it).
     #[arg(long, hide = true)]
     pub allow_other: bool,
+    /// Let the command connect to this unix socket outside the branch (repeatable; `$VAR`
+    /// is expanded, e.g. '$SSH_AUTH_SOCK'): it is bound into the sandbox at its path. Every
+    /// other host socket is closed to the command; config `[sandbox] allow_sockets` adds
+    /// more.
+    #[arg(long = "allow-socket", value_name = "PATH", action = clap::ArgAction::Append)]
+    pub allow_socket: Vec<String>,
     /// Run the command without network (loopback only).
     #[arg(long)]
     pub no_network: bool,
@@ -172,6 +178,11 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     if let Some(why) = args.review.then(crate::review::unavailable).flatten() {
         anyhow::bail!(why);
     }
+    let mut sockets = Vec::new();
+    for s in &args.allow_socket {
+        sockets.push(sandbox::expand_socket(s).map_err(|e| anyhow::anyhow!("--allow-socket {e}"))?);
+    }
+    sandbox::allow_sockets(sockets);
 
     // Finding out whether the sandbox works starts one: do it while the branch mounts.
     let probe = (!args.unconfined).then(|| std::thread::spawn(|| sandbox::probe().is_ok()));

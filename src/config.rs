@@ -156,6 +156,10 @@ pub struct SandboxConfig {
     /// the agent's commands).
     #[serde(default)]
     pub hide_credentials: bool,
+    /// Unix sockets outside the branch that commands may connect to (every other one is
+    /// closed): paths, `$VAR` and `~/` expanded, e.g. `"$SSH_AUTH_SOCK"`.
+    #[serde(default)]
+    pub allow_sockets: Vec<String>,
 }
 
 /// One mode's limits as written in the config; what is left out keeps the mode's default.
@@ -175,6 +179,9 @@ pub struct LimitsConfig {
     pub branch_metadata: Option<Size>,
     /// Seconds before the command is killed; 0 is no limit.
     pub time_limit_secs: Option<u64>,
+    /// What the branch's outside layer may hold, in memory ("unlimited": on the state
+    /// directory's disk, no limit).
+    pub outside_size: Option<Size>,
 }
 
 /// A size in the config: a number of bytes or a string such as "512MiB" or "unlimited".
@@ -216,6 +223,7 @@ impl LimitsConfig {
                 &self.branch_metadata,
                 &mut l.branch_metadata,
             ),
+            ("outside_size", &self.outside_size, &mut l.outside_size),
         ] {
             if let Some(v) = value {
                 *slot = v.bytes(key)?;
@@ -279,6 +287,16 @@ pub fn install_sandbox(file: &FileConfig) {
         pass_env: s.pass_env,
         hide_credentials: s.hide_credentials,
     });
+    // A variable that is not set allows nothing (said in the log; `shade doctor` lists it).
+    let sockets = s.allow_sockets.iter().filter_map(|p| {
+        shade_fusefs::sandbox::expand_socket(p)
+            .map_err(|e| {
+                tracing::info!("[sandbox] allow_sockets: {e}");
+                shade_fusefs::sandbox::note_unresolved(e);
+            })
+            .ok()
+    });
+    shade_fusefs::sandbox::allow_sockets(sockets);
 }
 
 /// At start, for every subcommand: the default config file's `[sandbox]` settings (a

@@ -878,6 +878,162 @@ fn io_uring(who: Who) {
     e.assert_held(&o);
 }
 
+/// `exec --shadow` whose agent runs `command` in its shell once, then says "Done.".
+fn agent_shell(e: &Env, command: &str) -> Output {
+    use std::sync::Arc;
+    let command = command.to_string();
+    let llm = shade_testkit::FakeLlm::start(Arc::new(move |body: &serde_json::Value| {
+        if shade_testkit::tool_results_since_user(body) == 0 {
+            shade_testkit::Reply::tool("shell", serde_json::json!({ "command": command }))
+        } else {
+            shade_testkit::Reply::text("Done.")
+        }
+    }))
+    .unwrap();
+    let config = e.out.join("../agent-config");
+    std::fs::create_dir_all(&config).unwrap();
+    if e.who == Who::Plain {
+        let (uid, gid) = plain_ids();
+        std::os::unix::fs::chown(&config, Some(uid), Some(gid)).unwrap();
+    }
+    let o = e
+        .shade()
+        .args(["exec", "--shadow", "--approval", "yolo", "go"])
+        .env("XDG_CONFIG_HOME", &config)
+        .env("OPENAI_BASE_URL", &llm.base_url)
+        .env("OPENAI_API_KEY", "test-key")
+        .env("SHADE_MODEL", "main-model")
+        .env("SHADE_FAST_MODEL", "fast-model")
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("Done."),
+        "the agent did not finish\n{}",
+        show(&o)
+    );
+    o
+}
+
+/// Host unix sockets (issue 29): a service listening outside the branch acts for whoever
+/// connects (systemd, the buses, docker, a tmux server, an ssh agent), so none is reachable
+/// from a confined command: one under /tmp, one beside the project (a directory the plain
+/// user's layer cannot overlay whole: the project lies below it) and an abstract one (no
+/// file at all). `shade run` with and without network and `/tmp`, `shade mcp`'s
+/// `run_command` and `exec --shadow`'s shell: no listener sees a connection. Then `--allow-socket` and `[sandbox]
+/// allow_sockets` (with `$VAR`) open exactly the two named, and the abstract one stays shut.
+fn host_sockets(who: Who) {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixListener};
+    let e = env(who);
+    let dir = e.out.parent().unwrap().to_path_buf();
+    let tag = format!("{}-{who:?}", std::process::id());
+    let in_tmp = PathBuf::from(format!("/tmp/shade-iso-{tag}.sock"));
+    let beside = dir.join("beside.sock");
+    let abstract_name = format!("shade-iso-{tag}");
+    struct Gone(PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _ = std::fs::remove_file(&in_tmp);
+    let _gone = Gone(in_tmp.clone());
+    let listen = |p: &Path| {
+        let l = UnixListener::bind(p).unwrap();
+        l.set_nonblocking(true).unwrap();
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777)).unwrap();
+        l
+    };
+    let tmp_l = listen(&in_tmp);
+    let beside_l = listen(&beside);
+    let abs_l =
+        UnixListener::bind_addr(&SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap())
+            .unwrap();
+    abs_l.set_nonblocking(true).unwrap();
+    let client = dir.join("connect.py");
+    std::fs::write(
+        &client,
+        "import socket, sys\n\
+         for p in sys.argv[1:]:\n\
+         \x20   s = socket.socket(socket.AF_UNIX)\n\
+         \x20   s.settimeout(5)\n\
+         \x20   try:\n\
+         \x20       s.connect('\\0' + p[1:] if p.startswith('@') else p)\n\
+         \x20       print('connected', p)\n\
+         \x20   except OSError as e:\n\
+         \x20       print('refused', p, e)\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&client, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let cmd = format!(
+        "{PYTHON} {} {} {} @{abstract_name}",
+        client.display(),
+        in_tmp.display(),
+        beside.display()
+    );
+    let none = |what: &str| {
+        no_connection(&tmp_l, &format!("{what}, under /tmp"));
+        no_connection(&beside_l, &format!("{what}, beside the project"));
+        no_connection(&abs_l, &format!("{what}, abstract"));
+    };
+    for extra in [&[][..], &["--no-network", "--private-tmp"][..]] {
+        let o = e.run(extra, &cmd);
+        ran(&o);
+        none(&format!("shade run {extra:?}"));
+        assert!(
+            !String::from_utf8_lossy(&o.stdout).contains("connected"),
+            "{}",
+            show(&o)
+        );
+        e.assert_held(&o);
+    }
+    let text = {
+        let mut mcp = Mcp::start(&e);
+        mcp.run_in_branch(&cmd)
+    };
+    none("shade mcp run_command");
+    assert!(!text.contains("connected"), "{text}");
+    let o = agent_shell(&e, &cmd);
+    none("exec --shadow's shell");
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("connected"),
+        "{}",
+        show(&o)
+    );
+    e.assert_held(&o);
+    // Allowed: by flag and by config ($VAR expanded); the abstract one is never reachable.
+    let cfg = dir.join("sockets.toml");
+    std::fs::write(&cfg, "[sandbox]\nallow_sockets = [\"$SHADE_ISO_SOCKET\"]\n").unwrap();
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = e
+        .shade()
+        .env("SHADE_CONFIG", &cfg)
+        .env("SHADE_ISO_SOCKET", &beside)
+        .arg("run")
+        .arg("--allow-socket")
+        .arg(&in_tmp)
+        .args(["--", "sh", "-c", &cmd])
+        .output()
+        .unwrap();
+    ran(&o);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    for (l, p) in [(&tmp_l, &in_tmp), (&beside_l, &beside)] {
+        assert!(
+            l.accept().is_ok(),
+            "the allowed socket {} got no connection\n{}",
+            p.display(),
+            show(&o)
+        );
+    }
+    no_connection(&abs_l, "allowed run, abstract");
+    assert!(
+        out.contains(&format!("refused @{abstract_name}")),
+        "{}",
+        show(&o)
+    );
+    e.assert_held(&o);
+}
+
 /// Host-wide knobs under /proc (issue 28): a sysctl write as the sandbox's root was the
 /// host's (core_pattern → a program run as full root). Every probe only opens for writing,
 /// or writes the value already there, so a success harms nothing; the kernel-memory and
@@ -1091,6 +1247,92 @@ fn limits_branch_size(who: Who) {
     e.assert_held(o);
 }
 
+/// The outside layer's size (issue 29; an attacker wrote 4.6 GB through MCP): a write in
+/// the home past `outside_size` gets ENOSPC, says so in one line, and the host's home is
+/// unchanged. The layer is a detached tmpfs: nothing of it is mounted on the host while a
+/// command runs, nor after shade is killed with SIGKILL and `shade recover` ran.
+fn limits_outside_size(who: Who) {
+    let e = env(who);
+    let home = match who {
+        Who::Root => PathBuf::from("/root"),
+        Who::Plain => PathBuf::from(format!("/home/{PLAIN}")),
+    };
+    let name = format!("shade-iso-outside-{}", std::process::id());
+    let config = "[sandbox.run]\noutside_size = \"8MiB\"\n";
+    let b = run_limited(
+        &e,
+        config,
+        &[],
+        &format!("head -c 20000000 /dev/zero > ~/{name}; echo rc=$?"),
+    );
+    let o = &b.out;
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("rc=1")
+            && String::from_utf8_lossy(&o.stderr).contains("No space left on device"),
+        "a write past the outside layer's size went through\n{}",
+        show(o)
+    );
+    stderr_says(
+        o,
+        "shade: the command reached the branch's 8 MiB limit on writes outside the project",
+    );
+    assert!(
+        !home.join(&name).exists(),
+        "the write reached the host's home"
+    );
+    e.assert_held(o);
+    // Killed while its command runs: no host mount of the layer then, or after recover.
+    let cfg = e.out.parent().unwrap().join("limits.toml");
+    let share = e.out.join("../share");
+    let mut child = e
+        .shade()
+        .env("SHADE_CONFIG", &cfg)
+        .args(["run", "--", "sh", "-c"])
+        .arg(format!(
+            "echo x > ~/{name}; echo up > {}/ready; sleep 100",
+            share.display()
+        ))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    common::wait_until("the command to start", 60, || share.join("ready").exists());
+    let state = e.state.to_string_lossy().to_string();
+    let layer_mounts = || -> Vec<String> {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(&state) && !l.contains(" - fuse"))
+            .map(str::to_string)
+            .collect()
+    };
+    let during = layer_mounts();
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    let recovered = e.shade().arg("recover").output().unwrap();
+    let after: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(&state))
+        .map(str::to_string)
+        .collect();
+    e.recover();
+    assert!(
+        during.is_empty(),
+        "the layer is mounted on the host: {during:?}"
+    );
+    assert!(
+        after.is_empty(),
+        "left mounted after kill -9 and recover: {after:?}\n{}",
+        show(&recovered)
+    );
+    assert!(
+        !home.join(&name).exists(),
+        "the write reached the host's home"
+    );
+}
+
 /// The time limit kills the command, and says so in one line.
 fn limits_time(who: Who) {
     let e = env(who);
@@ -1197,9 +1439,11 @@ both!(
     exec_shadow,
     planted_privileges,
     io_uring,
+    host_sockets,
     limits_fork_bomb,
     limits_tmp_and_shm,
     limits_branch_size,
+    limits_outside_size,
     limits_xattr_flood,
     limits_time,
     host_knobs,

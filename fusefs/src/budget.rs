@@ -55,6 +55,8 @@ pub enum LimitHit {
     Shm(u64),
     /// The time limit.
     Time(Duration),
+    /// The branch's outside layer's size (bytes).
+    Outside(u64),
 }
 
 impl std::fmt::Display for LimitHit {
@@ -73,6 +75,11 @@ impl std::fmt::Display for LimitHit {
             ),
             LimitHit::Processes(n) => write!(f, "the command reached its {n}-process limit"),
             LimitHit::Tmp(b) => write!(f, "the command reached /tmp's {} limit", format_size(*b)),
+            LimitHit::Outside(b) => write!(
+                f,
+                "the command reached the branch's {} limit on writes outside the project",
+                format_size(*b)
+            ),
             LimitHit::Shm(b) => write!(
                 f,
                 "the command reached /dev/shm's {} limit",

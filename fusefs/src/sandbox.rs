@@ -25,8 +25,11 @@ mod limits;
 mod outside;
 mod procs;
 mod report;
+mod scope;
 mod seccomp;
 mod signals;
+mod sized;
+mod sockets;
 mod supervise;
 #[cfg(test)]
 mod tests;
@@ -55,6 +58,11 @@ use child::{ChildPlan, Mode};
 pub use env::{EnvConfig, EnvPolicy};
 pub use outside::release_outside;
 use report::{Report, Stage};
+pub use scope::abi as landlock_abi;
+pub use sockets::{
+    allow_sockets, allowed_sockets, check as check_socket, expand as expand_socket,
+    note_unresolved, unresolved_sockets,
+};
 
 /// Exit status for a command killed at its time limit (shell conventions leave it unused).
 pub const EXIT_TIMED_OUT: i32 = 123;
@@ -623,6 +631,9 @@ fn run_confined(
                 .extend(limits::full_tmpfs(ns, &iso.limits, private_tmp));
         }
         drop(namespaces);
+        if let Some(size) = spec.outside.as_deref().and_then(sized::full) {
+            outcome.limits_hit.push(LimitHit::Outside(size));
+        }
         // Emptied and removed (bounded) before the next attempt or the return.
         drop(cgroup);
         let setup_failed = matches!(&outcome.termination,

@@ -45,6 +45,9 @@ pub struct Confinement {
     filters: Vec<Vec<u8>>,
     /// The read-only (speculative) sandbox's extra program: no unix sockets.
     read_only_filter: Vec<u8>,
+    /// The Landlock ruleset every command enters (abstract unix sockets and signals scoped
+    /// to the sandbox: see scope.rs); `None` where the kernel has no scopes.
+    scope: Option<OwnedFd>,
 }
 
 impl Confinement {
@@ -60,6 +63,12 @@ impl Confinement {
     /// Whether commands run as root inside their own user namespace (shade runs as root).
     pub fn root_userns(&self) -> bool {
         self.userns.is_some()
+    }
+
+    /// Whether commands are kept from host abstract unix sockets and from signalling
+    /// outside their sandbox (Landlock scopes, Linux 6.12+).
+    pub fn scoped(&self) -> bool {
+        self.scope.is_some()
     }
 }
 
@@ -103,12 +112,14 @@ fn find_confinement() -> std::result::Result<Confinement, String> {
     };
     let filters = super::seccomp::programs()?;
     let read_only_filter = super::seccomp::read_only_program()?;
+    let scope = super::scope::ruleset();
     let conf = Confinement {
         bwrap,
         userns,
         root_base,
         filters,
         read_only_filter,
+        scope,
     };
     // Really start a sandbox once: AppArmor's restriction of unprivileged user namespaces
     // and friends only show there. bwrap remounts every mount it binds, and one that goes
@@ -142,12 +153,13 @@ fn start_probe(conf: &Confinement, true_bin: &Path) -> std::result::Result<(), S
         .base(&Layout::probe(), &[], &[true_bin.into()], Path::new("/"))
         .map_err(|e| e.to_string())?;
     let userns = conf.userns.as_ref().map(AsRawFd::as_raw_fd);
+    let scope = conf.scope.as_ref().map(AsRawFd::as_raw_fd);
     let inherit: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
     // SAFETY: only async-signal-safe system calls on data prepared before the fork.
     unsafe {
         cmd.pre_exec(move || {
             let _fds = &fds;
-            enter(userns, &inherit, &[])
+            enter(userns, scope, &inherit, &[])
         });
     }
     cmd.stdin(Stdio::null())
@@ -327,7 +339,13 @@ impl Confinement {
             cmd.arg("--add-seccomp-fd").arg(fd.as_raw_fd().to_string());
             fds.push(fd);
         }
-        cmd.args(extra).arg("--").args(argv);
+        cmd.args(extra);
+        if layout.outside.is_some_and(|o| o.rebuilt) {
+            // The rebuilt `/` is the sandbox's own tmpfs: read-only once everything is
+            // mounted on it, as the host's `/` would be.
+            cmd.args(["--remount-ro", "/"]);
+        }
+        cmd.arg("--").args(argv);
         Ok((cmd, fds))
     }
 }
@@ -338,7 +356,7 @@ fn outside_binds(cmd: &mut Command, outside: &Outside) {
     let root_unit = matches!(outside.views.first(),
         Some(View::Layer { path, .. } | View::ReadOnly(path) | View::Staged { path, .. })
             if path == Path::new("/"));
-    if outside.ro_root || !root_unit {
+    if outside.ro_root || (!root_unit && !outside.rebuilt) {
         cmd.args(["--ro-bind", "/", "/"]);
     }
     for view in &outside.views {
@@ -355,6 +373,13 @@ fn outside_binds(cmd: &mut Command, outside: &Outside) {
             }
             View::Staged { path, source } => {
                 cmd.arg("--ro-bind-try").arg(source).arg(path);
+            }
+            View::Dir { path, mode } => {
+                cmd.args(["--perms", &format!("{mode:04o}"), "--dir"])
+                    .arg(path);
+            }
+            View::Symlink { path, target } => {
+                cmd.arg("--symlink").arg(target).arg(path);
             }
         }
     }
@@ -405,10 +430,15 @@ fn proc_knobs(cmd: &mut Command) {
     }
 }
 
-/// In the child before exec: enter our user namespace (root), and let bwrap inherit the
-/// fds it is told about, rewound (they are read from the start), and no other fd above
-/// stdio. Async-signal-safe.
-fn enter(userns: Option<RawFd>, inherit: &[RawFd], keep_open: &[RawFd]) -> io::Result<()> {
+/// In the child before exec: enter our user namespace (root) and the Landlock scopes
+/// (`scope`), and let bwrap inherit the fds it is told about, rewound (they are read from
+/// the start), and no other fd above stdio. Async-signal-safe.
+fn enter(
+    userns: Option<RawFd>,
+    scope: Option<RawFd>,
+    inherit: &[RawFd],
+    keep_open: &[RawFd],
+) -> io::Result<()> {
     // SAFETY: plain system calls on fds owned by the command.
     unsafe {
         if let Some(fd) = userns {
@@ -435,6 +465,11 @@ fn enter(userns: Option<RawFd>, inherit: &[RawFd], keep_open: &[RawFd]) -> io::R
         for &fd in inherit {
             libc::lseek(fd, 0, libc::SEEK_SET);
         }
+    }
+    // Last, once every mount of the stage is made: the domain holds for bwrap and all
+    // it starts.
+    if let Some(fd) = scope {
+        super::scope::restrict(fd)?;
     }
     Ok(())
 }
@@ -574,6 +609,7 @@ pub(crate) fn build(
             &spec.project,
             iso.private_tmp || iso.read_only,
             conf.root_base.map(|b| (b, stage_at.as_path())),
+            iso.limits.outside_size,
         )?),
         None => None,
     };
@@ -595,6 +631,10 @@ pub(crate) fn build(
                 };
             }
         }
+        if !o.root_units.is_empty() {
+            // The empty lower of read-only units.
+            st.dirs.push(RootUnit::empty_dir(&stage_at)?);
+        }
         for u in o.root_units.drain(..) {
             st.dirs.push(u.idmapped_dir());
             st.dirs.push(u.merged_dir());
@@ -614,6 +654,7 @@ pub(crate) fn build(
                 source: at,
             }],
             ro_root: false,
+            rebuilt: false,
             stage: None,
             root_units: Vec::new(),
         });
@@ -653,12 +694,26 @@ pub(crate) fn build(
         // without a terminal: see the hook below).
         extra.push("--new-session".into());
     }
-    // The last mounts, after every bind: the home's credentials hidden (see env.rs).
+    // The last mounts, after every bind: the home's credentials hidden (see env.rs), then
+    // the unix sockets the user allows (see sockets.rs), the real ones at their paths.
     extra.extend(super::env::hide_args(
         spec.env_policy,
         &super::env::homes(),
         &spec.project,
     ));
+    for (k, sock) in super::sockets::present().into_iter().enumerate() {
+        let source = match stage.as_mut() {
+            Some(st) => {
+                let to = stage_at.join(format!("k{k}"));
+                let c = super::cstring(&to)?;
+                st.files.push(c.clone());
+                st.sockets.push((super::cstring(&sock)?, c));
+                to
+            }
+            None => sock.clone(),
+        };
+        extra.extend(["--bind".into(), source.into(), sock.into()]);
+    }
     let (mut cmd, filters) = conf.base(&layout, &extra, &argv, &spec.cwd)?;
     // The process limit's cgroup is entered first, while still host root.
     if let Some(cg) = cgroup {
@@ -676,6 +731,7 @@ pub(crate) fn build(
         };
     }
     let userns = conf.userns.as_ref().map(AsRawFd::as_raw_fd);
+    let scope = conf.scope.as_ref().map(AsRawFd::as_raw_fd);
     let inherit: Vec<RawFd> = filters.iter().map(AsRawFd::as_raw_fd).collect();
     let keep_open: Vec<RawFd> = status_raw.into_iter().collect();
     // SAFETY: only async-signal-safe system calls on data prepared before the fork.
@@ -698,7 +754,7 @@ pub(crate) fn build(
             if let (Some(stage), Some(ns)) = (&stage, userns) {
                 stage.enter(ns)?;
             }
-            enter(userns, &inherit, &keep_open)
+            enter(userns, scope, &inherit, &keep_open)
         });
     }
     Ok(cmd)

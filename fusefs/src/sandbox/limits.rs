@@ -40,6 +40,10 @@ pub struct Limits {
     pub branch_metadata: Option<u64>,
     /// Killed after this long.
     pub time_limit: Option<Duration>,
+    /// Bytes the branch's outside layer may hold (what its commands write outside the
+    /// project, kept in memory: a tmpfs held by shade for the branch's life); `None` keeps
+    /// the layer on the state directory's disk, unbounded.
+    pub outside_size: Option<u64>,
 }
 
 impl Limits {
@@ -52,6 +56,7 @@ impl Limits {
         branch_size: Some(1 << 30),
         branch_metadata: Some(64 << 20),
         time_limit: Some(Duration::from_secs(300)),
+        outside_size: Some(1 << 30),
     };
 
     /// What `shade run` gets unless the config says otherwise: nothing below the system's
@@ -63,6 +68,7 @@ impl Limits {
         branch_size: None,
         branch_metadata: None,
         time_limit: None,
+        outside_size: None,
     };
 
     /// The speculation limits in force (the config's, see [`configure`]).
@@ -88,13 +94,15 @@ impl Limits {
         use crate::units::format_size;
         let size = |s: Option<u64>, none: &str| s.map_or(none.to_string(), format_size);
         format!(
-            "processes {}, /tmp {}, /dev/shm {}, branch contents {}, branch metadata {}, time {}",
+            "processes {}, /tmp {}, /dev/shm {}, branch contents {}, branch metadata {}, \
+             outside layer {}, time {}",
             self.max_processes
                 .map_or("as the system's".to_string(), |n| n.to_string()),
             size(self.tmp_size, "half of RAM"),
             size(self.shm_size, "half of RAM"),
             size(self.branch_size, "unlimited"),
             format_size(self.branch_metadata.unwrap_or(DEFAULT_METADATA)),
+            size(self.outside_size, "unlimited (on disk)"),
             self.time_limit
                 .map_or("unlimited".to_string(), |d| format!("{} s", d.as_secs())),
         )
@@ -484,7 +492,7 @@ mod tests {
         assert_eq!(
             d,
             "processes 512, /tmp 512 MiB, /dev/shm 512 MiB, branch contents 1 GiB, \
-             branch metadata 64 MiB, time 300 s"
+             branch metadata 64 MiB, outside layer 1 GiB, time 300 s"
         );
         assert!(Limits::RUN.describe().contains("as the system's"));
     }

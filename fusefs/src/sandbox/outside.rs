@@ -57,10 +57,6 @@ const PSEUDO: [&str; 15] = [
     "binfmt_misc",
 ];
 
-/// How deep a plain user's unit is split around mounts below it, and how many units at most.
-const SPLIT_DEPTH: usize = 4;
-const MAX_UNITS: usize = 256;
-
 #[derive(Debug, Serialize, Deserialize)]
 struct LayerFile {
     created_ns: u64,
@@ -84,6 +80,10 @@ pub(crate) enum View {
     ReadOnly(PathBuf),
     /// As root: the host's `path`, bound read-only into the command's stage at `source`.
     Staged { path: PathBuf, source: PathBuf },
+    /// The plain user's: a directory made in the sandbox's root, with this mode.
+    Dir { path: PathBuf, mode: u32 },
+    /// The plain user's: a symlink made in the sandbox's root.
+    Symlink { path: PathBuf, target: PathBuf },
 }
 
 /// What a command with an outside layer gets: its views in mount order, and for the plain
@@ -91,8 +91,11 @@ pub(crate) enum View {
 #[derive(Debug)]
 pub(crate) struct Outside {
     pub views: Vec<View>,
-    /// The plain user's `--ro-bind / /` under the units (root has the `/` unit).
+    /// A `--ro-bind / /` under the views (root without a `/` unit).
     pub ro_root: bool,
+    /// The plain user's: `/` is the sandbox's own, rebuilt from the views and made
+    /// read-only once every mount is made (see `user_outside`).
+    pub rebuilt: bool,
     pub stage: Option<UserStage>,
     /// Root: the units the command's stage mounts (see [`RootStage`]).
     pub root_units: Vec<RootUnit>,
@@ -103,8 +106,11 @@ pub(crate) struct Outside {
 pub(crate) struct UserStage {
     uid_map: Vec<u8>,
     gid_map: Vec<u8>,
-    /// (overlay options, mount point); a failing one is bound read-only from `lower`.
-    mounts: Vec<(CString, CString, CString)>,
+    /// The user namespace to make the stage in, when the layer is sized (see sized.rs):
+    /// else a new one.
+    holder: Option<std::os::fd::RawFd>,
+    /// (overlay options, mount point); a failing one leaves its mount point empty.
+    mounts: Vec<(CString, CString)>,
 }
 
 /// A mount of /proc/self/mountinfo.
@@ -199,9 +205,17 @@ fn record_units(
         Err(e) => return Err(io_err("reading the outside layer")(e)),
     };
     let mut changed = !file.exists();
+    let sized = super::sized::root_of(outside);
     for p in wanted {
         if !layer.units.iter().any(|u| &u.path == p) {
             let dir = format!("u{}", layer.units.len());
+            if let Some(fd) = sized {
+                // The unit lives on the layer's tmpfs (see sized.rs).
+                let real = super::sized::unit_path(fd, &dir);
+                std::fs::create_dir(&real)
+                    .and_then(|()| std::os::unix::fs::symlink(&real, outside.join(&dir)))
+                    .map_err(io_err("making a unit of the outside layer"))?;
+            }
             layer.units.push(UnitRec {
                 path: p.clone(),
                 dir,
@@ -293,7 +307,15 @@ pub(crate) fn prepare(
     project: &Path,
     private_tmp: bool,
     root: Option<(u32, &Path)>,
+    size: Option<u64>,
 ) -> Result<Outside> {
+    if let Some(size) = size {
+        std::fs::create_dir_all(outside).map_err(SandboxError::io(format!(
+            "creating the outside layer {}",
+            outside.display()
+        )))?;
+        super::sized::make(outside, size, outside.join(LAYER_FILE).exists());
+    }
     match root {
         Some((base, stage)) => root_outside(outside, hide, project, base, stage),
         None => user_outside(outside, hide, project, private_tmp),
@@ -442,23 +464,46 @@ fn root_outside(
     let mut views = Vec::new();
     let mut root_units = Vec::new();
     for (i, m) in chosen.iter().enumerate() {
+        if !m.point.is_dir() {
+            // A file mount point: bound read-only as it is, unless it is a socket or a FIFO
+            // (a docker.sock bound into a container): a way to a service, never shown.
+            if std::fs::symlink_metadata(&m.point).is_ok_and(|meta| meta.is_file()) {
+                views.push(View::ReadOnly(m.point.clone()));
+            }
+            continue;
+        }
+        if !option_safe(&m.point) {
+            // Shown as the directory below it, through its parent's overlay.
+            continue;
+        }
         let unit = dirs.get(&m.point).and_then(|unit| {
             unit_dirs(unit, &m.point, Some(base))
                 .map_err(|e| tracing::warn!("{} is not captured: {e}", m.point.display()))
                 .ok()
         });
-        let Some((upper, work)) = unit else {
-            views.push(View::ReadOnly(m.point.clone()));
-            continue;
-        };
         let idmapped = stage.join(format!("l{i}"));
         let merged = stage.join(format!("m{i}"));
+        // A read-only mount (or a unit that cannot be made) is a read-only overlay: a
+        // socket on it is not connectable through the overlay, as it would be through a
+        // bind.
+        let (options, read_only) = match unit {
+            Some((upper, work)) => (overlay_options(&idmapped, &upper, &work, false)?, false),
+            None => (
+                CString::new(format!(
+                    "lowerdir={}:{}",
+                    idmapped.display(),
+                    stage.join("e0").display()
+                ))
+                .map_err(|_| SandboxError::Invalid("a stage path has a NUL byte".into()))?,
+                true,
+            ),
+        };
         root_units.push(RootUnit {
             lower: super::cstring(&m.point)?,
             idmapped: super::cstring(&idmapped)?,
             merged: super::cstring(&merged)?,
-            options: overlay_options(&idmapped, &upper, &work, false)?,
-            read_only: false,
+            options,
+            read_only,
         });
         views.push(View::Layer {
             path: m.point.clone(),
@@ -468,6 +513,7 @@ fn root_outside(
     Ok(Outside {
         views,
         ro_root: false,
+        rebuilt: false,
         stage: None,
         root_units,
     })
@@ -478,6 +524,7 @@ fn root_outside(
 /// unmount what an older shade left mounted on the host. Safe for any directory, any
 /// number of times.
 pub fn release_outside(outside: &Path) {
+    super::sized::release(outside);
     // overlayfs leaves `uN/work/work` with mode 000: a plain user could not remove the
     // branch's directory otherwise.
     if let Ok(units) = std::fs::read_dir(outside) {
@@ -508,7 +555,21 @@ pub fn release_outside(outside: &Path) {
     }
 }
 
-/// The plain user's units: the directories it may write, split around mounts below them.
+/// How deep the plain user's rebuilt tree goes, and how many overlays it mounts at most;
+/// past either, a directory is shown empty.
+const REBUILD_DEPTH: usize = 10;
+const MAX_OVERLAYS: usize = 1024;
+
+/// The plain user's view: no host path reached through a plain bind, since a unix socket
+/// is connectable through a bind (the services listening under `/run`, a tmux server in a
+/// directory the user cannot overlay) but not through an overlay, whose inode is another.
+/// So `/` is rebuilt from its own tree (see [`Rebuild`]): every directory with no mount
+/// below it is an overlay — a unit over the directories the user may write (`$HOME`,
+/// `/tmp`, `/var/tmp`, `/run/user/UID`, top-level directories it can write), read-only
+/// otherwise — and a directory an overlay cannot take (the kernel refuses a lower with
+/// mounts below it in a user namespace) is made in the sandbox's own read-only root,
+/// holding its files bound read-only one by one, its symlinks, and nothing that is a
+/// socket, a FIFO or a device.
 fn user_outside(
     outside: &Path,
     hide: &[PathBuf],
@@ -540,110 +601,217 @@ fn user_outside(
             }
         }
     }
-    let mut dirs: Vec<PathBuf> = candidates
+    let mut writable: Vec<PathBuf> = candidates
         .into_iter()
         .filter_map(|p| std::fs::canonicalize(p).ok())
         .filter(|p| p.is_dir() && p != Path::new("/"))
         .filter(|p| !under_any(p, hide) && !p.starts_with(outside))
         .collect();
-    dirs.sort();
-    dirs.dedup();
-    // A directory inside another one is covered by it.
-    let outer: Vec<PathBuf> = dirs
-        .iter()
-        .filter(|d| !dirs.iter().any(|o| o != *d && d.starts_with(o)))
-        .cloned()
-        .collect();
+    writable.sort();
+    writable.dedup();
     let points: Vec<PathBuf> = mounts()
         .map_err(SandboxError::io("reading /proc/self/mountinfo"))?
         .into_iter()
         .map(|m| m.point)
         .collect();
-    let mut units = Vec::new();
-    for d in &outer {
-        split(d, &points, hide, project, outside, 0, &mut units);
-    }
-    units.truncate(MAX_UNITS);
+    let mut rb = Rebuild {
+        writable: &writable,
+        points: &points,
+        hide,
+        project,
+        outside,
+        private_tmp,
+        entries: Vec::new(),
+        overlays: 0,
+    };
+    rb.dir(Path::new("/"), 0);
+    let entries = rb.entries;
+    let units: Vec<PathBuf> = entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Unit(p) => Some(p.clone()),
+            _ => None,
+        })
+        .collect();
     let recorded = record_units(outside, true, 0, &units)?;
+    let empty = outside.join("stage").join("empty");
+    std::fs::create_dir_all(&empty).map_err(SandboxError::io("creating the layer's stage"))?;
     let mut views = Vec::new();
     let mut stage_mounts = Vec::new();
-    for path in &units {
-        let Some(unit) = recorded.get(path) else {
-            continue;
-        };
-        let merged = stage_dir(outside, unit);
-        let made = std::fs::create_dir_all(&merged)
-            .and_then(|()| unit_dirs(unit, path, None))
-            .map_err(SandboxError::io("creating the layer's unit"));
-        let (upper, work) = match made {
-            Ok(uw) => uw,
-            Err(e) => {
-                tracing::warn!("{} is not captured: {e}", path.display());
-                continue;
+    let mut leaves = 0usize;
+    for entry in entries {
+        match entry {
+            Entry::Unit(path) => {
+                let Some(unit) = recorded.get(&path) else {
+                    continue;
+                };
+                let merged = stage_dir(outside, unit);
+                let made = std::fs::create_dir_all(&merged)
+                    .and_then(|()| unit_dirs(unit, &path, None))
+                    .map_err(SandboxError::io("creating the layer's unit"));
+                let opts =
+                    made.and_then(|(upper, work)| overlay_options(&path, &upper, &work, true));
+                match opts {
+                    Ok(opts) => {
+                        stage_mounts.push((opts, super::cstring(&merged)?));
+                        views.push(View::Layer { path, merged });
+                    }
+                    // Shown empty and read-only: never the host's directory as it is.
+                    Err(e) => {
+                        tracing::warn!("{} is not captured: {e}", path.display());
+                        views.push(View::Dir { path, mode: 0o555 });
+                    }
+                }
             }
-        };
-        let Ok(opts) = overlay_options(path, &upper, &work, true) else {
-            continue;
-        };
-        stage_mounts.push((opts, super::cstring(&merged)?, super::cstring(path)?));
-        views.push(View::Layer {
-            path: path.clone(),
-            merged,
-        });
+            Entry::ReadOnly(path) => {
+                let merged = outside.join("stage").join(format!("r{leaves}"));
+                leaves += 1;
+                std::fs::create_dir_all(&merged)
+                    .map_err(SandboxError::io("creating the layer's stage"))?;
+                match read_only_options(&path, &empty) {
+                    Ok(opts) => {
+                        stage_mounts.push((opts, super::cstring(&merged)?));
+                        views.push(View::Layer { path, merged });
+                    }
+                    Err(_) => views.push(View::Dir { path, mode: 0o555 }),
+                }
+            }
+            Entry::Dir(path, mode) => views.push(View::Dir { path, mode }),
+            Entry::File(path) => views.push(View::ReadOnly(path)),
+            Entry::Symlink(path, target) => views.push(View::Symlink { path, target }),
+        }
     }
     Ok(Outside {
         views,
-        ro_root: true,
+        ro_root: false,
+        rebuilt: true,
         stage: Some(UserStage {
             uid_map: format!("{uid} {uid} 1\n").into_bytes(),
             gid_map: format!("{gid} {gid} 1\n").into_bytes(),
+            holder: super::sized::root_of(outside).and_then(|_| super::sized::holder()),
             mounts: stage_mounts,
         }),
         root_units: Vec::new(),
     })
 }
 
-/// `dir` as a unit if no mount lies below it, else its subdirectories (recursively), the
-/// directory itself left read-only.
-fn split(
-    dir: &Path,
-    points: &[PathBuf],
-    hide: &[PathBuf],
-    project: &Path,
-    outside: &Path,
-    depth: usize,
-    units: &mut Vec<PathBuf>,
-) {
-    if units.len() >= MAX_UNITS
-        || under_any(dir, hide)
-        || dir.starts_with(project)
-        || dir.starts_with(outside)
-        || !option_safe(dir)
-    {
-        return;
+/// The options of a read-only overlay of `lower` (no upper: an empty second lower).
+fn read_only_options(lower: &Path, empty: &Path) -> Result<CString> {
+    for p in [lower, empty] {
+        if !option_safe(p) {
+            return Err(SandboxError::Invalid(format!(
+                "{} cannot be an overlay layer (its name has `,` or `:`)",
+                p.display()
+            )));
+        }
     }
-    let below = points.iter().any(|p| p != dir && p.starts_with(dir));
-    let covers = project.starts_with(dir) || hide.iter().any(|h| h.starts_with(dir));
-    if !below && !covers {
-        units.push(dir.to_path_buf());
-        return;
+    CString::new(format!(
+        "lowerdir={}:{},userxattr",
+        lower.display(),
+        empty.display()
+    ))
+    .map_err(|_| SandboxError::Invalid("a layer path has a NUL byte".into()))
+}
+
+/// One path of the plain user's rebuilt `/`, in mount order.
+#[derive(Debug)]
+enum Entry {
+    /// A directory the user may write, with no mount below: a unit of the layer.
+    Unit(PathBuf),
+    /// Any other directory with no mount below: a read-only overlay of it.
+    ReadOnly(PathBuf),
+    /// A directory made in the sandbox's root (mode), its entries following.
+    Dir(PathBuf, u32),
+    /// A regular file, bound read-only.
+    File(PathBuf),
+    /// A symlink, made again.
+    Symlink(PathBuf, PathBuf),
+}
+
+/// Walks the host's tree from `/`, down only where mounts (or the project, what is hidden,
+/// a directory the user may write) lie below, into [`Entry`]s.
+struct Rebuild<'a> {
+    writable: &'a [PathBuf],
+    points: &'a [PathBuf],
+    hide: &'a [PathBuf],
+    project: &'a Path,
+    outside: &'a Path,
+    private_tmp: bool,
+    entries: Vec<Entry>,
+    overlays: usize,
+}
+
+impl Rebuild<'_> {
+    /// The entries of directory `dir` (already made), `depth` below `/`.
+    fn dir(&mut self, dir: &Path, depth: usize) {
+        let Ok(read) = std::fs::read_dir(dir) else {
+            return;
+        };
+        let mut paths: Vec<PathBuf> = read.flatten().map(|e| e.path()).collect();
+        paths.sort();
+        for p in paths {
+            self.entry(&p, depth + 1);
+        }
     }
-    if depth >= SPLIT_DEPTH {
-        return;
-    }
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    let mut subs: Vec<PathBuf> = entries
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| e.path())
-        // A mount point is another file system: left as it is (read-only).
-        .filter(|p| !points.contains(p))
-        .collect();
-    subs.sort();
-    for s in subs {
-        split(&s, points, hide, project, outside, depth + 1, units);
+
+    fn entry(&mut self, p: &Path, depth: usize) {
+        // bwrap's own (/proc, /sys, /dev, a private /tmp), the project (the branch), what is
+        // hidden (an empty tmpfs) and the layer itself: made by their own mounts.
+        let own = matches!(p.to_str(), Some("/proc" | "/sys" | "/dev"))
+            || (self.private_tmp && p == Path::new("/tmp"))
+            || p.starts_with(self.project)
+            || under_any(p, self.hide)
+            || p.starts_with(self.outside);
+        if own {
+            return;
+        }
+        let Ok(meta) = std::fs::symlink_metadata(p) else {
+            return;
+        };
+        let kind = meta.file_type();
+        if kind.is_symlink() {
+            if let Ok(target) = std::fs::read_link(p) {
+                self.entries.push(Entry::Symlink(p.to_path_buf(), target));
+            }
+            return;
+        }
+        if kind.is_file() {
+            self.entries.push(Entry::File(p.to_path_buf()));
+            return;
+        }
+        if !kind.is_dir() {
+            // A socket, a FIFO or a device: a way to a service, never shown.
+            return;
+        }
+        let below = self.points.iter().any(|m| m != p && m.starts_with(p))
+            || self.project.starts_with(p)
+            || self.hide.iter().any(|h| h.starts_with(p))
+            || self.outside.starts_with(p)
+            || self.writable.iter().any(|w| w != p && w.starts_with(p));
+        if below {
+            self.entries.push(Entry::Dir(
+                p.to_path_buf(),
+                meta.permissions().mode() & 0o7777,
+            ));
+            if depth < REBUILD_DEPTH {
+                self.dir(p, depth);
+            }
+            return;
+        }
+        if self.overlays >= MAX_OVERLAYS {
+            self.entries.push(Entry::Dir(
+                p.to_path_buf(),
+                meta.permissions().mode() & 0o7777,
+            ));
+            return;
+        }
+        self.overlays += 1;
+        let unit = under_any(p, self.writable) && option_safe(p);
+        self.entries.push(if unit {
+            Entry::Unit(p.to_path_buf())
+        } else {
+            Entry::ReadOnly(p.to_path_buf())
+        });
     }
 }
 
@@ -654,46 +822,47 @@ impl UserStage {
     pub(crate) fn enter(&self) -> io::Result<()> {
         // SAFETY: plain system calls on data built before the fork.
         unsafe {
-            if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
-                return Err(io::Error::last_os_error());
+            if let Some(ns) = self.holder {
+                // Mapped already; only its own may use the layer's tmpfs.
+                if libc::setns(ns, libc::CLONE_NEWUSER) != 0
+                    || libc::unshare(libc::CLONE_NEWNS) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+            } else {
+                if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // shade is not dumpable (no ptrace), which leaves /proc/self's files to
+                // root; exec makes bwrap dumpable anyway.
+                libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0);
+                super::write_id_maps(&self.uid_map, &self.gid_map)?;
             }
-            // shade is not dumpable (no ptrace), which leaves /proc/self's files to root;
-            // exec makes bwrap dumpable anyway.
-            libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0);
-            super::write_id_maps(&self.uid_map, &self.gid_map)?;
             if make_private() != 0 {
                 return Err(io::Error::last_os_error());
             }
-            for (opts, target, lower) in &self.mounts {
-                let ret = libc::mount(
+            for (opts, target) in &self.mounts {
+                // A failing overlay (a directory gone since it was planned, a mount made
+                // below it meanwhile, a file system overlayfs refuses) shows an empty
+                // read-only directory: never the host's directory bound as it is, where
+                // its sockets would be reachable, nor the stage directory itself, which
+                // is the host's for real.
+                if libc::mount(
                     c"overlay".as_ptr(),
                     target.as_ptr(),
                     c"overlay".as_ptr(),
                     0,
                     opts.as_ptr().cast(),
-                );
-                if ret != 0 {
-                    // Read-only as it is: never writable for real.
-                    if libc::mount(
-                        lower.as_ptr(),
+                ) != 0
+                    && libc::mount(
+                        c"shade-empty".as_ptr(),
                         target.as_ptr(),
-                        std::ptr::null(),
-                        libc::MS_BIND | libc::MS_REC,
-                        std::ptr::null(),
+                        c"tmpfs".as_ptr(),
+                        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
+                        c"size=4k,mode=0555".as_ptr().cast(),
                     ) != 0
-                    {
-                        // Gone since it was planned (another program's temporary
-                        // directory): nothing to show there.
-                        if *libc::__errno_location() == libc::ENOENT {
-                            // bwrap's --bind-try skips a source that is not there.
-                            libc::rmdir(target.as_ptr());
-                            continue;
-                        }
-                        return Err(io::Error::last_os_error());
-                    }
-                    if remount_read_only(target) != 0 {
-                        return Err(io::Error::last_os_error());
-                    }
+                {
+                    return Err(io::Error::last_os_error());
                 }
             }
         }
@@ -710,7 +879,8 @@ impl UserStage {
 /// - `units` are the outside layer: each host file system cloned without its submounts,
 ///   idmapped to the sandbox's user namespace (host root's files show as the command's
 ///   root's, so `/root` and `/etc` behave as root expects), under an overlay whose upper
-///   is in the branch's outside directory.
+///   is in the branch's outside directory (read-only ones under an overlay without an
+///   upper, over the empty `e0`).
 ///
 /// Everything goes with the command's mount namespace: nothing is left mounted on the
 /// host whatever happens to shade.
@@ -723,6 +893,9 @@ pub(crate) struct RootStage {
     /// (source, target, read-only).
     pub binds: Vec<(CString, CString, bool)>,
     pub units: Vec<RootUnit>,
+    /// Allowed unix sockets (see sockets.rs): (the host's socket, its file in the stage),
+    /// idmapped so that the sandbox's root may connect where host root may.
+    pub sockets: Vec<(CString, CString)>,
 }
 
 impl RootStage {
@@ -778,19 +951,33 @@ impl RootStage {
                 }
             }
             for u in &self.units {
-                if mount_unit(u, userns) != 0 {
-                    // As it is, read-only: never writable for real.
-                    if libc::mount(
-                        u.lower.as_ptr(),
+                // A unit that cannot be mounted shows an empty read-only directory: never
+                // the host's as it is (writable for real, its sockets connectable).
+                if mount_unit(u, userns) != 0
+                    && libc::mount(
+                        c"shade-empty".as_ptr(),
                         u.merged.as_ptr(),
+                        c"tmpfs".as_ptr(),
+                        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
+                        c"size=4k,mode=0555".as_ptr().cast(),
+                    ) != 0
+                {
+                    return fail();
+                }
+            }
+            for (source, target) in &self.sockets {
+                // A file system that cannot be idmapped: the socket as it is (the user
+                // allowed it; its owner's permissions then decide).
+                if idmapped_clone(source, target, userns, false) != 0
+                    && libc::mount(
+                        source.as_ptr(),
+                        target.as_ptr(),
                         std::ptr::null(),
                         libc::MS_BIND,
                         std::ptr::null(),
                     ) != 0
-                        || remount_read_only(&u.merged) != 0
-                    {
-                        return fail();
-                    }
+                {
+                    return fail();
                 }
             }
         }
@@ -823,10 +1010,30 @@ unsafe fn remount_read_only(target: &std::ffi::CStr) -> libc::c_int {
 
 /// One unit: the idmapped clone of its lower, then the overlay; 0 or -1.
 unsafe fn mount_unit(u: &RootUnit, userns: std::os::fd::RawFd) -> libc::c_int {
+    if idmapped_clone(&u.lower, &u.idmapped, userns, u.read_only) != 0 {
+        return -1;
+    }
+    libc::mount(
+        c"overlay".as_ptr(),
+        u.merged.as_ptr(),
+        c"overlay".as_ptr(),
+        if u.read_only { libc::MS_RDONLY } else { 0 },
+        u.options.as_ptr().cast(),
+    )
+}
+
+/// `source` (a directory or a file: an allowed socket) cloned without its submounts,
+/// idmapped to `userns`, at `target`; 0 or -1.
+unsafe fn idmapped_clone(
+    source: &std::ffi::CStr,
+    target: &std::ffi::CStr,
+    userns: std::os::fd::RawFd,
+    read_only: bool,
+) -> libc::c_int {
     let tree = libc::syscall(
         libc::SYS_open_tree,
         libc::AT_FDCWD,
-        u.lower.as_ptr(),
+        source.as_ptr(),
         (libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC) as libc::c_uint,
     ) as libc::c_int;
     if tree < 0 {
@@ -834,7 +1041,7 @@ unsafe fn mount_unit(u: &RootUnit, userns: std::os::fd::RawFd) -> libc::c_int {
     }
     let mut attr: libc::mount_attr = std::mem::zeroed();
     attr.attr_set = libc::MOUNT_ATTR_IDMAP;
-    if u.read_only {
+    if read_only {
         attr.attr_set |= libc::MOUNT_ATTR_RDONLY;
     }
     attr.userns_fd = userns as u64;
@@ -851,20 +1058,15 @@ unsafe fn mount_unit(u: &RootUnit, userns: std::os::fd::RawFd) -> libc::c_int {
             tree,
             c"".as_ptr(),
             libc::AT_FDCWD,
-            u.idmapped.as_ptr(),
+            target.as_ptr(),
             libc::MOVE_MOUNT_F_EMPTY_PATH as libc::c_uint,
         ) == 0;
     libc::close(tree);
-    if !ok {
-        return -1;
+    if ok {
+        0
+    } else {
+        -1
     }
-    libc::mount(
-        c"overlay".as_ptr(),
-        u.merged.as_ptr(),
-        c"overlay".as_ptr(),
-        if u.read_only { libc::MS_RDONLY } else { 0 },
-        u.options.as_ptr().cast(),
-    )
 }
 
 #[cfg(test)]

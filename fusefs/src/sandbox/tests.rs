@@ -947,3 +947,45 @@ fn outside_writes_land_in_the_layer_and_the_next_command_sees_them() {
     );
     fs::remove_dir_all(&outside).unwrap();
 }
+
+/// Issue 29: a sized outside layer (`outside_size`) refuses writes past its size with
+/// ENOSPC and says so among the limits hit, keeps what fit for the branch's next command,
+/// and mounts nothing on the host (a detached tmpfs, gone with its fd).
+#[test]
+fn a_sized_outside_layer_refuses_writes_past_it_and_mounts_nothing_on_the_host() {
+    let f = fixture();
+    let outside = f.mnt.parent().unwrap().join("outside-sized");
+    let dir = format!("/var/tmp/shade-sized-probe-{}", std::process::id());
+    let captured = |script: &str| {
+        let mut s = f.spec(script);
+        s.outside = Some(outside.clone());
+        s.isolation.limits.outside_size = Some(4 << 20);
+        s.output = Output::Capture { cap: 1 << 16 };
+        let o = run(&s).unwrap();
+        let text = o.stdout.as_ref().map(Captured::text).unwrap_or_default();
+        let err = o.stderr.as_ref().map(Captured::text).unwrap_or_default();
+        (o, format!("{text}{err}"))
+    };
+    let (o, said) = captured(&format!(
+        "mkdir -p {dir} && head -c 1000000 /dev/zero > {dir}/fits && \
+         head -c 8000000 /dev/zero > {dir}/big; echo big=$?"
+    ));
+    assert!(said.contains("big=1"), "{said}");
+    assert!(said.contains("No space left on device"), "{said}");
+    assert!(
+        o.limits_hit
+            .contains(&crate::budget::LimitHit::Outside(4 << 20)),
+        "{:?}",
+        o.limits_hit
+    );
+    assert!(!Path::new(&dir).exists(), "the write reached the host");
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(&*outside.to_string_lossy()),
+        "the sized layer is mounted on the host"
+    );
+    let (_, said) = captured(&format!("wc -c < {dir}/fits"));
+    assert_eq!(said.trim(), "1000000");
+    release_outside(&outside);
+    fs::remove_dir_all(&outside).unwrap();
+}
