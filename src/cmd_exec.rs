@@ -255,7 +255,7 @@ struct ChangesetEvent<'a> {
     /// Writes outside the project (never written by the accept).
     outside: &'a [shade_fusefs::outside::OutsideChange],
     accepted: bool,
-    conflicts: Vec<crate::cmd_run::ConflictJson>,
+    conflicts: Vec<crate::review::conflicts::ConflictJson>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
 }
@@ -298,13 +298,13 @@ fn finish_shadow(shadow: Shadow, args: &ExecArgs, stop: Option<StopReason>, code
         match shadow.accept(AcceptFlags::default()) {
             Ok(report) => {
                 event.accepted = true;
-                if !crate::cmd_run::report_accepted(n, &report, args.json) {
-                    event.error = Some(crate::cmd_run::not_applied_summary(&report));
+                if !crate::review::conflicts::report_accepted(n, &report, args.json) {
+                    event.error = Some(crate::review::conflicts::not_applied_summary(&report));
                     final_code = exit::SHADE_ERROR;
                 }
             }
             Err(AcceptError::Conflicts(list)) => {
-                event.conflicts = crate::cmd_run::report_conflicts(&list, &project);
+                event.conflicts = crate::review::conflicts::report_conflicts(&list, &project);
                 final_code = exit::CONFLICT;
             }
             Err(e @ AcceptError::Owner { .. }) => {

@@ -235,10 +235,13 @@ pub(crate) fn apply(session: &mut super::session::Session, cmd: Command) -> Flow
                         println!("{c}");
                     }
                     print_outside(&outside);
-                    print!("{}", crate::cmd_run::for_stdout(&shadow.diff(&changes)));
                     print!(
                         "{}",
-                        crate::cmd_run::for_stdout(&crate::outside::diff(&outside))
+                        crate::review::render::for_stdout(&shadow.diff(&changes))
+                    );
+                    print!(
+                        "{}",
+                        crate::review::render::for_stdout(&crate::outside::diff(&outside))
                     );
                 }
             }
@@ -350,7 +353,7 @@ fn print_refusal(e: &shade_fusefs::AcceptError) {
                 plural(list.len(), "path")
             );
             for c in list {
-                println!("  {}", crate::cmd_run::conflict_line(c));
+                println!("  {}", crate::review::conflicts::conflict_line(c));
             }
         }
         other if other.nothing_written() => println!("not accepted, nothing written: {other}"),

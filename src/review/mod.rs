@@ -4,6 +4,9 @@
 //! one as `--accept`, of the picked part of the branch (see `shade_fusefs::Selection` for which
 //! changes come only together).
 
+pub(crate) mod conflicts;
+pub(crate) mod render;
+
 use crate::exit;
 use crossterm::event::{self, Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use crossterm::style::Print;
@@ -214,7 +217,10 @@ fn report_conflicts(list: &[Conflict], project: &std::path::Path) {
         quote_path(project)
     ));
     for c in list {
-        say(format_args!("  {}", crate::cmd_run::conflict_line(c)));
+        say(format_args!(
+            "  {}",
+            crate::review::conflicts::conflict_line(c)
+        ));
     }
 }
 
@@ -549,7 +555,7 @@ impl Review {
                 c.diff(home)
                     .lines()
                     .filter(|l| !l.starts_with("diff --shade-outside "))
-                    .map(|l| crate::chat::colour_diff_line(&expand_tabs(l)))
+                    .map(|l| render::colour_diff_line(&expand_tabs(l)))
                     .collect()
             });
         }
@@ -565,7 +571,7 @@ impl Review {
                 // The title above the diff names the file already.
                 text.lines()
                     .filter(|l| !l.starts_with("diff --shade "))
-                    .map(|l| crate::chat::colour_diff_line(&expand_tabs(l)))
+                    .map(|l| render::colour_diff_line(&expand_tabs(l)))
                     .collect()
             }
         })
