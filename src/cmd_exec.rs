@@ -316,6 +316,8 @@ async fn best_of(
         approval: args.approval,
         max_turns: args.max_turns,
         prompt: expanded.text,
+        history: Vec::new(),
+        base: None,
     };
     if !args.json {
         eprintln!(

@@ -36,8 +36,16 @@ fn attempt_of(body: &Value) -> usize {
 /// Each attempt writes its answer.txt, then (once all four have written, or after a minute)
 /// reads it back with `cat`, then ends.
 fn scripted() -> FakeLlm {
+    FakeLlm::start(router(4)).unwrap()
+}
+
+/// [`scripted`]'s answers; `cat` waits for `meet` attempts to have written.
+fn router(meet: usize) -> shade_testkit::Router {
     let written = Arc::new(AtomicUsize::new(0));
-    FakeLlm::start(Arc::new(move |body: &Value| {
+    Arc::new(move |body: &Value| {
+        if shade_testkit::last_real_user(body) == "what did you write?" {
+            return Reply::text("I wrote 42.");
+        }
         let i = attempt_of(body);
         if tool_results_since_user(body) == 0 {
             return Reply::tool(
@@ -48,14 +56,13 @@ fn scripted() -> FakeLlm {
         if tool_results_since_user(body) == 1 {
             written.fetch_add(1, Ordering::SeqCst);
             let deadline = Instant::now() + Duration::from_secs(60);
-            while written.load(Ordering::SeqCst) < 4 && Instant::now() < deadline {
+            while written.load(Ordering::SeqCst) < meet && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(20));
             }
             return Reply::tool("shell", json!({"command": "cat answer.txt"}));
         }
         Reply::text("done")
-    }))
-    .unwrap()
+    })
 }
 
 fn exec(fx: &Fixture, llm: &FakeLlm, args: &[&str]) -> Command {
@@ -387,5 +394,57 @@ fn the_screen_picks_an_attempt_and_accepts_part_of_it() {
     assert!(s.contains("exit=0"), "{s}");
     assert_eq!(fx.read("answer.txt"), WRITES[1]);
     assert_eq!(fx.read("keep.txt"), "old\n");
+    assert_clean(&fx);
+}
+
+#[test]
+fn try_in_chat_accepts_the_best_into_the_session_and_goes_on_from_it() {
+    let fx = Fixture::new();
+    let llm = FakeLlm::start(router(1)).unwrap();
+    let config = fx.tmp.path().join("config.toml");
+    std::fs::write(&config, "").unwrap();
+    let mut c = fx.shade();
+    c.args(["chat", "--shadow", "--approval", "yolo", "--config"])
+        .arg(&config)
+        .env("OPENAI_BASE_URL", &llm.base_url)
+        .env("OPENAI_API_KEY", "test-key")
+        .env("SHADE_MODEL", "main-model")
+        .env("XDG_CONFIG_HOME", fx.tmp.path())
+        .env("HOME", fx.tmp.path())
+        .process_group(0)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let input =
+        format!("/try 4 --check {CHECK} -- write the answer\nwhat did you write?\n/accept\n");
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes()).unwrap();
+    let o = finish(child, 300);
+    let what = common::describe(&o);
+    assert_eq!(o.status.code(), Some(0), "{what}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("continuing from attempt 3"), "{what}");
+    assert!(out.contains("I wrote 42."), "{what}");
+    // The turn after /try went on from attempt 3's conversation: its prompt, its `cat`.
+    let after = llm
+        .requests()
+        .into_iter()
+        .find(|b| shade_testkit::last_real_user(b) == "what did you write?")
+        .unwrap();
+    let msgs = after["messages"].as_array().unwrap();
+    let texts: Vec<String> = msgs.iter().map(shade_testkit::content_text).collect();
+    assert!(texts.iter().any(|t| t == "write the answer"), "{texts:?}");
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.contains("42") && !t.contains("second")),
+        "{texts:?}"
+    );
+    assert!(
+        after.get("temperature").is_none(),
+        "the session's own settings again"
+    );
+    // Accepted into the session's branch, then /accept wrote it into the project.
+    assert_eq!(fx.read("answer.txt"), "42\n");
     assert_clean(&fx);
 }

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use shade_agent::approval::{ApprovalMode, NoOneToAsk};
+use shade_agent::shadow::ShadowBase;
 use shade_agent::tools::ToolRegistry;
 use shade_agent::{
     Agent, AgentEvent, AgentOptions, EventSink, Shadow, ShadowOptions, StopReason, ToolContext,
@@ -26,6 +27,7 @@ use shade_agent::{
 };
 use shade_fusefs::quote::visible_controls;
 use shade_fusefs::{AcceptError, AcceptFlags, Change};
+use shade_llm::Message;
 use tokio_util::sync::CancellationToken;
 
 use crate::exit;
@@ -55,6 +57,11 @@ pub(crate) struct Plan {
     pub max_turns: u32,
     /// The prompt, mentions expanded.
     pub prompt: String,
+    /// The conversation so far (chat's `/try`), system prompt first; empty: a new one.
+    pub history: Vec<Message>,
+    /// Branch the attempts off this shadow (a `--shadow` chat's branch: they see its edits,
+    /// and accepting one writes into it); None: off the project.
+    pub base: Option<ShadowBase>,
 }
 
 /// The check's result in one attempt's branch.
@@ -103,6 +110,9 @@ pub(crate) struct Attempt {
     /// Where its branch is mounted (another attempt's versions are read from here).
     #[serde(skip)]
     pub mount: PathBuf,
+    /// Its conversation as it ended (chat goes on from the accepted one's).
+    #[serde(skip)]
+    pub conversation: Vec<Message>,
 }
 
 impl Attempt {
@@ -174,6 +184,8 @@ pub(crate) async fn run_all(
             approval: plan.approval,
             max_turns: plan.max_turns,
             prompt: plan.prompt.clone(),
+            history: plan.history.clone(),
+            base: plan.base.clone(),
             check: plan.check.clone(),
             check_timeout: plan.check_timeout,
         };
@@ -228,6 +240,8 @@ struct One {
     approval: ApprovalMode,
     max_turns: u32,
     prompt: String,
+    history: Vec<Message>,
+    base: Option<ShadowBase>,
     check: Option<String>,
     check_timeout: Duration,
 }
@@ -249,10 +263,16 @@ impl One {
             check: None,
             diff: String::new(),
             mount: PathBuf::new(),
+            conversation: Vec::new(),
         };
         let root = self.root.clone();
+        let base = self.base.clone();
         let created = tokio::task::spawn_blocking(move || {
-            Shadow::create(&root, ShadowOptions::live()).map_err(|e| e.to_string())
+            match base {
+                Some(b) => b.create_child(ShadowOptions::live()),
+                None => Shadow::create(&root, ShadowOptions::live()),
+            }
+            .map_err(|e| e.to_string())
         })
         .await
         .map_err(|e| e.to_string())
@@ -309,7 +329,15 @@ impl One {
                 counted.fetch_add(prompt_tokens + completion_tokens, Ordering::Relaxed);
             }
         });
-        let mut conversation = agent.start_conversation(&self.prompt);
+        let mut conversation = if self.history.is_empty() {
+            agent.start_conversation(&self.prompt)
+        } else {
+            let mut c = self.history.clone();
+            c.push(Message::User {
+                content: self.prompt.clone(),
+            });
+            c
+        };
         attempt.stop = match agent.run(&mut conversation, &sink, cancel).await {
             Ok(outcome) => match outcome.stop {
                 StopReason::Completed | StopReason::Boundary => "completed",
@@ -324,6 +352,7 @@ impl One {
         }
         .to_string();
         drop(agent);
+        attempt.conversation = conversation;
         attempt.tokens = tokens.load(Ordering::Relaxed);
         if cancel.is_cancelled() {
             return (attempt, Some(shadow));
@@ -625,6 +654,7 @@ mod tests {
             }),
             diff: String::new(),
             mount: PathBuf::new(),
+            conversation: Vec::new(),
         }
     }
 
