@@ -425,7 +425,7 @@ fn last_lines(text: &str, n: usize) -> String {
 }
 
 /// Lines added plus removed in a unified diff.
-fn diff_lines(diff: &str) -> usize {
+pub(crate) fn diff_lines(diff: &str) -> usize {
     diff.lines()
         .filter(|l| {
             (l.starts_with('+') && !l.starts_with("+++"))
@@ -465,10 +465,21 @@ pub(crate) fn one_line(a: &Attempt) -> String {
 
 /// A unified diff from attempt `a`'s version of every path either changed to `b`'s.
 pub(crate) fn compare(a: &Attempt, b: &Attempt) -> String {
-    let mut paths: Vec<&Path> = a
-        .changes
+    diff_between(
+        (&format!("attempt {}", a.index), &a.mount, &a.changes),
+        (&format!("attempt {}", b.index), &b.mount, &b.changes),
+    )
+}
+
+/// A unified diff from one branch's version of every path either changed to the other's:
+/// each side is (name for the headers, mount point, its changes).
+pub(crate) fn diff_between(
+    (a_name, a_mount, a_changes): (&str, &Path, &[Change]),
+    (b_name, b_mount, b_changes): (&str, &Path, &[Change]),
+) -> String {
+    let mut paths: Vec<&Path> = a_changes
         .iter()
-        .chain(&b.changes)
+        .chain(b_changes)
         .filter(|c| !c.is_dir)
         .map(|c| c.path.as_path())
         .collect();
@@ -476,8 +487,8 @@ pub(crate) fn compare(a: &Attempt, b: &Attempt) -> String {
     paths.dedup();
     let mut out = String::new();
     for p in paths {
-        let read = |mount: &Path| std::fs::read(mount.join(p)).unwrap_or_default();
-        let (x, y) = (read(&a.mount), read(&b.mount));
+        let read = |mount: &Path| read_beneath(mount, p).unwrap_or_default();
+        let (x, y) = (read(a_mount), read(b_mount));
         if x == y {
             continue;
         }
@@ -487,13 +498,55 @@ pub(crate) fn compare(a: &Attempt, b: &Attempt) -> String {
             &diff
                 .unified_diff()
                 .header(
-                    &format!("attempt {}/{}", a.index, p.display()),
-                    &format!("attempt {}/{}", b.index, p.display()),
+                    &format!("{a_name}/{}", p.display()),
+                    &format!("{b_name}/{}", p.display()),
                 )
                 .to_string(),
         );
     }
     out
+}
+
+/// Bytes kept of one file a comparison reads.
+const COMPARE_LIMIT: u64 = 4 << 20;
+
+/// The regular file `rel` below `mount`, read without following any symlink on the way (a
+/// branch is hostile: its `a/b` may be a link to a file of the host that shade, unlike the
+/// branch's commands, can read) and at most [`COMPARE_LIMIT`] bytes. None: not a regular
+/// file there, or unreadable.
+fn read_beneath(mount: &Path, rel: &Path) -> Option<Vec<u8>> {
+    use std::ffi::CString;
+    use std::io::Read;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    let dir = std::fs::File::open(mount).ok()?;
+    let name = CString::new(rel.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a zeroed open_how is valid (no flags, no mode, no resolve restrictions).
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: openat2 with a live directory fd, a NUL-terminated name and an open_how of
+    // the size given; the returned fd (if any) is owned by us.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: fd is a fresh descriptor nothing else owns.
+    let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut out = Vec::new();
+    file.take(COMPARE_LIMIT).read_to_end(&mut out).ok()?;
+    Some(out)
 }
 
 /// The `--json` line of one attempt.
