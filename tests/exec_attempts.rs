@@ -33,10 +33,10 @@ fn attempt_of(body: &Value) -> usize {
     (((t - 0.2) * 3.0).round() as usize).min(3)
 }
 
-/// Each attempt writes its answer.txt, then (once all four have written, or after a minute)
-/// reads it back with `cat`, then ends.
-fn scripted() -> FakeLlm {
-    FakeLlm::start(router(4)).unwrap()
+/// Each attempt writes its answer.txt, then (once `meet` attempts have written, or after a
+/// minute) reads it back with `cat`, then ends.
+fn scripted(meet: usize) -> FakeLlm {
+    FakeLlm::start(router(meet)).unwrap()
 }
 
 /// [`scripted`]'s answers; `cat` waits for `meet` attempts to have written.
@@ -117,7 +117,7 @@ fn assert_clean(fx: &Fixture) {
 #[test]
 fn four_attempts_two_pass_the_best_is_accepted_and_each_saw_only_its_own_file() {
     let fx = Fixture::new();
-    let llm = scripted();
+    let llm = scripted(1);
     let o = run(
         exec(
             &fx,
@@ -193,7 +193,7 @@ fn four_attempts_two_pass_the_best_is_accepted_and_each_saw_only_its_own_file() 
 #[test]
 fn without_pick_or_a_terminal_every_attempt_is_reported_and_dropped() {
     let fx = Fixture::new();
-    let llm = scripted();
+    let llm = scripted(1);
     let o = run(exec(&fx, &llm, &["--attempts", "4", "--check", CHECK]), 300);
     let what = common::describe(&o);
     assert_eq!(o.status.code(), Some(0), "{what}");
@@ -211,7 +211,7 @@ fn without_pick_or_a_terminal_every_attempt_is_reported_and_dropped() {
 #[test]
 fn none_passing_accepts_nothing() {
     let fx = Fixture::new();
-    let llm = scripted();
+    let llm = scripted(1);
     let o = run(
         exec(
             &fx,
@@ -334,7 +334,7 @@ fn screen(fx: &Fixture, llm: &FakeLlm) -> Tty {
 #[test]
 fn the_screen_compares_then_drops_all() {
     let fx = Fixture::new();
-    let llm = scripted();
+    let llm = scripted(1);
     let tty = screen(&fx, &llm);
     let s = tty.screen();
     assert!(
