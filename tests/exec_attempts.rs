@@ -81,19 +81,32 @@ fn exec(fx: &Fixture, llm: &FakeLlm, args: &[&str]) -> Command {
     c
 }
 
-/// Waits for `child` at most `secs`; on expiry kills its process group and fails.
+/// Waits for `child` at most `secs`; on expiry stops its process group (SIGTERM, so shade
+/// unmounts its branches; SIGKILL after 30 s more) and fails.
 fn finish(mut child: Child, secs: u64) -> Output {
     let deadline = Instant::now() + Duration::from_secs(secs);
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
-            // SAFETY: signalling the process group of a child we started.
-            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            stop(&mut child);
             let o = child.wait_with_output().unwrap();
             panic!("shade did not finish in {secs} s: {}", common::describe(&o));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     child.wait_with_output().unwrap()
+}
+
+/// SIGTERM to `child`'s process group, then SIGKILL if it is still there after 30 s.
+fn stop(child: &mut Child) {
+    let group = -(child.id() as i32);
+    // SAFETY: signalling the process group of a child we started.
+    unsafe { libc::kill(group, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(group, libc::SIGKILL) };
 }
 
 fn run(mut cmd: Command, secs: u64) -> Output {
@@ -280,8 +293,8 @@ fn ctrl_c_while_attempts_run_leaves_no_mount_and_no_process() {
         let deadline = Instant::now() + Duration::from_secs(120);
         while count() < 2 {
             if Instant::now() > deadline {
-                // SAFETY: signalling the process group of the child we started.
-                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+                let mut child = child;
+                stop(&mut child);
                 let o = finish(child, 60);
                 panic!(
                     "the attempts' commands never started: {}",
@@ -446,5 +459,62 @@ fn try_in_chat_accepts_the_best_into_the_session_and_goes_on_from_it() {
     );
     // Accepted into the session's branch, then /accept wrote it into the project.
     assert_eq!(fx.read("answer.txt"), "42\n");
+    assert_clean(&fx);
+}
+
+#[test]
+fn models_go_round_the_attempts() {
+    let fx = Fixture::new();
+    let llm = scripted(1);
+    let o = run(
+        exec(
+            &fx,
+            &llm,
+            &["--models", "small,big", "--attempts", "4", "--json"],
+        ),
+        300,
+    );
+    let what = common::describe(&o);
+    assert_eq!(o.status.code(), Some(0), "{what}");
+    let mut models: Vec<(u64, String)> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|l| l["type"] == "attempt")
+        .map(|a| {
+            (
+                a["index"].as_u64().unwrap(),
+                a["model"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    models.sort();
+    let names: Vec<&str> = models.iter().map(|(_, m)| m.as_str()).collect();
+    assert_eq!(names, ["small", "big", "small", "big"], "{what}");
+    // Each attempt's calls went to its own model.
+    for body in llm.requests() {
+        let expected = if attempt_of(&body) % 2 == 0 {
+            "small"
+        } else {
+            "big"
+        };
+        assert_eq!(body["model"], expected);
+    }
+    assert_clean(&fx);
+}
+
+#[test]
+fn ctrl_c_on_the_screen_drops_every_attempt() {
+    let fx = Fixture::new();
+    let llm = scripted(1);
+    let tty = screen(&fx, &llm);
+    tty.keys(&["C-c"]);
+    let s = tty.wait_text("exit=", 60);
+    assert!(s.contains("exit=130"), "{s}");
+    assert!(
+        tty.history().contains("interrupted by signal 2"),
+        "{}",
+        tty.history()
+    );
+    assert!(!fx.project.join("answer.txt").exists());
     assert_clean(&fx);
 }
