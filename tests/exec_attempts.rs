@@ -492,7 +492,7 @@ fn models_go_round_the_attempts() {
     assert_eq!(names, ["small", "big", "small", "big"], "{what}");
     // Each attempt's calls went to its own model.
     for body in llm.requests() {
-        let expected = if attempt_of(&body) % 2 == 0 {
+        let expected = if attempt_of(&body).is_multiple_of(2) {
             "small"
         } else {
             "big"
