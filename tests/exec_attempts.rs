@@ -518,3 +518,60 @@ fn ctrl_c_on_the_screen_drops_every_attempt() {
     assert!(!fx.project.join("answer.txt").exists());
     assert_clean(&fx);
 }
+
+/// Two attempts at once bind the same loopback port and write the same /tmp file: each has
+/// its own, so both binds succeed and each reads back only its own file.
+#[test]
+fn attempts_have_their_own_ports_and_tmp() {
+    let fx = Fixture::new();
+    let meet = fx.tmp.path().join("bound");
+    std::fs::create_dir_all(&meet).unwrap();
+    std::fs::set_permissions(&meet, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let script = format!(
+        "import os, socket, time\n\
+         s = socket.socket()\n\
+         s.bind(('127.0.0.1', 47123))\n\
+         s.listen()\n\
+         open(os.path.join({meet:?}, os.urandom(8).hex()), 'w').close()\n\
+         end = time.time() + 60\n\
+         while len(os.listdir({meet:?})) < 2 and time.time() < end:\n    time.sleep(0.05)\n\
+         print('bound while', len(os.listdir({meet:?})), 'were')\n",
+        meet = meet.display().to_string()
+    );
+    std::fs::write(fx.tmp.path().join("bind.py"), &script).unwrap();
+    let bind = fx.tmp.path().join("bind.py").display().to_string();
+    let llm = FakeLlm::start(Arc::new(move |body: &Value| {
+        let i = attempt_of(body);
+        if tool_results_since_user(body) == 0 {
+            let command = format!(
+                "echo mine-{i} > /tmp/shared && /usr/bin/python3 {bind} && cat /tmp/shared"
+            );
+            Reply::tool("shell", json!({ "command": command }))
+        } else {
+            Reply::text("done")
+        }
+    }))
+    .unwrap();
+    let o = run(
+        exec(&fx, &llm, &["--attempts", "2", "--jobs", "2", "--json"]),
+        300,
+    );
+    let what = common::describe(&o);
+    assert_eq!(o.status.code(), Some(0), "{what}");
+    let mut seen = 0;
+    for body in llm.requests() {
+        if tool_results_since_user(&body) == 1 {
+            let i = attempt_of(&body);
+            let out = last_tool_result(&body).unwrap();
+            assert!(out.contains("bound while 2 were"), "attempt {i}: {out}");
+            assert!(out.contains(&format!("mine-{i}")), "attempt {i}: {out}");
+            assert!(
+                !out.contains(&format!("mine-{}", 3 - i)),
+                "attempt {i}: {out}"
+            );
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 2, "{what}");
+    assert_clean(&fx);
+}

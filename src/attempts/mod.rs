@@ -146,6 +146,26 @@ fn temperature(i: usize, n: usize) -> Option<f32> {
     (n > 1).then(|| 0.2 + i as f32 / (n - 1) as f32)
 }
 
+/// An attempt's branch and sandbox: as `exec --shadow`'s, but with a private /tmp and a
+/// network namespace of its own (loopback only), so that attempts running at once do not
+/// see each other's temporary files or ports (each has its own branch, outside layer and
+/// PID namespace already). So attempts have no network.
+fn attempt_options() -> ShadowOptions {
+    let isolation = shade_fusefs::sandbox::Isolation {
+        network: true,
+        private_tmp: true,
+        ..shade_fusefs::sandbox::Isolation::default()
+    };
+    ShadowOptions {
+        branch: shade_fusefs::BranchOptions {
+            id_shift: shade_fusefs::sandbox::branch_id_shift(&isolation),
+            ..shade_fusefs::BranchOptions::default()
+        },
+        isolation,
+        cache_dirs: Vec::new(),
+    }
+}
+
 /// The attempts once all have ended, with their branches still mounted.
 pub(crate) struct Finished {
     /// Results, in start order.
@@ -269,8 +289,8 @@ impl One {
         let base = self.base.clone();
         let created = tokio::task::spawn_blocking(move || {
             match base {
-                Some(b) => b.create_child(ShadowOptions::live()),
-                None => Shadow::create(&root, ShadowOptions::live()),
+                Some(b) => b.create_child(attempt_options()),
+                None => Shadow::create(&root, attempt_options()),
             }
             .map_err(|e| e.to_string())
         })
