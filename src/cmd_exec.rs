@@ -34,7 +34,7 @@ README), then OPENAI_BASE_URL, OPENAI_API_KEY, SHADE_MODEL, \
 SHADE_FAST_MODEL, then the flags.
 
 Exit status: 0 answered, 2 turn limit reached, 130 interrupted (Ctrl-C; 143 SIGTERM, 129 SIGHUP), 124 --accept refused \
-(conflicts), 125 shade or model error.")]
+(conflicts), 125 shade or model error; with --attempts, 1 when no attempt passed.")]
 pub struct ExecArgs {
     /// What may run without asking: default (ask before edits and writing commands),
     /// auto-edit, yolo, plan (read-only). Without a terminal, what would be asked is refused.
@@ -338,6 +338,18 @@ async fn best_of(
             return 128 + sig;
         }
     };
+    if cancel.is_cancelled() {
+        // A signal between the last attempt's end and now: nothing is accepted.
+        let sig = match stopped_by.load(std::sync::atomic::Ordering::SeqCst) {
+            0 => libc::SIGINT,
+            s => s,
+        };
+        attempts::drop_all(done.shadows).await;
+        eprintln!(
+            "shade: interrupted by signal {sig}; dropped every attempt, the project is unchanged"
+        );
+        return 128 + sig;
+    }
     let decision = if args.pick.is_some() {
         Decision::PickBest
     } else if !args.json && std::io::stdin().is_terminal() && std::io::stdout().is_terminal() {
