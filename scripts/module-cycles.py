@@ -8,6 +8,10 @@ each into an edge between the two sibling modules where the paths part (`tools::
 `followup::telemetry::Y` is controller -> telemetry under followup), and looks for cycles
 among siblings. Crate-level circles are impossible (Cargo refuses them).
 
+It also builds the graph between files (each module's file -> the files whose items it
+names, leaving out a module's own ancestors) and fails on a circle there, which the sibling
+view misses when the circle passes through a child of one module and the parent of another.
+
 Usage: scripts/module-cycles.py [--graph] [CRATE_DIR...]   (default: every crate here)
 """
 import os
@@ -19,6 +23,12 @@ import sys
 KNOWN = {
     # Accept planning: the tree holds the branch's reads, reads/changeset/select plan from
     # the overlay's tree, and changeset plans only what select keeps.
+    "fusefs": [["changeset", "overlay", "reads", "select", "tree"]],
+}
+# The same between files: a circle through files of different modules (`a/x.rs` -> `b.rs` ->
+# `a/mod.rs`) is invisible among siblings when each module only reaches into the other's
+# children. Keyed by crate dir; modules named by their path (`chat::commands`).
+KNOWN_FILES = {
     "fusefs": [["changeset", "overlay", "reads", "select", "tree"]],
 }
 
@@ -46,10 +56,38 @@ def modules(src):
     return out
 
 
+# Comments, (raw, byte) strings and char literals, matched left to right so that a quote
+# inside one of them does not start another (`'"'`, `"it's"`).
+TOKEN = re.compile(
+    r"//[^\n]*|/\*.*?\*/"
+    r'|b?r(#*)".*?"\1'
+    r'|b?"(?:\\.|[^"\\])*"'
+    r"|b?'(?:\\(?:x[0-9a-fA-F]{2}|u\{[0-9a-fA-F]+\}|.)|[^'\\\n])'",
+    re.S,
+)
+
+
 def strip(text):
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
-    return re.sub(r"//[^\n]*", "", text)
+    """The text with comments, strings and char literals blanked, and inline modules'
+    (`mod tests { use super::*; }`) `super::` read as the file's own module."""
+    text = TOKEN.sub(lambda m: " " if m.group(0).startswith("/") else '""', text)
+    out, i = [], 0
+    for m in re.finditer(r"\bmod\s+%s\s*\{" % IDENT, text):
+        if m.start() < i:
+            continue
+        depth, j = 1, m.end()
+        while j < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            j += 1
+        body = re.sub(
+            r"(?<![\w:])super::((?:super::)*)",
+            lambda s: s.group(1)[len("super::") :] if s.group(1) else "self::",
+            text[m.end() : j],
+        )
+        out += [text[i : m.end()], body]
+        i = j
+    out.append(text[i:])
+    return "".join(out)
 
 
 def use_paths(text):
@@ -131,6 +169,24 @@ def edges(mods):
     return out
 
 
+def file_edges(mods):
+    """File -> the files it names items of. A path into a module's own ancestors (`super::X`,
+    `crate::X` defined in lib.rs or a parent mod.rs) is not an edge: a module's parent is its
+    namespace, and a parent reaching into its children is how Rust modules are built."""
+    out = {}
+    for here, file in mods.items():
+        is_dir = file.endswith("mod.rs") or file.endswith("lib.rs") or file.endswith("main.rs")
+        for p in use_paths(strip(open(file, encoding="utf-8").read())):
+            target = resolve(here, is_dir, p, mods)
+            if target is None:
+                continue
+            while target not in mods:
+                target = target[:-1]
+            if target != here[: len(target)]:
+                out.setdefault(here, set()).add(target)
+    return out
+
+
 def cycles(graph):
     """Strongly connected components with more than one module (Tarjan)."""
     index, low, stack, on, found = {}, {}, [], set(), []
@@ -193,6 +249,13 @@ def main():
                     continue
                 bad += 1
                 print(f"import circle in {where}: {' <-> '.join(comp)}", file=sys.stderr)
+        files = file_edges(modules(os.path.join(crate, "src")))
+        for comp in cycles(files):
+            names = ["::".join(m) or "(root)" for m in comp]
+            if names in KNOWN_FILES.get(name, []):
+                continue
+            bad += 1
+            print(f"file import circle in {name}: {' <-> '.join(names)}", file=sys.stderr)
     if bad:
         sys.exit(1)
 

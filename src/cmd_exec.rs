@@ -34,7 +34,7 @@ README), then OPENAI_BASE_URL, OPENAI_API_KEY, SHADE_MODEL, \
 SHADE_FAST_MODEL, then the flags.
 
 Exit status: 0 answered, 2 turn limit reached, 130 interrupted (Ctrl-C; 143 SIGTERM, 129 SIGHUP), 124 --accept refused \
-(conflicts), 125 shade or model error.")]
+(conflicts), 125 shade or model error; with --attempts, 1 when no attempt passed.")]
 pub struct ExecArgs {
     /// What may run without asking: default (ask before edits and writing commands),
     /// auto-edit, yolo, plan (read-only). Without a terminal, what would be asked is refused.
@@ -65,8 +65,41 @@ pub struct ExecArgs {
     /// (refused, nothing written, exit 124, if a changed path was edited meanwhile).
     #[arg(long, requires = "shadow")]
     pub accept: bool,
+    /// Best of N: run this many attempts at the prompt at once, each in its own confined
+    /// branch (attempts differ by temperature, or by model with --models), rank them and
+    /// accept one (--pick best, or on a screen at a terminal); the others are dropped.
+    /// Attempts ask nothing: what --approval would ask is refused.
+    #[arg(long, value_name = "N", conflicts_with_all = ["shadow", "suggest"])]
+    pub attempts: Option<usize>,
+    /// With --attempts: a shell command run in each attempt's branch when it ends (confined
+    /// like the agent's commands); exit 0 passes. Without it, an attempt passes if it finished.
+    #[arg(long, value_name = "CMD")]
+    pub check: Option<String>,
+    /// With --attempts: the check is killed after this long, and fails.
+    #[arg(long, value_name = "SECS", value_parser = crate::args::seconds, default_value = "600")]
+    pub check_timeout: f64,
+    /// With --attempts: models to go round, comma-separated (default: the configured model).
+    #[arg(long, value_delimiter = ',', value_name = "A,B,…")]
+    pub models: Vec<String>,
+    /// With --attempts: how many run at once (default: the number of CPUs).
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<usize>,
+    /// With --attempts: `best` accepts the top-ranked attempt that passed, without a screen
+    /// (exit 1, nothing accepted, if none passed).
+    #[arg(long, value_name = "HOW", value_parser = ["best"])]
+    pub pick: Option<String>,
     /// The prompt.
     pub prompt: String,
+}
+
+impl ExecArgs {
+    /// Several attempts (best of N) rather than one run.
+    fn best_of(&self) -> bool {
+        self.attempts.is_some()
+            || !self.models.is_empty()
+            || self.pick.is_some()
+            || self.check.is_some()
+    }
 }
 
 fn parse_mode(s: &str) -> Result<ApprovalMode, String> {
@@ -144,6 +177,12 @@ async fn run(args: ExecArgs) -> i32 {
             }
             Err(e) => tracing::warn!("cannot catch signal {signo}: {e}"),
         }
+    }
+    if args.best_of() {
+        crate::cmd_run::startup_recovery(&StateDir::from_env());
+        let code = best_of(&args, &workspace, &llm, &tools, &cancel, &stopped_by).await;
+        mcp.close().await;
+        return code;
     }
     let shadow = if args.shadow {
         crate::cmd_run::startup_recovery(&StateDir::from_env());
@@ -247,6 +286,80 @@ async fn run(args: ExecArgs) -> i32 {
     }
 }
 
+/// `--attempts N`: run them, then accept the best, show the screen, or only report.
+async fn best_of(
+    args: &ExecArgs,
+    workspace: &Workspace,
+    llm: &crate::llm_setup::LlmSetup,
+    tools: &ToolRegistry,
+    cancel: &CancellationToken,
+    stopped_by: &std::sync::atomic::AtomicI32,
+) -> i32 {
+    use crate::attempts::{self, Decision, Plan};
+    let root = workspace.root();
+    let expanded = shade_agent::mentions::expand(&args.prompt, workspace);
+    for (mention, note) in &expanded.attached {
+        eprintln!("shade: attached @{mention} ({note})");
+    }
+    for (mention, why) in &expanded.refused {
+        eprintln!("shade: @{mention} not attached: {why}");
+    }
+    let n = args.attempts.unwrap_or(args.models.len().max(1));
+    let plan = Plan {
+        attempts: n,
+        check: args.check.clone(),
+        check_timeout: std::time::Duration::from_secs_f64(args.check_timeout),
+        models: args.models.clone(),
+        jobs: args.jobs.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get)
+        }),
+        approval: args.approval,
+        max_turns: args.max_turns,
+        prompt: expanded.text,
+        history: Vec::new(),
+        base: None,
+    };
+    if !args.json {
+        eprintln!(
+            "shade: {n} attempt{} in branches, {} at a time{}",
+            if n == 1 { "" } else { "s" },
+            plan.jobs.min(n),
+            match &plan.check {
+                Some(c) => format!(", checked by `{}`", visible_controls(c)),
+                None => String::new(),
+            }
+        );
+    }
+    let done = match attempts::run_all(&plan, root, llm, tools, cancel, stopped_by, args.json).await
+    {
+        Ok(d) => d,
+        Err(sig) => {
+            eprintln!("shade: interrupted by signal {sig}; dropped every attempt, the project is unchanged");
+            return 128 + sig;
+        }
+    };
+    if cancel.is_cancelled() {
+        // A signal between the last attempt's end and now: nothing is accepted.
+        let sig = match stopped_by.load(std::sync::atomic::Ordering::SeqCst) {
+            0 => libc::SIGINT,
+            s => s,
+        };
+        attempts::drop_all(done.shadows).await;
+        eprintln!(
+            "shade: interrupted by signal {sig}; dropped every attempt, the project is unchanged"
+        );
+        return 128 + sig;
+    }
+    let decision = if args.pick.is_some() {
+        Decision::PickBest
+    } else if !args.json && std::io::stdin().is_terminal() && std::io::stdout().is_terminal() {
+        Decision::Screen
+    } else {
+        Decision::Report
+    };
+    tokio::task::block_in_place(|| attempts::finish(done, decision, args.json)).0
+}
+
 /// The `--json` event closing a `--shadow` run.
 #[derive(Serialize)]
 struct ChangesetEvent<'a> {
@@ -255,7 +368,7 @@ struct ChangesetEvent<'a> {
     /// Writes outside the project (never written by the accept).
     outside: &'a [shade_fusefs::outside::OutsideChange],
     accepted: bool,
-    conflicts: Vec<crate::cmd_run::ConflictJson>,
+    conflicts: Vec<crate::review::conflicts::ConflictJson>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
 }
@@ -298,13 +411,13 @@ fn finish_shadow(shadow: Shadow, args: &ExecArgs, stop: Option<StopReason>, code
         match shadow.accept(AcceptFlags::default()) {
             Ok(report) => {
                 event.accepted = true;
-                if !crate::cmd_run::report_accepted(n, &report, args.json) {
-                    event.error = Some(crate::cmd_run::not_applied_summary(&report));
+                if !crate::review::conflicts::report_accepted(n, &report, args.json) {
+                    event.error = Some(crate::review::conflicts::not_applied_summary(&report));
                     final_code = exit::SHADE_ERROR;
                 }
             }
             Err(AcceptError::Conflicts(list)) => {
-                event.conflicts = crate::cmd_run::report_conflicts(&list, &project);
+                event.conflicts = crate::review::conflicts::report_conflicts(&list, &project);
                 final_code = exit::CONFLICT;
             }
             Err(e @ AcceptError::Owner { .. }) => {

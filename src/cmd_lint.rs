@@ -121,7 +121,7 @@ fn run(args: LintArgs) -> anyhow::Result<i32> {
     } else {
         // A checker's message quotes the branch's code: shown, never obeyed, on a terminal.
         for d in &shown {
-            writeln!(out, "{}", crate::cmd_run::for_stdout(&d.to_string()))?;
+            writeln!(out, "{}", crate::review::render::for_stdout(&d.to_string()))?;
         }
     }
     let new_errors = diags.iter().any(|d| d.new && d.severity == Severity::Error);

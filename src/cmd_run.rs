@@ -2,6 +2,10 @@
 //! project's real path, show what it changed, then accept or drop the branch.
 
 use crate::exit;
+use crate::review::conflicts::{
+    not_applied_summary, report_accepted, report_conflicts, ConflictJson,
+};
+use crate::review::render::{for_stdout, print_changes};
 use anyhow::Context;
 use clap::Args;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
@@ -89,27 +93,6 @@ struct Report<'a> {
     diff: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
-}
-
-#[derive(Serialize)]
-pub(crate) struct ConflictJson {
-    #[serde(serialize_with = "shade_fusefs::lossy_path")]
-    path: PathBuf,
-    /// The exact bytes of a name that is not UTF-8 (`path` shows it with U+FFFD).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    path_bytes: Option<Vec<u8>>,
-    reason: String,
-}
-
-/// A conflict as one terminal line: its path quoted (see `shade_fusefs::quote`), the rest as
-/// the accept engine says it.
-pub(crate) fn conflict_line(c: &shade_fusefs::Conflict) -> String {
-    let text = c.to_string();
-    let shown = c.path.display().to_string();
-    match text.strip_prefix(&shown) {
-        Some(rest) => format!("{}{rest}", quote_path(&c.path)),
-        None => visible_controls(&text).into_owned(),
-    }
 }
 
 pub fn main(args: RunArgs) -> i32 {
@@ -461,70 +444,6 @@ pub(crate) fn after_deferred(signals: Option<shade_fusefs::DeferSignals>, code: 
     128 + sig
 }
 
-/// Says on stderr what an accept of `n` changes did; false when some were left out because
-/// their paths changed while it ran (listed, with where the branch's versions are kept).
-pub(crate) fn report_accepted(n: usize, report: &shade_fusefs::AcceptReport, json: bool) -> bool {
-    if let Some(note) = report.privileges_note() {
-        eprintln!("shade: {note}");
-    }
-    let left = report.not_applied.len();
-    if left == 0 {
-        if !json {
-            eprintln!(
-                "shade: accepted {n} change{}",
-                if n == 1 { "" } else { "s" }
-            );
-        }
-        return true;
-    }
-    eprintln!(
-        "shade: accepted all but {left} of {n} changes: {} changed in the project while the \
-         accept ran and {} left as they are now:",
-        if left == 1 {
-            "this path"
-        } else {
-            "these paths"
-        },
-        if left == 1 { "is" } else { "are" },
-    );
-    for a in &report.not_applied {
-        eprintln!("  {a}");
-    }
-    false
-}
-
-/// One line naming what an accept left out (for `--json`'s `error`).
-pub(crate) fn not_applied_summary(report: &shade_fusefs::AcceptReport) -> String {
-    let list: Vec<String> = report.not_applied.iter().map(ToString::to_string).collect();
-    format!(
-        "not applied (changed while the accept ran): {}",
-        list.join("; ")
-    )
-}
-
-/// Says on stderr why an accept was refused, and returns the conflicts for `--json`.
-pub(crate) fn report_conflicts(
-    list: &[shade_fusefs::Conflict],
-    project: &std::path::Path,
-) -> Vec<ConflictJson> {
-    eprintln!(
-        "shade: not accepted: {} path{} changed in {} since the branch read them:",
-        list.len(),
-        if list.len() == 1 { "" } else { "s" },
-        quote_path(project)
-    );
-    list.iter()
-        .map(|c| {
-            eprintln!("  {}", conflict_line(c));
-            ConflictJson {
-                path: c.path.clone(),
-                path_bytes: shade_fusefs::non_utf8_bytes(&c.path).map(<[u8]>::to_vec),
-                reason: c.to_string(),
-            }
-        })
-        .collect()
-}
-
 /// Block or unblock SIGINT, SIGTERM and SIGHUP for the calling thread (and the threads
 /// it starts afterwards). A signal that arrives while blocked waits; shade exits moments
 /// later on its own.
@@ -535,24 +454,6 @@ fn termination_signals(how: SigmaskHow) {
     }
     if let Err(e) = nix::sys::signal::pthread_sigmask(how, Some(&set), None) {
         tracing::warn!("cannot change the signal mask: {e}");
-    }
-}
-
-/// Text shade prints on stdout that came from elsewhere (a branch's contents): with its
-/// control characters made visible when stdout is a terminal, unchanged for a pipe or file.
-pub(crate) fn for_stdout(text: &str) -> std::borrow::Cow<'_, str> {
-    use std::io::IsTerminal;
-    if std::io::stdout().is_terminal() {
-        visible_controls(text)
-    } else {
-        std::borrow::Cow::Borrowed(text)
-    }
-}
-
-pub(crate) fn print_changes(changes: &[Change]) {
-    let mut err = std::io::stderr().lock();
-    for c in changes {
-        let _ = writeln!(err, "{c}");
     }
 }
 

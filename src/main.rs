@@ -3,6 +3,7 @@
 //! A thin CLI over the `shade-fusefs` (overlay) and `shade-agent` (LLM agent) libraries.
 
 mod args;
+mod attempts;
 mod chat;
 mod cmd_check;
 mod cmd_doctor;

@@ -213,6 +213,7 @@ async fn tools_are_listed_with_truthful_annotations() {
         "check_command",
         "accept_branch",
         "abort_branch",
+        "compare_branches",
     ] {
         assert!(
             names.contains(&expected),
@@ -229,7 +230,50 @@ async fn tools_are_listed_with_truthful_annotations() {
         "diff",
         "lint",
         "check_command",
+        "compare_branches",
     ];
+    // Each description begins with what its tool does: a client that cuts them short (qwen
+    // at ~160 characters) still tells them apart.
+    let mut starts: Vec<String> = tools
+        .iter()
+        .map(|t| t.description.as_ref().unwrap().chars().take(40).collect())
+        .collect();
+    starts.sort();
+    starts.dedup();
+    assert_eq!(
+        starts.len(),
+        tools.len(),
+        "descriptions that begin alike: {starts:#?}"
+    );
+    for t in &tools {
+        let first = t
+            .description
+            .as_ref()
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .to_string();
+        assert!(
+            first.chars().next().unwrap().is_uppercase() && !first.starts_with("It"),
+            "{} begins with {first:?}, not with what it does",
+            t.name
+        );
+    }
+    for name in [
+        "create_branch",
+        "list_branches",
+        "run_command",
+        "list_changes",
+        "diff",
+        "check_command",
+        "accept_branch",
+        "abort_branch",
+        "compare_branches",
+    ] {
+        let t = tools.iter().find(|t| t.name == name).unwrap();
+        assert!(t.output_schema.is_some(), "{name} has no outputSchema");
+    }
     for t in &tools {
         let a = t.annotations.as_ref().unwrap();
         let name = t.name.as_ref();
@@ -780,4 +824,107 @@ fn raw_post(authority: &str, headers: &str, body: &str) -> String {
     let mut reply = String::new();
     let _ = conn.read_to_string(&mut reply);
     reply
+}
+
+/// Calls `name` with `args`, asserting it succeeds; returns its `structuredContent`.
+async fn structured(client: &Client, name: &str, args: Value) -> Value {
+    let Value::Object(args) = args else {
+        panic!("arguments must be an object")
+    };
+    let params = CallToolRequestParams::new(name.to_string()).with_arguments(args);
+    let result = client.call_tool(params).await.unwrap();
+    assert_ne!(result.is_error, Some(true), "{name} failed: {result:?}");
+    result
+        .structured_content
+        .unwrap_or_else(|| panic!("{name} gave no structuredContent"))
+}
+
+/// Two attempts at one task in two branches, told apart by a real client from the structured
+/// results alone: branch ids, exit codes, changes, and the diff between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_compares_two_branches() {
+    let fx = Fixture::new();
+    fx.write("answer.txt", "?\n");
+    let client = connect(&fx, None, &["--no-lint"]).await;
+    let a = structured(&client, "create_branch", json!({})).await;
+    let b = structured(&client, "create_branch", json!({})).await;
+    let (a, b) = (a["branch"].as_str().unwrap(), b["branch"].as_str().unwrap());
+    assert_ne!(a, b);
+    for (id, answer) in [(a, "41\n"), (b, "42\nchecked\n")] {
+        ok(
+            &client,
+            "write_file",
+            json!({"branch": id, "path": "answer.txt", "content": answer}),
+        )
+        .await;
+    }
+    let check = "test \"$(head -n 1 answer.txt)\" = 42";
+    let ra = structured(
+        &client,
+        "run_command",
+        json!({"branch": a, "command": check}),
+    )
+    .await;
+    let rb = structured(
+        &client,
+        "run_command",
+        json!({"branch": b, "command": check}),
+    )
+    .await;
+    assert_eq!(
+        (ra["exit_code"].clone(), rb["exit_code"].clone()),
+        (json!(1), json!(0))
+    );
+    assert_eq!(ra["branch"], a);
+    let listed = structured(&client, "list_branches", json!({})).await;
+    assert_eq!(listed["branches"].as_array().unwrap().len(), 2, "{listed}");
+    let c = structured(
+        &client,
+        "compare_branches",
+        json!({"branch": a, "other": b}),
+    )
+    .await;
+    assert_eq!(c["same"], false, "{c}");
+    assert_eq!(c["branches"][0]["branch"], a);
+    assert_eq!(c["branches"][0]["diff_lines"], 2, "{c}");
+    assert_eq!(c["branches"][1]["diff_lines"], 3, "{c}");
+    assert_eq!(c["branches"][1]["changes"][0]["path"], "answer.txt", "{c}");
+    let diff = c["diff"].as_str().unwrap();
+    assert!(
+        diff.contains("-41") && diff.contains("+42") && diff.contains("+checked"),
+        "{diff}"
+    );
+    // A link in one branch to a file of the host is not followed: only the branch is read.
+    std::fs::write(fx.tmp.path().join("secret"), "host secret\n").unwrap();
+    let link = format!(
+        "ln -sf {} answer.txt",
+        fx.tmp.path().join("secret").display()
+    );
+    let r = structured(
+        &client,
+        "run_command",
+        json!({"branch": a, "command": link}),
+    )
+    .await;
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let c = structured(
+        &client,
+        "compare_branches",
+        json!({"branch": a, "other": b}),
+    )
+    .await;
+    assert!(!c["diff"].as_str().unwrap().contains("host secret"), "{c}");
+    let (err, text) = call(
+        &client,
+        "compare_branches",
+        json!({"branch": a, "other": a}),
+    )
+    .await;
+    assert!(err, "{text}");
+    // Comparing changes nothing: the project is as it was.
+    assert_eq!(fx.read("answer.txt"), "?\n");
+    let aborted = structured(&client, "abort_branch", json!({"branch": a})).await;
+    assert_eq!(aborted, json!({"branch": a, "aborted": true}));
+    disconnect(client).await;
+    assert_no_shade_mounts(&fx.state);
 }

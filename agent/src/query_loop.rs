@@ -206,6 +206,11 @@ impl Agent {
         self.tools.get(name)
     }
 
+    /// Every tool the agent has, for a caller that starts agents like it (chat's `/try`).
+    pub fn tools(&self) -> &ToolRegistry {
+        &self.tools
+    }
+
     /// The same agent (provider, tools, model, memory paths) working in another workspace —
     /// e.g. a branch mount for a speculative run — with its own todo list and approval mode.
     /// Run it on a clone of the conversation so the request prefix stays identical.

@@ -286,6 +286,23 @@ impl Shadow {
     /// Drops the branch: kills every process still running in it, unmounts it and removes
     /// its store (and the cache branches). Nothing is left mounted or on disk.
     pub fn abort(self) {}
+
+    /// The branch itself, for a caller that reviews and accepts it on its own (best of N
+    /// hands the picked attempt to the per-file review): commands are killed first and no
+    /// new one can start, so nothing writes in it any more. The [`Leftover`] holds the
+    /// cache branches; dropping it unmounts them. None once accepted or aborted.
+    pub fn into_branch(self) -> Option<(Branch, Leftover)> {
+        let caches = self.inner.stop_commands();
+        self.inner.close_children();
+        let branch = lock(&self.inner.branch).take()?;
+        Some((
+            branch,
+            Leftover {
+                _branch: None,
+                _caches: caches,
+            },
+        ))
+    }
 }
 
 /// A shadow as the base of others: a child is a branch of its branch (it sees the

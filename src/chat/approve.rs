@@ -72,7 +72,7 @@ impl Approver for ChatApprover {
         }
         let mut question = String::new();
         if let Some(diff) = request.preview {
-            question.push_str(&colour_diff(diff));
+            question.push_str(&crate::review::render::colour_diff(diff));
             if !diff.ends_with('\n') {
                 question.push('\n');
             }
@@ -120,7 +120,10 @@ pub(crate) enum Confirm {
 
 /// Ask a yes/no question about `shown` (a changeset and diff) outside a turn.
 pub(crate) fn confirm(shown: &str, what: &str) -> Confirm {
-    let question = format!("{}\x1b[1m{what}?\x1b[0m [y]es / [n]o ", colour_diff(shown));
+    let question = format!(
+        "{}\x1b[1m{what}?\x1b[0m [y]es / [n]o ",
+        crate::review::render::colour_diff(shown)
+    );
     match read_key(&question, &CancellationToken::new()) {
         Key::Yes | Key::Always => Confirm::Yes,
         Key::No => Confirm::No,
@@ -176,27 +179,4 @@ fn read_key(question: &str, cancel: &CancellationToken) -> Key {
     };
     let _ = writeln!(err, "{word}");
     key
-}
-
-/// Red removals, green additions, like `git diff` on a terminal.
-fn colour_diff(diff: &str) -> String {
-    diff.lines().map(|l| colour_diff_line(l) + "\n").collect()
-}
-
-/// One line of a unified diff as [`colour_diff`] shows it (without its line feed); the
-/// review of `shade run --review` lays diffs out line by line.
-pub(crate) fn colour_diff_line(l: &str) -> String {
-    // What the model wrote (and the names it chose) is shown, never obeyed.
-    let l = visible_controls(l);
-    if l.starts_with("+++") || l.starts_with("---") {
-        format!("\x1b[1m{l}\x1b[0m")
-    } else if l.starts_with('+') {
-        format!("\x1b[32m{l}\x1b[0m")
-    } else if l.starts_with('-') {
-        format!("\x1b[31m{l}\x1b[0m")
-    } else if l.starts_with("@@") {
-        format!("\x1b[36m{l}\x1b[0m")
-    } else {
-        l.into_owned()
-    }
 }

@@ -36,6 +36,11 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
          --keep-outside PATH… also keeps those writes outside it",
     ),
     ("/abort", "with --shadow: drop the branch's changes"),
+    (
+        "/try",
+        "/try N [--check CMD --] PROMPT: N attempts in branches, the best accepted, and the \
+         conversation goes on from it",
+    ),
     ("/exit", "leave (also Ctrl-D)"),
 ];
 
@@ -58,6 +63,12 @@ pub(crate) enum Command {
         keep: Vec<String>,
     },
     Abort,
+    /// `/try N [--check CMD --] PROMPT`: best of N.
+    Try {
+        n: usize,
+        check: Option<String>,
+        prompt: String,
+    },
     Exit,
 }
 
@@ -107,9 +118,41 @@ pub(crate) fn parse(line: &str) -> Result<Command, String> {
             _ => Err("usage: /accept [--keep-outside PATH…]".into()),
         },
         "/abort" => no_args(Command::Abort),
+        "/try" => parse_try(line),
         "/exit" | "/quit" => no_args(Command::Exit),
         other => Err(format!("unknown command {other} (try /help)")),
     }
+}
+
+/// `/try N [--check CMD --] PROMPT`, the prompt kept as typed.
+fn parse_try(line: &str) -> Result<Command, String> {
+    let usage = || "usage: /try N [--check CMD --] PROMPT".to_string();
+    let rest = line
+        .trim_start()
+        .strip_prefix("/try")
+        .ok_or_else(usage)?
+        .trim_start();
+    let (n, mut rest) = rest.split_once(char::is_whitespace).ok_or_else(usage)?;
+    let n: usize = n
+        .parse()
+        .ok()
+        .filter(|n| (1..=16).contains(n))
+        .ok_or_else(|| "/try: N must be a number from 1 to 16".to_string())?;
+    rest = rest.trim_start();
+    let mut check = None;
+    if let Some(after) = rest.strip_prefix("--check ") {
+        let (cmd, prompt) = after.split_once(" -- ").ok_or_else(usage)?;
+        check = Some(cmd.trim().to_string());
+        rest = prompt.trim_start();
+    }
+    if rest.trim().is_empty() {
+        return Err(usage());
+    }
+    Ok(Command::Try {
+        n,
+        check,
+        prompt: rest.to_string(),
+    })
 }
 
 /// The /help text.
@@ -134,6 +177,30 @@ pub(crate) fn help() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn try_takes_a_count_an_optional_check_and_the_prompt_as_typed() {
+        assert_eq!(
+            parse("/try 3 fix  the bug"),
+            Ok(Command::Try {
+                n: 3,
+                check: None,
+                prompt: "fix  the bug".into()
+            })
+        );
+        assert_eq!(
+            parse("/try 2 --check cargo test -q -- fix it"),
+            Ok(Command::Try {
+                n: 2,
+                check: Some("cargo test -q".into()),
+                prompt: "fix it".into()
+            })
+        );
+        assert!(parse("/try").is_err());
+        assert!(parse("/try 0 x").is_err());
+        assert!(parse("/try many x").is_err());
+        assert!(parse("/try 2 --check true").is_err());
+    }
 
     #[test]
     fn parses_commands_and_rejects_bad_ones() {
@@ -247,15 +314,19 @@ pub(crate) fn apply(session: &mut super::session::Session, cmd: Command) -> Flow
                 }
                 print_outside(&outside);
                 if which == Command::Diff {
-                    print!("{}", crate::cmd_run::for_stdout(&shadow.diff(&changes)));
                     print!(
                         "{}",
-                        crate::cmd_run::for_stdout(&crate::outside::diff(&outside))
+                        crate::review::render::for_stdout(&shadow.diff(&changes))
+                    );
+                    print!(
+                        "{}",
+                        crate::review::render::for_stdout(&crate::outside::diff(&outside))
                     );
                 }
             }
         }
         Command::Accept { keep } => accept_shadow(session, &keep),
+        Command::Try { n, check, prompt } => session.try_attempts(n, check, &prompt),
         Command::Abort => {
             let n = session
                 .shadow
@@ -362,7 +433,7 @@ fn print_refusal(e: &shade_fusefs::AcceptError) {
                 plural(list.len(), "path")
             );
             for c in list {
-                println!("  {}", crate::cmd_run::conflict_line(c));
+                println!("  {}", crate::review::conflicts::conflict_line(c));
             }
         }
         other if other.nothing_written() => println!("not accepted, nothing written: {other}"),

@@ -13,8 +13,6 @@ mod session;
 mod speculate;
 mod view;
 
-pub(crate) use approve::colour_diff_line;
-
 use std::io::IsTerminal;
 use std::path::PathBuf;
 

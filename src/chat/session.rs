@@ -340,6 +340,77 @@ impl Session {
         result
     }
 
+    /// `/try N PROMPT`: N attempts at the prompt from the conversation so far, each in its
+    /// own branch (off the session's branch in a `--shadow` session, so accepting writes
+    /// there), checked by `check`; the best that passed is accepted, the others dropped,
+    /// and the conversation goes on from the accepted one's. Ctrl-C drops them all.
+    pub fn try_attempts(&mut self, n: usize, check: Option<String>, prompt: &str) {
+        use crate::attempts::{self, Decision, Plan};
+        let prompt = with_mentions(prompt, &self.agent.context().workspace);
+        let history = if self.conversation.is_empty() {
+            self.agent
+                .start_conversation("")
+                .into_iter()
+                .take(1)
+                .collect()
+        } else {
+            self.conversation.clone()
+        };
+        let plan = Plan {
+            attempts: n,
+            check,
+            check_timeout: std::time::Duration::from_secs(600),
+            models: Vec::new(),
+            jobs: std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get),
+            approval: self.agent.options().approval,
+            max_turns: 50,
+            prompt: prompt.clone(),
+            history,
+            base: self.shadow.as_ref().map(Shadow::base),
+        };
+        let root = match &self.shadow {
+            Some(s) => s.project().to_path_buf(),
+            None => self.agent.context().workspace.root().to_path_buf(),
+        };
+        let mut llm_view = LlmSetup {
+            provider: self.llm.provider.clone(),
+            model: self.agent.options().model.clone(),
+            background: self.llm.background.clone(),
+            stats: self.llm.stats.clone(),
+            settings: self.llm.settings.clone(),
+        };
+        llm_view.settings.followup = self.settings;
+        let tools = self.agent.tools().clone();
+        let cancel = self.new_turn();
+        let runtime = self.runtime.clone();
+        let stopped = std::sync::atomic::AtomicI32::new(0);
+        println!("trying {n} attempts in branches…");
+        let done = until_ctrl_c(
+            &runtime,
+            &cancel,
+            attempts::run_all(&plan, &root, &llm_view, &tools, &cancel, &stopped, false),
+        );
+        let Ok(done) = done else {
+            println!("(cancelled: every attempt was dropped)");
+            return;
+        };
+        let conversations: Vec<(usize, Vec<Message>)> = done
+            .attempts
+            .iter()
+            .map(|a| (a.index, a.conversation.clone()))
+            .collect();
+        let (_, accepted) = attempts::finish(done, Decision::PickBest, false);
+        match accepted.and_then(|i| conversations.into_iter().find(|(j, _)| *j == i)) {
+            Some((i, conversation)) => {
+                self.conversation = conversation;
+                self.last_turn_failed = false;
+                println!("continuing from attempt {i}");
+                self.save();
+            }
+            None => println!("nothing accepted; the conversation goes on as before /try"),
+        }
+    }
+
     /// A token for a new turn, known to the approver (Ctrl-C at a question cancels it).
     fn new_turn(&self) -> CancellationToken {
         let cancel = CancellationToken::new();

@@ -367,7 +367,7 @@ fn report_not_applied(e: &AcceptError) {
                 plural(list.len(), "path")
             );
             for c in list {
-                eprintln!("  {}", crate::cmd_run::conflict_line(c));
+                eprintln!("  {}", crate::review::conflicts::conflict_line(c));
             }
         }
         other if other.nothing_written() => {

@@ -28,6 +28,8 @@ pub enum Action {
     Accept,
     /// `abort_branch`.
     Abort,
+    /// `compare_branches`.
+    Compare,
 }
 
 /// One tool as offered to the client.
@@ -39,10 +41,12 @@ pub struct Entry {
     pub action: Action,
 }
 
-/// What every description of a tool working in a branch starts with.
-const IN_A_BRANCH: &str = "Works in a shade branch (see create_branch), never on the user's \
-    files: paths are the project's own (relative to the project root, or absolute under it), \
-    \"the workspace\" below is the project as the branch shows it, and writes stay in the \
+/// What every description of a tool working in a branch ends with. It ends rather than
+/// starts them: clients cut descriptions short (qwen-code at ~160 characters), and each must
+/// begin with what its tool does.
+const IN_A_BRANCH: &str = "It works in a shade branch (see create_branch), never on the \
+    user's files: paths are the project's own (relative to the project root, or absolute under \
+    it), \"the workspace\" above is the project as the branch shows it, and writes stay in the \
     branch until accept_branch.";
 
 /// The `branch` argument every branch tool takes.
@@ -82,6 +86,27 @@ fn tool(name: &str, description: String, schema: Value, annotations: ToolAnnotat
     t
 }
 
+/// `entry` with the schema of its results' `structuredContent` (the server sends one with
+/// every successful result of such a tool).
+fn returning(mut entry: Entry, properties: Value, required: &[&str]) -> Entry {
+    entry.tool.output_schema = Some(object(json!({
+        "type": "object",
+        "properties": properties,
+        "required": required,
+    })));
+    entry
+}
+
+/// A change as `structuredContent` gives it (as `shade exec --json` does).
+fn change_schema() -> Value {
+    json!({"type": "array", "items": {"type": "object", "properties": {
+        "kind": {"type": "string"}, "path": {"type": "string"}}}})
+}
+
+fn branch_id_schema() -> Value {
+    json!({"type": "string", "description": "The branch id."})
+}
+
 /// `schema` with a required `branch` property added in front.
 fn with_branch(schema: &Value) -> Value {
     let mut props = serde_json::Map::new();
@@ -113,7 +138,7 @@ fn agent_tool(
     Entry {
         tool: tool(
             name,
-            format!("{IN_A_BRANCH} {text}"),
+            format!("{text} {IN_A_BRANCH}"),
             with_branch(&spec.parameters),
             annotations,
         ),
@@ -149,29 +174,37 @@ pub fn all(time_limit_secs: u64) -> Vec<Entry> {
         runner.max_timeout.as_secs()
     );
     vec![
-        Entry {
-            tool: tool(
-                "create_branch",
-                "Create a branch of the project and return its id. A branch is a copy-on-write view \
-                 of the whole project (created in milliseconds, nothing copied): read, write and edit \
-                 files and run commands in it with the other tools; nothing reaches the user's files \
-                 until accept_branch, and abort_branch (or the end of this session) drops it. Use one \
-                 branch per independent attempt; several can live at once."
-                    .into(),
-                json!({"type": "object", "properties": {}, "additionalProperties": false}),
-                annotations("Create a branch", false, false, false),
-            ),
-            action: Action::Create,
-        },
-        Entry {
-            tool: tool(
-                "list_branches",
-                "List the live branches of this session with how many paths each has changed.".into(),
-                json!({"type": "object", "properties": {}, "additionalProperties": false}),
-                annotations("List branches", true, false, true),
-            ),
-            action: Action::List,
-        },
+        returning(
+            Entry {
+                tool: tool(
+                    "create_branch",
+                    "Create a branch of the project and return its id. A branch is a copy-on-write view \
+                     of the whole project (created in milliseconds, nothing copied): read, write and edit \
+                     files and run commands in it with the other tools; nothing reaches the user's files \
+                     until accept_branch, and abort_branch (or the end of this session) drops it. Use one \
+                     branch per independent attempt; several can live at once."
+                        .into(),
+                    json!({"type": "object", "properties": {}, "additionalProperties": false}),
+                    annotations("Create a branch", false, false, false),
+                ),
+                action: Action::Create,
+            },
+            json!({"branch": branch_id_schema(), "project": {"type": "string"}}),
+            &["branch", "project"],
+        ),
+        returning(
+            Entry {
+                tool: tool(
+                    "list_branches",
+                    "List the live branches of this session with how many paths each has changed.".into(),
+                    json!({"type": "object", "properties": {}, "additionalProperties": false}),
+                    annotations("List branches", true, false, true),
+                ),
+                action: Action::List,
+            },
+            json!({"branches": {"type": "array", "items": {"type": "object", "properties": {"branch": branch_id_schema(), "changed": {"type": "integer"}}}}}),
+            &["branches"],
+        ),
         agent_tool("read_file", Arc::new(read_file::ReadFile), None, annotations("Read a file in a branch", true, false, true)),
         // Writes and edits change only the branch (the project's file is untouched until
         // accept), hence not destructive.
@@ -180,31 +213,80 @@ pub fn all(time_limit_secs: u64) -> Vec<Entry> {
         agent_tool("grep", Arc::new(grep::Grep), None, annotations("Search a branch", true, false, true)),
         agent_tool("glob", Arc::new(glob::Glob), None, annotations("Find files in a branch", true, false, true)),
         agent_tool("ls", Arc::new(ls::Ls), None, annotations("List a directory in a branch", true, false, true)),
-        agent_tool("run_command", Arc::new(runner), Some(run_description), annotations("Run a command in a branch", false, false, false)),
-        Entry {
-            tool: tool(
-                "list_changes",
-                "List what the branch changed compared with the project, one path per line as \
-                 `git status --short` does: A added, M modified, D deleted, R old -> new renamed. \
-                 Build output under ignored paths (target/, node_modules/, …) is not listed: accept \
-                 leaves it out."
-                    .into(),
-                branch_only_schema(),
-                annotations("List a branch's changes", true, false, true),
-            ),
-            action: Action::Changes,
-        },
-        Entry {
-            tool: tool(
-                "diff",
-                "Show the unified diff of everything the branch changed (what accept_branch would \
-                 write into the project), paths relative to the project root."
-                    .into(),
-                branch_only_schema(),
-                annotations("Diff a branch", true, false, true),
-            ),
-            action: Action::Diff,
-        },
+        returning(
+            agent_tool("run_command", Arc::new(runner), Some(run_description), annotations("Run a command in a branch", false, false, false)),
+            json!({
+                "branch": branch_id_schema(),
+                "exit_code": {"type": ["integer", "null"], "description": "null: killed, timed out or not started."},
+                "output": {"type": "string"},
+            }),
+            &["branch", "exit_code", "output"],
+        ),
+        returning(
+            Entry {
+                tool: tool(
+                    "list_changes",
+                    "List what the branch changed compared with the project, one path per line as \
+                     `git status --short` does: A added, M modified, D deleted, R old -> new renamed. \
+                     Build output under ignored paths (target/, node_modules/, …) is not listed: accept \
+                     leaves it out."
+                        .into(),
+                    branch_only_schema(),
+                    annotations("List a branch's changes", true, false, true),
+                ),
+                action: Action::Changes,
+            },
+            json!({"branch": branch_id_schema(), "changes": change_schema(), "outside": {"type": "array", "items": {"type": "string"}}}),
+            &["branch", "changes", "outside"],
+        ),
+        returning(
+            Entry {
+                tool: tool(
+                    "diff",
+                    "Show the unified diff of everything the branch changed (what accept_branch would \
+                     write into the project), paths relative to the project root."
+                        .into(),
+                    branch_only_schema(),
+                    annotations("Diff a branch", true, false, true),
+                ),
+                action: Action::Diff,
+            },
+            json!({"branch": branch_id_schema(), "diff": {"type": "string"}}),
+            &["branch", "diff"],
+        ),
+        returning(
+            Entry {
+                tool: tool(
+                    "compare_branches",
+                    "Compare two branches, e.g. two attempts at the same task: what each changed, \
+                     the size of each one's diff, and the unified diff from the first branch's \
+                     version of every path either changed to the second's. Reads only; run the \
+                     tests in each with run_command to check them."
+                        .into(),
+                    json!({
+                        "type": "object",
+                        "properties": {
+                            "branch": branch_property(),
+                            "other": {"type": "string", "description": "The branch to compare it with."},
+                        },
+                        "required": ["branch", "other"],
+                        "additionalProperties": false,
+                    }),
+                    annotations("Compare two branches", true, false, true),
+                ),
+                action: Action::Compare,
+            },
+            json!({
+                "branches": {"type": "array", "items": {"type": "object", "properties": {
+                    "branch": branch_id_schema(),
+                    "changes": change_schema(),
+                    "diff_lines": {"type": "integer", "description": "Lines added plus removed against the project."},
+                }}},
+                "same": {"type": "boolean", "description": "Both branches hold the same version of every changed path."},
+                "diff": {"type": "string", "description": "From the first branch's versions to the second's."},
+            }),
+            &["branches", "same", "diff"],
+        ),
         agent_tool(
             "lint",
             Arc::new(Diagnostics),
@@ -218,48 +300,60 @@ pub fn all(time_limit_secs: u64) -> Vec<Entry> {
             ),
             annotations("Lint a branch's edits", true, false, true),
         ),
-        Entry {
-            tool: tool(
-                "check_command",
-                "Say whether a shell command is read-only (only reads files; shade's agent runs such \
-                 commands without asking) and, if not, the first construct that makes it write, run \
-                 arbitrary code or use the network. The command is parsed, never run."
-                    .into(),
-                json!({
-                    "type": "object",
-                    "properties": {"command": {"type": "string", "description": "The shell command line."}},
-                    "required": ["command"],
-                    "additionalProperties": false,
-                }),
-                annotations("Classify a shell command", true, false, true),
-            ),
-            action: Action::CheckCommand,
-        },
-        Entry {
-            tool: tool(
-                "accept_branch",
-                "Write the branch's changes into the user's real project, all or nothing, then close \
-                 the branch. Refused, with nothing written and the branch kept, if any path the \
-                 branch changed or read was changed in the project meanwhile (the paths are listed: \
-                 read them again in a new branch, or abort). Ignored build output (target/, …) is \
-                 not written. Call it only when the user wants the changes applied; the user is asked \
-                 to confirm where the client supports it."
-                    .into(),
-                branch_only_schema(),
-                annotations("Accept a branch into the project", false, true, false),
-            ),
-            action: Action::Accept,
-        },
-        Entry {
-            tool: tool(
-                "abort_branch",
-                "Drop the branch and everything in it: running commands are killed, its changes \
-                 discarded. The user's project is not touched."
-                    .into(),
-                branch_only_schema(),
-                annotations("Abort a branch", false, true, true),
-            ),
-            action: Action::Abort,
-        },
+        returning(
+            Entry {
+                tool: tool(
+                    "check_command",
+                    "Say whether a shell command is read-only (only reads files; shade's agent runs such \
+                     commands without asking) and, if not, the first construct that makes it write, run \
+                     arbitrary code or use the network. The command is parsed, never run."
+                        .into(),
+                    json!({
+                        "type": "object",
+                        "properties": {"command": {"type": "string", "description": "The shell command line."}},
+                        "required": ["command"],
+                        "additionalProperties": false,
+                    }),
+                    annotations("Classify a shell command", true, false, true),
+                ),
+                action: Action::CheckCommand,
+            },
+            json!({"read_only": {"type": "boolean"}}),
+            &["read_only"],
+        ),
+        returning(
+            Entry {
+                tool: tool(
+                    "accept_branch",
+                    "Write the branch's changes into the user's real project, all or nothing, then close \
+                     the branch. Refused, with nothing written and the branch kept, if any path the \
+                     branch changed or read was changed in the project meanwhile (the paths are listed: \
+                     read them again in a new branch, or abort). Ignored build output (target/, …) is \
+                     not written. Call it only when the user wants the changes applied; the user is asked \
+                     to confirm where the client supports it."
+                        .into(),
+                    branch_only_schema(),
+                    annotations("Accept a branch into the project", false, true, false),
+                ),
+                action: Action::Accept,
+            },
+            json!({"branch": branch_id_schema(), "accepted": {"type": "boolean"}, "changes": change_schema()}),
+            &["branch", "accepted", "changes"],
+        ),
+        returning(
+            Entry {
+                tool: tool(
+                    "abort_branch",
+                    "Drop the branch and everything in it: running commands are killed, its changes \
+                     discarded. The user's project is not touched."
+                        .into(),
+                    branch_only_schema(),
+                    annotations("Abort a branch", false, true, true),
+                ),
+                action: Action::Abort,
+            },
+            json!({"branch": branch_id_schema(), "aborted": {"type": "boolean"}}),
+            &["branch", "aborted"],
+        ),
     ]
 }

@@ -29,8 +29,34 @@ pub struct ShadeServer {
     tools: Arc<Vec<catalog::Entry>>,
 }
 
-/// A tool's answer: text for the model, and whether it is an error.
-type Answer = Result<String, String>;
+/// A tool's successful answer: text for the model and, for a tool with an output schema,
+/// the same as `structuredContent` (branch ids, changes, exit codes), so a client need not
+/// parse prose.
+struct Reply {
+    text: String,
+    structured: Option<Value>,
+}
+
+impl From<String> for Reply {
+    fn from(text: String) -> Reply {
+        Reply {
+            text,
+            structured: None,
+        }
+    }
+}
+
+impl Reply {
+    fn with(text: String, structured: Value) -> Reply {
+        Reply {
+            text,
+            structured: Some(structured),
+        }
+    }
+}
+
+/// A tool's answer: `Err` is the text of a tool error.
+type Answer = Result<Reply, String>;
 
 impl ShadeServer {
     /// A server whose branches live in `branches`; commands are limited to `time_limit_secs`.
@@ -51,6 +77,14 @@ impl ShadeServer {
         match action {
             Action::Create => self.create().await,
             Action::List => Ok(self.list()),
+            Action::Compare => {
+                let id = take_branch(&mut args)?;
+                let other = match args.remove("other") {
+                    Some(Value::String(o)) => o,
+                    _ => return Err("invalid arguments: `other` (a branch id) is required".into()),
+                };
+                self.compare(&id, &other).await
+            }
             Action::CheckCommand => self.check_command(&args),
             Action::Agent(tool) => {
                 let id = take_branch(&mut args)?;
@@ -66,19 +100,20 @@ impl ShadeServer {
     async fn create(&self) -> Answer {
         let branches = self.branches.clone();
         let id = blocking(move || branches.create().map_err(|e| format!("{e:#}"))).await?;
-        Ok(format!(
-            "Created branch {id} of {}. Pass \"branch\": \"{id}\" to the file and command tools; \
-             nothing reaches the project until accept_branch.",
-            self.branches.project().display()
+        let project = self.branches.project().display().to_string();
+        Ok(Reply::with(
+            format!(
+                "Created branch {id} of {project}. Pass \"branch\": \"{id}\" to the file and \
+                 command tools; nothing reaches the project until accept_branch."
+            ),
+            serde_json::json!({"branch": id, "project": project}),
         ))
     }
 
-    fn list(&self) -> String {
+    fn list(&self) -> Reply {
         let ids = self.branches.ids();
-        if ids.is_empty() {
-            return "No live branches; create_branch makes one.".into();
-        }
-        ids.iter()
+        let counts: Vec<(String, usize)> = ids
+            .iter()
             .map(|id| {
                 let n = self
                     .branches
@@ -90,10 +125,72 @@ impl ShadeServer {
                             .map(|s| s.changeset(false).changes.len())
                     })
                     .unwrap_or(0);
-                format!("{id}: {n} changed path{}", plural(n))
+                (id.clone(), n)
             })
+            .collect();
+        let structured = serde_json::json!({"branches": counts
+            .iter()
+            .map(|(id, n)| serde_json::json!({"branch": id, "changed": n}))
+            .collect::<Vec<_>>()});
+        if ids.is_empty() {
+            return Reply::with(
+                "No live branches; create_branch makes one.".into(),
+                structured,
+            );
+        }
+        let text = counts
+            .iter()
+            .map(|(id, n)| format!("{id}: {n} changed path{}", plural(*n)))
             .collect::<Vec<_>>()
-            .join("\n")
+            .join("\n");
+        Reply::with(text, structured)
+    }
+
+    /// Two branches side by side: each one's changes and diff size, and the diff from the
+    /// first's version of every path either changed to the second's.
+    async fn compare(&self, id: &str, other: &str) -> Answer {
+        if id == other {
+            return Err("compare_branches needs two different branches".into());
+        }
+        let (a, b) = (self.branches.get(id)?, self.branches.get(other)?);
+        let (id, other) = (id.to_string(), other.to_string());
+        blocking(move || {
+            let (sa, sb) = (a.shadow(), b.shadow());
+            let (Some(sa), Some(sb)) = (sa.as_ref(), sb.as_ref()) else {
+                return Err("a branch is being accepted or aborted".to_string());
+            };
+            let (ca, cb) = (sa.changeset(false), sb.changeset(false));
+            let size = |s: &shade_agent::Shadow, c: &shade_fusefs::Changeset| {
+                crate::attempts::diff_lines(&s.diff(c))
+            };
+            let (na, nb) = (size(sa, &ca), size(sb, &cb));
+            let diff = crate::attempts::diff_between(
+                (&id, sa.mountpoint(), &ca.changes),
+                (&other, sb.mountpoint(), &cb.changes),
+            );
+            let text = format!(
+                "{id}: {} changed path{}, {na} diff lines\n{other}: {} changed path{}, {nb} diff lines\n{}",
+                ca.changes.len(),
+                plural(ca.changes.len()),
+                cb.changes.len(),
+                plural(cb.changes.len()),
+                if diff.is_empty() {
+                    format!("{id} and {other} hold the same version of every changed path.")
+                } else {
+                    format!("Diff from {id} to {other}:\n{diff}")
+                }
+            );
+            let structured = serde_json::json!({
+                "branches": [
+                    {"branch": id, "changes": ca.changes, "diff_lines": na},
+                    {"branch": other, "changes": cb.changes, "diff_lines": nb},
+                ],
+                "same": diff.is_empty(),
+                "diff": diff,
+            });
+            Ok(Reply::with(text, structured))
+        })
+        .await
     }
 
     fn check_command(&self, args: &Map<String, Value>) -> Answer {
@@ -102,7 +199,8 @@ impl ShadeServer {
             .and_then(Value::as_str)
             .ok_or("invalid arguments: `command` (a string) is required")?;
         let verdict = shell_classify::classify_in(command, self.branches.project());
-        serde_json::to_string(&verdict).map_err(|e| e.to_string())
+        let structured = serde_json::to_value(&verdict).map_err(|e| e.to_string())?;
+        Ok(Reply::with(structured.to_string(), structured))
     }
 
     /// One of the agent's tools, in branch `id`: arguments repaired as the agent's loop
@@ -129,10 +227,20 @@ impl ShadeServer {
             .run(prepared.args, ctx, cancel)
             .await
             .map_err(|e| tool_error(&e))?;
-        Ok(match prepared.note {
+        let text = match prepared.note {
             Some(note) => format!("{}\n{note}", out.content),
             None => out.content,
-        })
+        };
+        if tool.name() != "shell" {
+            return Ok(text.into());
+        }
+        // run_command: its exit code as the shell tool states it.
+        let exit_code = text
+            .lines()
+            .find_map(|l| l.strip_prefix("Exit code: "))
+            .and_then(|c| c.trim().parse::<i64>().ok());
+        let structured = serde_json::json!({"branch": id, "exit_code": exit_code, "output": text});
+        Ok(Reply::with(text, structured))
     }
 
     /// The branch's changeset (ignored paths left out, as accept does).
@@ -158,8 +266,16 @@ impl ShadeServer {
     async fn changes(&self, id: &str) -> Answer {
         let changes = self.changeset(id).await?;
         let outside = self.outside(id).await?;
+        let structured = serde_json::json!({
+            "branch": id,
+            "changes": changes,
+            "outside": outside.lines(shade_fusefs::outside::home_dir().as_deref()),
+        });
         if changes.is_empty() && outside.is_empty() {
-            return Ok(format!("Branch {id} has no changes."));
+            return Ok(Reply::with(
+                format!("Branch {id} has no changes."),
+                structured,
+            ));
         }
         let mut text = lines(&changes);
         if !outside.is_empty() {
@@ -168,7 +284,7 @@ impl ShadeServer {
             }
             text.push_str(&outside_block(&outside));
         }
-        Ok(text)
+        Ok(Reply::with(text, structured))
     }
 
     async fn diff(&self, id: &str) -> Answer {
@@ -179,10 +295,14 @@ impl ShadeServer {
         })
         .await?;
         text.push_str(&crate::outside::diff(&self.outside(id).await?));
+        let structured = serde_json::json!({"branch": id, "diff": text});
         if text.is_empty() {
-            return Ok(format!("Branch {id} has no changes."));
+            return Ok(Reply::with(
+                format!("Branch {id} has no changes."),
+                structured,
+            ));
         }
-        Ok(text)
+        Ok(Reply::with(text, structured))
     }
 
     /// Accept: refused on conflicts (branch kept), confirmed by the user where the client
@@ -222,9 +342,11 @@ impl ShadeServer {
                 .map_err(|e| refusal(&e, "Nothing was written; the branch is closed"))
         })
         .await?;
+        let structured = serde_json::json!({"branch": id, "accepted": true, "changes": changes});
         if changes.is_empty() {
-            return Ok(format!(
-                "Branch {id} had no changes; it is closed.{dropped}"
+            return Ok(Reply::with(
+                format!("Branch {id} had no changes; it is closed.{dropped}"),
+                structured,
             ));
         }
         let note = report
@@ -232,11 +354,14 @@ impl ShadeServer {
             .map(|n| format!("\nNote: {n}."))
             .unwrap_or_default()
             + &dropped;
-        Ok(format!(
-            "Accepted branch {id} into {project}: {} change{} written; the branch is closed.\n{}{note}",
-            changes.len(),
-            plural(changes.len()),
-            lines(&changes)
+        Ok(Reply::with(
+            format!(
+                "Accepted branch {id} into {project}: {} change{} written; the branch is closed.\n{}{note}",
+                changes.len(),
+                plural(changes.len()),
+                lines(&changes)
+            ),
+            structured,
         ))
     }
 
@@ -251,8 +376,9 @@ impl ShadeServer {
             Ok(())
         })
         .await?;
-        Ok(format!(
-            "Branch {id} aborted: its changes are dropped and the project is unchanged."
+        Ok(Reply::with(
+            format!("Branch {id} aborted: its changes are dropped and the project is unchanged."),
+            serde_json::json!({"branch": id, "aborted": true}),
         ))
     }
 }
@@ -423,7 +549,11 @@ impl ServerHandler for ShadeServer {
         let args = request.arguments.unwrap_or_default();
         let answer = self.dispatch(entry.action.clone(), args, &context).await;
         Ok(match answer {
-            Ok(text) => CallToolResult::success(vec![ContentBlock::text(text)]),
+            Ok(reply) => {
+                let mut r = CallToolResult::success(vec![ContentBlock::text(reply.text)]);
+                r.structured_content = reply.structured;
+                r
+            }
             Err(text) => CallToolResult::error(vec![ContentBlock::text(text)]),
         }
         .into())

@@ -4,6 +4,9 @@
 //! one as `--accept`, of the picked part of the branch (see `shade_fusefs::Selection` for which
 //! changes come only together).
 
+pub(crate) mod conflicts;
+pub(crate) mod render;
+
 use crate::exit;
 use crossterm::event::{self, Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use crossterm::style::Print;
@@ -214,7 +217,10 @@ fn report_conflicts(list: &[Conflict], project: &std::path::Path) {
         quote_path(project)
     ));
     for c in list {
-        say(format_args!("  {}", crate::cmd_run::conflict_line(c)));
+        say(format_args!(
+            "  {}",
+            crate::review::conflicts::conflict_line(c)
+        ));
     }
 }
 
@@ -229,10 +235,10 @@ extern "C" fn on_signal(sig: libc::c_int) {
 }
 
 /// Our handlers while the review runs; the earlier dispositions come back on drop.
-struct Signals(Vec<(Signal, SigAction)>);
+pub(crate) struct Signals(Vec<(Signal, SigAction)>);
 
 impl Signals {
-    fn install() -> Signals {
+    pub(crate) fn install() -> Signals {
         let action = SigAction::new(
             SigHandler::Handler(on_signal),
             SaFlags::SA_RESTART,
@@ -249,7 +255,7 @@ impl Signals {
         Signals(saved)
     }
 
-    fn received() -> Option<i32> {
+    pub(crate) fn received() -> Option<i32> {
         match SIGNALLED.load(Ordering::SeqCst) {
             0 => None,
             sig => Some(sig),
@@ -283,10 +289,10 @@ enum Choice {
 
 /// The terminal while the review shows: raw mode, the alternate screen, no cursor. Restored
 /// when dropped — also when the review panics.
-struct Screen;
+pub(crate) struct Screen;
 
 impl Screen {
-    fn open() -> std::io::Result<Screen> {
+    pub(crate) fn open() -> std::io::Result<Screen> {
         terminal::enable_raw_mode()?;
         let screen = Screen;
         let mut out = std::io::stdout();
@@ -549,7 +555,7 @@ impl Review {
                 c.diff(home)
                     .lines()
                     .filter(|l| !l.starts_with("diff --shade-outside "))
-                    .map(|l| crate::chat::colour_diff_line(&expand_tabs(l)))
+                    .map(|l| render::colour_diff_line(&expand_tabs(l)))
                     .collect()
             });
         }
@@ -565,7 +571,7 @@ impl Review {
                 // The title above the diff names the file already.
                 text.lines()
                     .filter(|l| !l.starts_with("diff --shade "))
-                    .map(|l| crate::chat::colour_diff_line(&expand_tabs(l)))
+                    .map(|l| render::colour_diff_line(&expand_tabs(l)))
                     .collect()
             }
         })
@@ -681,7 +687,7 @@ impl Review {
 }
 
 /// What the terminal has for us.
-enum Input {
+pub(crate) enum Input {
     Ready,
     Nothing,
     /// Hung up (closed) or unusable: no one is there to review.
@@ -689,7 +695,7 @@ enum Input {
 }
 
 /// Wait up to `timeout` for input on stdin (the terminal crossterm reads).
-fn terminal_input(timeout: Duration) -> Input {
+pub(crate) fn terminal_input(timeout: Duration) -> Input {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;
     let stdin = std::io::stdin();
@@ -737,7 +743,7 @@ fn no_diff(c: &Change) -> String {
 }
 
 /// Tabs as spaces to the next multiple of 8, so a line's width is known.
-fn expand_tabs(l: &str) -> String {
+pub(crate) fn expand_tabs(l: &str) -> String {
     if !l.contains('\t') {
         return l.to_string();
     }
@@ -758,7 +764,7 @@ fn expand_tabs(l: &str) -> String {
 
 /// `s` cut to `w` columns; SGR escapes (`ESC [ … m`, the only ones the review makes) are
 /// kept and take no room.
-fn fit(s: &str, w: usize) -> String {
+pub(crate) fn fit(s: &str, w: usize) -> String {
     let mut out = String::with_capacity(s.len());
     let mut col = 0;
     let mut chars = s.chars().peekable();
