@@ -141,7 +141,8 @@ pub fn install_history(file: &FileConfig) -> Result<(), String> {
         r.keep = k;
     }
     if let Some(s) = &h.max_size {
-        r.max_bytes = shade_fusefs::units::parse_size(s).map_err(|e| format!("[history] max_size: {e}"))?;
+        r.max_bytes =
+            shade_fusefs::units::parse_size(s).map_err(|e| format!("[history] max_size: {e}"))?;
     }
     shade_fusefs::accept::history::configure(r);
     Ok(())

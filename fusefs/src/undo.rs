@@ -100,12 +100,8 @@ fn io(what: impl std::fmt::Display, e: std::io::Error) -> UndoError {
 
 /// The history of the project at `root` (canonical), oldest first.
 pub fn project_history(state: &StateDir, root: &Path) -> Result<Vec<Entry>, UndoError> {
-    let all = history::entries(&state.history())
-        .map_err(|e| io(state.history().display(), e))?;
-    Ok(all
-        .into_iter()
-        .filter(|e| e.root.path() == root)
-        .collect())
+    let all = history::entries(&state.history()).map_err(|e| io(state.history().display(), e))?;
+    Ok(all.into_iter().filter(|e| e.root.path() == root).collect())
 }
 
 /// The accept `shade undo` without an id undoes: the newest that is not undone and is not
@@ -379,11 +375,7 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
                 let obj = history::object_path(history_dir, sha256);
                 let content = std::fs::File::open(&obj).map_err(|e| {
                     io(
-                        format!(
-                            "the earlier content of {} ({})",
-                            p.display(),
-                            obj.display()
-                        ),
+                        format!("the earlier content of {} ({})", p.display(), obj.display()),
                         e,
                     )
                 })?;

@@ -65,11 +65,7 @@ pub fn configure(r: Retention) {
 
 /// The retention in force.
 pub fn retention() -> Retention {
-    RETENTION
-        .lock()
-        .ok()
-        .and_then(|g| *g)
-        .unwrap_or_default()
+    RETENTION.lock().ok().and_then(|g| *g).unwrap_or_default()
 }
 
 /// Say where this process's accepts come from ("shade run -- make", "mcp client X"): the
@@ -599,7 +595,11 @@ impl Capture<'_> {
             PlanOp::Link { path, target, .. } => {
                 self.ensure_tree(path)?;
                 self.ensure(target)?;
-                let s = self.cur.get(target.as_path()).cloned().unwrap_or(State::Absent);
+                let s = self
+                    .cur
+                    .get(target.as_path())
+                    .cloned()
+                    .unwrap_or(State::Absent);
                 self.set(path, s);
             }
             PlanOp::Mkdir { path, perms, .. } => {
