@@ -145,11 +145,18 @@ pub fn log_main(args: LogArgs) -> i32 {
             return exit::SHADE_ERROR;
         }
     };
+    let history_dir = state.history();
     let shown: Vec<LogEntry> = all
         .iter()
         .rev()
         .take(args.limit.unwrap_or(usize::MAX))
-        .map(|e| log_entry(&all, e))
+        .map(|e| {
+            let mut e = e.clone();
+            if let Err(err) = history::load_changes(&history_dir, &mut e) {
+                tracing::warn!(entry = %e.id, error = %err, "history: changes not read");
+            }
+            log_entry(&all, &e)
+        })
         .collect();
     if args.json {
         return match serde_json::to_writer(std::io::stdout().lock(), &shown) {

@@ -141,6 +141,10 @@ pub fn undo(
     if entry.evicted {
         return Err(UndoError::Evicted(entry.id.clone()));
     }
+    let mut entry = entry.clone();
+    history::load_changes(&state.history(), &mut entry)
+        .map_err(|e| io(format!("the history of accept {}", entry.id), e))?;
+    let entry = &entry;
     if let Some(by) = history::undone_by(&all, &entry.id) {
         return Err(UndoError::AlreadyUndone {
             id: entry.id.clone(),
@@ -247,10 +251,18 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
         .map(|c| (c.path.path().to_path_buf(), (&c.before, &c.after)))
         .collect();
     let mut now: BTreeMap<PathBuf, State> = BTreeMap::new();
+    // What each path is now, observed before its content is read: the plan's base, which
+    // the engine checks again under the project's lock (any write since changes it).
+    let mut bases: BTreeMap<PathBuf, Base> = BTreeMap::new();
     let mut conflicts: BTreeMap<PathBuf, String> = BTreeMap::new();
     for (p, (_, after)) in &changes {
+        let base = history::observe(root, p).map_err(|e| io(p.display(), e))?;
         let s = history::read_state(root, p, None).map_err(|e| io(p.display(), e))?;
-        if !after.same_as(&s) {
+        let again = history::observe(root, p).map_err(|e| io(p.display(), e))?;
+        bases.insert(p.clone(), base);
+        if base != again {
+            conflicts.insert(p.clone(), "being changed right now".into());
+        } else if !after.same_as(&s) {
             let why = if after.kind() == s.kind() {
                 format!("{} changed since the accept", s.kind())
             } else {
@@ -332,7 +344,7 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
         if skip.contains_key(p) || !deletes(before, n) || under(&gone, p) {
             continue;
         }
-        let base = history::observe(root, p).map_err(|e| io(p.display(), e))?;
+        let base = bases.get(p).copied().unwrap_or(Base::Absent);
         plan.push(PlanOp::Delete {
             path: p.clone(),
             base,
@@ -353,7 +365,7 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
         let base = if fresh {
             Base::Absent
         } else {
-            history::observe(root, p).map_err(|e| io(p.display(), e))?
+            bases.get(p).copied().unwrap_or(Base::Absent)
         };
         let op = match before {
             State::Dir { .. } if !fresh => PlanOp::SetPerms {

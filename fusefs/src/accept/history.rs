@@ -222,8 +222,14 @@ pub struct Entry {
     /// The accept this one undid, if it is an undo.
     #[serde(default)]
     pub undoes: Option<String>,
-    /// Every path it changed, parents before children.
+    /// Every path it changed, parents before children: kept in `<id>.changes.json` beside
+    /// the entry (so listing and retention read only the small entry files); empty until
+    /// [`load_changes`] fills it.
+    #[serde(skip, default)]
     pub changes: Vec<Change>,
+    /// How many paths it changed.
+    #[serde(default)]
+    pub paths: usize,
     /// Bytes of before-contents it keeps (shared contents counted in each entry).
     pub bytes: u64,
     /// Its contents were dropped by retention: it can no longer be undone.
@@ -285,6 +291,7 @@ pub struct Objects {
 impl Objects {
     /// Open (creating) the object store of `history`.
     pub fn open(history: &Path) -> io::Result<Objects> {
+        private_dir(history)?;
         let dir = objects_dir(history);
         std::fs::create_dir_all(&dir)?;
         Ok(Objects { dir, seq: 0 })
@@ -726,6 +733,7 @@ pub fn record(
         time_ns: super::now_ns(),
         origin: origin(),
         undoes: undoes(),
+        paths: changes.len(),
         changes,
         bytes,
         evicted: false,
@@ -734,26 +742,61 @@ pub fn record(
     Ok(Some(entry_path(history, id)))
 }
 
-/// Atomically (re)write an entry.
+fn changes_path(history: &Path, id: &str) -> PathBuf {
+    entries_dir(history).join(format!("{id}.changes"))
+}
+
+/// Write `bytes` to `path` through a temp file, fsynced, renamed into place.
+fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        sys::fsync(&f)?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
+/// Write an entry: its changes, then the entry file (whose presence says it is complete).
 pub fn store_entry(history: &Path, e: &Entry) -> io::Result<()> {
     let dir = entries_dir(history);
     std::fs::create_dir_all(&dir)?;
-    let path = entry_path(history, &e.id);
-    let tmp = dir.join(format!("{}.json.tmp", e.id));
+    let changes = serde_json::to_vec(&e.changes).map_err(io::Error::other)?;
+    write_atomic(&changes_path(history, &e.id), &changes)?;
+    store_head(history, e)
+}
+
+/// Rewrite only an entry's own file (its changes stay as they are).
+fn store_head(history: &Path, e: &Entry) -> io::Result<()> {
+    let dir = entries_dir(history);
     let bytes = serde_json::to_vec(e).map_err(io::Error::other)?;
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        sys::fsync(&f)?;
-    }
-    std::fs::rename(&tmp, &path)?;
+    write_atomic(&entry_path(history, &e.id), &bytes)?;
     sys::fsync(&sys::open_dir_path(&dir)?)
+}
+
+/// Fill `e.changes` from its changes file.
+pub fn load_changes(history: &Path, e: &mut Entry) -> io::Result<()> {
+    let p = changes_path(history, &e.id);
+    let bytes = std::fs::read(&p)?;
+    e.changes = serde_json::from_slice(&bytes).map_err(|err| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: {err}", p.display()),
+        )
+    })?;
+    Ok(())
 }
 
 /// Remove the entry of accept `id` (it rolled back: nothing of it is in the project).
 pub fn discard(history: &Path, id: &str) -> io::Result<()> {
     let dir = entries_dir(history);
-    for p in [entry_path(history, id), dir.join(format!("{id}.json.tmp"))] {
+    for p in [
+        entry_path(history, id),
+        dir.join(format!("{id}.json.tmp")),
+        changes_path(history, id),
+        dir.join(format!("{id}.changes.tmp")),
+    ] {
         match std::fs::remove_file(p) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
             _ => {}
@@ -766,10 +809,25 @@ pub fn discard(history: &Path, id: &str) -> io::Result<()> {
     }
 }
 
+/// Create `dir` (and its parents) readable by its owner only: earlier contents of the
+/// user's files (an overwritten `.env` among them) are kept here.
+fn private_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let m = std::fs::metadata(dir)?;
+    if m.permissions().mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
 /// The history lock: shared by recording (objects written, entry not yet), exclusive for
 /// eviction (which removes objects no entry refers to).
 fn lock_file(history: &Path) -> io::Result<std::fs::File> {
-    std::fs::create_dir_all(history)?;
+    private_dir(history)?;
     std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -786,7 +844,8 @@ fn lock(history: &Path) -> io::Result<std::fs::File> {
     Ok(f)
 }
 
-/// Every entry in `history`, oldest first (unreadable ones skipped with a warning).
+/// Every entry in `history`, oldest first (unreadable ones skipped with a warning), without
+/// their changes (see [`load_changes`]).
 pub fn entries(history: &Path) -> io::Result<Vec<Entry>> {
     let dir = entries_dir(history);
     let rd = match std::fs::read_dir(&dir) {
@@ -838,11 +897,15 @@ pub fn evict(history: &Path, journals: &Path, r: Retention) -> io::Result<Vec<St
             continue;
         }
         e.evicted = true;
-        store_entry(history, e)?;
+        store_head(history, e)?;
         evicted.push(e.id.clone());
     }
     if evicted.is_empty() {
         return Ok(evicted);
+    }
+    for e in all.iter_mut().filter(|e| !e.evicted) {
+        // An entry whose changes cannot be read keeps every content (nothing is dropped).
+        load_changes(history, e)?;
     }
     let used: BTreeSet<String> = all
         .iter()
