@@ -925,7 +925,13 @@ pub fn evict(history: &Path, journals: &Path, r: Retention) -> io::Result<Vec<St
         let d = d?;
         let name = d.file_name();
         let name = name.to_string_lossy();
-        if name.starts_with('.') || used.contains(name.as_ref()) {
+        if let Some(rest) = name.strip_prefix(".tmp-") {
+            // A content being written, or left by a writer that died: only the latter goes.
+            let pid = rest.split('-').next().and_then(|p| p.parse::<i32>().ok());
+            if pid.is_some_and(|p| p == std::process::id() as i32 || sys::process_alive(p)) {
+                continue;
+            }
+        } else if name.starts_with('.') || used.contains(name.as_ref()) {
             continue;
         }
         match std::fs::remove_file(d.path()) {
