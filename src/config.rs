@@ -119,6 +119,33 @@ pub struct FileConfig {
     pub sandbox: Option<SandboxConfig>,
     /// `[outside]`: what happens to a command's writes outside the project.
     pub outside: Option<OutsideConfig>,
+    /// `[history]`: how much of the accept history (for `shade undo`) is kept.
+    pub history: Option<HistoryConfig>,
+}
+
+/// The `[history]` section.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryConfig {
+    /// How many of the latest accepts can be undone (default 100; 0 records no history).
+    pub keep_accepts: Option<usize>,
+    /// At most this much stored earlier content, e.g. "2GiB" (the default).
+    pub max_size: Option<String>,
+}
+
+/// Puts the file's `[history]` settings in force for every later accept of this process.
+pub fn install_history(file: &FileConfig) -> Result<(), String> {
+    let h = file.history.clone().unwrap_or_default();
+    let mut r = shade_fusefs::accept::history::Retention::default();
+    if let Some(k) = h.keep_accepts {
+        r.keep = k;
+    }
+    if let Some(s) = &h.max_size {
+        r.max_bytes =
+            shade_fusefs::units::parse_size(s).map_err(|e| format!("[history] max_size: {e}"))?;
+    }
+    shade_fusefs::accept::history::configure(r);
+    Ok(())
 }
 
 /// The `[outside]` section.
@@ -304,7 +331,12 @@ pub fn install_sandbox(file: &FileConfig) {
 /// the defaults, the strict ones, and is said when a subcommand reads it.
 pub fn install_default_sandbox() {
     match load_file_config(&Overrides::default()) {
-        Ok(file) => install_sandbox(&file),
+        Ok(file) => {
+            install_sandbox(&file);
+            if let Err(e) = install_history(&file) {
+                eprintln!("shade: warning: {e}; the default history limits apply");
+            }
+        }
         Err(e) => tracing::debug!("config not read for the sandbox settings: {e}"),
     }
 }

@@ -8,6 +8,7 @@ mod chat;
 mod cmd_check;
 mod cmd_doctor;
 mod cmd_exec;
+mod cmd_history;
 mod cmd_lint;
 mod cmd_recover;
 mod cmd_run;
@@ -53,6 +54,10 @@ enum Command {
     Mcp(mcp::McpArgs),
     /// Say what isolation this machine gives commands in a branch (sandbox, namespaces, FUSE).
     Doctor(cmd_doctor::DoctorArgs),
+    /// List the project's accepts, newest first, and which can still be undone.
+    Log(cmd_history::LogArgs),
+    /// Put every path an accept changed back as it was (default: the newest not undone).
+    Undo(cmd_history::UndoArgs),
 }
 
 fn main() {
@@ -86,6 +91,7 @@ fn main() {
         sandbox::set_foreground_helper(exe);
     }
     config::install_default_sandbox();
+    shade_fusefs::accept::history::set_origin(command_line());
     let code = match cli.command {
         Command::Run(args) => cmd_run::main(args),
         Command::Exec(args) => cmd_exec::main(args),
@@ -95,6 +101,8 @@ fn main() {
         Command::Check(args) => cmd_check::main(args),
         Command::Mcp(args) => mcp::main(args),
         Command::Doctor(args) => cmd_doctor::main(args),
+        Command::Log(args) => cmd_history::log_main(args),
+        Command::Undo(args) => cmd_history::undo_main(args),
     };
     // Every owner drops its branches on the way here; one that could not (a thread still
     // at work when the command ended) must not leave a mount behind the process.
@@ -103,6 +111,20 @@ fn main() {
         tracing::debug!("{left} branches were still mounted at exit: detached");
     }
     std::process::exit(code);
+}
+
+/// This process's command line as the accept history shows where an accept came from
+/// (shortened: it is a label, not a record of the arguments).
+fn command_line() -> String {
+    let words: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| shade_fusefs::quote::quote_bytes(a.as_encoded_bytes()).into_owned())
+        .collect();
+    let mut line = format!("shade {}", words.join(" "));
+    if line.chars().count() > 100 {
+        line = line.chars().take(99).collect::<String>() + "…";
+    }
+    line
 }
 
 /// Logs go to stderr, filtered by `SHADE_LOG` (default: warnings only), so stdout stays

@@ -433,3 +433,45 @@ fn sigterm_and_sighup_end_a_shadow_script_session_cleanly() {
         assert_eq!(std::fs::read_to_string(h.join("a")).unwrap(), "a\n");
     }
 }
+
+/// `/undo` takes back what the session accepted, shell-made changes included (`sed -i`, a
+/// formatter), and tells the model.
+#[test]
+fn undo_takes_back_the_sessions_accept_and_tells_the_model() {
+    let llm = FakeLlm::start(Arc::new(router)).unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    std::fs::write(h.join("notes.txt"), "one\n").unwrap();
+    std::fs::write(h.join("code.c"), "int  x=1 ;\n").unwrap();
+    let out = chat(
+        h,
+        &llm,
+        &["--shadow"],
+        "!sed -i s/one/two/ notes.txt && tr -s ' ' < code.c > fmt.tmp && mv fmt.tmp code.c\n\
+         /accept\n/undo\n/undo\nwhat now?\n",
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("accepted 2 changes"), "{stdout}");
+    assert!(stdout.contains("undid accept"), "{stdout}");
+    assert!(stdout.contains("restored code.c"), "{stdout}");
+    assert!(
+        stdout.contains("nothing to undo"),
+        "the second /undo: {stdout}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(h.join("notes.txt")).unwrap(),
+        "one\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(h.join("code.c")).unwrap(),
+        "int  x=1 ;\n"
+    );
+    let sent = llm.requests();
+    let last = sent.last().unwrap()["messages"].to_string();
+    assert!(last.contains("I undid accepted changes"), "{last}");
+}

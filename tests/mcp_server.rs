@@ -214,6 +214,7 @@ async fn tools_are_listed_with_truthful_annotations() {
         "accept_branch",
         "abort_branch",
         "compare_branches",
+        "undo_accept",
     ] {
         assert!(
             names.contains(&expected),
@@ -280,14 +281,17 @@ async fn tools_are_listed_with_truthful_annotations() {
         assert_eq!(a.open_world_hint, Some(false), "{name}");
         assert_eq!(a.read_only_hint, Some(read_only.contains(&name)), "{name}");
         if !read_only.contains(&name) {
-            let destructive = matches!(name, "accept_branch" | "abort_branch");
+            let destructive = matches!(name, "accept_branch" | "abort_branch" | "undo_accept");
             assert_eq!(a.destructive_hint, Some(destructive), "{name}");
         }
         assert!(
             t.description.as_ref().unwrap().len() > 60,
             "{name} needs a description a model can use"
         );
-        if !matches!(name, "create_branch" | "list_branches" | "check_command") {
+        if !matches!(
+            name,
+            "create_branch" | "list_branches" | "check_command" | "undo_accept"
+        ) {
             let required = t.input_schema.get("required").unwrap();
             assert!(
                 required.as_array().unwrap().contains(&json!("branch")),
@@ -419,6 +423,64 @@ async fn conflicting_accept_is_refused() {
     assert!(aborted.contains("aborted"), "{aborted}");
     assert_eq!(fx.read("notes.txt"), "the user's edit\n");
     assert_eq!(fx.read("other.txt"), "keep\n");
+    disconnect(client).await;
+    assert_no_shade_mounts(&fx.state);
+}
+
+/// A client undoes its own accept: the project is as before it; a path the user changed
+/// since makes the undo refuse, and `keep_mine` keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_undoes_its_own_accept() {
+    let fx = Fixture::new();
+    fx.write("notes.txt", "one\n");
+    let client = connect(&fx, None, &["--no-lint"]).await;
+    let b = branch(&client).await;
+    ok(
+        &client,
+        "edit",
+        json!({"branch": b, "path": "notes.txt", "old_string": "one", "new_string": "two"}),
+    )
+    .await;
+    ok(
+        &client,
+        "write_file",
+        json!({"branch": b, "path": "new.txt", "content": "new\n"}),
+    )
+    .await;
+    let accepted = ok(&client, "accept_branch", json!({"branch": b})).await;
+    assert!(accepted.contains("Recorded as accept"), "{accepted}");
+    assert_eq!(fx.read("notes.txt"), "two\n");
+    let undone = ok(&client, "undo_accept", json!({})).await;
+    assert!(undone.contains("removed new.txt"), "{undone}");
+    assert_eq!(fx.read("notes.txt"), "one\n");
+    assert!(!fx.project.join("new.txt").exists());
+    // Nothing of this session's is left to undo.
+    let (err, text) = call(&client, "undo_accept", json!({})).await;
+    assert!(err && text.contains("Nothing to undo"), "{text}");
+
+    // Again, with a user edit in between.
+    let b = branch(&client).await;
+    ok(
+        &client,
+        "write_file",
+        json!({"branch": b, "path": "notes.txt", "content": "three\n"}),
+    )
+    .await;
+    ok(
+        &client,
+        "write_file",
+        json!({"branch": b, "path": "more.txt", "content": "more\n"}),
+    )
+    .await;
+    ok(&client, "accept_branch", json!({"branch": b})).await;
+    fx.write("notes.txt", "the user's\n");
+    let (err, text) = call(&client, "undo_accept", json!({})).await;
+    assert!(err && text.contains("notes.txt"), "{text}");
+    assert!(fx.project.join("more.txt").exists(), "nothing written");
+    let undone = ok(&client, "undo_accept", json!({"keep_mine": true})).await;
+    assert!(undone.contains("kept as it is: notes.txt"), "{undone}");
+    assert_eq!(fx.read("notes.txt"), "the user's\n");
+    assert!(!fx.project.join("more.txt").exists());
     disconnect(client).await;
     assert_no_shade_mounts(&fx.state);
 }

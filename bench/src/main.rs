@@ -103,21 +103,21 @@ fn run(args: &Args) -> Result<()> {
             tree_files: 2_000,
             gen_files: 10_000,
             blob_bytes: 256 << 20,
-            accept_files: 1_000,
+            accept_files: 2_000,
         }
     } else {
         Sizes {
             tree_files: 10_000,
             gen_files: 100_000,
             blob_bytes: 1 << 30,
-            accept_files: 1_000,
+            accept_files: 2_000,
         }
     };
     let cfg = Config {
         runs: args.runs.unwrap_or(if args.quick { 3 } else { 5 }).max(1),
         threads: args.threads,
         write_files: 1_000,
-        accept_sizes: vec![10, 100, 1_000],
+        accept_sizes: vec![1, 10, 100, 1_000, 2_000],
         many: if args.quick { 50 } else { 200 },
         drop_caches: true,
     };

@@ -491,6 +491,21 @@ pub fn accept_abort(layout: &Layout, cfg: &Config, res: &mut Results) -> Result<
     Ok(())
 }
 
+/// Bytes of the files below `dir` (0 when it does not exist).
+fn tree_bytes(dir: &Path) -> u64 {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => tree_bytes(&e.path()),
+            _ => e.metadata().map(|m| m.len()).unwrap_or(0),
+        })
+        .sum()
+}
+
+/// Accept latency of `n` changed files with the accept history on (system "shade", plus the
+/// bytes the history stores per accept) and off ("shade (no history)").
 fn accept_runs(
     layout: &Layout,
     n: usize,
@@ -498,9 +513,44 @@ fn accept_runs(
     cfg: &Config,
     res: &mut Results,
 ) -> Result<()> {
+    use shade_fusefs::accept::history;
+    let on = history::retention();
+    let history_dir = shade_fusefs::StateDir::at(layout.state.clone()).history();
+    for keep in [true, false] {
+        history::configure(if keep {
+            on
+        } else {
+            history::Retention { keep: 0, ..on }
+        });
+        let r = accept_runs_once(layout, n, round, cfg, &history_dir);
+        history::configure(on);
+        let (samples, stored) = r?;
+        let system = if keep { "shade" } else { "shade (no history)" };
+        res.push(&m_accept(n), system, "s", samples);
+        if keep {
+            res.push(
+                &format!("history bytes per accept of {n} files"),
+                "shade",
+                "bytes",
+                stored,
+            );
+        }
+    }
+    Ok(())
+}
+
+fn accept_runs_once(
+    layout: &Layout,
+    n: usize,
+    round: &mut usize,
+    cfg: &Config,
+    history_dir: &Path,
+) -> Result<(Vec<f64>, Vec<f64>)> {
     let opts = shade_options(layout, cfg.threads);
     let mut samples = Vec::new();
+    let mut stored = Vec::new();
     for _ in 0..cfg.runs {
+        let before = tree_bytes(history_dir);
         check_interrupted()?;
         *round += 1;
         let b = Branch::create(&layout.lower, &opts)?;
@@ -514,19 +564,19 @@ fn accept_runs(
                 .map_err(|e| anyhow::anyhow!("accept of {n} changed files: {e}"))
         })?;
         if report.written != n {
-            res.notes.push(format!(
+            bail!(
                 "accept of {n} changed files reported {} written",
                 report.written
-            ));
+            );
         }
         let probe = layout.lower.join(ACCEPT).join("f0000.txt");
         if std::fs::read_to_string(&probe)? != tree::source_text(7 * *round + 1, 2100) {
             bail!("accept did not write {}", probe.display());
         }
         samples.push(secs);
+        stored.push(tree_bytes(history_dir).saturating_sub(before) as f64);
     }
-    res.push(&m_accept(n), "shade", "s", samples);
-    Ok(())
+    Ok((samples, stored))
 }
 
 /// `cfg.many` branches alive at once: creation time of each, and RSS per idle branch

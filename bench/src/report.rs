@@ -355,14 +355,22 @@ fn accept_table(res: &Results, s: &mut String) {
         return;
     }
     let _ = writeln!(s, "Accept / abort latency (shade): median (p95)\n");
-    let _ = writeln!(s, "| changed files | accept | abort | target (accept) | |");
-    let _ = writeln!(s, "|---|---|---|---|---|");
+    let _ = writeln!(
+        s,
+        "| changed files | accept | accept, no history | history stored | abort | target (accept) | |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
     for n in sizes {
-        let cell = |name: String| {
-            res.get(&name, "shade")
+        let cell_of = |name: String, system: &str| {
+            res.get(&name, system)
                 .map(|m| format!("{} ({})", secs(m.stats.median), secs(m.stats.p95)))
                 .unwrap_or_else(|| "—".into())
         };
+        let cell = |name: String| cell_of(name, "shade");
+        let stored = res
+            .get(&format!("history bytes per accept of {n} files"), "shade")
+            .map(|m| shade_fusefs::units::format_size(m.stats.median as u64))
+            .unwrap_or_else(|| "—".into());
         let goal = (n == 100).then_some(Goal::SecsMax(50e-3));
         let met = goal.and_then(|g| {
             res.get(&m_accept(n), "shade")
@@ -370,8 +378,9 @@ fn accept_table(res: &Results, s: &mut String) {
         });
         let _ = writeln!(
             s,
-            "| {n} | {} | {} | {} | {} |",
+            "| {n} | {} | {} | {stored} | {} | {} | {} |",
             cell(m_accept(n)),
+            cell_of(m_accept(n), "shade (no history)"),
             cell(m_abort(n)),
             goal.map(Goal::label).unwrap_or_else(|| "—".into()),
             if goal.is_some() { mark(met) } else { "" }

@@ -28,6 +28,7 @@ pub mod sandbox;
 mod select;
 pub mod state;
 mod tree;
+pub mod undo;
 pub mod units;
 mod warm;
 mod watch;

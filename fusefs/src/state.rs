@@ -40,6 +40,11 @@ impl StateDir {
         self.root.join("branches")
     }
 
+    /// Accept history: what each accept replaced, for `shade log` and `shade undo`.
+    pub fn history(&self) -> PathBuf {
+        self.root.join("history")
+    }
+
     /// Accept journals, one file per accept in progress.
     pub fn journals(&self) -> PathBuf {
         self.root.join("journals")

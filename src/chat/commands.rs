@@ -41,6 +41,10 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
         "/try N [--check CMD --] PROMPT: N attempts in branches, the best accepted, and the \
          conversation goes on from it",
     ),
+    (
+        "/undo",
+        "undo this session's last accept (/accept, an accepted speculation); /undo N the last N",
+    ),
     ("/exit", "leave (also Ctrl-D)"),
 ];
 
@@ -69,6 +73,8 @@ pub(crate) enum Command {
         check: Option<String>,
         prompt: String,
     },
+    /// `/undo [N]`: undo this session's last N accepts (newest first).
+    Undo(usize),
     Exit,
 }
 
@@ -119,6 +125,14 @@ pub(crate) fn parse(line: &str) -> Result<Command, String> {
         },
         "/abort" => no_args(Command::Abort),
         "/try" => parse_try(line),
+        "/undo" => match rest.as_slice() {
+            [] => Ok(Command::Undo(1)),
+            [n] => match n.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(Command::Undo(n)),
+                _ => Err("usage: /undo [N] (N ≥ 1: the last N accepts)".into()),
+            },
+            _ => Err("usage: /undo [N]".into()),
+        },
         "/exit" | "/quit" => no_args(Command::Exit),
         other => Err(format!("unknown command {other} (try /help)")),
     }
@@ -229,6 +243,10 @@ mod tests {
         assert_eq!(parse("/exit"), Ok(Command::Exit));
         assert_eq!(parse("/changes"), Ok(Command::Changes));
         assert!(parse("/changes now").is_err());
+        assert_eq!(parse("/undo"), Ok(Command::Undo(1)));
+        assert_eq!(parse("/undo 3"), Ok(Command::Undo(3)));
+        assert!(parse("/undo 0").is_err());
+        assert!(parse("/undo x").is_err());
         assert_eq!(parse("/accept"), Ok(Command::Accept { keep: vec![] }));
         assert_eq!(
             parse("/accept --keep-outside ~/.gitconfig ~/.claude"),
@@ -327,6 +345,7 @@ pub(crate) fn apply(session: &mut super::session::Session, cmd: Command) -> Flow
         }
         Command::Accept { keep } => accept_shadow(session, &keep),
         Command::Try { n, check, prompt } => session.try_attempts(n, check, &prompt),
+        Command::Undo(n) => undo_turns(session, n),
         Command::Abort => {
             let n = session
                 .shadow
@@ -396,6 +415,7 @@ fn accept_shadow(session: &mut super::session::Session, keep: &[String]) {
             }
         }
     }
+    shade_fusefs::accept::history::set_origin(session.history_origin());
     let result = shadow.accept(shade_fusefs::AcceptFlags::default());
     let dropped = shade_fusefs::outside::OutsideChanges {
         changes: outside.changes.into_iter().filter(|c| !c.kept).collect(),
@@ -422,6 +442,96 @@ fn accept_shadow(session: &mut super::session::Session, keep: &[String]) {
     }
     if let Err(e) = session.renew_shadow() {
         println!("shade: {e:#}");
+    }
+}
+
+/// `/undo [N]`: undo this session's last `n` accepts not undone yet, newest first, each
+/// all or nothing; stop at the first refused (a path changed since). The model is told.
+fn undo_turns(session: &mut super::session::Session, n: usize) {
+    use shade_fusefs::accept::history;
+    use shade_fusefs::undo::{self, UndoError, UndoOptions};
+    let state = shade_fusefs::StateDir::from_env();
+    let project = match std::fs::canonicalize(session.project()) {
+        Ok(p) => p,
+        Err(e) => {
+            println!("shade: {}: {e}", session.project().display());
+            return;
+        }
+    };
+    let all = match undo::project_history(&state, &project) {
+        Ok(a) => a,
+        Err(e) => {
+            println!("shade: {e}");
+            return;
+        }
+    };
+    let prefix = session.history_prefix();
+    let targets: Vec<String> = all
+        .iter()
+        .rev()
+        .filter(|e| {
+            e.origin.starts_with(&prefix)
+                && e.undoes.is_none()
+                && history::undone_by(&all, &e.id).is_none()
+        })
+        .take(n)
+        .map(|e| e.id.clone())
+        .collect();
+    if targets.is_empty() {
+        println!("nothing to undo: this session accepted nothing that is not undone yet");
+        return;
+    }
+    let mut lines = Vec::new();
+    for id in &targets {
+        let opts = UndoOptions {
+            keep_mine: false,
+            dry_run: false,
+            origin: format!("{}/undo of {id}", session.history_origin()),
+        };
+        match undo::undo(&state, &project, Some(id), &opts) {
+            Ok(r) => {
+                let mut changed: Vec<String> = r
+                    .restored
+                    .iter()
+                    .map(|p| format!("restored {}", shade_fusefs::quote::quote_path(p)))
+                    .collect();
+                changed.extend(
+                    r.removed
+                        .iter()
+                        .map(|p| format!("removed {}", shade_fusefs::quote::quote_path(p))),
+                );
+                println!("undid accept {id}:");
+                for c in &changed {
+                    println!("  {c}");
+                }
+                lines.push(format!("accept {id}: {}", changed.join(", ")));
+            }
+            Err(UndoError::Conflicts { id, kept }) => {
+                println!(
+                    "not undone: {} changed since accept {id} (nothing written; `shade undo --keep-mine {id}` keeps them and undoes the rest):",
+                    plural(kept.len(), "path")
+                );
+                for k in &kept {
+                    println!(
+                        "  {}: {}",
+                        shade_fusefs::quote::quote_path(&k.path),
+                        k.reason
+                    );
+                }
+                break;
+            }
+            Err(e) => {
+                println!("not undone: {e}");
+                break;
+            }
+        }
+    }
+    if !lines.is_empty() {
+        session.note_for_model(format!(
+            "I undid accepted changes of this session (/undo); the project's files are back as \
+             they were before these accepts:\n{}",
+            lines.join("\n")
+        ));
     }
 }
 

@@ -242,6 +242,7 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
             continue;
         }
         let mut next_suggestion = None;
+        shade_fusefs::accept::history::set_origin(session.history_origin());
         let result = match speculation {
             Some(spec) => match speculate::accept(
                 spec,

@@ -32,7 +32,7 @@ Conversations are saved after every turn: --continue picks up the latest, --resu
 given one, --sessions lists them.
 
 Slash commands: /help, /model [NAME], /model --fast [NAME], /approval [MODE], /compact, \
-/clear, /stats, /exit; with --shadow also /diff, /accept, /abort.
+/clear, /stats, /undo [N], /exit; with --shadow also /diff, /accept, /abort.
 
 Settings (config file, see `shade exec --help`): enable_followup_suggestions, \
 enable_cache_sharing, fast_model, telemetry, context_window, compact_threshold.")]

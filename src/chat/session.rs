@@ -317,6 +317,33 @@ impl Session {
         self.add_user_message(note);
     }
 
+    /// How this session's accepts are named in the project's history: the session and the
+    /// turn (the number of prompts so far).
+    pub fn history_origin(&self) -> String {
+        format!(
+            "{}turn {}",
+            self.history_prefix(),
+            self.saved.user_prompts().count()
+        )
+    }
+
+    /// What every history origin of this session starts with.
+    pub fn history_prefix(&self) -> String {
+        format!("chat session {} ", self.saved.id)
+    }
+
+    /// The project directory as the user knows it.
+    pub fn project(&self) -> &std::path::Path {
+        &self.saved.project
+    }
+
+    /// A note for the model (something the user did outside the turns, e.g. `/undo`).
+    pub fn note_for_model(&mut self, note: String) {
+        if !self.conversation.is_empty() {
+            self.add_user_message(note);
+        }
+    }
+
     /// The user's message, starting the conversation (system prompt first) if there is none.
     fn add_user_message(&mut self, content: String) {
         if self.conversation.is_empty() {

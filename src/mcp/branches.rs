@@ -51,7 +51,12 @@ pub struct Branches {
     lint: Mutex<Option<Option<Arc<LintHook>>>>,
     /// Set when the session ends: no branch may be made after.
     closed: AtomicBool,
+    /// Names this session's accepts in the history (`undo_accept` undoes its own).
+    session: String,
 }
+
+/// Numbers the sessions of this process, for their history origin.
+static SESSIONS: AtomicU64 = AtomicU64::new(1);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -66,7 +71,22 @@ impl Branches {
             live: Mutex::default(),
             lint: Mutex::default(),
             closed: AtomicBool::new(false),
+            session: format!(
+                "{}.{}",
+                std::process::id(),
+                SESSIONS.fetch_add(1, Ordering::SeqCst)
+            ),
         }
+    }
+
+    /// Where shade keeps its state (the accept history among it).
+    pub fn state(&self) -> &StateDir {
+        &self.options.state
+    }
+
+    /// How this session's accepts are named in the history, for `client`.
+    pub fn origin(&self, client: &str) -> String {
+        format!("mcp client {client} (session {})", self.session)
     }
 
     /// The real project directory.

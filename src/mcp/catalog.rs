@@ -30,6 +30,8 @@ pub enum Action {
     Abort,
     /// `compare_branches`.
     Compare,
+    /// `undo_accept`.
+    Undo,
 }
 
 /// One tool as offered to the client.
@@ -339,6 +341,41 @@ pub fn all(time_limit_secs: u64) -> Vec<Entry> {
             },
             json!({"branch": branch_id_schema(), "accepted": {"type": "boolean"}, "changes": change_schema()}),
             &["branch", "accepted", "changes"],
+        ),
+        returning(
+            Entry {
+                tool: tool(
+                    "undo_accept",
+                    "Undo an accept: put every path it changed in the user's real project back as it \
+                     was before (files it created are deleted, deleted or overwritten files restored, \
+                     renames, modes and links reversed), all or nothing. Without `id`, the newest \
+                     accept of this session not undone yet. Refused, with nothing written, if the user \
+                     or a later accept changed any of those paths since (they are listed); with \
+                     `keep_mine` those paths are left as they are and the rest is undone. The undo is \
+                     itself recorded and can be undone by calling this again with its id. Call it only \
+                     when the user wants the changes taken back."
+                        .into(),
+                    json!({
+                        "type": "object",
+                        "properties": {
+                            "id": {"type": "string", "description": "The accept's id, as accept_branch reported it (default: this session's newest accept not undone)."},
+                            "keep_mine": {"type": "boolean", "description": "Leave paths changed since the accept as they are and undo the rest (default false: refuse)."},
+                        },
+                        "additionalProperties": false,
+                    }),
+                    annotations("Undo an accept in the project", false, true, false),
+                ),
+                action: Action::Undo,
+            },
+            json!({
+                "id": {"type": "string"},
+                "restored": {"type": "array", "items": {"type": "string"}},
+                "removed": {"type": "array", "items": {"type": "string"}},
+                "kept": {"type": "array", "items": {"type": "object", "properties": {
+                    "path": {"type": "string"}, "reason": {"type": "string"}}}},
+                "undo_id": {"type": ["string", "null"]},
+            }),
+            &["id", "restored", "removed", "kept"],
         ),
         returning(
             Entry {

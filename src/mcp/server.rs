@@ -15,7 +15,10 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value};
 use shade_agent::tools::{Tool, ToolError};
 use shade_classify as shell_classify;
+use shade_fusefs::accept::history;
 use shade_fusefs::outside::OutsideChanges;
+use shade_fusefs::quote::quote_path;
+use shade_fusefs::undo::{self, UndoError, UndoOptions};
 use shade_fusefs::{AcceptError, AcceptFlags, Change};
 use tokio_util::sync::CancellationToken;
 
@@ -94,6 +97,7 @@ impl ShadeServer {
             Action::Diff => self.diff(&take_branch(&mut args)?).await,
             Action::Accept => self.accept(&take_branch(&mut args)?, context).await,
             Action::Abort => self.abort(&take_branch(&mut args)?).await,
+            Action::Undo => self.undo(&args, context).await,
         }
     }
 
@@ -336,13 +340,25 @@ impl ShadeServer {
             return Err("the branch is being accepted or aborted".into());
         };
         let project = self.branches.project().display().to_string();
+        let origin = self.branches.origin(&client_name(context));
+        let note = origin.clone();
         let report = blocking(move || {
-            shadow
-                .accept(AcceptFlags::default())
+            history::with_note(note, None, || shadow.accept(AcceptFlags::default()))
                 .map_err(|e| refusal(&e, "Nothing was written; the branch is closed"))
         })
         .await?;
         let structured = serde_json::json!({"branch": id, "accepted": true, "changes": changes});
+        let recorded = self
+            .own_accepts(&origin)
+            .last()
+            .map(|e| {
+                format!(
+                    "\nRecorded as accept {} (undo_accept takes it back while nobody changed \
+                     those paths since).",
+                    e.id
+                )
+            })
+            .unwrap_or_default();
         if changes.is_empty() {
             return Ok(Reply::with(
                 format!("Branch {id} had no changes; it is closed.{dropped}"),
@@ -353,7 +369,8 @@ impl ShadeServer {
             .privileges_note()
             .map(|n| format!("\nNote: {n}."))
             .unwrap_or_default()
-            + &dropped;
+            + &dropped
+            + &recorded;
         Ok(Reply::with(
             format!(
                 "Accepted branch {id} into {project}: {} change{} written; the branch is closed.\n{}{note}",
@@ -363,6 +380,114 @@ impl ShadeServer {
             ),
             structured,
         ))
+    }
+
+    /// This session's accepts in the project's history (those recorded with `origin`),
+    /// oldest first.
+    fn own_accepts(&self, origin: &str) -> Vec<history::Entry> {
+        undo::project_history(self.branches.state(), self.branches.project())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.origin == origin)
+            .collect()
+    }
+
+    /// `undo_accept`: the accept named by `id`, else this session's newest not undone.
+    async fn undo(
+        &self,
+        args: &Map<String, Value>,
+        context: &RequestContext<RoleServer>,
+    ) -> Answer {
+        let keep_mine = match args.get("keep_mine") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err("invalid arguments: `keep_mine` is true or false".into()),
+        };
+        let origin = self.branches.origin(&client_name(context));
+        let id = match args.get("id") {
+            Some(Value::String(id)) => id.clone(),
+            None | Some(Value::Null) => {
+                let all = undo::project_history(self.branches.state(), self.branches.project())
+                    .map_err(|e| e.to_string())?;
+                all.iter()
+                    .rev()
+                    .find(|e| {
+                        e.origin == origin
+                            && e.undoes.is_none()
+                            && history::undone_by(&all, &e.id).is_none()
+                    })
+                    .map(|e| e.id.clone())
+                    .ok_or(
+                        "Nothing to undo: this session has no accept that is not undone \
+                            (pass `id` to undo another one).",
+                    )?
+            }
+            Some(_) => return Err("invalid arguments: `id` is an accept id (a string)".into()),
+        };
+        let state = self.branches.state().clone();
+        let project = self.branches.project().to_path_buf();
+        let opts = UndoOptions {
+            keep_mine,
+            dry_run: false,
+            origin: format!("{origin}: undo_accept {id}"),
+        };
+        let report = blocking(move || {
+            undo::undo(&state, &project, Some(&id), &opts).map_err(|e| match e {
+                UndoError::Conflicts { id, kept } => {
+                    let mut s = format!(
+                        "Not undone: {} path{} changed since accept {id}; nothing was written \
+                         (keep_mine: true leaves them as they are and undoes the rest).",
+                        kept.len(),
+                        plural(kept.len())
+                    );
+                    for k in kept {
+                        s.push_str(&format!("\n  {}: {}", quote_path(&k.path), k.reason));
+                    }
+                    s
+                }
+                other => format!("Not undone: {other}"),
+            })
+        })
+        .await?;
+        let mut text = format!(
+            "Undid accept {} in {}:",
+            report.id,
+            self.branches.project().display()
+        );
+        for p in &report.restored {
+            text.push_str(&format!("\n  restored {}", quote_path(p)));
+        }
+        for p in &report.removed {
+            text.push_str(&format!("\n  removed {}", quote_path(p)));
+        }
+        for k in &report.kept {
+            text.push_str(&format!(
+                "\n  kept as it is: {}: {}",
+                quote_path(&k.path),
+                k.reason
+            ));
+        }
+        if let Some(u) = &report.undo_id {
+            text.push_str(&format!(
+                "\nRecorded as accept {u}: undo_accept with that id puts the changes back."
+            ));
+        }
+        let shown = |l: &[std::path::PathBuf]| -> Vec<String> {
+            l.iter().map(|p| p.to_string_lossy().into_owned()).collect()
+        };
+        let kept: Vec<Value> = report
+            .kept
+            .iter()
+            .map(|k| serde_json::json!({"path": k.path.to_string_lossy(), "reason": k.reason}))
+            .collect();
+        let structured = serde_json::json!({
+            "id": report.id,
+            "restored": shown(&report.restored),
+            "removed": shown(&report.removed),
+            "kept": kept,
+            "undo_id": report.undo_id,
+        });
+        Ok(Reply::with(text, structured))
     }
 
     async fn abort(&self, id: &str) -> Answer {
@@ -381,6 +506,16 @@ impl ShadeServer {
             serde_json::json!({"branch": id, "aborted": true}),
         ))
     }
+}
+
+/// The MCP client's name as it introduced itself (for the history's origin).
+fn client_name(context: &RequestContext<RoleServer>) -> String {
+    context
+        .peer
+        .peer_info()
+        .map(|i| i.client_info.name.clone())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "unnamed".into())
 }
 
 /// Asks the user to confirm accepting branch `id` when the client declared elicitation;

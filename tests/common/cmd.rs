@@ -49,7 +49,10 @@ pub fn run_with_input(cmd: &mut Command, input: &[u8]) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(input).unwrap();
+    if let Err(e) = child.stdin.take().unwrap().write_all(input) {
+        // A process that stops before reading all its input (an error at start) closes it.
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
+    }
     child.wait_with_output().unwrap()
 }
 

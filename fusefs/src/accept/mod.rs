@@ -16,6 +16,7 @@
 mod check;
 mod exec;
 mod fault;
+pub mod history;
 mod journal;
 mod recover;
 mod safe_path;
@@ -383,6 +384,24 @@ pub fn apply(
         .and_then(|()| j.store(&dir))
         .map_err(io_err(&dir))?;
 
+    // Record what the plan replaces (before the commit point; a roll-back discards it).
+    if history_kept(&opts.state, &root) {
+        let recorded = history::record(
+            &opts.state.history(),
+            root_fd.as_raw_fd(),
+            &root,
+            &id,
+            &mut plan,
+        );
+        if let Err(e) = recorded {
+            let e = AcceptError::Io {
+                path: opts.state.history(),
+                source: e,
+            };
+            return Err(roll_back_after(&root_fd, &root, &j, &dir, e));
+        }
+    }
+
     // Stage; any failure here rolls back to an untouched project.
     let files = plan
         .iter()
@@ -535,6 +554,9 @@ pub fn apply(
     match exec::roll_forward_locked(root_fd, &mut j, &dir) {
         Ok(set_aside) => {
             report.not_applied = not_applied(&root, &id, &set_aside);
+            if let Err(e) = history::evict(&opts.state.history(), &dir, history::retention()) {
+                tracing::warn!(error = %e, "accept history: retention not applied");
+            }
             Ok(report)
         }
         Err(s) => Err(AcceptError::Unfinished {
@@ -545,6 +567,14 @@ pub fn apply(
             total,
         }),
     }
+}
+
+/// Whether accepts into `root` are kept in the history: not those into a branch's own mount
+/// (a speculation into a session's branch; the session's accept is recorded instead).
+fn history_kept(state: &StateDir, root: &Path) -> bool {
+    let branches = state.branches();
+    let canonical = std::fs::canonicalize(&branches).unwrap_or_else(|_| branches.clone());
+    !root.starts_with(&branches) && !root.starts_with(&canonical)
 }
 
 /// Undo an accept that failed before its commit point with `e`; says so truthfully when the

@@ -1,0 +1,975 @@
+//! Accept history: what every accept replaced, so `shade undo` can put it back.
+//!
+//! Each accept records, per path it touches, the state before (content, mode, owner,
+//! symlink target, extended attributes, or absence) and the state it writes, in
+//! `StateDir::history()/entries/<id>.json` (`id` = the accept's journal id). Contents are
+//! stored once per distinct content in `objects/<sha256>` (content-addressed). The entry is
+//! written and fsynced before the accept's commit point; an accept that rolls back (before
+//! its commit point, or in recovery) removes it again, so an entry exists only for an
+//! accept that is (or will be, by recovery) in the project.
+//!
+//! Retention keeps the last `keep` accepts and at most `max_bytes` of stored contents; an
+//! older entry is *evicted* (its contents dropped, its record kept so `shade log` can say
+//! it can no longer be undone), never one whose journal is still live.
+
+use super::safe_path::{open_dir, open_parent, rebase};
+use super::sys;
+use crate::plan::{PlanOp, Timestamp};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsStr;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+pub use super::journal::JPath;
+
+/// The version of entry files this shade writes.
+pub const VERSION: u32 = 1;
+
+/// How much history to keep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    /// Keep the contents of this many most recent accepts (0 records no history at all).
+    pub keep: usize,
+    /// Keep at most this many bytes of stored contents (older accepts are evicted first).
+    pub max_bytes: u64,
+}
+
+impl Default for Retention {
+    fn default() -> Retention {
+        Retention {
+            keep: 100,
+            max_bytes: 2 << 30,
+        }
+    }
+}
+
+static RETENTION: Mutex<Option<Retention>> = Mutex::new(None);
+static ORIGIN: Mutex<Option<String>> = Mutex::new(None);
+
+thread_local! {
+    static NOTE: RefCell<Option<(String, Option<String>)>> = const { RefCell::new(None) };
+}
+
+/// Set the retention for every later accept of this process (from the config).
+pub fn configure(r: Retention) {
+    if let Ok(mut g) = RETENTION.lock() {
+        *g = Some(r);
+    }
+}
+
+/// The retention in force.
+pub fn retention() -> Retention {
+    RETENTION.lock().ok().and_then(|g| *g).unwrap_or_default()
+}
+
+/// Say where this process's accepts come from ("shade run -- make", "mcp client X"): the
+/// history shows it.
+pub fn set_origin(origin: impl Into<String>) {
+    if let Ok(mut g) = ORIGIN.lock() {
+        *g = Some(origin.into());
+    }
+}
+
+fn origin() -> String {
+    NOTE.with(|n| n.borrow().as_ref().map(|(o, _)| o.clone()))
+        .or_else(|| ORIGIN.lock().ok().and_then(|g| g.clone()))
+        .unwrap_or_else(|| "shade".into())
+}
+
+fn undoes() -> Option<String> {
+    NOTE.with(|n| n.borrow().as_ref().and_then(|(_, u)| u.clone()))
+}
+
+/// Run `f` with accepts on this thread recorded as coming from `origin` (and as the undo of
+/// accept `undoes`), whatever the process-wide origin says.
+pub fn with_note<T>(origin: String, undoes: Option<String>, f: impl FnOnce() -> T) -> T {
+    let old = NOTE.with(|n| n.replace(Some((origin, undoes))));
+    let out = f();
+    NOTE.with(|n| *n.borrow_mut() = old);
+    out
+}
+
+/// The state of one path.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum State {
+    /// Nothing there.
+    Absent,
+    /// A regular file; its content is `objects/<sha256>` (when stored: before-states).
+    File {
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        size: u64,
+        sha256: String,
+        #[serde(default)]
+        mtime: Option<Timestamp>,
+        #[serde(default)]
+        xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    },
+    /// A symbolic link.
+    Symlink { target: JPath, uid: u32, gid: u32 },
+    /// A directory (its entries are paths of their own).
+    Dir {
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        #[serde(default)]
+        mtime: Option<Timestamp>,
+        #[serde(default)]
+        xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    },
+    /// A fifo, socket or device node (`mode` with its type bits).
+    Special {
+        mode: u32,
+        rdev: u64,
+        uid: u32,
+        gid: u32,
+    },
+}
+
+impl State {
+    /// One word for the kind of object.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            State::Absent => "nothing",
+            State::File { .. } => "a file",
+            State::Symlink { .. } => "a symlink",
+            State::Dir { .. } => "a directory",
+            State::Special { .. } => "a special file",
+        }
+    }
+
+    /// Whether this is a directory.
+    pub fn is_dir(&self) -> bool {
+        matches!(self, State::Dir { .. })
+    }
+
+    /// Whether something is there.
+    pub fn present(&self) -> bool {
+        !matches!(self, State::Absent)
+    }
+
+    /// Whether `now` is this state as far as a user can tell: kind, content, link target,
+    /// permission bits (owners, times and attributes are not compared).
+    pub fn same_as(&self, now: &State) -> bool {
+        match (self, now) {
+            (State::Absent, State::Absent) => true,
+            (
+                State::File {
+                    mode: m1,
+                    sha256: h1,
+                    ..
+                },
+                State::File {
+                    mode: m2,
+                    sha256: h2,
+                    ..
+                },
+            ) => m1 & 0o7777 == m2 & 0o7777 && h1 == h2,
+            (State::Symlink { target: a, .. }, State::Symlink { target: b, .. }) => a == b,
+            (State::Dir { mode: a, .. }, State::Dir { mode: b, .. }) => a & 0o7777 == b & 0o7777,
+            (
+                State::Special {
+                    mode: a, rdev: r1, ..
+                },
+                State::Special {
+                    mode: b, rdev: r2, ..
+                },
+            ) => a == b && r1 == r2,
+            _ => false,
+        }
+    }
+
+    /// Content bytes this state stores (a file's size).
+    pub fn bytes(&self) -> u64 {
+        match self {
+            State::File { size, .. } => *size,
+            _ => 0,
+        }
+    }
+}
+
+/// One path an accept changed.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Change {
+    /// Relative to the project root.
+    pub path: JPath,
+    /// What was there before the accept.
+    pub before: State,
+    /// What the accept put there.
+    pub after: State,
+}
+
+/// One accept in the history.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Entry {
+    pub version: u32,
+    /// The accept's id (its journal's).
+    pub id: String,
+    /// Absolute project root.
+    pub root: JPath,
+    /// When the accept was made (ns since the epoch).
+    pub time_ns: i64,
+    /// Where it came from: the command line, a chat session's turn, an MCP client.
+    pub origin: String,
+    /// The accept this one undid, if it is an undo.
+    #[serde(default)]
+    pub undoes: Option<String>,
+    /// Every path it changed, parents before children: kept in `<id>.changes.json` beside
+    /// the entry (so listing and retention read only the small entry files); empty until
+    /// [`load_changes`] fills it.
+    #[serde(skip, default)]
+    pub changes: Vec<Change>,
+    /// How many paths it changed.
+    #[serde(default)]
+    pub paths: usize,
+    /// Bytes of before-contents it keeps (shared contents counted in each entry).
+    pub bytes: u64,
+    /// Its contents were dropped by retention: it can no longer be undone.
+    #[serde(default)]
+    pub evicted: bool,
+}
+
+/// `StateDir::history()` parts.
+fn entries_dir(history: &Path) -> PathBuf {
+    history.join("entries")
+}
+fn objects_dir(history: &Path) -> PathBuf {
+    history.join("objects")
+}
+fn entry_path(history: &Path, id: &str) -> PathBuf {
+    entries_dir(history).join(format!("{id}.json"))
+}
+
+/// The history directory beside the journal directory `journals` of one state dir.
+pub fn beside_journals(journals: &Path) -> PathBuf {
+    journals
+        .parent()
+        .map(|p| p.join("history"))
+        .unwrap_or_else(|| PathBuf::from("history"))
+}
+
+/// The file holding the contents with this hash.
+pub fn object_path(history: &Path, sha256: &str) -> PathBuf {
+    objects_dir(history).join(sha256)
+}
+
+fn hex(d: &[u8]) -> String {
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Hash a whole file from its start.
+pub fn hash_file(f: &mut std::fs::File) -> io::Result<(String, u64)> {
+    f.seek(SeekFrom::Start(0))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut n = 0u64;
+    loop {
+        let k = f.read(&mut buf)?;
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+        n += k as u64;
+    }
+    Ok((hex(&h.finalize()), n))
+}
+
+/// The content store of one history directory, writing each distinct content once.
+pub struct Objects {
+    dir: PathBuf,
+    seq: u64,
+}
+
+impl Objects {
+    /// Open (creating) the object store of `history`.
+    pub fn open(history: &Path) -> io::Result<Objects> {
+        private_dir(history)?;
+        let dir = objects_dir(history);
+        std::fs::create_dir_all(&dir)?;
+        Ok(Objects { dir, seq: 0 })
+    }
+
+    /// Copy `f` (from its start) into the store; its hash and size. Not synced: the caller
+    /// syncs the store's file system once before recording the entry.
+    pub fn put(&mut self, f: &mut std::fs::File) -> io::Result<(String, u64)> {
+        f.seek(SeekFrom::Start(0))?;
+        self.seq += 1;
+        let tmp = self
+            .dir
+            .join(format!(".tmp-{}-{}", std::process::id(), self.seq));
+        let mut out = std::fs::File::create(&tmp)?;
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut n = 0u64;
+        let res = (|| -> io::Result<()> {
+            loop {
+                let k = f.read(&mut buf)?;
+                if k == 0 {
+                    return Ok(());
+                }
+                h.update(&buf[..k]);
+                out.write_all(&buf[..k])?;
+                n += k as u64;
+            }
+        })();
+        drop(out);
+        if let Err(e) = res {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        let sum = hex(&h.finalize());
+        let dst = self.dir.join(&sum);
+        if dst.exists() {
+            std::fs::remove_file(&tmp)?;
+            // Touch it: a content used again is recent (eviction looks at entries, not this).
+        } else {
+            std::fs::rename(&tmp, &dst)?;
+        }
+        Ok((sum, n))
+    }
+
+    /// Make every content put so far durable.
+    pub fn sync(&self) -> io::Result<()> {
+        let d = sys::open_dir_path(&self.dir)?;
+        sys::syncfs(&d)?;
+        sys::fsync(&d)
+    }
+}
+
+fn xattrs_of(fd: RawFd) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let Ok(names) = sys::list_xattrs(fd) else {
+        return Vec::new();
+    };
+    names
+        .into_iter()
+        .filter(|n| n.starts_with(b"user.") || n.starts_with(b"trusted."))
+        .filter_map(|n| sys::get_xattr(fd, &n).ok().map(|v| (n, v)))
+        .collect()
+}
+
+fn is_gone(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)
+    )
+}
+
+/// What is at `path` beneath `root` now (never following a symlink); a file's content is
+/// put in `store` when given, else only hashed.
+pub fn read_state(root: RawFd, path: &Path, store: Option<&mut Objects>) -> io::Result<State> {
+    let (parent, name) = match open_parent(root, path, false) {
+        Ok(p) => p,
+        Err(e) if is_gone(&e) => return Ok(State::Absent),
+        Err(e) => return Err(e),
+    };
+    state_at(parent.as_raw_fd(), &name, store)
+}
+
+fn state_at(dir: RawFd, name: &OsStr, store: Option<&mut Objects>) -> io::Result<State> {
+    let Some(st) = sys::lstat_at(dir, name)? else {
+        return Ok(State::Absent);
+    };
+    let (uid, gid) = (st.st_uid, st.st_gid);
+    let mtime = Some((st.st_mtime, st.st_mtime_nsec));
+    Ok(match st.st_mode & libc::S_IFMT {
+        libc::S_IFREG => {
+            let mut f = sys::open_file_at(dir, name)?;
+            let (sha256, size) = match store {
+                Some(s) => s.put(&mut f)?,
+                None => hash_file(&mut f)?,
+            };
+            State::File {
+                mode: st.st_mode & 0o7777,
+                uid,
+                gid,
+                size,
+                sha256,
+                mtime,
+                xattrs: xattrs_of(f.as_raw_fd()),
+            }
+        }
+        libc::S_IFLNK => State::Symlink {
+            target: JPath(sys::readlink_at(dir, name)?),
+            uid,
+            gid,
+        },
+        libc::S_IFDIR => {
+            let d = sys::open_dir_at(dir, name)?;
+            State::Dir {
+                mode: st.st_mode & 0o7777,
+                uid,
+                gid,
+                mtime,
+                xattrs: xattrs_of(d.as_raw_fd()),
+            }
+        }
+        _ => State::Special {
+            mode: st.st_mode,
+            rdev: st.st_rdev,
+            uid,
+            gid,
+        },
+    })
+}
+
+/// Every object below the directory `path` (not `path` itself), parents first, with its
+/// state; contents put in `store` when given.
+pub fn read_tree(
+    root: RawFd,
+    path: &Path,
+    mut store: Option<&mut Objects>,
+) -> io::Result<Vec<(PathBuf, State)>> {
+    let mut out = Vec::new();
+    let dir = match open_dir(root, path) {
+        Ok(d) => d,
+        Err(e) if is_gone(&e) => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    let mut stack = vec![(dir, path.to_path_buf())];
+    while let Some((dir, at)) = stack.pop() {
+        let mut names = sys::list_dir(dir.as_raw_fd())?;
+        names.sort();
+        for name in names {
+            let b = name.as_bytes();
+            if b.starts_with(b".shade-trash-") || b.starts_with(b".shade-tmp-") {
+                continue;
+            }
+            let s = state_at(dir.as_raw_fd(), &name, store.as_deref_mut())?;
+            let p = at.join(&name);
+            if s.is_dir() {
+                match sys::open_dir_at(dir.as_raw_fd(), &name) {
+                    Ok(sub) => stack.push((sub, p.clone())),
+                    Err(e) if is_gone(&e) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            out.push((p, s));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+/// A symbolic run of a plan over the states of the paths it touches, recording each
+/// touched path's state before the plan (where it was then) and after it.
+struct Capture<'a> {
+    root: RawFd,
+    store: &'a mut Objects,
+    /// Before-states, by path before the plan.
+    before: BTreeMap<PathBuf, State>,
+    /// States as the plan goes, by path at that point of the plan.
+    cur: BTreeMap<PathBuf, State>,
+    /// Directories whose whole subtree is in `cur` (moved, deleted, or made by the plan).
+    full: BTreeSet<PathBuf>,
+    renames: Vec<(PathBuf, PathBuf)>,
+}
+
+impl Capture<'_> {
+    fn map_back(&self, p: &Path) -> PathBuf {
+        let mut cur = p.to_path_buf();
+        for (from, to) in self.renames.iter().rev() {
+            if let Some(b) = rebase(&cur, to, from) {
+                cur = b;
+            }
+        }
+        cur
+    }
+
+    /// Make sure `cur` knows `p`.
+    fn ensure(&mut self, p: &Path) -> io::Result<()> {
+        if self.cur.contains_key(p) {
+            return Ok(());
+        }
+        // Under something the plan itself accounts for whole: absent unless recorded.
+        for a in p.ancestors().skip(1).filter(|a| !a.as_os_str().is_empty()) {
+            match self.cur.get(a) {
+                Some(s) if !s.is_dir() || self.full.contains(a) => {
+                    self.cur.insert(p.to_path_buf(), State::Absent);
+                    return Ok(());
+                }
+                _ => {}
+            }
+        }
+        let orig = self.map_back(p);
+        let s = match self.before.get(&orig) {
+            Some(s) => s.clone(),
+            None => {
+                let s = read_state(self.root, &orig, Some(self.store))?;
+                self.before.insert(orig, s.clone());
+                s
+            }
+        };
+        self.cur.insert(p.to_path_buf(), s);
+        Ok(())
+    }
+
+    /// Make sure `cur` knows `p` and, for a directory, everything below it.
+    fn ensure_tree(&mut self, p: &Path) -> io::Result<()> {
+        self.ensure(p)?;
+        if !self.cur.get(p).is_some_and(State::is_dir) || self.full.contains(p) {
+            return Ok(());
+        }
+        let orig = self.map_back(p);
+        for (q, s) in read_tree(self.root, &orig, Some(self.store))? {
+            let at = rebase(&q, &orig, p).unwrap_or(q.clone());
+            if !self.cur.contains_key(&at) {
+                self.cur.insert(at.clone(), s.clone());
+            }
+            self.before.entry(q).or_insert(s);
+            if self.cur.get(&at).is_some_and(State::is_dir) {
+                self.full.insert(at);
+            }
+        }
+        self.full.insert(p.to_path_buf());
+        Ok(())
+    }
+
+    /// `p` becomes `s`; whatever was below it is gone.
+    fn set(&mut self, p: &Path, s: State) {
+        let below: Vec<PathBuf> = self
+            .cur
+            .range::<Path, _>((std::ops::Bound::Excluded(p), std::ops::Bound::Unbounded))
+            .take_while(|(q, _)| q.starts_with(p))
+            .map(|(q, _)| q.clone())
+            .collect();
+        for q in below {
+            self.cur.insert(q.clone(), State::Absent);
+            self.full.remove(&q);
+        }
+        self.cur.insert(p.to_path_buf(), s);
+    }
+
+    fn op(&mut self, op: &mut PlanOp) -> io::Result<()> {
+        // SAFETY: geteuid/getegid cannot fail.
+        let me = unsafe { (libc::geteuid(), libc::getegid()) };
+        match op {
+            PlanOp::WriteFile {
+                path,
+                content,
+                perms,
+                ..
+            } => {
+                self.ensure_tree(path)?;
+                let (sha256, size) = hash_file(content)?;
+                let s = State::File {
+                    mode: perms.mode & 0o7777,
+                    uid: perms.uid.unwrap_or(me.0),
+                    gid: perms.gid.unwrap_or(me.1),
+                    size,
+                    sha256,
+                    mtime: perms.times.map(|t| t.1),
+                    xattrs: perms.xattrs.clone().unwrap_or_default(),
+                };
+                self.set(path, s);
+            }
+            PlanOp::Symlink { path, target, .. } => {
+                self.ensure_tree(path)?;
+                self.set(
+                    path,
+                    State::Symlink {
+                        target: JPath::new(target),
+                        uid: me.0,
+                        gid: me.1,
+                    },
+                );
+            }
+            PlanOp::Special {
+                path,
+                mode,
+                rdev,
+                perms,
+                ..
+            } => {
+                self.ensure_tree(path)?;
+                self.set(
+                    path,
+                    State::Special {
+                        mode: *mode & libc::S_IFMT | perms.mode & 0o7777,
+                        rdev: *rdev,
+                        uid: perms.uid.unwrap_or(me.0),
+                        gid: perms.gid.unwrap_or(me.1),
+                    },
+                );
+            }
+            PlanOp::Link { path, target, .. } => {
+                self.ensure_tree(path)?;
+                self.ensure(target)?;
+                let s = self
+                    .cur
+                    .get(target.as_path())
+                    .cloned()
+                    .unwrap_or(State::Absent);
+                self.set(path, s);
+            }
+            PlanOp::Mkdir { path, perms, .. } => {
+                self.ensure_tree(path)?;
+                self.set(
+                    path,
+                    State::Dir {
+                        mode: perms.mode & 0o7777,
+                        uid: perms.uid.unwrap_or(me.0),
+                        gid: perms.gid.unwrap_or(me.1),
+                        mtime: perms.times.map(|t| t.1),
+                        xattrs: perms.xattrs.clone().unwrap_or_default(),
+                    },
+                );
+                self.full.insert(path.clone());
+            }
+            PlanOp::SetPerms { path, perms, .. } => {
+                self.ensure(path)?;
+                if let Some(State::Dir {
+                    mode,
+                    uid,
+                    gid,
+                    mtime,
+                    xattrs,
+                }) = self.cur.get_mut(path.as_path())
+                {
+                    *mode = perms.mode & 0o7777;
+                    if let Some(u) = perms.uid {
+                        *uid = u;
+                    }
+                    if let Some(g) = perms.gid {
+                        *gid = g;
+                    }
+                    if let Some(t) = perms.times {
+                        *mtime = Some(t.1);
+                    }
+                    if let Some(x) = &perms.xattrs {
+                        *xattrs = x.clone();
+                    }
+                }
+            }
+            PlanOp::RenameDir { from, to, .. } => {
+                self.ensure_tree(from)?;
+                self.ensure_tree(to)?;
+                let moved: Vec<(PathBuf, State)> = self
+                    .cur
+                    .range::<Path, _>((
+                        std::ops::Bound::Included(from.as_path()),
+                        std::ops::Bound::Unbounded,
+                    ))
+                    .take_while(|(q, _)| q.starts_with(from.as_path()))
+                    .map(|(q, s)| (q.clone(), s.clone()))
+                    .collect();
+                self.set(from, State::Absent);
+                self.set(to, State::Absent);
+                for (q, s) in moved {
+                    if let Some(at) = rebase(&q, from, to) {
+                        if s.is_dir() {
+                            self.full.insert(at.clone());
+                        }
+                        self.cur.insert(at, s);
+                    }
+                }
+                self.renames.push((from.clone(), to.clone()));
+            }
+            PlanOp::Delete { path, .. } => {
+                self.ensure_tree(path)?;
+                self.set(path, State::Absent);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Record (before the accept's commit point, with the project locked and checked) what
+/// `plan` will change in the project at `root`: before-contents go to the store, and the
+/// entry is written durably. Returns `None` when history is off or not kept for this root.
+pub fn record(
+    history: &Path,
+    root_fd: RawFd,
+    root: &Path,
+    id: &str,
+    plan: &mut [PlanOp],
+) -> io::Result<Option<PathBuf>> {
+    if retention().keep == 0 {
+        return Ok(None);
+    }
+    let _lock = lock(history)?;
+    let mut store = Objects::open(history)?;
+    let mut cap = Capture {
+        root: root_fd,
+        store: &mut store,
+        before: BTreeMap::new(),
+        cur: BTreeMap::new(),
+        full: BTreeSet::new(),
+        renames: Vec::new(),
+    };
+    for op in plan.iter_mut() {
+        cap.op(op)?;
+    }
+    let Capture { before, cur, .. } = cap;
+    let mut paths: BTreeSet<&PathBuf> = before.keys().collect();
+    paths.extend(cur.keys());
+    let mut changes = Vec::new();
+    let mut bytes = 0;
+    for p in paths {
+        let b = before.get(p).cloned().unwrap_or(State::Absent);
+        let a = cur.get(p).cloned().unwrap_or(State::Absent);
+        if b == a {
+            continue;
+        }
+        bytes += b.bytes();
+        changes.push(Change {
+            path: JPath::new(p),
+            before: b,
+            after: a,
+        });
+    }
+    store.sync()?;
+    let entry = Entry {
+        version: VERSION,
+        id: id.to_string(),
+        root: JPath::new(root),
+        time_ns: super::now_ns(),
+        origin: origin(),
+        undoes: undoes(),
+        paths: changes.len(),
+        changes,
+        bytes,
+        evicted: false,
+    };
+    store_entry(history, &entry)?;
+    Ok(Some(entry_path(history, id)))
+}
+
+fn changes_path(history: &Path, id: &str) -> PathBuf {
+    entries_dir(history).join(format!("{id}.changes"))
+}
+
+/// Write `bytes` to `path` through a temp file, fsynced, renamed into place.
+fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        sys::fsync(&f)?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
+/// Write an entry: its changes, then the entry file (whose presence says it is complete).
+pub fn store_entry(history: &Path, e: &Entry) -> io::Result<()> {
+    let dir = entries_dir(history);
+    std::fs::create_dir_all(&dir)?;
+    let changes = serde_json::to_vec(&e.changes).map_err(io::Error::other)?;
+    write_atomic(&changes_path(history, &e.id), &changes)?;
+    store_head(history, e)
+}
+
+/// Rewrite only an entry's own file (its changes stay as they are).
+fn store_head(history: &Path, e: &Entry) -> io::Result<()> {
+    let dir = entries_dir(history);
+    let bytes = serde_json::to_vec(e).map_err(io::Error::other)?;
+    write_atomic(&entry_path(history, &e.id), &bytes)?;
+    sys::fsync(&sys::open_dir_path(&dir)?)
+}
+
+/// Fill `e.changes` from its changes file.
+pub fn load_changes(history: &Path, e: &mut Entry) -> io::Result<()> {
+    let p = changes_path(history, &e.id);
+    let bytes = std::fs::read(&p)?;
+    e.changes = serde_json::from_slice(&bytes).map_err(|err| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: {err}", p.display()),
+        )
+    })?;
+    Ok(())
+}
+
+/// Remove the entry of accept `id` (it rolled back: nothing of it is in the project).
+pub fn discard(history: &Path, id: &str) -> io::Result<()> {
+    let dir = entries_dir(history);
+    for p in [
+        entry_path(history, id),
+        dir.join(format!("{id}.json.tmp")),
+        changes_path(history, id),
+        dir.join(format!("{id}.changes.tmp")),
+    ] {
+        match std::fs::remove_file(p) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    match sys::open_dir_path(&dir) {
+        Ok(d) => sys::fsync(&d),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Create `dir` (and its parents) readable by its owner only: earlier contents of the
+/// user's files (an overwritten `.env` among them) are kept here.
+fn private_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let m = std::fs::metadata(dir)?;
+    if m.permissions().mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+/// The history lock: shared by recording (objects written, entry not yet), exclusive for
+/// eviction (which removes objects no entry refers to).
+fn lock_file(history: &Path) -> io::Result<std::fs::File> {
+    private_dir(history)?;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(history.join("lock"))
+}
+
+fn lock(history: &Path) -> io::Result<std::fs::File> {
+    let f = lock_file(history)?;
+    // SAFETY: plain syscall on an fd we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(f)
+}
+
+/// Every entry in `history`, oldest first (unreadable ones skipped with a warning), without
+/// their changes (see [`load_changes`]).
+pub fn entries(history: &Path) -> io::Result<Vec<Entry>> {
+    let dir = entries_dir(history);
+    let rd = match std::fs::read_dir(&dir) {
+        Ok(r) => r,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    for d in rd {
+        let p = d?.path();
+        if p.extension() != Some(OsStr::new("json")) {
+            continue;
+        }
+        match std::fs::read(&p).and_then(|b| {
+            serde_json::from_slice::<Entry>(&b)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+        }) {
+            Ok(e) => out.push(e),
+            Err(e) => tracing::warn!(entry = %p.display(), error = %e, "history entry skipped"),
+        }
+    }
+    out.sort_by(|a, b| (a.time_ns, &a.id).cmp(&(b.time_ns, &b.id)));
+    Ok(out)
+}
+
+/// Apply the retention: evict the oldest entries past `keep` accepts or `max_bytes`, except
+/// any whose journal (in `journals`) is still live; then drop contents no entry keeps.
+pub fn evict(history: &Path, journals: &Path, r: Retention) -> io::Result<Vec<String>> {
+    let lockf = lock_file(history)?;
+    // SAFETY: plain syscall on an fd we own.
+    if unsafe { libc::flock(lockf.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut all = entries(history)?;
+    let mut evicted = Vec::new();
+    let mut kept = 0usize;
+    let mut total = 0u64;
+    // Once one is evicted, every older one is too: what can be undone is always the newest.
+    let mut evicting = false;
+    for e in all.iter_mut().rev() {
+        if e.evicted {
+            continue;
+        }
+        let live = super::journal::journal_path(journals, &e.id).exists();
+        evicting |= kept > 0 && (kept >= r.keep || total + e.bytes > r.max_bytes);
+        if live || !evicting {
+            kept += 1;
+            total += e.bytes;
+            continue;
+        }
+        e.evicted = true;
+        store_head(history, e)?;
+        evicted.push(e.id.clone());
+    }
+    if evicted.is_empty() {
+        return Ok(evicted);
+    }
+    for e in all.iter_mut().filter(|e| !e.evicted) {
+        // An entry whose changes cannot be read keeps every content (nothing is dropped).
+        load_changes(history, e)?;
+    }
+    let used: BTreeSet<String> = all
+        .iter()
+        .filter(|e| !e.evicted)
+        .flat_map(|e| e.changes.iter())
+        .filter_map(|c| match &c.before {
+            State::File { sha256, .. } => Some(sha256.clone()),
+            _ => None,
+        })
+        .collect();
+    let rd = match std::fs::read_dir(objects_dir(history)) {
+        Ok(r) => r,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(evicted),
+        Err(e) => return Err(e),
+    };
+    for d in rd {
+        let d = d?;
+        let name = d.file_name();
+        let name = name.to_string_lossy();
+        if let Some(rest) = name.strip_prefix(".tmp-") {
+            // A content being written, or left by a writer that died: only the latter goes.
+            let pid = rest.split('-').next().and_then(|p| p.parse::<i32>().ok());
+            if pid.is_some_and(|p| p == std::process::id() as i32 || sys::process_alive(p)) {
+                continue;
+            }
+        } else if name.starts_with('.') || used.contains(name.as_ref()) {
+            continue;
+        }
+        match std::fs::remove_file(d.path()) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(evicted)
+}
+
+/// Open a project root as accept does (for [`read_state`] and [`observe`]).
+pub fn open_root(root: &Path) -> io::Result<std::os::fd::OwnedFd> {
+    sys::open_dir_path(root)
+}
+
+/// The base (identity and version) of `path` beneath `root` now, never following a symlink;
+/// a path behind a symlinked or missing parent is absent.
+pub fn observe(root: RawFd, path: &Path) -> io::Result<crate::fingerprint::Base> {
+    Ok(super::safe_path::observe(root, path)?.base())
+}
+
+/// Whether accept `id` of `all` is undone: an undo of it exists that is not undone itself.
+pub fn undone_by<'a>(all: &'a [Entry], id: &str) -> Option<&'a Entry> {
+    fn undone(all: &[Entry], id: &str, depth: usize) -> Option<usize> {
+        if depth > all.len() {
+            return None;
+        }
+        all.iter()
+            .enumerate()
+            .rev()
+            .filter(|(_, e)| e.undoes.as_deref() == Some(id))
+            .find(|(_, e)| undone(all, &e.id, depth + 1).is_none())
+            .map(|(i, _)| i)
+    }
+    undone(all, id, 0).map(|i| &all[i])
+}
+
+/// Whether this process runs as root (and so restores owners).
+pub fn is_root() -> bool {
+    sys::is_root()
+}

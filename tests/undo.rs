@@ -1,0 +1,346 @@
+//! `shade log` and `shade undo` end to end: accepts through the real binary, a real mount,
+//! real programs; then the way back, its conflicts, its crash safety and the retention.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::describe as out;
+use common::{snapshot, Fixture};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+/// `shade ARGS` in the fixture's project with its own (empty unless given) config file,
+/// killed and failed after `secs`.
+fn shade(fx: &Fixture, args: &[&str], envs: &[(&str, &str)], secs: u64) -> Output {
+    let config = fx.tmp.path().join("config.toml");
+    if !config.exists() {
+        std::fs::write(&config, "").unwrap();
+    }
+    let mut c = fx.shade();
+    c.args(args)
+        .env("SHADE_CONFIG", &config)
+        .env_remove("CARGO_TARGET_DIR");
+    for (k, v) in envs {
+        c.env(k, v);
+    }
+    within(c, secs)
+}
+
+fn within(mut cmd: Command, secs: u64) -> Output {
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0);
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(o) => o.unwrap(),
+        Err(_) => {
+            // SAFETY: signalling the process group this test started.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+            let _ = rx.recv_timeout(Duration::from_secs(10));
+            panic!("shade did not finish within {secs} s");
+        }
+    }
+}
+
+fn run_accept(fx: &Fixture, script: &str) -> Output {
+    let o = shade(fx, &["run", "--accept", "--", "sh", "-c", script], &[], 300);
+    assert!(o.status.success(), "{}", out(&o));
+    o
+}
+
+fn log_json(fx: &Fixture) -> Vec<serde_json::Value> {
+    let o = shade(fx, &["log", "--json"], &[], 60);
+    assert!(o.status.success(), "{}", out(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn undo_json(fx: &Fixture, extra: &[&str]) -> (Output, serde_json::Value) {
+    let mut args = vec!["undo", "--json"];
+    args.extend_from_slice(extra);
+    let o = shade(fx, &args, &[], 300);
+    let v = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", out(&o)));
+    (o, v)
+}
+
+fn set_mode(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[test]
+fn undo_puts_back_an_edit_a_new_file_a_deletion_a_rename_a_chmod_a_symlink_and_a_binary() {
+    let fx = Fixture::new();
+    fx.write("edit.txt", "one\ntwo\n");
+    fx.write("gone.txt", "deleted by the command\n");
+    fx.write("old-name.txt", "renamed\n");
+    fx.write("run.sh", "echo hi\n");
+    set_mode(&fx.project.join("run.sh"), 0o644);
+    std::os::unix::fs::symlink("edit.txt", fx.project.join("link")).unwrap();
+    std::fs::write(fx.project.join("blob.bin"), [0u8, 1, 2, 255, 0, 7]).unwrap();
+    fx.write("dir/keep.txt", "kept\n");
+    let before = snapshot(&fx.project);
+
+    run_accept(
+        &fx,
+        "sed -i s/two/TWO/ edit.txt && echo fresh > new.txt && rm gone.txt && \
+         mv old-name.txt new-name.txt && chmod 755 run.sh && ln -sfn run.sh link && \
+         printf '\\377\\376\\000' > blob.bin && mkdir -p made/deep && echo x > made/deep/f && \
+         rm -r dir",
+    );
+    let after = snapshot(&fx.project);
+    assert_ne!(before, after);
+
+    let log = log_json(&fx);
+    assert_eq!(log.len(), 1, "{log:?}");
+    let id = log[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(log[0]["undoable"], true);
+    assert!(log[0]["origin"].as_str().unwrap().contains("run --accept"));
+    let paths: Vec<&str> = log[0]["paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["path"].as_str().unwrap())
+        .collect();
+    for p in [
+        "edit.txt",
+        "new.txt",
+        "gone.txt",
+        "new-name.txt",
+        "run.sh",
+        "link",
+        "blob.bin",
+    ] {
+        assert!(paths.contains(&p), "{p} not in {paths:?}");
+    }
+
+    // A dry run changes nothing and says what would happen.
+    let o = shade(&fx, &["undo", "--dry-run"], &[], 60);
+    assert!(o.status.success(), "{}", out(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("would remove new.txt"), "{text}");
+    assert!(text.contains("would restore gone.txt"), "{text}");
+    assert_eq!(snapshot(&fx.project), after);
+
+    let (o, v) = undo_json(&fx, &[]);
+    assert!(o.status.success(), "{}", out(&o));
+    assert_eq!(v["id"], id.as_str());
+    assert_eq!(snapshot(&fx.project), before, "{}", out(&o));
+    assert_eq!(
+        std::fs::read(fx.project.join("blob.bin")).unwrap(),
+        [0u8, 1, 2, 255, 0, 7]
+    );
+
+    // The undo is in the history and can itself be undone: the accept comes back.
+    let log = log_json(&fx);
+    assert_eq!(log.len(), 2);
+    assert_eq!(log[1]["undone_by"], v["undo_id"]);
+    assert_eq!(log[0]["undoes"], id.as_str());
+    let undo_id = v["undo_id"].as_str().unwrap().to_string();
+    // With nothing else to undo, `shade undo` says so.
+    let o = shade(&fx, &["undo"], &[], 60);
+    assert_eq!(o.status.code(), Some(125), "{}", out(&o));
+    let o = shade(&fx, &["undo", &undo_id], &[], 120);
+    assert!(o.status.success(), "{}", out(&o));
+    assert_eq!(snapshot(&fx.project), after);
+}
+
+#[test]
+fn a_user_edit_after_the_accept_refuses_the_undo_and_keep_mine_keeps_it() {
+    let fx = Fixture::new();
+    fx.write("a.txt", "a0\n");
+    fx.write("b.txt", "b0\n");
+    run_accept(&fx, "echo a1 > a.txt; echo b1 > b.txt; echo c1 > c.txt");
+    // The user edits a.txt and puts a file into a directory... and edits c.txt.
+    fx.write("a.txt", "mine\n");
+    fx.write("c.txt", "my c\n");
+    let mid = snapshot(&fx.project);
+
+    let (o, v) = undo_json(&fx, &[]);
+    assert_eq!(o.status.code(), Some(124), "{}", out(&o));
+    assert_eq!(v["ok"], false);
+    let kept: Vec<&str> = v["kept"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(kept, ["a.txt", "c.txt"], "{v}");
+    assert_eq!(snapshot(&fx.project), mid, "a refused undo writes nothing");
+    let o = shade(&fx, &["undo"], &[], 60);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("a.txt") && err.contains("--keep-mine"),
+        "{}",
+        out(&o)
+    );
+
+    let o = shade(&fx, &["undo", "--keep-mine"], &[], 120);
+    assert!(o.status.success(), "{}", out(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("kept as it is: a.txt"), "{text}");
+    assert_eq!(fx.read("a.txt"), "mine\n");
+    assert_eq!(fx.read("c.txt"), "my c\n");
+    assert_eq!(fx.read("b.txt"), "b0\n");
+}
+
+#[test]
+fn undo_refuses_to_remove_a_directory_the_user_put_a_file_in() {
+    let fx = Fixture::new();
+    run_accept(&fx, "mkdir -p gen && echo g > gen/out.txt");
+    fx.write("gen/mine.txt", "mine\n");
+    let (o, v) = undo_json(&fx, &[]);
+    assert_eq!(o.status.code(), Some(124), "{}", out(&o));
+    assert!(v["kept"].to_string().contains("gen/mine.txt"), "{v}");
+    let o = shade(&fx, &["undo", "--keep-mine"], &[], 120);
+    assert!(o.status.success(), "{}", out(&o));
+    assert_eq!(fx.read("gen/mine.txt"), "mine\n");
+}
+
+#[test]
+fn undo_of_an_older_accept_under_a_newer_one_touching_other_paths() {
+    let fx = Fixture::new();
+    fx.write("a.txt", "a0\n");
+    fx.write("b.txt", "b0\n");
+    run_accept(&fx, "echo a1 > a.txt");
+    let first = log_json(&fx)[0]["id"].as_str().unwrap().to_string();
+    run_accept(&fx, "echo b1 > b.txt; echo n > n.txt");
+    let o = shade(&fx, &["undo", &first], &[], 120);
+    assert!(o.status.success(), "{}", out(&o));
+    assert_eq!(fx.read("a.txt"), "a0\n");
+    assert_eq!(fx.read("b.txt"), "b1\n", "the newer accept stays");
+    assert_eq!(fx.read("n.txt"), "n\n");
+    // An older accept whose path a newer one changed again is a conflict.
+    run_accept(&fx, "echo b2 > b.txt");
+    let log = log_json(&fx);
+    let second = log
+        .iter()
+        .find(|e| e["paths"].to_string().contains("n.txt"))
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let o = shade(&fx, &["undo", &second], &[], 120);
+    assert_eq!(o.status.code(), Some(124), "{}", out(&o));
+    assert_eq!(fx.read("b.txt"), "b2\n");
+    assert!(fx.project.join("n.txt").exists());
+}
+
+#[test]
+fn retention_evicts_the_oldest_accepts_and_says_so() {
+    let fx = Fixture::new();
+    std::fs::write(
+        fx.tmp.path().join("config.toml"),
+        "[history]\nkeep_accepts = 2\n",
+    )
+    .unwrap();
+    fx.write("f.txt", "0\n");
+    for i in 1..=3 {
+        run_accept(&fx, &format!("echo {i} > f.txt; echo {i} > only{i}.txt"));
+    }
+    let log = log_json(&fx);
+    assert_eq!(log.len(), 3);
+    assert_eq!(log[2]["evicted"], true, "{log:?}");
+    assert_eq!(log[2]["undoable"], false);
+    assert_eq!(log[1]["evicted"], false);
+    let oldest = log[2]["id"].as_str().unwrap();
+    let o = shade(&fx, &["undo", oldest], &[], 60);
+    assert_eq!(o.status.code(), Some(125), "{}", out(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("retention"),
+        "{}",
+        out(&o)
+    );
+    // Its earlier content ("0\n") is no longer stored; the kept ones' are.
+    let objects: Vec<PathBuf> = std::fs::read_dir(fx.state.history().join("objects"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let contents: Vec<Vec<u8>> = objects.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    assert!(!contents.contains(&b"0\n".to_vec()), "{contents:?}");
+    assert!(contents.contains(&b"1\n".to_vec()), "{contents:?}");
+    let text = String::from_utf8_lossy(&shade(&fx, &["log"], &[], 60).stdout).to_string();
+    assert!(text.contains("evicted"), "{text}");
+}
+
+/// A small deterministic generator for kill points.
+fn lcg(seed: &mut u64) -> u64 {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *seed >> 33
+}
+
+#[test]
+fn killed_at_random_points_an_undo_of_2000_files_is_old_or_new_after_recover() {
+    const N: usize = 2000;
+    let fx = Fixture::new();
+    for i in 0..N {
+        fx.write(&format!("d{}/f{i}.txt", i % 20), &format!("old {i}\n"));
+    }
+    let old = snapshot(&fx.project);
+    run_accept(
+        &fx,
+        "for f in d*/f*.txt; do echo new >> \"$f\"; done; rm d0/f0.txt; echo n > added.txt",
+    );
+    let new = snapshot(&fx.project);
+    let id = log_json(&fx)[0]["id"].as_str().unwrap().to_string();
+
+    let mut seed = 0x5eed_u64;
+    let mut points: Vec<u64> = vec![1, 2, 3, 4, 2005, 2006, 2007, 4010];
+    for _ in 0..6 {
+        points.push(1 + lcg(&mut seed) % 6200);
+    }
+    let mut finished = 0;
+    let mut killed_any = 0;
+    for kill in points {
+        let k = kill.to_string();
+        let o = shade(
+            &fx,
+            &["undo", &id],
+            &[("SHADE_FAULT_KILL_AT_STEP", k.as_str())],
+            300,
+        );
+        let killed = o.status.code().is_none();
+        killed_any += usize::from(killed);
+        let r = shade(&fx, &["recover"], &[], 300);
+        assert!(r.status.success(), "kill at {kill}: {}", out(&r));
+        let now = snapshot(&fx.project);
+        let log = log_json(&fx);
+        let orig = log.iter().find(|e| e["id"] == id.as_str()).unwrap();
+        if now == new {
+            assert!(
+                orig["undone_by"].is_null(),
+                "kill at {kill}: tree is the accepted one, but the history says undone: {orig}"
+            );
+        } else {
+            assert!(
+                now == old,
+                "kill at {kill} (killed: {killed}): the tree is neither before nor after the \
+                 accept: {}",
+                out(&o)
+            );
+            finished += 1;
+            // The history says so, and redoing it brings the accept back.
+            let by = orig["undone_by"].as_str().unwrap_or_else(|| {
+                panic!("kill at {kill}: tree undone but the history does not say so: {orig}")
+            });
+            let o = shade(&fx, &["undo", by], &[], 300);
+            assert!(o.status.success(), "{}", out(&o));
+            assert!(snapshot(&fx.project) == new, "redo after kill at {kill}");
+        }
+    }
+    assert!(
+        finished > 0,
+        "no kill point let the undo reach its commit point"
+    );
+    assert!(killed_any > 0, "no kill point was reached");
+}
