@@ -772,8 +772,8 @@ impl Drop for Branch {
 static LIVE_MOUNTS: std::sync::Mutex<std::collections::BTreeMap<PathBuf, Vec<PathBuf>>> =
     std::sync::Mutex::new(std::collections::BTreeMap::new());
 
-fn live_mounts(
-) -> std::sync::MutexGuard<'static, std::collections::BTreeMap<PathBuf, Vec<PathBuf>>> {
+fn live_mounts() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<PathBuf, Vec<PathBuf>>>
+{
     LIVE_MOUNTS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)

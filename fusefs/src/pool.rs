@@ -85,7 +85,11 @@ impl Conn {
     /// Take the connection from `overlay`'s branch: from now on it serves an empty overlay
     /// of the unchanged project (`parked`), and the kernel has dropped what the branch
     /// changed. Returns that reset (to send again after an accept changed the project).
-    pub fn park(&self, overlay: &Overlay, parked: impl FnOnce(crate::tree::Tree) -> Overlay) -> Reset {
+    pub fn park(
+        &self,
+        overlay: &Overlay,
+        parked: impl FnOnce(crate::tree::Tree) -> Overlay,
+    ) -> Reset {
         let (tree, reset) = overlay.successor();
         self.serve(&Arc::new(parked(tree)));
         reset.send(&self.notifier);

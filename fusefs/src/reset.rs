@@ -92,7 +92,10 @@ impl Overlay {
             );
         }
         for (p, &ino) in &t.path_ino {
-            let kept = matches!(next.inodes.get(&ino).map(|i| &i.target), Some(InodeTarget::Path(_)));
+            let kept = matches!(
+                next.inodes.get(&ino).map(|i| &i.target),
+                Some(InodeTarget::Path(_))
+            );
             if ino != 1 && kept && pristine(p) {
                 next.path_ino.insert(p.clone(), ino);
             }

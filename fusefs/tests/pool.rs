@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn require_root() {
@@ -24,7 +26,10 @@ fn require_root() {
         nix::unistd::geteuid().is_root(),
         "these tests mount FUSE branches and must run as root"
     );
-    assert!(Path::new("/dev/fuse").exists(), "these tests need /dev/fuse");
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "these tests need /dev/fuse"
+    );
 }
 
 fn opts(state: &Path) -> BranchOptions {
@@ -157,7 +162,11 @@ fn a_reused_connection_shows_the_pristine_project() {
     let b2 = Branch::create(&p, &opts(&state)).unwrap();
     assert!(b2.reused_connection(), "the pooled connection was taken");
     assert_eq!(b2.mountpoint(), m1, "the same mount");
-    assert_eq!(b2.reads_recorded(), 0, "accept's conflict base starts empty");
+    assert_eq!(
+        b2.reads_recorded(),
+        0,
+        "accept's conflict base starts empty"
+    );
     assert!(b2.changeset(false).changes.is_empty());
     assert_eq!(view(&m1), native, "branch 2 sees the project as it is now");
     assert_eq!(
@@ -165,7 +174,10 @@ fn a_reused_connection_shows_the_pristine_project() {
         "the user's new y\n"
     );
     // A read-only git status left no change, and branch 2 works as any branch.
-    assert!(b2.changeset(false).changes.is_empty(), "git status changed nothing");
+    assert!(
+        b2.changeset(false).changes.is_empty(),
+        "git status changed nothing"
+    );
     sh(&m1, "echo two > a.txt");
     assert_eq!(fs::read_to_string(m1.join("a.txt")).unwrap(), "two\n");
     assert_eq!(fs::read_to_string(p.join("a.txt")).unwrap(), "alpha\n");
@@ -213,8 +225,7 @@ fn a_connection_reused_after_an_accept_shows_the_accepted_project() {
 fn is_mounted(m: &Path) -> bool {
     let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
     let want = m.to_str().unwrap();
-    info.lines()
-        .any(|l| l.split(' ').nth(4) == Some(want))
+    info.lines().any(|l| l.split(' ').nth(4) == Some(want))
 }
 
 fn shade_mounts_under(state: &Path) -> Vec<String> {
@@ -326,7 +337,11 @@ fn a_pool_is_emptied_at_exit_and_after_kill_9_by_cleanup() {
     )
     .unwrap();
     wait_bounded(&mut child);
-    assert_eq!(shade_mounts_under(&state).len(), 1, "left behind by kill -9");
+    assert_eq!(
+        shade_mounts_under(&state).len(),
+        1,
+        "left behind by kill -9"
+    );
     let cleaned = cleanup_stale(&StateDir::at(state.clone()));
     assert_eq!(cleaned.len(), 1);
     assert_eq!(shade_mounts_under(&state), Vec::<String>::new());
