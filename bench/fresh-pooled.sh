@@ -39,21 +39,30 @@ for r in $(seq $rounds); do
   done
 done
 echo "load $(cut -d' ' -f1-3 /proc/loadavg)"
-# Medians (and min-max) per command; ratios to native of the medians.
+# Medians (min-max) per command, and the ratio of the medians to native.
+python3 - "$base/rounds.log" <<'PY'
+import statistics as st, sys
+rows = [l.split() for l in open(sys.argv[1])]
+for k in ("status", "diff", "rg", "find"):
+    r = [x for x in rows if x[2] == k]
+    if not r:
+        continue
+    col = {s: [int(x[i]) for x in r] for s, i in (("native", 4), ("fresh", 6), ("pooled", 8))}
+    n = st.median(col["native"])
+    print(f"median {k} ({len(r)} rounds): " + ", ".join(
+        f"{s} {st.median(v):.0f} ms ({min(v)}-{max(v)}) {st.median(v) / n:.2f}x" for s, v in col.items()))
+PY
+# Requests: a fresh branch; a pooled one whose connection's last branch ran the same
+# command (the steady state of a process that runs it again and again).
 for k in status diff rg find; do
-  awk -v k=$k '$3==k {n[NR]=$5; f[NR]=$7; p[NR]=$9}
-    function med(a,  v,i,c){c=0; for(i in a) v[++c]=a[i]; asort(v); return (c%2)? v[(c+1)/2] : (v[c/2]+v[c/2+1])/2}
-    function lo(a,  v,i,c){c=0; for(i in a) v[++c]=a[i]; asort(v); return v[1]}
-    function hi(a,  v,i,c){c=0; for(i in a) v[++c]=a[i]; asort(v); return v[c]}
-    END {printf "median %s: native %d (%d-%d) fresh %d (%d-%d) %.2fx pooled %d (%d-%d) %.2fx ms\n", k,
-      med(n),lo(n),hi(n), med(f),lo(f),hi(f), med(f)/med(n), med(p),lo(p),hi(p), med(p)/med(n)}' $base/rounds.log
+  new fresh
+  echo "requests $k fresh: $(fuse_requests $mp sh -c "cd $mp && ${C[$k]}")"
+  new pooled; (cd $mp && eval "${C[$k]}" >/dev/null)
+  new pooled
+  echo "requests $k pooled: $(fuse_requests $mp sh -c "cd $mp && ${C[$k]}")"
 done
-for k in status diff rg find; do
-  for kind in fresh pooled; do
-    new $kind
-    echo "requests $k $kind: $(fuse_requests $mp sh -c "cd $mp && ${C[$k]}")"
-  done
-done
+# Threads and fds of the process per connection: one branch of each kind live.
+echo "threads $(ls /proc/$P_PID/task | wc -l), fds $(ls /proc/$P_PID/fd | wc -l) with 2 connections"
 for i in $(seq 20); do new fresh; new pooled; done
 echo "create fresh us: $(awk '$1=="fresh"{print $2}' $base/create.log | sort -n | tr '\n' ' ')"
 echo "create pooled us (reused): $(awk '$1=="pooled" && $3==1 {print $2}' $base/create.log | sort -n | tr '\n' ' ')"

@@ -97,11 +97,22 @@ impl Conn {
     }
 
     /// The inode table of the parked overlay, for the branch that takes the connection.
+    /// Whatever reached the parked overlay meanwhile (it has no room for changes, but a
+    /// stray process could still try) is reset like a branch's; its reads are dropped.
     pub fn unpark(&self) -> crate::tree::Tree {
         let parked = self.current.get();
-        let mut t = parked.tree();
-        let carried = t.carried();
-        std::mem::replace(&mut *t, carried)
+        let touched = !parked.tree().slots.is_empty();
+        let mut tree = if touched {
+            let (tree, reset) = parked.successor();
+            reset.send(&self.notifier);
+            tree
+        } else {
+            let mut t = parked.tree();
+            let carried = t.carried();
+            std::mem::replace(&mut *t, carried)
+        };
+        tree.reads = Default::default();
+        tree
     }
 
     /// Whether it is still the mount it was (nobody unmounted or aborted it meanwhile).

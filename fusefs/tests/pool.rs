@@ -222,6 +222,53 @@ fn a_connection_reused_after_an_accept_shows_the_accepted_project() {
     assert!(!is_mounted(&m));
 }
 
+#[test]
+fn a_parked_connection_takes_no_change_and_hands_none_on() {
+    require_root();
+    let _serial = serial();
+    shade_fusefs::set_pool_size(2);
+    let tmp = tempfile::Builder::new()
+        .prefix("shade-pool-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let p = project(tmp.path());
+    let state = tmp.path().join("state");
+    let b1 = Branch::create(&p, &opts(&state)).unwrap();
+    let m = b1.mountpoint().to_path_buf();
+    // Held across the drop, as a process left behind would hold its directory.
+    let held = fs::File::open(&m).unwrap();
+    let via = PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&held)
+    ));
+    b1.abort();
+    assert!(
+        fs::write(via.join("stray.txt"), "stray\n").is_err(),
+        "the parked connection refuses new files"
+    );
+    assert!(
+        fs::write(via.join("a.txt"), "stray\n").is_err(),
+        "and writes"
+    );
+    let _ = sh(
+        &via,
+        "chmod 777 s.sh; mkdir sd; ln -s a.txt sl; rm -f b.txt",
+    );
+    let b2 = Branch::create(&p, &opts(&state)).unwrap();
+    assert!(b2.reused_connection());
+    assert_eq!(
+        b2.reads_recorded(),
+        0,
+        "no read of the parked time is the branch's"
+    );
+    let changes = b2.changeset(false).changes;
+    assert!(changes.is_empty(), "nothing reached branch 2: {changes:?}");
+    assert_eq!(view(&m), view(&p));
+    drop(held);
+    drop(b2);
+    shade_fusefs::drain_branch_pool();
+}
+
 fn is_mounted(m: &Path) -> bool {
     let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
     let want = m.to_str().unwrap();
