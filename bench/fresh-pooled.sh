@@ -25,7 +25,7 @@ mountpoint -q /sys/kernel/tracing || mount -t tracefs tracefs /sys/kernel/tracin
 source "$here/bench/fresh-lib.sh"
 declare -A C=([status]="git status --porcelain" [diff]="git diff --stat" [rg]="rg --no-ignore -c 'fn '" [find]="find . -type f")
 coproc P { exec $POOLED $proj 2>/dev/null; }
-new() { echo "$1" >&"${P[1]}"; read -t 60 -r mp us reused <&"${P[0]}" || { echo "the pooled example did not answer" >&2; exit 1; }; echo "$1 $us $reused" >> $base/create.log; }
+new() { echo "$1" >&"${P[1]}"; read -t 60 -r mp us reused drop_us <&"${P[0]}" || { echo "the pooled example did not answer" >&2; exit 1; }; echo "$1 $us $reused $drop_us" >> $base/create.log; }
 : > $base/create.log; : > $base/rounds.log
 echo "files $(find $proj -type f -not -path '*/.git/*' | wc -l), load $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq $rounds); do
@@ -66,4 +66,6 @@ echo "threads $(ls /proc/$P_PID/task | wc -l), fds $(ls /proc/$P_PID/fd | wc -l)
 for i in $(seq 20); do new fresh; new pooled; done
 echo "create fresh us: $(awk '$1=="fresh"{print $2}' $base/create.log | sort -n | tr '\n' ' ')"
 echo "create pooled us (reused): $(awk '$1=="pooled" && $3==1 {print $2}' $base/create.log | sort -n | tr '\n' ' ')"
+echo "drop fresh us (unmount): $(awk '$1=="fresh" && $4>0 {print $4}' $base/create.log | sort -n | tr '\n' ' ')"
+echo "drop pooled us (reset): $(awk '$1=="pooled" && $4>0 {print $4}' $base/create.log | sort -n | tr '\n' ' ')"
 exec {P[1]}>&-; wait $P_PID 2>/dev/null || true

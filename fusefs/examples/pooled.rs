@@ -2,7 +2,8 @@
 //! of warm connections (issue 31; `bench/fresh-pooled.sh`). Each stdin line drops the branch
 //! made before (after writing one file in it, so every reset has something to undo) and
 //! makes a new one: `pooled` from the pool, `fresh` with pooling off (a new mount). Prints
-//! `MOUNTPOINT CREATE_MICROSECONDS REUSED` per line. `cargo build --release -p shade-fusefs
+//! `MOUNTPOINT CREATE_MICROSECONDS REUSED DROP_MICROSECONDS` per line (the drop of the
+//! branch of that kind made before: an unmount, or a reset into the pool). `cargo build --release -p shade-fusefs
 //! --example pooled`; run as root.
 
 use shade_fusefs::{Branch, BranchOptions};
@@ -25,9 +26,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             other => return Err(format!("unknown command {other:?}").into()),
         };
         shade_fusefs::set_pool_size(usize::from(pooled));
+        let mut drop_us = 0;
         if let Some(b) = last[usize::from(pooled)].take() {
             std::fs::write(b.mountpoint().join(".pooled-bench-scratch"), "x\n")?;
+            let t0 = Instant::now();
             drop(b);
+            drop_us = t0.elapsed().as_micros();
         }
         let t0 = Instant::now();
         let b = Branch::create(dir, &opts)?;
@@ -35,7 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut out = std::io::stdout().lock();
         writeln!(
             out,
-            "{} {us} {}",
+            "{} {us} {} {drop_us}",
             b.mountpoint().display(),
             u8::from(b.reused_connection())
         )?;

@@ -16,8 +16,9 @@
 
 use crate::overlay::{attr, Overlay};
 use crate::tree::{split, Entry, Inode, InodeTarget, Obj, Tree, BRANCH_INOS};
+use rustc_hash::FxHashSet;
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// What the kernel must drop when a connection passes to its next branch.
 #[derive(Default, Debug, Clone)]
@@ -48,61 +49,93 @@ impl Reset {
 
 impl Overlay {
     /// The inode table the next branch of this connection starts from, and what the
-    /// kernel must drop of this branch (see the module doc).
+    /// kernel must drop of this branch (see the module doc). The table is moved out of this
+    /// overlay's tree (nothing serves it any more; accept reads only its slots and reads),
+    /// so a reset costs what the branch changed, not what the kernel holds.
     pub(crate) fn successor(&self) -> (Tree, Reset) {
-        let t = self.tree();
+        let mut guard = self.tree();
+        let t = &mut *guard;
         let mut next = t.carried();
         let mut reset = Reset::default();
+        // Slots that change where paths below them resolve: anything but a directory that
+        // still reads its own lower path (renamed, re-created, deleted, replaced).
+        let redirects: FxHashSet<PathBuf> = t
+            .slots
+            .iter()
+            .filter(|(p, slot)| match &slot.entry {
+                Entry::Dir(d) => d.lower.as_deref() != Some(p.as_path()),
+                _ => true,
+            })
+            .map(|(p, _)| p.clone())
+            .collect();
+        let few: Vec<&PathBuf> = redirects.iter().take(16).collect();
+        let slots = &t.slots;
+        let pristine = |p: &Path| {
+            if slots.contains_key(p) {
+                return false;
+            }
+            // A few redirects (the usual branch): prefix checks; else a lookup per ancestor.
+            if redirects.len() <= few.len() {
+                !few.iter().any(|r| p.starts_with(r) && p != r.as_path())
+            } else {
+                !p.ancestors().skip(1).any(|a| redirects.contains(a))
+            }
+        };
         // Paths whose entries the kernel may hold and that do not show the same in the
         // next branch: every slot, and every path of an inode that is not kept.
-        let mut stale: Vec<PathBuf> = t.slots.keys().cloned().collect();
-        let pristine = |p: &PathBuf| {
-            !t.slots.contains_key(p) && t.natural_lower(p).as_deref() == Some(p.as_path())
-        };
-        for (&ino, inode) in &t.inodes {
+        let mut stale: Vec<PathBuf> = slots.keys().cloned().collect();
+        let mut inodes = std::mem::take(&mut t.inodes);
+        for (&ino, inode) in inodes.iter_mut() {
             if ino == 1 {
                 continue;
             }
-            let target = match &inode.target {
-                InodeTarget::Path(p) if ino & BRANCH_INOS == 0 && !t.is_claimed(ino) => {
-                    if pristine(p) {
-                        InodeTarget::Path(p.clone())
-                    } else {
-                        stale.push(p.clone());
-                        InodeTarget::Gone(Box::new(gone_attr(self, &t, ino)))
-                    }
-                }
-                InodeTarget::Path(p) => {
-                    stale.push(p.clone());
-                    InodeTarget::Gone(Box::new(gone_attr(self, &t, ino)))
-                }
-                InodeTarget::Node(_) | InodeTarget::Gone(_) => {
-                    InodeTarget::Gone(Box::new(gone_attr(self, &t, ino)))
-                }
+            let keep = match &inode.target {
+                InodeTarget::Path(p) => ino & BRANCH_INOS == 0 && !t.is_claimed(ino) && pristine(p),
+                _ => false,
             };
-            if !matches!(target, InodeTarget::Path(_)) {
+            if keep {
+                continue;
+            }
+            if let InodeTarget::Path(p) = &inode.target {
+                stale.push(p.clone());
+            }
+            reset.inodes.push(ino);
+            let gone = gone_attr(self, t, ino, &inode.target);
+            inode.target = InodeTarget::Gone(Box::new(gone));
+        }
+        // The root's entry is the carried one.
+        inodes.remove(&1);
+        if let Some(root) = next.inodes.remove(&1) {
+            inodes.insert(1, root);
+        }
+        next.inodes = inodes;
+        for p in &stale {
+            if p.as_os_str().is_empty() {
+                reset.inodes.push(1);
+                continue;
+            }
+            let (parent, name) = split(p);
+            if let Some(&pi) = t.path_ino.get(parent) {
+                reset.entries.push((pi, name.to_os_string()));
+                // The directory's own attributes (times, link count) and listing changed.
+                reset.inodes.push(pi);
+            }
+            if let Some(&ino) = t.path_ino.get(p) {
                 reset.inodes.push(ino);
             }
-            next.inodes.insert(
-                ino,
-                Inode {
-                    target,
-                    lookups: inode.lookups,
-                },
-            );
         }
-        for (p, &ino) in &t.path_ino {
-            let kept = matches!(
-                next.inodes.get(&ino).map(|i| &i.target),
-                Some(InodeTarget::Path(_))
-            );
-            if ino != 1 && kept && pristine(p) {
-                next.path_ino.insert(p.clone(), ino);
-            }
-        }
+        let mut path_ino = std::mem::take(&mut t.path_ino);
+        path_ino.retain(|p, ino| {
+            *ino == 1
+                || (matches!(
+                    next.inodes.get(ino).map(|i| &i.target),
+                    Some(InodeTarget::Path(_))
+                ) && pristine(p))
+        });
+        next.path_ino = path_ino;
         // Numbers branch objects took from lower ones go back to the lower object where the
         // project still has it at that path, of the same kind.
-        for (p, slot) in &t.slots {
+        for (p, slot) in slots {
             let ino = match &slot.entry {
                 Entry::Node(n) => n.ino,
                 Entry::Dir(d) => d.ino,
@@ -111,10 +144,7 @@ impl Overlay {
             if ino & BRANCH_INOS != 0 || p.as_os_str().is_empty() {
                 continue;
             }
-            let Some(held) = next.inodes.get(&ino) else {
-                continue;
-            };
-            let InodeTarget::Gone(a) = &held.target else {
+            let Some(InodeTarget::Gone(a)) = next.inodes.get(&ino).map(|i| &i.target) else {
                 continue;
             };
             let kind = a.kind;
@@ -128,21 +158,6 @@ impl Overlay {
                 }
             }
         }
-        for p in stale {
-            if p.as_os_str().is_empty() {
-                reset.inodes.push(1);
-                continue;
-            }
-            let (parent, name) = split(&p);
-            if let Some(&pi) = t.path_ino.get(parent) {
-                reset.entries.push((pi, name.to_os_string()));
-                // The directory's own attributes (times, link count) changed with it.
-                reset.inodes.push(pi);
-            }
-            if let Some(&ino) = t.path_ino.get(&p) {
-                reset.inodes.push(ino);
-            }
-        }
         reset.entries.sort();
         reset.entries.dedup();
         reset.inodes.sort_unstable();
@@ -153,20 +168,23 @@ impl Overlay {
 
 /// The attributes an inode that no longer stands for anything answers with: its last ones,
 /// unlinked.
-fn gone_attr(o: &Overlay, t: &Tree, ino: u64) -> fuser::FileAttr {
-    let mut a = match t.inodes.get(&ino).map(|i| &i.target) {
-        Some(InodeTarget::Gone(a)) => **a,
-        Some(InodeTarget::Node(n)) => attr(ino, &Obj::Node(n.clone())),
-        _ => o.attr_of(t, ino).unwrap_or_else(|_| {
-            let empty = crate::node::DirOver {
-                ino,
-                meta: crate::node::Meta::new(0, 0, 0),
-                lower: None,
-                lower_fp: None,
-                nlink: 0,
-            };
-            attr(ino, &Obj::Dir(empty))
-        }),
+fn gone_attr(o: &Overlay, t: &Tree, ino: u64, target: &InodeTarget) -> fuser::FileAttr {
+    let mut a = match target {
+        InodeTarget::Gone(a) => **a,
+        InodeTarget::Node(n) => attr(ino, &Obj::Node(n.clone())),
+        InodeTarget::Path(p) => match t.resolve(&o.lower, p) {
+            Ok(obj) => attr(ino, &obj),
+            Err(_) => {
+                let empty = crate::node::DirOver {
+                    ino,
+                    meta: crate::node::Meta::new(0, 0, 0),
+                    lower: None,
+                    lower_fp: None,
+                    nlink: 0,
+                };
+                attr(ino, &Obj::Dir(empty))
+            }
+        },
     };
     a.nlink = 0;
     a
