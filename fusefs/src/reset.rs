@@ -15,7 +15,7 @@
 //!   answers as an unlinked object until the kernel forgets it, and its entry is dropped.
 
 use crate::overlay::{attr, Overlay};
-use crate::tree::{split, Entry, Inode, InodeTarget, Obj, Tree, BRANCH_INOS};
+use crate::tree::{split, Entry, InodeTarget, Obj, Tree, BRANCH_INOS};
 use rustc_hash::FxHashSet;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
