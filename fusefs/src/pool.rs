@@ -193,12 +193,27 @@ pub fn set_pool_size(n: usize) {
     SIZE.store(n, Ordering::Relaxed);
 }
 
+/// `u64::MAX`: from the environment.
+static IDLE_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+
+/// Keep an idle connection at most `idle` from now on (else `SHADE_BRANCH_POOL_IDLE`
+/// seconds, default 60).
+pub fn set_pool_idle(idle: Duration) {
+    let ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX - 1);
+    IDLE_MS.store(ms.min(u64::MAX - 1), Ordering::Relaxed);
+}
+
 fn idle_limit() -> Duration {
-    let secs = std::env::var("SHADE_BRANCH_POOL_IDLE")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(60);
-    Duration::from_secs(secs)
+    match IDLE_MS.load(Ordering::Relaxed) {
+        u64::MAX => {
+            let secs = std::env::var("SHADE_BRANCH_POOL_IDLE")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(60);
+            Duration::from_secs(secs)
+        }
+        ms => Duration::from_millis(ms),
+    }
 }
 
 /// Take an idle connection mounted with `key`, the most recently used first.
@@ -274,7 +289,8 @@ fn start_reaper() {
         let spawned = std::thread::Builder::new()
             .name("shade-pool".into())
             .spawn(|| loop {
-                std::thread::sleep(Duration::from_secs(1).min(idle_limit()));
+                let tick = idle_limit().clamp(Duration::from_millis(100), Duration::from_secs(1));
+                std::thread::sleep(tick);
                 let expired = take_expired(&mut pool());
                 for c in expired {
                     c.discard();

@@ -269,6 +269,41 @@ fn a_parked_connection_takes_no_change_and_hands_none_on() {
     shade_fusefs::drain_branch_pool();
 }
 
+#[test]
+fn the_pool_keeps_at_most_its_size_and_lets_idle_connections_go() {
+    require_root();
+    let _serial = serial();
+    shade_fusefs::drain_branch_pool();
+    shade_fusefs::set_pool_size(1);
+    let tmp = tempfile::Builder::new()
+        .prefix("shade-pool-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let p = project(tmp.path());
+    let state = tmp.path().join("state");
+    let b1 = Branch::create(&p, &opts(&state)).unwrap();
+    let b2 = Branch::create(&p, &opts(&state)).unwrap();
+    let (m1, m2) = (b1.mountpoint().to_path_buf(), b2.mountpoint().to_path_buf());
+    drop(b1);
+    drop(b2);
+    assert_eq!(shade_fusefs::pooled_count(), 1, "one per project");
+    assert!(!is_mounted(&m1), "the older one was unmounted");
+    assert!(is_mounted(&m2));
+    // Idle too long: the reaper unmounts it.
+    shade_fusefs::set_pool_idle(Duration::from_millis(200));
+    let start = Instant::now();
+    while shade_fusefs::pooled_count() > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "an idle connection was kept past its idle limit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    shade_fusefs::set_pool_idle(Duration::from_secs(60));
+    assert!(!is_mounted(&m2));
+    assert_eq!(fs::read_dir(state.join("branches")).unwrap().count(), 0);
+}
+
 fn is_mounted(m: &Path) -> bool {
     let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
     let want = m.to_str().unwrap();
