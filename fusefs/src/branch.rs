@@ -474,7 +474,8 @@ impl Branch {
             .is_none_or(crate::warm::Warm::done)
     }
 
-    /// Unique name of this branch (also the FUSE fsname suffix).
+    /// Unique name of this branch (also the FUSE fsname suffix, unless the branch took a
+    /// pooled connection: that keeps the name of the branch it was mounted for).
     pub fn id(&self) -> &str {
         &self.id
     }
