@@ -13,7 +13,7 @@ use crate::lower::Lower;
 use crate::overlay::Overlay;
 use crate::select::Selection;
 use crate::state::StateDir;
-use fuser::{BackgroundSession, Config, MountOption, SessionACL};
+use fuser::{Config, MountOption, SessionACL};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -169,7 +169,12 @@ pub struct Branch {
     mountpoint: PathBuf,
     state: StateDir,
     overlay: Arc<Overlay>,
-    session: Option<BackgroundSession>,
+    /// The FUSE connection serving the branch: mounted for it, or taken from the pool.
+    conn: Option<crate::pool::Conn>,
+    /// The connection once the branch let it go to be pooled (`unmount`): it serves an
+    /// empty overlay, and what the branch changed was dropped from the kernel; sent again
+    /// when the branch is dropped (an accept may have changed those paths since).
+    parked: Option<(crate::pool::Conn, crate::reset::Reset)>,
     /// The warm-up walk, if started ([`Branch::warm_up`]).
     warm: std::sync::Mutex<Option<crate::warm::Warm>>,
     /// shade's ids as the project shows them, when it is a shifted branch (see `create`).
@@ -292,15 +297,37 @@ impl Branch {
             source,
         })?;
 
-        let overlay = Arc::new(Overlay::new(
-            lower,
-            Store::new(
-                store_dir,
-                opts.memory_budget,
-                Arc::new(Budget::new(opts.limits)),
-            ),
-            IgnoreRules::load(&project),
-        ));
+        let store = Store::new(
+            store_dir,
+            opts.memory_budget,
+            Arc::new(Budget::new(opts.limits)),
+        );
+        // SAFETY: geteuid cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        let key = crate::pool::Key {
+            project: project.clone(),
+            state: opts.state.root().to_path_buf(),
+            allow_other: opts.allow_other,
+            threads: opts.threads.max(1),
+            shift: opts.id_shift,
+            passthrough: crate::passthrough::wanted(),
+            euid,
+        };
+        let pooled = (crate::pool::pool_size() > 0 && !key.passthrough)
+            .then(|| crate::pool::take(&key))
+            .flatten();
+        let (lower, store) = match pooled {
+            Some(conn) => {
+                return Ok(Branch::on_pooled(
+                    conn,
+                    (id, project, dir),
+                    (lower, store),
+                    opts,
+                ))
+            }
+            None => (lower, store),
+        };
+        let overlay = Arc::new(Overlay::new(lower, store, IgnoreRules::load(&project)));
         // A branch of a branch reads its parent's mount, whose ids are already shifted:
         // left as they are, they are what the command's namespace maps back; shade's own
         // files there show as the namespace's root, which accept then counts as shade's.
@@ -327,8 +354,9 @@ impl Branch {
         };
         config.n_threads = Some(opts.threads.max(1));
         config.clone_fd = opts.threads > 1;
+        let current = Arc::new(crate::fs::Current::new(overlay.clone()));
         let fs = ShadeFs {
-            overlay: overlay.clone(),
+            current: current.clone(),
             passthrough: (crate::passthrough::wanted() && overlay.caching())
                 .then(crate::passthrough::Passthrough::default),
             shift,
@@ -342,12 +370,10 @@ impl Branch {
                     source,
                 }
             })?;
-        if let Some(w) = &overlay.watch {
-            w.attach(Arc::<Overlay>::downgrade(&overlay), session.notifier());
-        }
-        let _ = overlay.notifier.set(session.notifier());
+        let conn = crate::pool::Conn::new(session, current, mountpoint.clone(), dir.clone(), key);
+        conn.serve(&overlay);
         raise_readahead(&mountpoint);
-        live_mounts().insert(mountpoint.clone(), dir.clone());
+        live_mounts().insert(mountpoint.clone(), vec![dir.clone()]);
         Ok(Branch {
             id,
             project,
@@ -355,10 +381,68 @@ impl Branch {
             mountpoint,
             state: opts.state.clone(),
             overlay,
-            session: Some(session),
+            conn: Some(conn),
+            parked: None,
             warm: std::sync::Mutex::new(None),
             own,
         })
+    }
+
+    /// A new branch served by `conn`, a pooled connection of the same project and options:
+    /// it starts from the inodes the kernel still holds of it (`reset.rs`), with its own
+    /// id, state directory, store, limits and reads.
+    fn on_pooled(
+        conn: crate::pool::Conn,
+        (id, project, dir): (String, PathBuf, PathBuf),
+        (lower, store): (Lower, Store),
+        opts: &BranchOptions,
+    ) -> Branch {
+        let tree = conn.unpark();
+        let watch = conn.current.get().watch.clone();
+        let overlay = Arc::new(Overlay::with_tree(
+            lower,
+            store,
+            IgnoreRules::load(&project),
+            watch,
+            tree,
+        ));
+        conn.serve(&overlay);
+        if let Some(w) = &overlay.watch {
+            w.sync();
+        }
+        let own = match opts.id_shift {
+            Some(s) if is_shade_mount(&project) => {
+                // SAFETY: geteuid/getegid cannot fail.
+                let (u, g) = unsafe { (libc::geteuid(), libc::getegid()) };
+                Some((s.show(u), s.show(g)))
+            }
+            _ => None,
+        };
+        let mountpoint = conn.mountpoint.clone();
+        live_mounts().insert(mountpoint.clone(), vec![dir.clone(), conn.dir.clone()]);
+        tracing::debug!(
+            branch = %id,
+            connection = %conn.dir.display(),
+            served = conn.served,
+            "a pooled connection serves the new branch"
+        );
+        Branch {
+            id,
+            project,
+            dir,
+            mountpoint,
+            state: opts.state.clone(),
+            overlay,
+            conn: Some(conn),
+            parked: None,
+            warm: std::sync::Mutex::new(None),
+            own,
+        }
+    }
+
+    /// Whether this branch is served by a connection an earlier branch used (the pool).
+    pub fn reused_connection(&self) -> bool {
+        self.conn.as_ref().is_some_and(|c| c.served > 0)
     }
 
     /// Start walking the branch's directories in the background (`warm.rs`), so that
@@ -390,7 +474,8 @@ impl Branch {
             .is_none_or(crate::warm::Warm::done)
     }
 
-    /// Unique name of this branch (also the FUSE fsname suffix).
+    /// Unique name of this branch (also the FUSE fsname suffix, unless the branch took a
+    /// pooled connection: that keeps the name of the branch it was mounted for).
     pub fn id(&self) -> &str {
         &self.id
     }
@@ -455,34 +540,45 @@ impl Branch {
         {
             w.stop();
         }
-        if let Some(s) = self.session.take() {
-            // Opened while the connection is surely ours: once our unmount releases it, its
-            // number can be reused at once by another mount, which a later lookup by number
-            // would abort instead. A write through this handle reaches only our connection.
-            let abort = connection_id(&self.mountpoint).and_then(open_abort_handle);
-            // Dropping the session's other parts unmounts (fuser's way); only the thread
-            // handle is kept, to join. Then detach what is left: a mount fuser could not
-            // unmount (busy), or one fusermount3 made.
-            let guard = {
-                let s = s;
-                s.guard
-            };
-            lazy_unmount(&self.mountpoint);
-            // A mount namespace made while the branch was mounted (another `shade run`,
-            // any `unshare`) holds a copy of the mount that our unmount does not reach, and
-            // the kernel keeps the connection — and our FUSE threads — alive as long as
-            // that namespace lives. Abort the connection if anything still holds it.
-            if let Some(handle) = abort {
-                abort_connection(handle);
-            }
-            match guard.join() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::warn!("serving {}: {e}", self.mountpoint.display()),
-                Err(_) => {
-                    tracing::warn!("the FUSE thread of {} panicked", self.mountpoint.display())
+        let Some(conn) = self.conn.take() else {
+            return;
+        };
+        if crate::pool::pool_size() > 0 && !conn.key.passthrough {
+            match self.parked_overlay(&conn) {
+                Ok(make) => {
+                    let reset = conn.park(&self.overlay, make);
+                    tracing::debug!(
+                        notifications = reset.len(),
+                        "branch {} let its connection go to the pool",
+                        self.id
+                    );
+                    self.parked = Some((conn, reset));
+                    return;
                 }
+                Err(e) => tracing::debug!("not pooling {}: {e}", self.mountpoint.display()),
             }
         }
+        conn.teardown();
+    }
+
+    /// What a parked connection serves until a branch takes it: the unchanged project,
+    /// with no room for any change.
+    fn parked_overlay(
+        &self,
+        conn: &crate::pool::Conn,
+    ) -> std::io::Result<impl FnOnce(crate::tree::Tree) -> Overlay> {
+        let mut lower = Lower::open(&self.project)?;
+        if let Ok(Some(rel)) = state_inside(&self.project, &self.state) {
+            lower.hide(&rel);
+        }
+        let none = BranchLimits {
+            size: Some(0),
+            metadata: Some(0),
+        };
+        let store = Store::new(conn.dir.join("parked"), 0, Arc::new(Budget::new(none)));
+        let ignore = IgnoreRules::load(&self.project);
+        let watch = self.overlay.watch.clone();
+        Ok(move |tree| Overlay::with_tree(lower, store, ignore, watch, tree))
     }
 
     /// The accept plan of the branch as it is now.
@@ -647,20 +743,38 @@ impl Branch {
 impl Drop for Branch {
     fn drop(&mut self) {
         self.unmount();
-        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+        let parked = self.parked.take();
+        let removed = match &parked {
+            // The connection's directory (this was its first branch) stays with the pool:
+            // only the branch's own parts go.
+            Some((conn, _)) if conn.dir == self.dir => ["store", "outside"]
+                .iter()
+                .map(|p| self.dir.join(p))
+                .filter(|p| p.exists())
+                .try_for_each(std::fs::remove_dir_all),
+            _ => std::fs::remove_dir_all(&self.dir),
+        };
+        if let Err(e) = removed {
             tracing::warn!("removing branch store {}: {e}", self.dir.display());
         }
         live_mounts().remove(&self.mountpoint);
+        if let Some((conn, reset)) = parked {
+            // An accept wrote the branch's changes into the project since it was parked:
+            // what the kernel cached of those paths in between is dropped too.
+            reset.send(&conn.notifier);
+            crate::pool::give(conn);
+        }
     }
 }
 
 /// Every branch this process has mounted and not yet dropped: mount point → state directory.
 /// A process that must end now (a signal, a lost terminal) cannot wait for each owner to drop
 /// its branch, so [`unmount_all_before_exit`] finds them all here.
-static LIVE_MOUNTS: std::sync::Mutex<std::collections::BTreeMap<PathBuf, PathBuf>> =
+static LIVE_MOUNTS: std::sync::Mutex<std::collections::BTreeMap<PathBuf, Vec<PathBuf>>> =
     std::sync::Mutex::new(std::collections::BTreeMap::new());
 
-fn live_mounts() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<PathBuf, PathBuf>> {
+fn live_mounts() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<PathBuf, Vec<PathBuf>>>
+{
     LIVE_MOUNTS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -678,10 +792,13 @@ pub fn live_mount_count() -> usize {
 /// Returns how many branches were still mounted.
 pub fn unmount_all_before_exit() -> usize {
     let live = std::mem::take(&mut *live_mounts());
-    for (mountpoint, dir) in &live {
+    for (mountpoint, dirs) in &live {
         lazy_unmount(mountpoint);
-        let _ = std::fs::remove_dir_all(dir);
+        for dir in dirs {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
+    crate::pool::drain_before_exit();
     live.len()
 }
 
@@ -715,51 +832,7 @@ fn keep_big_buffers_unresident() {
     ONCE.call_once(|| {});
 }
 
-/// The FUSE connection number of the mount at `mountpoint` (its device minor).
-fn connection_id(mountpoint: &Path) -> Option<u32> {
-    use std::os::unix::fs::MetadataExt;
-    let dev = std::fs::metadata(mountpoint).ok()?.dev();
-    (libc::major(dev) == 0).then(|| libc::minor(dev))
-}
-
-/// A handle on FUSE connection `id`'s abort file (fusectl, mounted on demand).
-fn open_abort_handle(id: u32) -> Option<std::fs::File> {
-    let ctl = Path::new("/sys/fs/fuse/connections");
-    const FUSECTL_MAGIC: i64 = 0x6573_5543;
-    let mounted =
-        nix::sys::statfs::statfs(ctl).is_ok_and(|s| s.filesystem_type().0 == FUSECTL_MAGIC);
-    if !mounted {
-        let _ = nix::mount::mount(
-            Some("fusectl"),
-            ctl,
-            Some("fusectl"),
-            nix::mount::MsFlags::empty(),
-            None::<&str>,
-        );
-    }
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(ctl.join(id.to_string()).join("abort"))
-        .ok()
-}
-
-/// Abort the connection behind `handle` if it is still alive (a copy of the mount in another
-/// namespace keeps it so); a connection already gone ignores the write.
-fn abort_connection(mut handle: std::fs::File) {
-    use std::io::Write;
-    tracing::debug!("aborting our FUSE connection in case a copy of the mount outlived ours");
-    let _ = handle.write_all(b"1");
-}
-
-/// Detach a mount even if processes still use it (through fusermount3 for a user).
-pub(crate) fn lazy_unmount(path: &Path) {
-    if nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH) == Err(nix::errno::Errno::EPERM)
-    {
-        if let Some(bin) = crate::fusermount::find() {
-            crate::fusermount::unmount(&bin, path);
-        }
-    }
-}
+pub(crate) use crate::pool::lazy_unmount;
 
 /// Branches left behind by a shade process that died: unmount them and remove their
 /// stores. Returns the ids cleaned up.

@@ -33,16 +33,16 @@ impl ShadeFs {
         offset: u64,
     ) -> Res<Arc<Vec<crate::overlay::DirEntry>>> {
         if fh == 0 {
-            return self.overlay.listing_at(ino, offset);
+            return self.ov().listing_at(ino, offset);
         }
-        match &*self.overlay.handle(fh)? {
+        match &*self.ov().handle(fh)? {
             Handle::Dir(entries) => Ok(entries.clone()),
             _ => Err(libc::ENOTDIR),
         }
     }
 
     fn ttl(&self, owned: bool) -> Duration {
-        if self.overlay.caching() {
+        if self.ov().caching() {
             TTL_WATCHED
         } else if owned {
             TTL_OWNED
@@ -54,7 +54,7 @@ impl ShadeFs {
     /// An open in passthrough mode: unchanged lower files opened read-only pass through to
     /// the lower file; everything else is served by inode, as in no-open mode.
     fn open_passthrough(&self, p: &Passthrough, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let o = &self.overlay;
+        let o = &self.ov();
         let read_only = flags.0 & libc::O_ACCMODE == libc::O_RDONLY && flags.0 & libc::O_TRUNC == 0;
         let mut lower = None;
         if read_only {
@@ -82,7 +82,7 @@ impl ShadeFs {
     }
 
     fn open_flags(&self) -> FopenFlags {
-        if self.overlay.caching() {
+        if self.ov().caching() {
             FopenFlags::FOPEN_KEEP_CACHE
         } else {
             FopenFlags::empty()
@@ -215,14 +215,50 @@ struct AttrChange {
 
 /// The filesystem served for one branch.
 pub(crate) struct ShadeFs {
-    pub overlay: Arc<Overlay>,
+    /// The branch this connection serves now: one connection serves one branch at a time,
+    /// and a pooled one passes to the next branch by a swap (`pool.rs`).
+    pub current: Arc<Current>,
     /// Open tracking of the opt-in passthrough mode (`passthrough.rs`); `None`: no-open mode.
     pub passthrough: Option<Passthrough>,
     /// Ids shown shifted and taken back at this boundary (`idmap.rs`); `None`: as stored.
     pub shift: Option<idmap::IdShift>,
 }
 
+/// The overlay a connection serves, swapped when the connection passes from one branch to
+/// the next (`pool.rs`). A request takes it once and works on that overlay throughout.
+pub(crate) struct Current(std::sync::RwLock<Arc<Overlay>>);
+
+impl Current {
+    pub fn new(overlay: Arc<Overlay>) -> Current {
+        Current(std::sync::RwLock::new(overlay))
+    }
+
+    /// The overlay served now.
+    pub fn get(&self) -> Arc<Overlay> {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Serve `next` from now on; returns what was served.
+    pub fn swap(&self, next: Arc<Overlay>) -> Arc<Overlay> {
+        std::mem::replace(
+            &mut *self
+                .0
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            next,
+        )
+    }
+}
+
 impl ShadeFs {
+    /// The overlay to serve this request with.
+    fn ov(&self) -> Arc<Overlay> {
+        self.current.get()
+    }
+
     fn create_node(
         &self,
         req: &Request,
@@ -236,7 +272,7 @@ impl ShadeFs {
             rdev,
             target,
         } = new;
-        let o = &self.overlay;
+        let o = &self.ov();
         let mut t = o.tree();
         let rel = o.child_path(&t, parent.0, name)?;
         if t.resolve(&o.lower, &rel).is_ok() {
@@ -264,7 +300,7 @@ impl ShadeFs {
             ctime,
             caller,
         } = change;
-        let o = &self.overlay;
+        let o = &self.ov();
         if let Some(size) = size {
             let node = {
                 let mut t = o.tree();
@@ -336,7 +372,7 @@ impl ShadeFs {
         newname: &OsStr,
         flags: RenameFlags,
     ) -> Res<()> {
-        let o = &self.overlay;
+        let o = &self.ov();
         let mut t = o.tree();
         let from = o.child_path(&t, parent, name)?;
         let to = o.child_path(&t, newparent, newname)?;
@@ -347,7 +383,7 @@ impl ShadeFs {
             if from.starts_with(&to) || to.starts_with(&from) {
                 return Err(libc::EINVAL);
             }
-            return self.exchange(&mut t, &from, src, &to, dst);
+            return Self::exchange(o, &mut t, (&from, src), (&to, dst));
         }
         if from == to {
             return Ok(());
@@ -402,8 +438,12 @@ impl ShadeFs {
         o.touch_dir(&mut t, split(&to).0, joined)
     }
 
-    fn exchange(&self, t: &mut crate::tree::Tree, a: &Path, oa: Obj, b: &Path, ob: Obj) -> Res<()> {
-        let o = &self.overlay;
+    fn exchange(
+        o: &Overlay,
+        t: &mut crate::tree::Tree,
+        (a, oa): (&Path, Obj),
+        (b, ob): (&Path, Obj),
+    ) -> Res<()> {
         let ea = o.materialize(t, a, oa)?;
         let eb = o.materialize(t, b, ob)?;
         t.swap_subtrees(a, b);
@@ -440,7 +480,7 @@ impl Filesystem for ShadeFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // In no-open mode (see `open`) O_TRUNC must arrive as setattr(size=0): the kernel
         // would otherwise assume we truncated in an open we never see.
-        if !self.overlay.caching() {
+        if !self.ov().caching() {
             let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
         }
         // Listings carry attributes: a first `ls -l`, `tar` or build scan needs no lookups.
@@ -461,7 +501,7 @@ impl Filesystem for ShadeFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let o = &self.overlay;
+        let o = &self.ov();
         let mut t = o.tree();
         let res = Overlay::lookup_path(&t, parent.0, name).and_then(|rel| {
             let obj = t.resolve(&o.lower, &rel)?;
@@ -490,11 +530,11 @@ impl Filesystem for ShadeFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.overlay.tree().forget(ino.0, nlookup);
+        self.ov().tree().forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let o = &self.overlay;
+        let o = &self.ov();
         let t = o.tree();
         match o.attr_of(&t, ino.0) {
             Ok(a) => {
@@ -547,7 +587,7 @@ impl Filesystem for ShadeFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        let o = &self.overlay;
+        let o = &self.ov();
         let mut t = o.tree();
         match o.obj_of(&t, ino.0) {
             Ok(Obj::Node(n)) if n.kind == NodeKind::Symlink => reply.data(n.target.as_bytes()),
@@ -602,7 +642,7 @@ impl Filesystem for ShadeFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let o = &self.overlay;
+        let o = &self.ov();
         let mut t = o.tree();
         let res = o.child_path(&t, parent.0, name).and_then(|rel| {
             if t.resolve(&o.lower, &rel).is_ok() {
@@ -632,7 +672,7 @@ impl Filesystem for ShadeFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let o = &self.overlay;
+        let o = &self.ov();
         let mut t = o.tree();
         let res = o.child_path(&t, parent.0, name).and_then(|rel| {
             let obj = t.resolve(&o.lower, &rel)?;
@@ -650,7 +690,7 @@ impl Filesystem for ShadeFs {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let o = &self.overlay;
+        let o = &self.ov();
         let mut t = o.tree();
         let res = o.child_path(&t, parent.0, name).and_then(|rel| {
             let obj = t.resolve(&o.lower, &rel)?;
@@ -709,7 +749,7 @@ impl Filesystem for ShadeFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let o = &self.overlay;
+        let o = &self.ov();
         let mut t = o.tree();
         let res = o.child_path(&t, newparent.0, newname).and_then(|rel| {
             if t.resolve(&o.lower, &rel).is_ok() {
@@ -740,7 +780,7 @@ impl Filesystem for ShadeFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let o = &self.overlay;
+        let o = &self.ov();
         if o.caching() {
             if let Some(p) = &self.passthrough {
                 return self.open_passthrough(p, ino, flags, reply);
@@ -814,7 +854,7 @@ impl Filesystem for ShadeFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let o = &self.overlay;
+        let o = &self.ov();
         with_read_buf(size as usize, |buf| {
             let res = if fh.0 == 0 || fh.0 & FH_BIT != 0 {
                 o.read_ino(ino.0, buf, offset)
@@ -847,7 +887,7 @@ impl Filesystem for ShadeFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let o = &self.overlay;
+        let o = &self.ov();
         let res = o.node_for_io(ino.0, fh.0, true).and_then(|n| {
             let end = offset + data.len() as u64;
             let mut guard = n.data_mut();
@@ -906,7 +946,7 @@ impl Filesystem for ShadeFs {
             p.release(ino.0, fh.0);
         }
         if fh.0 != 0 && fh.0 & FH_BIT == 0 {
-            self.overlay.drop_handle(fh.0);
+            self.ov().drop_handle(fh.0);
         }
         reply.ok();
     }
@@ -919,7 +959,7 @@ impl Filesystem for ShadeFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let res = self.overlay.node_for_io(ino.0, fh.0, false).and_then(|n| {
+        let res = self.ov().node_for_io(ino.0, fh.0, false).and_then(|n| {
             {
                 if let Some(c) = n.data().as_ref() {
                     if c.is_on_disk() {
@@ -939,7 +979,7 @@ impl Filesystem for ShadeFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let o = &self.overlay;
+        let o = &self.ov();
         if o.caching() {
             // No-opendir mode: listings are cached by the kernel (invalidated by our own
             // changes and by the lower watcher) and read by inode.
@@ -962,7 +1002,7 @@ impl Filesystem for ShadeFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let o = &self.overlay;
+        let o = &self.ov();
         let listing = || self.listing_for(ino.0, fh.0, offset);
         let entries = match crate::warm::serve(req.pid(), listing) {
             Ok(l) => l,
@@ -990,7 +1030,7 @@ impl Filesystem for ShadeFs {
         offset: u64,
         mut reply: fuser::ReplyDirectoryPlus,
     ) {
-        let o = &self.overlay;
+        let o = &self.ov();
         let listing = || self.listing_for(ino.0, fh.0, offset);
         let entries = match crate::warm::serve(req.pid(), listing) {
             Ok(l) => l,
@@ -1051,7 +1091,7 @@ impl Filesystem for ShadeFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.overlay.drop_handle(fh.0);
+        self.ov().drop_handle(fh.0);
         reply.ok();
     }
 
@@ -1067,7 +1107,7 @@ impl Filesystem for ShadeFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.overlay.lower.statvfs() {
+        match self.ov().lower.statvfs() {
             Ok(s) => reply.statfs(
                 s.f_blocks,
                 s.f_bfree,
@@ -1095,7 +1135,7 @@ impl Filesystem for ShadeFs {
         if system_xattr(name) {
             return reply.error(Errno::EOPNOTSUPP);
         }
-        let o = &self.overlay;
+        let o = &self.ov();
         let slot_bytes = o.tree().slot_bytes;
         let res = o.with_meta(ino.0, |m, _| {
             let old = m.xattrs.get(name).map(Vec::len);
@@ -1121,7 +1161,7 @@ impl Filesystem for ShadeFs {
         if system_xattr(name) {
             return reply.error(Errno::EOPNOTSUPP);
         }
-        match self.overlay.xattr_of(ino.0, name) {
+        match self.ov().xattr_of(ino.0, name) {
             Ok(Some(v)) => xattr_reply(reply, &v, size),
             Ok(None) => reply.error(Errno::NO_XATTR),
             Err(e) => reply.error(err(e)),
@@ -1129,7 +1169,7 @@ impl Filesystem for ShadeFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.overlay.xattrs_of(ino.0) {
+        match self.ov().xattrs_of(ino.0) {
             Ok(x) => {
                 let mut buf = Vec::new();
                 for (n, _) in x.iter().filter(|(n, _)| !system_xattr(n)) {
@@ -1146,7 +1186,7 @@ impl Filesystem for ShadeFs {
         if system_xattr(name) {
             return reply.error(Errno::EOPNOTSUPP);
         }
-        let o = &self.overlay;
+        let o = &self.ov();
         let res = o.with_meta(ino.0, |m, _| {
             let old = m.xattrs.remove(name).ok_or(libc::ENODATA)?;
             o.store.limits().removed_xattr(name.as_bytes(), old.len());
@@ -1170,7 +1210,7 @@ impl Filesystem for ShadeFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let o = &self.overlay;
+        let o = &self.ov();
         let perm = mode & !umask & 0o7777;
         let res = match self.create_node(req, parent, name, NewNode::plain(NodeKind::File, perm)) {
             Ok((a, n)) => Ok((a, n)),
@@ -1237,7 +1277,7 @@ impl Filesystem for ShadeFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let o = &self.overlay;
+        let o = &self.ov();
         let res = o.node_for_io(ino.0, fh.0, true).and_then(|n| {
             let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
             if mode != 0 && mode != libc::FALLOC_FL_KEEP_SIZE && mode != punch {

@@ -21,9 +21,11 @@ pub mod outside;
 mod overlay;
 mod passthrough;
 pub mod plan;
+mod pool;
 mod privs;
 pub mod quote;
 mod reads;
+mod reset;
 pub mod sandbox;
 mod select;
 pub mod state;
@@ -43,5 +45,7 @@ pub use changeset::{lossy_path, non_utf8_bytes, Change, ChangeKind, Changeset, O
 pub use fingerprint::{Base, Fingerprint};
 pub use idmap::IdShift;
 pub use plan::{Perms, PlanOp, ReadBase, RelPath};
+/// The pool of warm connections for new branches (issue 31, `pool.rs`).
+pub use pool::{drain as drain_branch_pool, pool_size, pooled_count, set_pool_idle, set_pool_size};
 pub use select::Selection;
 pub use state::StateDir;

@@ -80,12 +80,24 @@ impl Overlay {
         let watch = cache
             .then(|| crate::watch::LowerWatch::new(lower.root()))
             .flatten();
+        Overlay::with_tree(lower, store, ignore, watch, Tree::new(root_dev))
+    }
+
+    /// An overlay over `tree` (a pooled connection's next branch starts from the inodes the
+    /// kernel still holds, `reset.rs`) that reports lower changes through `watch`.
+    pub fn with_tree(
+        lower: Lower,
+        store: Store,
+        ignore: IgnoreRules,
+        watch: Option<Arc<crate::watch::LowerWatch>>,
+        tree: Tree,
+    ) -> Overlay {
         Overlay {
             watch,
             lower,
             store,
             ignore,
-            tree: Mutex::new(Tree::new(root_dev)),
+            tree: Mutex::new(tree),
             handles: Mutex::new(FxHashMap::default()),
             next_fh: AtomicU64::new(1),
             lower_fds: Mutex::new(lru::LruCache::new(

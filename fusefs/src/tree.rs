@@ -148,6 +148,32 @@ impl Tree {
         }
     }
 
+    /// An empty view that a pooled connection's next branch starts from: the root, the
+    /// device indexes (they are in the numbers the kernel holds) and the next branch-range
+    /// number (those the kernel still holds are never given again).
+    pub fn carried(&self) -> Tree {
+        let mut t = Tree::new(0);
+        t.devs = self.devs.clone();
+        t.next_ino = self.next_ino;
+        if let Some(root) = self.inodes.get(&1) {
+            if let Some(r) = t.inodes.get_mut(&1) {
+                r.lookups = root.lookups;
+            }
+        }
+        t
+    }
+
+    /// Whether a branch object took lower number `ino` (see `claimed`).
+    pub fn is_claimed(&self, ino: u64) -> bool {
+        self.claimed.contains(&ino)
+    }
+
+    /// The number lower object `st` shows when nothing holds or took it (`None`: it has
+    /// none of its own).
+    pub fn own_number(&mut self, st: &libc::stat) -> Option<u64> {
+        self.lower_key((st.st_dev, st.st_ino))
+    }
+
     pub fn alloc_ino(&mut self) -> u64 {
         let ino = self.next_ino;
         self.next_ino += 1;

@@ -33,6 +33,9 @@ const EVENTS: AddWatchFlags = AddWatchFlags::IN_CREATE
 struct Hub {
     inotify: Inotify,
     subs: Mutex<Subs>,
+    /// Held while events are read and turned into invalidations: [`LowerWatch::sync`]
+    /// takes it to know every event queued before it has been handled.
+    serving: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -65,12 +68,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn hub() -> Option<Arc<Hub>> {
     static HUB: OnceLock<Option<Arc<Hub>>> = OnceLock::new();
     HUB.get_or_init(|| {
-        let inotify = Inotify::init(InitFlags::IN_CLOEXEC)
+        let inotify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK)
             .map_err(|e| tracing::info!("no inotify ({e}); lower objects are not cached"))
             .ok()?;
         let hub = Arc::new(Hub {
             inotify,
             subs: Mutex::default(),
+            serving: Mutex::new(()),
         });
         let h = hub.clone();
         std::thread::Builder::new()
@@ -98,9 +102,27 @@ impl Hub {
                     return;
                 }
             }
+            let _serving = lock(&self.serving);
             let Ok(events) = self.inotify.read_events() else {
                 continue;
             };
+            self.handle(events);
+        }
+    }
+
+    /// Handle every event queued now (the caller holds `serving`).
+    fn drain(&self) {
+        while let Ok(events) = self.inotify.read_events() {
+            if events.is_empty() {
+                return;
+            }
+            self.handle(events);
+        }
+    }
+
+    /// Turn a batch of events into invalidations for the branches watching their dirs.
+    fn handle(&self, events: Vec<nix::sys::inotify::InotifyEvent>) {
+        {
             let mut batches: FxHashMap<u64, (Arc<LowerWatch>, Vec<Change>)> = FxHashMap::default();
             let mut gone: Vec<(Arc<LowerWatch>, PathBuf)> = Vec::new();
             {
@@ -145,7 +167,9 @@ pub(crate) struct LowerWatch {
     hub: Arc<Hub>,
     root: PathBuf,
     watched: Mutex<FxHashMap<PathBuf, WatchDescriptor>>,
-    target: OnceLock<(Weak<dyn Watched>, Notifier)>,
+    /// The overlay served now and its connection's notifier; replaced when a pooled
+    /// connection passes to its next branch (`pool.rs`).
+    target: Mutex<Option<(Weak<dyn Watched>, Notifier)>>,
 }
 
 impl LowerWatch {
@@ -158,15 +182,24 @@ impl LowerWatch {
             hub: hub.clone(),
             root: root.to_path_buf(),
             watched: Mutex::default(),
-            target: OnceLock::new(),
+            target: Mutex::new(None),
         });
         lock(&hub.subs).branches.insert(w.id, Arc::downgrade(&w));
         w.watch_dir(Path::new("")).then_some(w)
     }
 
-    /// Where invalidations go, once the branch is mounted.
+    /// Where invalidations go, once the branch is mounted (again for each branch a pooled
+    /// connection serves).
     pub fn attach(&self, overlay: Weak<dyn Watched>, notifier: Notifier) {
-        let _ = self.target.set((overlay, notifier));
+        *lock(&self.target) = Some((overlay, notifier));
+    }
+
+    /// Handle every lower change queued before this call (its invalidations are sent when
+    /// it returns): a pooled connection's next branch must not start from a cache of what
+    /// the user changed while the connection was idle.
+    pub fn sync(&self) {
+        let _serving = lock(&self.hub.serving);
+        self.hub.drain();
     }
 
     /// Watch lower directory `rel` (idempotent). Returns false if the watch failed.
@@ -193,7 +226,7 @@ impl LowerWatch {
     }
 
     fn invalidate(&self, changed: &[Change]) {
-        let Some((overlay, notifier)) = self.target.get() else {
+        let Some((overlay, notifier)) = lock(&self.target).clone() else {
             return;
         };
         let Some(overlay) = overlay.upgrade() else {

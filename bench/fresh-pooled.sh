@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Issue 31: the first command in a new branch of a warm 10k-file git repository — a fresh
+# branch (new mount), a pooled one (a connection earlier branches used, reset), native —
+# interleaved rounds; then the creation times and the FUSE request counts of each.
+# Each pooled branch's predecessor ran the previous command and wrote one file.
+# Usage: bench/fresh-pooled.sh ROUNDS   (as root; cargo build --release -p shade-fusefs --example pooled)
+set -euo pipefail
+rounds=${1:-5}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+POOLED=${POOLED:-$here/target/release/examples/pooled}
+base=${BASE:-/var/tmp/shade-fresh-pooled}
+proj=$base/repo
+if [[ ! -d $proj/.git ]]; then
+  mkdir -p $proj
+  for c in ~/.cargo/registry/src/*/*/; do
+    cp -r "$c" $proj/; (( $(find $proj -type f | wc -l) >= 10000 )) && break
+  done
+  (cd $proj && git init -q && git config gc.auto 0 && git add -A -f && git -c user.name=b -c user.email=b@l commit -q -m t)
+  sleep 1.1; (cd $proj && git update-index -q --refresh && git status --porcelain >/dev/null)
+fi
+export SHADE_STATE_DIR=$base/state
+# No background `git gc --auto` racing the measured commands.
+git -C $proj config gc.auto 0
+mountpoint -q /sys/kernel/tracing || mount -t tracefs tracefs /sys/kernel/tracing
+source "$here/bench/fresh-lib.sh"
+declare -A C=([status]="git status --porcelain" [diff]="git diff --stat" [rg]="rg --no-ignore -c 'fn '" [find]="find . -type f")
+coproc P { exec $POOLED $proj 2>/dev/null; }
+new() { echo "$1" >&"${P[1]}"; read -t 60 -r mp us reused drop_us <&"${P[0]}" || { echo "the pooled example did not answer" >&2; exit 1; }; echo "$1 $us $reused $drop_us" >> $base/create.log; }
+: > $base/create.log; : > $base/rounds.log
+echo "files $(find $proj -type f -not -path '*/.git/*' | wc -l), load $(cut -d' ' -f1-3 /proc/loadavg)"
+for r in $(seq $rounds); do
+  for k in status diff rg find; do
+    native=$(cd $proj && ms "${C[$k]}")
+    # Alternate which of the two goes first.
+    if (( r % 2 )); then order="fresh pooled"; else order="pooled fresh"; fi
+    declare -A t=()
+    for kind in $order; do new $kind; t[$kind]=$(cd $mp && ms "${C[$k]}"); done
+    echo "round $r $k native ${native} fresh ${t[fresh]} pooled ${t[pooled]} ms" | tee -a $base/rounds.log
+  done
+done
+echo "load $(cut -d' ' -f1-3 /proc/loadavg)"
+# Medians (min-max) per command, and the ratio of the medians to native.
+python3 - "$base/rounds.log" <<'PY'
+import statistics as st, sys
+rows = [l.split() for l in open(sys.argv[1])]
+for k in ("status", "diff", "rg", "find"):
+    r = [x for x in rows if x[2] == k]
+    if not r:
+        continue
+    col = {s: [int(x[i]) for x in r] for s, i in (("native", 4), ("fresh", 6), ("pooled", 8))}
+    n = st.median(col["native"])
+    print(f"median {k} ({len(r)} rounds): " + ", ".join(
+        f"{s} {st.median(v):.0f} ms ({min(v)}-{max(v)}) {st.median(v) / n:.2f}x" for s, v in col.items()))
+PY
+# Requests: a fresh branch; a pooled one whose connection's last branch ran the same
+# command (the steady state of a process that runs it again and again).
+for k in status diff rg find; do
+  new fresh
+  echo "requests $k fresh: $(fuse_requests $mp sh -c "cd $mp && ${C[$k]}")"
+  new pooled; (cd $mp && eval "${C[$k]}" >/dev/null)
+  new pooled
+  echo "requests $k pooled: $(fuse_requests $mp sh -c "cd $mp && ${C[$k]}")"
+done
+# Threads and fds of the process per connection: one branch of each kind live.
+echo "threads $(ls /proc/$P_PID/task | wc -l), fds $(ls /proc/$P_PID/fd | wc -l) with 2 connections"
+for i in $(seq 20); do new fresh; new pooled; done
+echo "create fresh us: $(awk '$1=="fresh"{print $2}' $base/create.log | sort -n | tr '\n' ' ')"
+echo "create pooled us (reused): $(awk '$1=="pooled" && $3==1 {print $2}' $base/create.log | sort -n | tr '\n' ' ')"
+echo "drop fresh us (unmount): $(awk '$1=="fresh" && $4>0 {print $4}' $base/create.log | sort -n | tr '\n' ' ')"
+echo "drop pooled us (reset): $(awk '$1=="pooled" && $4>0 {print $4}' $base/create.log | sort -n | tr '\n' ' ')"
+exec {P[1]}>&-; wait $P_PID 2>/dev/null || true
