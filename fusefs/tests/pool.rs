@@ -323,7 +323,7 @@ fn shade_mounts_under(state: &Path) -> Vec<String> {
 /// Not a test on its own: the process the lifecycle test starts (and kills or lets end).
 /// It pools one connection of `SHADE_POOL_HELPER_PROJECT`, says so, and waits.
 #[test]
-#[ignore]
+#[ignore = "the process the lifecycle test starts, not a test on its own"]
 fn helper_hold_a_pooled_connection() {
     let (Some(project), Some(state), Some(how)) = (
         std::env::var_os("SHADE_POOL_HELPER_PROJECT"),
