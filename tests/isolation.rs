@@ -1342,6 +1342,46 @@ fn limits_time(who: Who) {
     e.assert_held(&b.out);
 }
 
+/// The outside layer's size bounds its xattrs too (attack round): tmpfs charges xattrs and
+/// inodes to an inode space that `size` does not bound, so with the kernel's default
+/// `nr_inodes` a command kept ~3 GB of `user.*` xattrs in an 8 MiB layer. Now a flood of
+/// 60 KB values on files in the home stops (ENOSPC) within a few MiB.
+fn limits_outside_xattrs(who: Who) {
+    let e = env(who);
+    let name = format!("shade-iso-outside-xattrs-{}", std::process::id());
+    let script = format!(
+        r#"mkdir -p ~/{name} && cd ~/{name} && {PYTHON} -c '
+import os
+v, n, err = b"v" * 60000, 0, 0
+try:
+    while n < 64 << 20:
+        p = "f%d" % (n // 180000)
+        if not os.path.exists(p):
+            open(p, "w").close()
+        os.setxattr(p, "user.k%d" % n, v)
+        n += len(v)
+except OSError as e:
+    err = e.errno
+print("stored", n >> 20, "errno", err)
+'"#
+    );
+    let b = run_limited(&e, "[sandbox.run]\noutside_size = \"8MiB\"\n", &[], &script);
+    let o = &b.out;
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    let stored: u64 = text
+        .split_whitespace()
+        .skip_while(|w| *w != "stored")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count\n{}", show(o)));
+    assert!(
+        stored < 8 && text.contains(&format!("errno {}", libc::ENOSPC)),
+        "{stored} MiB of xattrs in an 8 MiB outside layer\n{}",
+        show(o)
+    );
+    e.assert_held(o);
+}
+
 /// An xattr flood (64 KiB values, as many as it can) is refused once the branch's
 /// metadata budget is spent, oversized values and names get E2BIG and ERANGE, and shade's
 /// own memory stays bounded all along.
@@ -1444,6 +1484,7 @@ both!(
     limits_tmp_and_shm,
     limits_branch_size,
     limits_outside_size,
+    limits_outside_xattrs,
     limits_xattr_flood,
     limits_time,
     host_knobs,
