@@ -1034,6 +1034,65 @@ fn host_sockets(who: Who) {
     e.assert_held(&o);
 }
 
+/// An allowed socket's path that a command can write for real (here in a SHADE_SHARE
+/// directory; the project through an accept) is no way to another socket (attack round):
+/// a command plants `share/app.sock -> victim` (the session bus, docker's), and the next
+/// `shade run --allow-socket share/app.sock` bound the victim (as root idmapped, so host
+/// root's). Now the link is not followed: nothing is bound, the victim sees no one.
+fn allowed_socket_planted_link(who: Who) {
+    use std::os::unix::net::UnixListener;
+    let e = env(who);
+    let dir = e.out.parent().unwrap().to_path_buf();
+    let victim = dir.join("victim.sock");
+    let planted = dir.join("share/app.sock");
+    let l = UnixListener::bind(&victim).unwrap();
+    l.set_nonblocking(true).unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let client = dir.join("connect.py");
+    std::fs::write(
+        &client,
+        "import socket, sys\n\
+         for p in sys.argv[1:]:\n\
+         \x20   s = socket.socket(socket.AF_UNIX)\n\
+         \x20   s.settimeout(5)\n\
+         \x20   try:\n\
+         \x20       s.connect(p)\n\
+         \x20       print('connected', p)\n\
+         \x20   except OSError as e:\n\
+         \x20       print('refused', p, e)\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&client, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = e.run(
+        &[],
+        &format!("ln -s {} {}", victim.display(), planted.display()),
+    );
+    ran(&o);
+    assert!(
+        std::fs::symlink_metadata(&planted).is_ok_and(|m| m.file_type().is_symlink()),
+        "the command could not plant its link in the shared directory\n{}",
+        show(&o)
+    );
+    let planted_arg = planted.display().to_string();
+    let o = e.run(
+        &["--allow-socket", &planted_arg],
+        &format!(
+            "{PYTHON} {} {} {}",
+            client.display(),
+            planted.display(),
+            victim.display()
+        ),
+    );
+    ran(&o);
+    no_connection(&l, "--allow-socket of a link a command planted");
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("connected"),
+        "{}",
+        show(&o)
+    );
+    e.assert_held(&o);
+}
+
 /// Host-wide knobs under /proc (issue 28): a sysctl write as the sandbox's root was the
 /// host's (core_pattern → a program run as full root). Every probe only opens for writing,
 /// or writes the value already there, so a success harms nothing; the kernel-memory and
@@ -1480,6 +1539,7 @@ both!(
     planted_privileges,
     io_uring,
     host_sockets,
+    allowed_socket_planted_link,
     limits_fork_bomb,
     limits_tmp_and_shm,
     limits_branch_size,

@@ -701,7 +701,15 @@ pub(crate) fn build(
         &super::env::homes(),
         &spec.project,
     ));
-    for (k, sock) in super::sockets::present().into_iter().enumerate() {
+    let project_real =
+        std::fs::canonicalize(&spec.project).unwrap_or_else(|_| spec.project.clone());
+    let real_writes: Vec<&Path> = std::iter::once(project_real.as_path())
+        .chain(shared.iter().map(PathBuf::as_path))
+        .collect();
+    for (k, sock) in super::sockets::present(&real_writes)
+        .into_iter()
+        .enumerate()
+    {
         let source = match stage.as_mut() {
             Some(st) => {
                 let to = stage_at.join(format!("k{k}"));
