@@ -1093,6 +1093,53 @@ fn allowed_socket_planted_link(who: Who) {
     e.assert_held(&o);
 }
 
+/// An allowed socket is bound read-only (attack round): bound writable (as root through
+/// the idmapped mount, as host root) a command chmod-ed, chown-ed and touched the host's
+/// socket for real, opening a 0600 socket to every local user. Connecting still works.
+fn allowed_socket_read_only(who: Who) {
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::net::UnixListener;
+    let e = env(who);
+    let dir = e.out.parent().unwrap().to_path_buf();
+    let sock = dir.join("allowed.sock");
+    let l = UnixListener::bind(&sock).unwrap();
+    l.set_nonblocking(true).unwrap();
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600)).unwrap();
+    if who == Who::Plain {
+        let (uid, gid) = plain_ids();
+        std::os::unix::fs::lchown(&sock, Some(uid), Some(gid)).unwrap();
+    }
+    let before = std::fs::symlink_metadata(&sock).unwrap();
+    let s = sock.display().to_string();
+    let o = e.run(
+        &["--allow-socket", &s],
+        &format!(
+            r#"chmod 666 {s}; chown 12345 {s}; {PYTHON} -c '
+import os, socket
+try:
+    os.utime("{s}", (0, 0)); print("touched")
+except OSError as e:
+    print("utime refused", e)
+c = socket.socket(socket.AF_UNIX); c.settimeout(5); c.connect("{s}"); print("connected")
+'"#
+        ),
+    );
+    ran(&o);
+    let after = std::fs::symlink_metadata(&sock).unwrap();
+    assert_eq!(
+        (before.mode(), before.uid(), before.gid(), before.mtime()),
+        (after.mode(), after.uid(), after.gid(), after.mtime()),
+        "the command changed the host's allowed socket\n{}",
+        show(&o)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("connected") && l.accept().is_ok(),
+        "the allowed socket got no connection\n{}",
+        show(&o)
+    );
+    e.assert_held(&o);
+}
+
 /// Host-wide knobs under /proc (issue 28): a sysctl write as the sandbox's root was the
 /// host's (core_pattern → a program run as full root). Every probe only opens for writing,
 /// or writes the value already there, so a success harms nothing; the kernel-memory and
@@ -1540,6 +1587,7 @@ both!(
     io_uring,
     host_sockets,
     allowed_socket_planted_link,
+    allowed_socket_read_only,
     limits_fork_bomb,
     limits_tmp_and_shm,
     limits_branch_size,

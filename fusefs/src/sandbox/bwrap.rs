@@ -720,7 +720,9 @@ pub(crate) fn build(
             }
             None => sock.clone(),
         };
-        extra.extend(["--bind".into(), source.into(), sock.into()]);
+        // Read-only (connect needs no write access to the mount): a writable one would let
+        // the command chmod, chown or touch the host's socket for real.
+        extra.extend(["--ro-bind".into(), source.into(), sock.into()]);
     }
     let (mut cmd, filters) = conf.base(&layout, &extra, &argv, &spec.cwd)?;
     // The process limit's cgroup is entered first, while still host root.
