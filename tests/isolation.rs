@@ -1034,6 +1034,112 @@ fn host_sockets(who: Who) {
     e.assert_held(&o);
 }
 
+/// An allowed socket's path that a command can write for real (here in a SHADE_SHARE
+/// directory; the project through an accept) is no way to another socket (attack round):
+/// a command plants `share/app.sock -> victim` (the session bus, docker's), and the next
+/// `shade run --allow-socket share/app.sock` bound the victim (as root idmapped, so host
+/// root's). Now the link is not followed: nothing is bound, the victim sees no one.
+fn allowed_socket_planted_link(who: Who) {
+    use std::os::unix::net::UnixListener;
+    let e = env(who);
+    let dir = e.out.parent().unwrap().to_path_buf();
+    let victim = dir.join("victim.sock");
+    let planted = dir.join("share/app.sock");
+    let l = UnixListener::bind(&victim).unwrap();
+    l.set_nonblocking(true).unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let client = dir.join("connect.py");
+    std::fs::write(
+        &client,
+        "import socket, sys\n\
+         for p in sys.argv[1:]:\n\
+         \x20   s = socket.socket(socket.AF_UNIX)\n\
+         \x20   s.settimeout(5)\n\
+         \x20   try:\n\
+         \x20       s.connect(p)\n\
+         \x20       print('connected', p)\n\
+         \x20   except OSError as e:\n\
+         \x20       print('refused', p, e)\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&client, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = e.run(
+        &[],
+        &format!("ln -s {} {}", victim.display(), planted.display()),
+    );
+    ran(&o);
+    assert!(
+        std::fs::symlink_metadata(&planted).is_ok_and(|m| m.file_type().is_symlink()),
+        "the command could not plant its link in the shared directory\n{}",
+        show(&o)
+    );
+    let planted_arg = planted.display().to_string();
+    let o = e.run(
+        &["--allow-socket", &planted_arg],
+        &format!(
+            "{PYTHON} {} {} {}",
+            client.display(),
+            planted.display(),
+            victim.display()
+        ),
+    );
+    ran(&o);
+    no_connection(&l, "--allow-socket of a link a command planted");
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("connected"),
+        "{}",
+        show(&o)
+    );
+    e.assert_held(&o);
+}
+
+/// An allowed socket is bound read-only (attack round): bound writable (as root through
+/// the idmapped mount, as host root) a command chmod-ed, chown-ed and touched the host's
+/// socket for real, opening a 0600 socket to every local user. Connecting still works.
+fn allowed_socket_read_only(who: Who) {
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::net::UnixListener;
+    let e = env(who);
+    let dir = e.out.parent().unwrap().to_path_buf();
+    let sock = dir.join("allowed.sock");
+    let l = UnixListener::bind(&sock).unwrap();
+    l.set_nonblocking(true).unwrap();
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600)).unwrap();
+    if who == Who::Plain {
+        let (uid, gid) = plain_ids();
+        std::os::unix::fs::lchown(&sock, Some(uid), Some(gid)).unwrap();
+    }
+    let before = std::fs::symlink_metadata(&sock).unwrap();
+    let s = sock.display().to_string();
+    let o = e.run(
+        &["--allow-socket", &s],
+        &format!(
+            r#"chmod 666 {s}; chown 12345 {s}; {PYTHON} -c '
+import os, socket
+try:
+    os.utime("{s}", (0, 0)); print("touched")
+except OSError as e:
+    print("utime refused", e)
+c = socket.socket(socket.AF_UNIX); c.settimeout(5); c.connect("{s}"); print("connected")
+'"#
+        ),
+    );
+    ran(&o);
+    let after = std::fs::symlink_metadata(&sock).unwrap();
+    assert_eq!(
+        (before.mode(), before.uid(), before.gid(), before.mtime()),
+        (after.mode(), after.uid(), after.gid(), after.mtime()),
+        "the command changed the host's allowed socket\n{}",
+        show(&o)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("connected") && l.accept().is_ok(),
+        "the allowed socket got no connection\n{}",
+        show(&o)
+    );
+    e.assert_held(&o);
+}
+
 /// Host-wide knobs under /proc (issue 28): a sysctl write as the sandbox's root was the
 /// host's (core_pattern → a program run as full root). Every probe only opens for writing,
 /// or writes the value already there, so a success harms nothing; the kernel-memory and
@@ -1342,6 +1448,46 @@ fn limits_time(who: Who) {
     e.assert_held(&b.out);
 }
 
+/// The outside layer's size bounds its xattrs too (attack round): tmpfs charges xattrs and
+/// inodes to an inode space that `size` does not bound, so with the kernel's default
+/// `nr_inodes` a command kept ~3 GB of `user.*` xattrs in an 8 MiB layer. Now a flood of
+/// 60 KB values on files in the home stops (ENOSPC) within a few MiB.
+fn limits_outside_xattrs(who: Who) {
+    let e = env(who);
+    let name = format!("shade-iso-outside-xattrs-{}", std::process::id());
+    let script = format!(
+        r#"mkdir -p ~/{name} && cd ~/{name} && {PYTHON} -c '
+import os
+v, n, err = b"v" * 60000, 0, 0
+try:
+    while n < 64 << 20:
+        p = "f%d" % (n // 180000)
+        if not os.path.exists(p):
+            open(p, "w").close()
+        os.setxattr(p, "user.k%d" % n, v)
+        n += len(v)
+except OSError as e:
+    err = e.errno
+print("stored", n >> 20, "errno", err)
+'"#
+    );
+    let b = run_limited(&e, "[sandbox.run]\noutside_size = \"8MiB\"\n", &[], &script);
+    let o = &b.out;
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    let stored: u64 = text
+        .split_whitespace()
+        .skip_while(|w| *w != "stored")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count\n{}", show(o)));
+    assert!(
+        stored < 8 && text.contains(&format!("errno {}", libc::ENOSPC)),
+        "{stored} MiB of xattrs in an 8 MiB outside layer\n{}",
+        show(o)
+    );
+    e.assert_held(o);
+}
+
 /// An xattr flood (64 KiB values, as many as it can) is refused once the branch's
 /// metadata budget is spent, oversized values and names get E2BIG and ERANGE, and shade's
 /// own memory stays bounded all along.
@@ -1440,10 +1586,13 @@ both!(
     planted_privileges,
     io_uring,
     host_sockets,
+    allowed_socket_planted_link,
+    allowed_socket_read_only,
     limits_fork_bomb,
     limits_tmp_and_shm,
     limits_branch_size,
     limits_outside_size,
+    limits_outside_xattrs,
     limits_xattr_flood,
     limits_time,
     host_knobs,

@@ -506,6 +506,9 @@ pub(crate) fn diff_between(
     paths.sort();
     paths.dedup();
     let mut out = String::new();
+    // The branches are hostile: two 4 MiB files of shuffled lines cost the line diff hours
+    // (O(ND)); past this one deadline for the whole comparison each diff is a coarse one.
+    let deadline = Instant::now() + COMPARE_TIME;
     for p in paths {
         let read = |mount: &Path| read_beneath(mount, p).unwrap_or_default();
         let (x, y) = (read(a_mount), read(b_mount));
@@ -513,7 +516,9 @@ pub(crate) fn diff_between(
             continue;
         }
         let (x, y) = (String::from_utf8_lossy(&x), String::from_utf8_lossy(&y));
-        let diff = similar::TextDiff::from_lines(x.as_ref(), y.as_ref());
+        let diff = similar::TextDiff::configure()
+            .deadline(deadline)
+            .diff_lines(x.as_ref(), y.as_ref());
         out.push_str(
             &diff
                 .unified_diff()
@@ -529,6 +534,9 @@ pub(crate) fn diff_between(
 
 /// Bytes kept of one file a comparison reads.
 const COMPARE_LIMIT: u64 = 4 << 20;
+
+/// How long a comparison's line diffs may search for the smallest diff.
+const COMPARE_TIME: Duration = Duration::from_secs(5);
 
 /// The regular file `rel` below `mount`, read without following any symlink on the way (a
 /// branch is hostile: its `a/b` may be a link to a file of the host that shade, unlike the
@@ -741,6 +749,40 @@ mod tests {
         ];
         let order: Vec<usize> = rank(&list).iter().map(|&i| list[i].index).collect();
         assert_eq!(order, vec![4, 3, 2, 1]);
+    }
+
+    /// Hostile branches (attack round): files of shuffled lines, each side different,
+    /// made compare_branches search for hours; now it ends (bounded wait: it fails
+    /// after two minutes rather than hanging).
+    #[test]
+    fn comparison_of_shuffled_files_ends() {
+        let dir = std::env::temp_dir().join(format!("shade-compare-{}", std::process::id()));
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        let n = 60_000usize;
+        let text =
+            |k: usize| -> String { (0..n).map(|i| format!("{:016}\n", (i * k) % n)).collect() };
+        std::fs::write(a.join("f"), text(7919)).unwrap();
+        std::fs::write(b.join("f"), text(104_729)).unwrap();
+        let change = Change {
+            kind: shade_fusefs::ChangeKind::Modified,
+            path: PathBuf::from("f"),
+            old_path: None,
+            is_dir: false,
+            ignored: false,
+            mode: None,
+            owner: None,
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (ma, mb) = (a.clone(), b.clone());
+        std::thread::spawn(move || {
+            let c = [change];
+            let _ = tx.send(diff_between(("a", &ma, &c), ("b", &mb, &c)).len());
+        });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(120));
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(got.is_ok_and(|len| len > 0), "the comparison did not end");
     }
 
     #[test]

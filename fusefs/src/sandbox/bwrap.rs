@@ -701,7 +701,15 @@ pub(crate) fn build(
         &super::env::homes(),
         &spec.project,
     ));
-    for (k, sock) in super::sockets::present().into_iter().enumerate() {
+    let project_real =
+        std::fs::canonicalize(&spec.project).unwrap_or_else(|_| spec.project.clone());
+    let real_writes: Vec<&Path> = std::iter::once(project_real.as_path())
+        .chain(shared.iter().map(PathBuf::as_path))
+        .collect();
+    for (k, sock) in super::sockets::present(&real_writes)
+        .into_iter()
+        .enumerate()
+    {
         let source = match stage.as_mut() {
             Some(st) => {
                 let to = stage_at.join(format!("k{k}"));
@@ -712,7 +720,9 @@ pub(crate) fn build(
             }
             None => sock.clone(),
         };
-        extra.extend(["--bind".into(), source.into(), sock.into()]);
+        // Read-only (connect needs no write access to the mount): a writable one would let
+        // the command chmod, chown or touch the host's socket for real.
+        extra.extend(["--ro-bind".into(), source.into(), sock.into()]);
     }
     let (mut cmd, filters) = conf.base(&layout, &extra, &argv, &spec.cwd)?;
     // The process limit's cgroup is entered first, while still host root.

@@ -990,16 +990,20 @@ impl RootStage {
                 }
             }
             for (source, target) in &self.sockets {
-                // A file system that cannot be idmapped: the socket as it is (the user
-                // allowed it; its owner's permissions then decide).
-                if idmapped_clone(source, target, userns, false) != 0
-                    && libc::mount(
+                // Read-only: connecting needs no write access to the mount, but through a
+                // writable one the sandbox's root (host root there) could chmod or chown
+                // the host's socket for real, opening it to every local user. A file
+                // system that cannot be idmapped: the socket as it is (the user allowed
+                // it; its owner's permissions then decide).
+                if idmapped_clone(source, target, userns, true) != 0
+                    && (libc::mount(
                         source.as_ptr(),
                         target.as_ptr(),
                         std::ptr::null(),
                         libc::MS_BIND,
                         std::ptr::null(),
                     ) != 0
+                        || remount_read_only(target) != 0)
                 {
                     return fail();
                 }

@@ -184,17 +184,40 @@ fn tmpfs(size: u64) -> Result<OwnedFd, String> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// `size` as fsconfig's NUL-terminated string, made before any fork (no allocation after).
-fn size_option(size: u64) -> [u8; 32] {
-    let mut opt = [0u8; 32];
-    let text = size.to_string();
-    opt[..text.len()].copy_from_slice(text.as_bytes());
-    opt
+/// Bytes of the layer's size per inode it may have: tmpfs charges each inode and every
+/// xattr (`user.*` on the overlay's files reach the upper) to an inode space of
+/// `nr_inodes` KiB, *not* to `size`; the kernel's default `nr_inodes` (half of RAM's pages)
+/// let a command pin about RAM/8 of xattrs past any size. One inode per 4 KiB of size
+/// keeps inodes and xattrs within a quarter of the size.
+const BYTES_PER_INODE: u64 = 4096;
+
+/// The fewest inodes a sized layer gets (a tiny size still holds a tree of directories).
+const MIN_INODES: u64 = 1024;
+
+/// The tmpfs's `size` and `nr_inodes` as fsconfig's NUL-terminated strings, made before
+/// any fork (no allocation after).
+struct TmpfsOptions {
+    size: [u8; 32],
+    inodes: [u8; 32],
 }
 
-/// fsopen + fsconfig + fsmount: the fd of a detached tmpfs of `opt` bytes (see
+/// [`TmpfsOptions`] for a layer of `size` bytes.
+fn size_option(size: u64) -> TmpfsOptions {
+    let text = |n: u64| {
+        let mut opt = [0u8; 32];
+        let t = n.to_string();
+        opt[..t.len()].copy_from_slice(t.as_bytes());
+        opt
+    };
+    TmpfsOptions {
+        size: text(size),
+        inodes: text((size / BYTES_PER_INODE).max(MIN_INODES)),
+    }
+}
+
+/// fsopen + fsconfig + fsmount: the fd of a detached tmpfs sized by `opt` (see
 /// [`size_option`]), or -1. async-signal-safe: it allocates nothing.
-unsafe fn detached_tmpfs(opt: &[u8; 32]) -> libc::c_long {
+unsafe fn detached_tmpfs(opt: &TmpfsOptions) -> libc::c_long {
     let fs = libc::syscall(libc::SYS_fsopen, c"tmpfs".as_ptr(), 1 as libc::c_uint);
     if fs < 0 {
         return -1;
@@ -204,9 +227,17 @@ unsafe fn detached_tmpfs(opt: &[u8; 32]) -> libc::c_long {
         fs,
         FSCONFIG_SET_STRING,
         c"size".as_ptr(),
-        opt.as_ptr(),
+        opt.size.as_ptr(),
         0,
     ) == 0
+        && libc::syscall(
+            libc::SYS_fsconfig,
+            fs,
+            FSCONFIG_SET_STRING,
+            c"nr_inodes".as_ptr(),
+            opt.inodes.as_ptr(),
+            0,
+        ) == 0
         && libc::syscall(
             libc::SYS_fsconfig,
             fs,
@@ -234,7 +265,7 @@ unsafe fn detached_tmpfs(opt: &[u8; 32]) -> libc::c_long {
 
 /// [`detached_tmpfs`] in the holder's user namespace, by a child sharing our fd table; the
 /// fd (in our table too) or -1.
-fn in_namespace(ns: RawFd, opt: &[u8; 32]) -> libc::c_long {
+fn in_namespace(ns: RawFd, opt: &TmpfsOptions) -> libc::c_long {
     let Ok((rd, wr)) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) else {
         return -1;
     };

@@ -114,16 +114,73 @@ pub fn check(path: &Path) -> Result<PathBuf, String> {
 }
 
 /// The allowed sockets that exist, by their real paths (a missing one is said in the log).
-pub(crate) fn present() -> Vec<PathBuf> {
+/// `real_writes`: the directories commands write for real (the project, through accepts;
+/// SHADE_SHARE ones): an allowed path that passes through a symlink in one of them is not
+/// bound, since a command could have planted that link to send the allow to another socket
+/// (the session bus, docker's, idmapped as root).
+pub(crate) fn present(real_writes: &[&Path]) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for p in allowed_sockets() {
-        match check(&p) {
+        match planted_link(&p, real_writes).and_then(|()| check(&p)) {
             Ok(real) if !out.contains(&real) => out.push(real),
             Ok(_) => {}
             Err(why) => tracing::info!("allowed socket {} not bound: {why}", p.display()),
         }
     }
     out
+}
+
+/// `Err` when resolving `path` meets a symlink inside one of `real_writes` (which must be
+/// canonical), or cannot be resolved.
+fn planted_link(path: &Path, real_writes: &[&Path]) -> Result<(), String> {
+    use std::path::Component;
+    let mut todo: Vec<std::ffi::OsString> = Vec::new();
+    let push = |todo: &mut Vec<std::ffi::OsString>, p: &Path, at: &mut PathBuf| {
+        let mut parts: Vec<std::ffi::OsString> = Vec::new();
+        for c in p.components() {
+            match c {
+                Component::RootDir => {
+                    *at = PathBuf::from("/");
+                    parts.clear();
+                }
+                Component::Normal(n) => parts.push(n.to_os_string()),
+                Component::ParentDir => parts.push("..".into()),
+                Component::CurDir | Component::Prefix(_) => {}
+            }
+        }
+        // `todo` is a stack: the first component last.
+        todo.extend(parts.into_iter().rev());
+    };
+    let mut at = PathBuf::from("/");
+    push(&mut todo, path, &mut at);
+    let mut links = 0;
+    while let Some(name) = todo.pop() {
+        if name == ".." {
+            at.pop();
+            continue;
+        }
+        let next = at.join(&name);
+        let meta =
+            std::fs::symlink_metadata(&next).map_err(|e| format!("{}: {e}", next.display()))?;
+        if !meta.file_type().is_symlink() {
+            at = next;
+            continue;
+        }
+        if let Some(dir) = real_writes.iter().find(|d| next.starts_with(d)) {
+            return Err(format!(
+                "{} is a symlink in {}, which commands write for real",
+                next.display(),
+                dir.display()
+            ));
+        }
+        links += 1;
+        if links > 40 {
+            return Err(format!("{}: too many symlinks", path.display()));
+        }
+        let target = std::fs::read_link(&next).map_err(|e| format!("{}: {e}", next.display()))?;
+        push(&mut todo, &target, &mut at);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -145,5 +202,29 @@ mod tests {
         assert!(expand("$SHADE_TEST_SOCK_UNSET_VAR").is_err());
         assert!(expand("relative.sock").is_err());
         assert!(expand("/a/${unclosed").is_err());
+    }
+
+    #[test]
+    fn symlinks_commands_write_are_not_followed() {
+        let dir = std::env::temp_dir().join(format!("shade-sock-links-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (shared, home) = (dir.join("shared"), dir.join("home"));
+        std::fs::create_dir_all(&shared).unwrap();
+        std::fs::create_dir_all(home.join("real")).unwrap();
+        let dir = std::fs::canonicalize(&dir).unwrap();
+        let (shared, home) = (dir.join("shared"), dir.join("home"));
+        std::os::unix::fs::symlink(home.join("real/x.sock"), shared.join("a.sock")).unwrap();
+        std::os::unix::fs::symlink("real", home.join("link")).unwrap();
+        std::os::unix::fs::symlink("../shared", home.join("up")).unwrap();
+        let w = [shared.as_path()];
+        assert!(planted_link(&shared.join("a.sock"), &w).is_err());
+        assert!(planted_link(&home.join("up/a.sock"), &w).is_err());
+        // A link outside them is followed; the socket not existing is an error too.
+        assert!(planted_link(&home.join("link"), &w).is_ok());
+        assert!(planted_link(&home.join("link/x.sock"), &w).is_err());
+        std::fs::write(home.join("real/x.sock"), "").unwrap();
+        assert!(planted_link(&home.join("link/x.sock"), &w).is_ok());
+        assert!(planted_link(&home.join("link/../link/x.sock"), &w).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
