@@ -8,7 +8,8 @@
 #
 #   bench/outside-cost.sh BEFORE_SHADE AFTER_SHADE [ROUNDS]    (as root; default 5 rounds)
 #
-# Projects: the speculation corpus's semver (cargo test --offline), more-itertools
+# A `true` row gives the fixed cost of a command (branch, sandbox, drop), which the short
+# commands' ratios include. Projects: the speculation corpus's semver (cargo test --offline), more-itertools
 # (python3 -m pytest -q) and minimist (npm run tests-only: tape under nyc), from
 # `bench/corpus/fetch.sh` (`scripts/setup.sh bench`), copied to a scratch directory so the
 # native runs do not change the corpus. Each command runs once untimed per system first (warm
@@ -20,7 +21,7 @@
 set -euo pipefail
 
 if [[ $# -lt 2 ]]; then
-    sed -n 2,18p "$0" | sed 's/^# \{0,1\}//'
+    sed -n 2,20p "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 before=$(readlink -f "$1")
@@ -38,12 +39,13 @@ state=$scratch/state
 trap 'rm -rf "$scratch"' EXIT
 
 declare -A cmds=(
+    [true]="true"
     [semver]="cargo test --offline -q"
     [more-itertools]="python3 -m pytest -q -p no:cacheprovider"
     [minimist]="npm run tests-only"
 )
-names=(semver more-itertools minimist)
-for n in "${names[@]}"; do
+names=(true semver more-itertools minimist)
+for n in semver more-itertools minimist; do
     [[ -d $corpus/$n ]] || {
         echo "outside-cost: $corpus/$n is missing: run scripts/setup.sh bench" >&2
         exit 2
@@ -53,6 +55,7 @@ done
 
 ms() { # ms SYSTEM PROJECT: run the project's command on SYSTEM, print milliseconds
     local sys=$1 dir=$scratch/$2 cmd=${cmds[$2]} t0 t1 rc=0
+    [[ $2 == true ]] && dir=$scratch/semver # the fixed cost: branch, sandbox, nothing read
     t0=$(date +%s%N)
     case $sys in
         native) (cd "$dir" && timeout 600 sh -c "$cmd") >/dev/null 2>&1 || rc=$? ;;
@@ -94,8 +97,8 @@ rounds = int(sys.argv[1])
 loads = sys.argv[2]
 t = {}
 $(for k in "${!times[@]}"; do echo "t['$k'] = [int(x) for x in '${times[$k]}'.split()]"; done)
-names = ["semver", "more-itertools", "minimist"]
-cmds = {"semver": "cargo test --offline -q", "more-itertools": "python3 -m pytest -q", "minimist": "npm run tests-only"}
+names = ["true", "semver", "more-itertools", "minimist"]
+cmds = {"true": "true", "semver": "cargo test --offline -q", "more-itertools": "python3 -m pytest -q", "minimist": "npm run tests-only"}
 print(f"| project: command | native ms | before ms (×native) | after ms (×native) | after/before, paired (min–max) |")
 print("|---|---|---|---|---|")
 for n in names:
