@@ -129,6 +129,10 @@ fn log_entry(all: &[Entry], e: &Entry) -> LogEntry {
 
 /// `shade log`.
 pub fn log_main(args: LogArgs) -> i32 {
+    // A read-only listing, nothing mounted or half-written: `shade log | head` ends quietly
+    // when the reader does, as a Unix tool does (Rust ignores SIGPIPE and println! panics).
+    // SAFETY: restoring the default disposition of one signal, before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let state = StateDir::from_env();
     crate::cmd_run::startup_recovery(&state);
     let root = match project(&args.dir) {
