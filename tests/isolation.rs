@@ -1333,6 +1333,26 @@ fn limits_tmp_and_shm(who: Who) {
     e.assert_held(o);
 }
 
+/// What the sandbox hides (shade's state directory) shows as an empty directory that takes
+/// no writes: a writable tmpfs there held whatever a command wrote, up to half the
+/// machine's memory, past every limit.
+fn limits_hidden_dirs(who: Who) {
+    let e = env(who);
+    let state = e.state.display().to_string();
+    let o = e.run(
+        &[],
+        &format!(
+            "ls -A {state} | wc -l; \
+             dd if=/dev/zero of={state}/fill bs=1M count=20 2>/dev/null; echo dd=$?; \
+             mkdir {state}/d 2>/dev/null; echo mkdir=$?"
+        ),
+    );
+    ran(&o);
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(text, "0\ndd=1\nmkdir=1\n", "{}", show(&o));
+    e.assert_held(&o);
+}
+
 /// A branch write past `branch_size` gets ENOSPC and is reported.
 fn limits_branch_size(who: Who) {
     let e = env(who);
@@ -1591,6 +1611,7 @@ both!(
     limits_fork_bomb,
     limits_tmp_and_shm,
     limits_branch_size,
+    limits_hidden_dirs,
     limits_outside_size,
     limits_outside_xattrs,
     limits_xattr_flood,

@@ -316,13 +316,17 @@ impl Confinement {
         if layout.read_only {
             // The services' sockets (systemd, the session bus, docker, …) live under /run;
             // the read-only sandbox gets an empty one (see seccomp::read_only_program).
-            cmd.args(["--perms", "0755", "--tmpfs", "/run"]);
+            cmd.args(["--perms", "0755", "--size", "4096", "--tmpfs", "/run"]);
         }
         for (source, target) in &layout.shared {
             cmd.arg("--bind").arg(source).arg(target);
         }
+        // A hidden directory is an empty one, made read-only once everything is mounted
+        // (below): a writable tmpfs there would hold whatever a command wrote, up to half
+        // the machine's memory, past every limit.
         for dir in &layout.hide {
-            cmd.arg("--tmpfs").arg(dir);
+            cmd.args(["--perms", "0555", "--size", "4096", "--tmpfs"])
+                .arg(dir);
         }
         for (source, target) in &layout.binds {
             cmd.arg("--bind").arg(source).arg(target);
@@ -340,6 +344,12 @@ impl Confinement {
             fds.push(fd);
         }
         cmd.args(extra);
+        for dir in &layout.hide {
+            cmd.arg("--remount-ro").arg(dir);
+        }
+        if layout.read_only {
+            cmd.args(["--remount-ro", "/run"]);
+        }
         if layout.outside.is_some_and(|o| o.rebuilt) {
             // The rebuilt `/` is the sandbox's own tmpfs: read-only once everything is
             // mounted on it, as the host's `/` would be.
