@@ -3,7 +3,11 @@
 //! sessions' commands run in them). It fails when accept → result or the accounting breaks:
 //! the accepted turns, their speculations' outcomes, tokens and CPU accounted, time saved
 //! equal to the waits' difference, a ready speculation's accept faster than the same turn
-//! live, no replay miss, no mount left behind. Needs root and /dev/fuse, and says so.
+//! live, no replay miss, no mount left behind; every accepted speculation's result (tool
+//! outcomes, files changed) compared with the live run's, and a divergent one never credited
+//! (a run whose JSON is tampered to diverge is re-rendered and must list it); and a replay
+//! whose tool result differs from the recording refuses, loudly (a tampered cassette).
+//! Needs root and /dev/fuse, and says so.
 
 use std::path::Path;
 use std::process::Command;
@@ -147,5 +151,131 @@ fn two_sessions_two_strategies_account_correctly() {
             "{session}: {saved} vs {expected}"
         );
     }
+    // Results, not only times: each accepted speculation was compared with the live turn, and
+    // the credited accepts are exactly those whose tool outcomes and changes equal it.
+    let edit_turn = turns(&doc, "fix-add", "runnable")
+        .iter()
+        .find(|t| t["accepted"] == true && t["changes"].as_array().is_some_and(|c| !c.is_empty()))
+        .expect("fix-add's accepted fix changed no file");
+    assert!(
+        edit_turn["changes"][0]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("add.sh: "),
+        "{edit_turn}"
+    );
+    for row in doc["summary"].as_array().expect("summary") {
+        if row["strategy"] != "runnable" || row["session"] == "all" {
+            continue;
+        }
+        let session = row["session"].as_str().expect("session");
+        let live = turns(&doc, session, "none");
+        let same = turns(&doc, session, "runnable")
+            .iter()
+            .enumerate()
+            .filter(|(i, t)| {
+                t["accepted"] == true
+                    && (!matches!(t["speculation"].as_str(), Some("completed" | "boundary"))
+                        || (t["tools"] == live[*i]["tools"] && t["changes"] == live[*i]["changes"]))
+            })
+            .count();
+        assert_eq!(row["figures"]["accepted"], same, "{session}: {row}");
+        assert_eq!(row["figures"]["divergent"], 0, "{session}: {row}");
+        assert_eq!(row["figures"]["unchecked"], 0, "{session}: {row}");
+    }
+    // The guard bites: the same run with one accepted speculation's result made different
+    // from live (its test "failed") is re-rendered with that accept counted as a miss.
+    let mut tampered = doc.clone();
+    let run = tampered["runs"]
+        .as_array_mut()
+        .expect("runs")
+        .iter_mut()
+        .find(|r| r["session"] == "fix-add" && r["strategy"] == "runnable")
+        .expect("fix-add / runnable");
+    let turn = run["turns"]
+        .as_array_mut()
+        .expect("turns")
+        .iter_mut()
+        .find(|t| t["accepted"] == true && t["speculation"] == "completed")
+        .expect("a completed accept");
+    turn["tools"] = serde_json::json!(["shell: exit 2"]);
+    let file = out_dir.join("tampered.json");
+    std::fs::write(&file, tampered.to_string()).expect("write");
+    let re = out_dir.join("tampered");
+    let out = Command::new(env!("CARGO_BIN_EXE_speculation"))
+        .arg("--rerender")
+        .arg(&file)
+        .arg("--out")
+        .arg(&re)
+        .output()
+        .expect("rerender");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let md = std::fs::read_to_string(re.with_extension("md")).expect("markdown");
+    assert!(
+        md.contains("1 divergent accept(s) counted as misses"),
+        "{md}"
+    );
+    assert!(md.contains("| fix-add | runnable | 1 | "), "{md}");
+    assert!(
+        md.contains("| fix-add | runnable | 3 | 1 | "),
+        "credited: {md}"
+    );
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
+
+/// A copy of `session` with `from` replaced by `to` in both cassettes.
+fn tampered_session(session: &Path, dir: &Path, from: &str, to: &str) {
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(session)
+        .arg(dir)
+        .status()
+        .expect("cp");
+    assert!(status.success());
+    let mut hits = 0;
+    for f in ["chat.jsonl", "chat.background.jsonl"] {
+        let p = dir.join(f);
+        let text = std::fs::read_to_string(&p).expect("cassette");
+        hits += text.matches(from).count();
+        std::fs::write(&p, text.replace(from, to)).expect("write cassette");
+    }
+    assert!(hits > 0, "{from} is not in the recording");
+}
+
+#[test]
+fn a_replay_whose_tool_results_drift_from_the_recording_fails_loudly() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root: the benchmark runs as root"
+    );
+    let sessions = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/sessions");
+    let out_dir = std::env::temp_dir().join(format!("shade-spec-drift-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out_dir);
+    std::fs::create_dir_all(&out_dir).expect("out dir");
+    let session = out_dir.join("fix-add");
+    // The recording says the first test run passed; for real it fails (the planted bug).
+    tampered_session(
+        &sessions.join("fix-add"),
+        &session,
+        "Exit code: 1\\nStdout:\\nFAIL",
+        "Exit code: 0\\nStdout:\\nFAIL",
+    );
+    let out = Command::new("timeout")
+        .args(["-k", "10", "300"])
+        .arg(env!("CARGO_BIN_EXE_speculation"))
+        .arg(&session)
+        .args(["--strategies", "none", "--ttft-ms", "0", "--think-ms", "0"])
+        .output()
+        .expect("run the benchmark");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the drift was ignored:\n{stderr}");
+    assert!(
+        stderr.contains("replay drift in fix-add / none") && stderr.contains("recorded [exit 0]"),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(&out_dir);
 }

@@ -368,7 +368,21 @@ fn run_all(
                         fast,
                     },
                     &opts,
-                ))?;
+                ));
+                // A tool result the recording does not have at its step: the replay refused
+                // it; the figures would describe another session, so the run stops here.
+                let drifts = stats.drift_lines();
+                if !drifts.is_empty() {
+                    bail!(
+                        "replay drift in {name} / {} (pass {}): a tool result's outcome differs \
+                         from the recording, so its answers no longer apply (re-record the \
+                         session, or find why the tool behaves differently now):\n  {}",
+                        strategy.name(),
+                        pass + 1,
+                        drifts.join("\n  ")
+                    );
+                }
+                let turns = turns?;
                 let _ = std::fs::remove_dir_all(&project);
                 runs.push(SessionRun {
                     session: name.clone(),

@@ -25,6 +25,7 @@ use shade_agent::{
 };
 use tokio_util::sync::CancellationToken;
 
+use super::check::{turn_tools, Snapshot};
 use super::meter::{Meter, Used};
 use super::peer::PeerGate;
 
@@ -152,6 +153,13 @@ pub struct TurnResult {
     pub discarded_used: Option<Used>,
     /// The accept was refused: the project changed under the branch.
     pub conflict: bool,
+    /// `tool: outcome` of every tool call of the turn (speculated and live parts), for the
+    /// check against the same turn run live (`check::turn_tools`).
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// The files the turn created, changed or removed (`check::Snapshot::changes`).
+    #[serde(default)]
+    pub changes: Vec<String>,
 }
 
 fn tokens(s: &Speculation) -> u64 {
@@ -221,6 +229,8 @@ pub async fn run_session(
     let mut prefix: Option<CacheSafeParams> = None;
     let mut last_failed = false;
     let mut results = Vec::new();
+    // The project before the turn, to tell what each turn changed (outside every wait).
+    let mut state = Snapshot::take(project)?;
     // The suggestion on screen and its speculation (with its measuring window).
     let mut shown: Option<String> = None;
     let mut running: Option<(Speculation, Option<super::meter::Window>)> = None;
@@ -336,6 +346,10 @@ pub async fn run_session(
             last_failed = live(&agent, &mut conversation, Some(input)).await?;
             r.wait_ms = t0.elapsed().as_secs_f64() * 1e3;
         }
+        r.tools = turn_tools(&conversation);
+        let now = Snapshot::take(project)?;
+        r.changes = state.changes(&now);
+        state = now;
         results.push(r);
         // After the answer: the prefix, the guards, the next suggestion, its speculation.
         prefix = CacheSafeParams::capture(

@@ -2,6 +2,7 @@
 //! measurements and reports.
 
 pub mod cassettes;
+pub mod check;
 pub mod engine;
 pub mod meter;
 pub mod peer;

@@ -2,10 +2,11 @@
 //! markdown table, a JSON document with every measurement, and an SVG bar chart of the
 //! user-visible time saved per session by strategy.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::check::differs;
 use super::engine::{Strategy, TurnResult};
 
 /// One pass of one session under one strategy.
@@ -70,6 +71,85 @@ pub struct Figures {
     pub discarded_peak_bytes: Option<u64>,
     /// Model requests the recording had no answer for.
     pub replay_missed: u64,
+    /// Accepted speculations whose result differed from the same turn run live (counted as
+    /// misses: not in `accepted`, and the live turn's wait added to theirs).
+    pub divergent: usize,
+    /// Accepted speculations with no live run to compare with (no `none` run of the session).
+    pub unchecked: usize,
+}
+
+/// (session, strategy, pass, turn index).
+pub type TurnKey = (String, String, usize, usize);
+
+/// An accepted speculation whose result differs from the live run's.
+#[derive(Debug, Clone, Serialize)]
+pub struct Divergence {
+    /// Session.
+    pub session: String,
+    /// Strategy.
+    pub strategy: String,
+    /// Pass.
+    pub pass: usize,
+    /// Turn index (0-based).
+    pub turn: usize,
+    /// The accepted input.
+    pub input: String,
+    /// What differed.
+    pub why: String,
+    /// The live turn's wait, which the user pays again to get the right result.
+    pub live_wait_ms: f64,
+}
+
+/// Every accepted, used speculation compared with the same turn of the `none` run of its
+/// session (the same pass when there is one): the ones that differ, and the ones that could
+/// not be checked.
+#[derive(Debug, Clone, Default)]
+pub struct Checks {
+    /// Divergent accepts by turn.
+    pub divergent: BTreeMap<TurnKey, Divergence>,
+    /// Accepts with no reference.
+    pub unchecked: BTreeSet<TurnKey>,
+}
+
+/// Was this turn's result taken (wholly or partly) from a speculation?
+fn speculated(t: &TurnResult) -> bool {
+    t.accepted && matches!(t.speculation.as_deref(), Some("completed" | "boundary"))
+}
+
+/// Compare every accepted speculation of `runs` with the live run of its turn.
+pub fn checks(runs: &[SessionRun]) -> Checks {
+    let mut c = Checks::default();
+    for r in runs.iter().filter(|r| r.strategy != Strategy::None) {
+        let reference = runs
+            .iter()
+            .filter(|x| x.strategy == Strategy::None && x.session == r.session)
+            .min_by_key(|x| (x.pass != r.pass, x.pass));
+        for (i, t) in r.turns.iter().enumerate() {
+            if !speculated(t) {
+                continue;
+            }
+            let key = (r.session.clone(), r.strategy.name().to_string(), r.pass, i);
+            let Some(live) = reference.and_then(|x| x.turns.get(i)) else {
+                c.unchecked.insert(key);
+                continue;
+            };
+            if let Some(why) = differs(&t.tools, &t.changes, &live.tools, &live.changes) {
+                c.divergent.insert(
+                    key,
+                    Divergence {
+                        session: r.session.clone(),
+                        strategy: r.strategy.name().to_string(),
+                        pass: r.pass,
+                        turn: i,
+                        input: t.input.clone(),
+                        why,
+                        live_wait_ms: live.wait_ms,
+                    },
+                );
+            }
+        }
+    }
+    c
 }
 
 fn percentile(v: &[f64], p: f64) -> Option<f64> {
@@ -82,17 +162,23 @@ fn percentile(v: &[f64], p: f64) -> Option<f64> {
     v.get(i).copied()
 }
 
-/// Sum up `runs`.
-pub fn figures<'a>(runs: impl IntoIterator<Item = &'a SessionRun>) -> Figures {
+/// Sum up `runs`; a divergent accept (`checks`) is a miss, its wait the speculated one plus
+/// the live turn's.
+pub fn figures<'a>(runs: impl IntoIterator<Item = &'a SessionRun>, checks: &Checks) -> Figures {
     let mut f = Figures::default();
     let mut wait = 0.0;
     for r in runs {
         f.passes += 1;
         f.replay_missed += r.replay_missed;
-        for t in &r.turns {
-            wait += t.wait_ms;
+        for (i, t) in r.turns.iter().enumerate() {
+            let key = (r.session.clone(), r.strategy.name().to_string(), r.pass, i);
+            let diverged = checks.divergent.get(&key);
+            wait += t.wait_ms + diverged.map_or(0.0, |d| d.live_wait_ms);
             f.shown += usize::from(t.suggestion.is_some());
-            if t.accepted {
+            f.unchecked += usize::from(checks.unchecked.contains(&key));
+            if diverged.is_some() {
+                f.divergent += 1;
+            } else if t.accepted {
                 f.accepted += 1;
                 f.accept_ms.push(t.wait_ms);
             }
@@ -128,6 +214,7 @@ pub fn table(runs: &[SessionRun]) -> BTreeMap<(String, String), Figures> {
     sessions.sort();
     sessions.dedup();
     let passes = runs.iter().map(|r| r.pass + 1).max().unwrap_or(1) as f64;
+    let checks = checks(runs);
     let mut out = BTreeMap::new();
     for strategy in Strategy::ALL {
         if !runs.iter().any(|r| r.strategy == strategy) {
@@ -138,10 +225,10 @@ pub fn table(runs: &[SessionRun]) -> BTreeMap<(String, String), Figures> {
                 runs.iter()
                     .filter(move |r| r.strategy == s && (name == "all" || r.session == name))
             };
-            let mut f = figures(pick(strategy));
+            let mut f = figures(pick(strategy), &checks);
             f.wait_ms /= passes;
             if runs.iter().any(|r| r.strategy == Strategy::None) {
-                let base = figures(pick(Strategy::None)).wait_ms / passes;
+                let base = figures(pick(Strategy::None), &checks).wait_ms / passes;
                 f.saved_ms = Some(base - f.wait_ms);
             }
             out.insert((name.to_string(), strategy.name().to_string()), f);
@@ -166,8 +253,8 @@ pub fn markdown(runs: &[SessionRun], header: &str) -> String {
     let mut out = format!(
         "{header}\n\n| session | strategy | shown | accepted | accept → result median | p90 | \
          wait | time saved | completed | boundary | aborted | failed | conflicts | \
-         discarded tokens | discarded CPU | discarded peak | replay misses |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+         discarded tokens | discarded CPU | discarded peak | replay misses | divergent |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     let mut names: Vec<&String> = t.keys().map(|(s, _)| s).collect();
     names.dedup();
@@ -179,7 +266,7 @@ pub fn markdown(runs: &[SessionRun], header: &str) -> String {
                 continue;
             };
             out.push_str(&format!(
-                "| {name} | {} | {} | {} | {} | {} | {:.1} s | {} | {} | {} | {} | {} | {} | {} | {:.2} s | {} | {} |\n",
+                "| {name} | {} | {} | {} | {} | {} | {:.1} s | {} | {} | {} | {} | {} | {} | {} | {:.2} s | {} | {} | {} |\n",
                 strategy.name(),
                 f.shown,
                 f.accepted,
@@ -198,6 +285,36 @@ pub fn markdown(runs: &[SessionRun], header: &str) -> String {
                     .map(|b| format!("{:.1} MiB", b as f64 / 1048576.0))
                     .unwrap_or_else(|| "–".into()),
                 f.replay_missed,
+                f.divergent,
+            ));
+        }
+    }
+    // Every accepted speculation was compared with the live run of its turn.
+    let c = checks(runs);
+    out.push_str(&format!(
+        "\n*accepted* counts only accepts whose result (tool outcomes, files changed) equals the \
+         same turn run live (`none`); {} divergent accept(s) counted as misses{}.\n",
+        c.divergent.len(),
+        if c.unchecked.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", {} accept(s) not checked (no `none` run of their session)",
+                c.unchecked.len()
+            )
+        }
+    ));
+    if !c.divergent.is_empty() {
+        out.push_str("\n| session | strategy | pass | turn | input | what differed |\n|---|---|---|---|---|---|\n");
+        for d in c.divergent.values() {
+            out.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} |\n",
+                d.session,
+                d.strategy,
+                d.pass + 1,
+                d.turn + 1,
+                d.input.replace('|', "\\|"),
+                d.why.replace('|', "\\|")
             ));
         }
     }
@@ -207,7 +324,7 @@ pub fn markdown(runs: &[SessionRun], header: &str) -> String {
         let Some(f) = t.get(&("all".to_string(), strategy.name().to_string())) else {
             continue;
         };
-        let ignored = f.shown.saturating_sub(f.accepted);
+        let ignored = f.shown.saturating_sub(f.accepted + f.divergent);
         let runs_of = runs
             .iter()
             .filter(|r| r.strategy == strategy)
