@@ -27,12 +27,15 @@ use super::script::suggestion_follows;
 pub type AnswerKey = (String, Vec<String>);
 
 /// A model latency profile.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize)]
 pub struct Latency {
     /// Time to first token of every call.
     pub ttft_ms: u64,
     /// Generation speed (text and tool-call arguments).
     pub tokens_per_s: f64,
+    /// Time to first token grows with the prompt: this much per 1,000 prompt tokens (prefill).
+    #[serde(default)]
+    pub prefill_ms_per_ktok: f64,
 }
 
 impl Latency {
@@ -40,13 +43,17 @@ impl Latency {
     /// API).
     pub fn preset(name: &str) -> Result<Latency> {
         Ok(match name {
+            // A local GPU server prefills ~5,000 tokens/s with no prefix cache assumed.
             "local" => Latency {
                 ttft_ms: 150,
                 tokens_per_s: 120.0,
+                prefill_ms_per_ktok: 200.0,
             },
+            // Hosted APIs prefill faster but start later.
             "hosted" => Latency {
                 ttft_ms: 900,
                 tokens_per_s: 60.0,
+                prefill_ms_per_ktok: 50.0,
             },
             other => bail!("unknown latency profile `{other}` (local, hosted)"),
         })
@@ -245,7 +252,8 @@ pub fn router(rec: Arc<Recorded>, latency: Latency, stats: Arc<ReplayStats>) -> 
     Arc::new(move |body: &Value| {
         let prompt_tokens = approx_tokens(&body["messages"].to_string());
         let per_token = Duration::from_secs_f64(1.0 / latency.tokens_per_s.max(0.001));
-        let ttft = Duration::from_millis(latency.ttft_ms);
+        let ttft = Duration::from_millis(latency.ttft_ms)
+            + Duration::from_secs_f64(latency.prefill_ms_per_ktok * prompt_tokens as f64 / 1e6);
         let system = body["messages"][0]["content"].as_str().unwrap_or_default();
         let key = (last_real_user(body), outcomes_since_user(body));
         if !rec.answers.contains_key(&key)
@@ -370,6 +378,7 @@ mod tests {
             Latency {
                 ttft_ms: 0,
                 tokens_per_s: 1e6,
+                prefill_ms_per_ktok: 0.0,
             },
             stats.clone(),
         );

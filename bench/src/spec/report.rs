@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::check::differs;
 use super::engine::{Strategy, TurnResult};
+use super::live::{TokenUse, Tokens};
 
 /// One pass of one session under one strategy.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -30,6 +31,25 @@ pub struct SessionRun {
     pub unrecorded_speculation: u64,
     /// FUSE mounts left behind after the session (must be 0).
     pub leftover_mounts: usize,
+    /// Tokens by kind of call (as the server counted them, or the replay estimated them).
+    #[serde(default)]
+    pub tokens: TokenUse,
+    /// The latency profile (`local`, `hosted`).
+    #[serde(default = "local")]
+    pub profile: String,
+    /// How long the user looked at each suggestion.
+    #[serde(default)]
+    pub think_ms: u64,
+    /// The machine's 1-minute load average when the run started.
+    #[serde(default)]
+    pub load1: Option<f64>,
+    /// The run's index in the job list (shards merge in this order).
+    #[serde(default)]
+    pub job: usize,
+}
+
+fn local() -> String {
+    "local".into()
 }
 
 /// The figures of a group of runs (one session and strategy, or all sessions).
@@ -76,6 +96,36 @@ pub struct Figures {
     pub divergent: usize,
     /// Accepted speculations with no live run to compare with (no `none` run of the session).
     pub unchecked: usize,
+    /// Credited accepts / shown suggestions.
+    pub hit_rate: Option<f64>,
+    /// Tokens by kind of call, summed.
+    pub tokens: TokenUse,
+}
+
+/// Per-token prices for the cost column (USD per million tokens).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Prices {
+    /// Input tokens.
+    pub input_per_m: f64,
+    /// Output tokens.
+    pub output_per_m: f64,
+}
+
+impl Default for Prices {
+    fn default() -> Self {
+        // A small hosted model's list price (e.g. gpt-4o-mini: $0.15 / $0.60 per million).
+        Prices {
+            input_per_m: 0.15,
+            output_per_m: 0.60,
+        }
+    }
+}
+
+impl Prices {
+    /// The cost of `t` in USD.
+    pub fn cost(&self, t: Tokens) -> f64 {
+        (t.prompt as f64 * self.input_per_m + t.completion as f64 * self.output_per_m) / 1e6
+    }
 }
 
 /// (session, strategy, pass, turn index).
@@ -170,6 +220,12 @@ pub fn figures<'a>(runs: impl IntoIterator<Item = &'a SessionRun>, checks: &Chec
     for r in runs {
         f.passes += 1;
         f.replay_missed += r.replay_missed;
+        f.tokens = TokenUse {
+            main: f.tokens.main.plus(r.tokens.main),
+            suggestion: f.tokens.suggestion.plus(r.tokens.suggestion),
+            speculation: f.tokens.speculation.plus(r.tokens.speculation),
+            other: f.tokens.other.plus(r.tokens.other),
+        };
         for (i, t) in r.turns.iter().enumerate() {
             let key = (r.session.clone(), r.strategy.name().to_string(), r.pass, i);
             let diverged = checks.divergent.get(&key);
@@ -184,7 +240,7 @@ pub fn figures<'a>(runs: impl IntoIterator<Item = &'a SessionRun>, checks: &Chec
             }
             match t.speculation.as_deref() {
                 Some("completed") => f.completed += 1,
-                Some("boundary") => f.boundary += 1,
+                Some("boundary" | "discarded") => f.boundary += 1,
                 Some("aborted") => f.aborted += 1,
                 Some("failed") => f.failed += 1,
                 _ => {}
@@ -202,6 +258,7 @@ pub fn figures<'a>(runs: impl IntoIterator<Item = &'a SessionRun>, checks: &Chec
     }
     // Per pass: sessions are summed, passes averaged (callers group by session first).
     f.wait_ms = wait;
+    f.hit_rate = (f.shown > 0).then(|| f.accepted as f64 / f.shown as f64);
     f.accept_median_ms = percentile(&f.accept_ms, 0.5);
     f.accept_p90_ms = percentile(&f.accept_ms, 0.9);
     f
@@ -248,13 +305,14 @@ fn secs(v: Option<f64>) -> String {
 }
 
 /// The markdown table (rows grouped by session; `all` last).
-pub fn markdown(runs: &[SessionRun], header: &str) -> String {
+pub fn markdown(runs: &[SessionRun], header: &str, prices: Prices) -> String {
     let t = table(runs);
     let mut out = format!(
-        "{header}\n\n| session | strategy | shown | accepted | accept → result median | p90 | \
+        "{header}\n\n| session | strategy | shown | accepted | hit rate | accept → result median | p90 | \
          wait | time saved | completed | boundary | aborted | failed | conflicts | \
-         discarded tokens | discarded CPU | discarded peak | replay misses | divergent |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+         discarded tokens | discarded CPU | discarded peak | replay misses | divergent | \
+         suggestion tokens | speculation tokens | background cost |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     let mut names: Vec<&String> = t.keys().map(|(s, _)| s).collect();
     names.dedup();
@@ -266,10 +324,11 @@ pub fn markdown(runs: &[SessionRun], header: &str) -> String {
                 continue;
             };
             out.push_str(&format!(
-                "| {name} | {} | {} | {} | {} | {} | {:.1} s | {} | {} | {} | {} | {} | {} | {} | {:.2} s | {} | {} | {} |\n",
+                "| {name} | {} | {} | {} | {} | {} | {} | {:.1} s | {} | {} | {} | {} | {} | {} | {} | {:.2} s | {} | {} | {} | {} | {} | ${:.4} |\n",
                 strategy.name(),
                 f.shown,
                 f.accepted,
+                f.hit_rate.map_or("–".into(), |h| format!("{:.0} %", h * 100.0)),
                 ms(f.accept_median_ms),
                 ms(f.accept_p90_ms),
                 f.wait_ms / 1e3,
@@ -286,6 +345,9 @@ pub fn markdown(runs: &[SessionRun], header: &str) -> String {
                     .unwrap_or_else(|| "–".into()),
                 f.replay_missed,
                 f.divergent,
+                f.tokens.suggestion.prompt + f.tokens.suggestion.completion,
+                f.tokens.speculation.prompt + f.tokens.speculation.completion,
+                prices.cost(f.tokens.suggestion.plus(f.tokens.speculation).plus(f.tokens.other)),
             ));
         }
     }
@@ -320,7 +382,12 @@ pub fn markdown(runs: &[SessionRun], header: &str) -> String {
     }
     // The headline: per accepted suggestion saved, per ignored one wasted.
     out.push('\n');
-    for strategy in [Strategy::Peer, Strategy::Runnable, Strategy::Pipelined] {
+    for strategy in [
+        Strategy::Peer,
+        Strategy::PeerKeep,
+        Strategy::Runnable,
+        Strategy::Pipelined,
+    ] {
         let Some(f) = t.get(&("all".to_string(), strategy.name().to_string())) else {
             continue;
         };
@@ -414,7 +481,7 @@ pub fn svg(runs: &[SessionRun], title: &str) -> String {
         .unwrap_or(8) as f64;
     let height = top + plot_h + 30.0 + 5.0 * longest;
     let y = |v: f64| top + (hi - v) / span * plot_h;
-    let colours = ["#8c6bb1", "#2b8cbe", "#41ab5d"];
+    let colours = ["#e6550d", "#8c6bb1", "#2b8cbe", "#41ab5d"];
     let mut out = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" \
          viewBox=\"0 0 {width:.0} {height:.0}\" font-family=\"sans-serif\" font-size=\"12\">\n\
