@@ -279,3 +279,150 @@ fn a_replay_whose_tool_results_drift_from_the_recording_fails_loudly() {
     );
     let _ = std::fs::remove_dir_all(&out_dir);
 }
+
+/// Run the benchmark binary (bounded in time) and return its stdout, failing on error.
+fn bench(args: &[&std::ffi::OsStr]) -> String {
+    let out = Command::new("timeout")
+        .args(["-k", "10", "600"])
+        .arg(env!("CARGO_BIN_EXE_speculation"))
+        .args(args)
+        .output()
+        .expect("run the benchmark");
+    assert!(
+        out.status.success(),
+        "the benchmark failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// What must not depend on how the grid was split: per run (job order) the session,
+/// strategy, pass and every turn's input, suggestion, accept, speculation outcome and result.
+fn outcomes(doc: &Value) -> Vec<String> {
+    doc["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .map(|r| {
+            let turns: Vec<String> = r["turns"]
+                .as_array()
+                .expect("turns")
+                .iter()
+                .map(|t| {
+                    format!(
+                        "{} / {} / {} / {} / {} / {}",
+                        t["input"],
+                        t["suggestion"],
+                        t["accepted"],
+                        t["speculation"],
+                        t["tools"],
+                        t["changes"]
+                    )
+                })
+                .collect();
+            format!(
+                "job {} {} {} pass {}: {}",
+                r["job"],
+                r["session"],
+                r["strategy"],
+                r["pass"],
+                turns.join(" | ")
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn shards_run_as_separate_processes_merge_to_the_report_of_one_run() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root: speculations mount FUSE branches"
+    );
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "this test needs /dev/fuse: speculations mount FUSE branches"
+    );
+    let sessions = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/sessions");
+    let dir = std::env::temp_dir().join(format!("shade-spec-shards-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (fix, docs) = (sessions.join("fix-add"), sessions.join("docs-lookup"));
+    let common = |out: &Path, shard: Option<&str>| {
+        let mut v: Vec<std::ffi::OsString> = vec![
+            fix.clone().into(),
+            docs.clone().into(),
+            "--strategies".into(),
+            "none,runnable".into(),
+            "--runs".into(),
+            "2".into(),
+            "--ttft-ms".into(),
+            "50".into(),
+            "--tokens-per-s".into(),
+            "2000".into(),
+            "--think-ms".into(),
+            "500".into(),
+            "--out".into(),
+            out.into(),
+        ];
+        if let Some(s) = shard {
+            v.push("--shard".into());
+            v.push(s.into());
+        }
+        v
+    };
+    let run = |v: Vec<std::ffi::OsString>| {
+        let refs: Vec<&std::ffi::OsStr> = v.iter().map(|s| s.as_os_str()).collect();
+        bench(&refs)
+    };
+    let one = dir.join("one");
+    run(common(&one, None));
+    run(common(&dir.join("s0"), Some("0/2")));
+    run(common(&dir.join("s1"), Some("1/2")));
+    let merged = dir.join("merged");
+    run(vec![
+        "--merge".into(),
+        dir.join("s0.json").into(),
+        dir.join("s1.json").into(),
+        "--out".into(),
+        merged.clone().into(),
+    ]);
+    let read = |p: &Path| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(p.with_extension("json")).expect("json"))
+            .expect("parse")
+    };
+    let (a, b) = (read(&one), read(&merged));
+    // The shards ran disjoint halves of the same grid, and together the same runs with the
+    // same results as one process (times aside, which no two runs share).
+    let (s0, s1) = (read(&dir.join("s0")), read(&dir.join("s1")));
+    let n = |d: &Value| d["runs"].as_array().expect("runs").len();
+    assert!(n(&s0) > 0 && n(&s1) > 0, "a shard ran nothing");
+    assert_eq!(n(&s0) + n(&s1), n(&a));
+    assert_eq!(outcomes(&a), outcomes(&b));
+    // The merge step itself is exact: the one run's JSON split by shard and merged renders
+    // byte for byte what the one run's JSON renders.
+    let mut halves = Vec::new();
+    for i in 0..2u64 {
+        let mut half = a.clone();
+        half["runs"] = Value::Array(
+            a["runs"]
+                .as_array()
+                .expect("runs")
+                .iter()
+                .filter(|r| r["job"].as_u64().expect("job") % 2 == i)
+                .cloned()
+                .collect(),
+        );
+        let p = dir.join(format!("half{i}.json"));
+        std::fs::write(&p, half.to_string()).expect("write");
+        halves.push(p);
+    }
+    let whole = run(vec!["--rerender".into(), one.with_extension("json").into()]);
+    let parts = run(vec![
+        "--merge".into(),
+        halves[0].clone().into(),
+        halves[1].clone().into(),
+    ]);
+    assert_eq!(whole, parts);
+    assert!(whole.contains("## Spread and think-time sweep"), "{whole}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -171,8 +171,20 @@ fn rerender(args: &Args, files: &[PathBuf]) -> Result<()> {
     let header = doc["header"]
         .as_str()
         .map(str::to_string)
-        .unwrap_or_else(|| format!("# Speculation benchmark\n\nCommit {commit}."))
-        .replace(" (shard ", " (of shard ");
+        .unwrap_or_else(|| format!("# Speculation benchmark\n\nCommit {commit}."));
+    // A shard's header names its shard; the merged report is all of them.
+    let header = match (header.find(" (shard "), files.len() > 1) {
+        (Some(at), true) => {
+            let end = header[at..].find(')').map_or(header.len(), |e| at + e + 1);
+            format!(
+                "{} ({} shards merged){}",
+                &header[..at],
+                files.len(),
+                &header[end..]
+            )
+        }
+        _ => header,
+    };
     let prices: Prices = serde_json::from_value(doc["prices"].clone()).unwrap_or_default();
     let md = render::markdown(&runs, &header, prices);
     print!("{md}");
