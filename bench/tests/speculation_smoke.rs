@@ -44,7 +44,7 @@ fn two_sessions_two_strategies_account_correctly() {
     let out = Command::new(env!("CARGO_BIN_EXE_speculation"))
         .arg(sessions.join("fix-add"))
         .arg(sessions.join("docs-lookup"))
-        .args(["--strategies", "none,runnable"])
+        .args(["--strategies", "none,runnable,peer"])
         .args([
             "--ttft-ms",
             "400",
@@ -150,6 +150,21 @@ fn two_sessions_two_strategies_account_correctly() {
             (saved - expected).abs() < 1e-6,
             "{session}: {saved} vs {expected}"
         );
+    }
+    // The peer as it ships: a speculation stopped at a boundary (fix-add's test script, a
+    // writing command for its gate; docs-lookup's web_fetch) is thrown away on accept, and
+    // the turn runs live.
+    for session in ["fix-add", "docs-lookup"] {
+        let accepted: Vec<&Value> = turns(&doc, session, "peer")
+            .iter()
+            .filter(|t| t["accepted"] == true)
+            .collect();
+        assert!(!accepted.is_empty());
+        for t in accepted {
+            assert_eq!(t["speculation"], "discarded", "{session}: {t}");
+            assert!(t["boundary"].is_string(), "{t}");
+            assert_eq!(t["discarded_tokens"], t["speculation_tokens"], "{t}");
+        }
     }
     // Results, not only times: each accepted speculation was compared with the live turn, and
     // the credited accepts are exactly those whose tool outcomes and changes equal it.
