@@ -179,6 +179,7 @@ pub fn sweep_svg(runs: &[SessionRun], title: &str) -> String {
             pts.push((*t as f64 / 1e3, per_acc, wasted));
         }
         if !pts.is_empty() {
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
             series.push((s.name().to_string(), pts));
         }
     }

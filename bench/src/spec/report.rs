@@ -418,7 +418,7 @@ pub fn markdown(runs: &[SessionRun], header: &str, prices: Prices) -> String {
             "nothing (no suggestion ignored)".into()
         };
         out.push_str(&format!(
-            "- **{}**: time saved per accepted suggestion {saved}; wasted per ignored suggestion {wasted}.\n",
+            "- **{}**: time saved per accepted suggestion {saved}; work thrown away (every discarded speculation: ignored suggestions, conflicts, and for `peer` its discarded boundaries) per ignored suggestion {wasted}.\n",
             strategy.name()
         ));
     }
