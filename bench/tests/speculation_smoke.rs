@@ -441,3 +441,101 @@ fn shards_run_as_separate_processes_merge_to_the_report_of_one_run() {
     assert!(whole.contains("## Spread and think-time sweep"), "{whole}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_live_suggester_is_scored_against_the_held_out_next_input() {
+    use shade_testkit::{last_real_user, FakeLlm, Reply};
+    use std::sync::Arc;
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root: speculations mount FUSE branches"
+    );
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "this test needs /dev/fuse: speculations mount FUSE branches"
+    );
+    // A stand-in for a live model: it sees the conversation up to the turn just answered (its
+    // last input), never the next one. After the first input it suggests an equivalent of the
+    // real next input ("run tests" for "run the tests"), after the second another ("fix it,
+    // then run the tests"), after the third something the user did not type.
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let log = seen.clone();
+    let suggester = FakeLlm::start(Arc::new(move |body: &Value| {
+        let last = last_real_user(body);
+        if let Ok(mut l) = log.lock() {
+            l.push(body.to_string());
+        }
+        let text = match last.as_str() {
+            "what does this project do?" => "Run tests.",
+            "run the tests" | "Run tests." => "fix it, then run the tests",
+            _ => "commit this",
+        };
+        Reply::text(text)
+    }))
+    .expect("fake suggester");
+    let sessions = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/sessions");
+    let dir = std::env::temp_dir().join(format!("shade-spec-live-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let prefix = dir.join("live");
+    bench(&[
+        sessions.join("fix-add").as_os_str(),
+        "--strategies".as_ref(),
+        "none,runnable".as_ref(),
+        "--ttft-ms".as_ref(),
+        "50".as_ref(),
+        "--think-ms".as_ref(),
+        "1500".as_ref(),
+        "--suggester-url".as_ref(),
+        suggester.base_url.as_ref(),
+        "--suggester-model".as_ref(),
+        "stand-in".as_ref(),
+        "--out".as_ref(),
+        prefix.as_os_str(),
+    ]);
+    let doc: Value = serde_json::from_str(
+        &std::fs::read_to_string(prefix.with_extension("json")).expect("json"),
+    )
+    .expect("parse");
+    for strategy in ["none", "runnable"] {
+        let t = turns(&doc, "fix-add", strategy);
+        let shown: Vec<(&str, bool)> = t
+            .iter()
+            .filter_map(|t| Some((t["suggestion"].as_str()?, t["accepted"] == true)))
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                ("Run tests.", true),
+                ("fix it, then run the tests", true),
+                ("commit this", false)
+            ],
+            "{strategy}"
+        );
+    }
+    // Equivalents are answered as the input they stand for: the accepted speculations are the
+    // live turns' results (not divergent), and suggestion tokens were counted.
+    for row in doc["summary"].as_array().expect("summary") {
+        if row["session"] == "fix-add" && row["strategy"] == "runnable" {
+            let f = &row["figures"];
+            assert_eq!(f["accepted"], 2, "{row}");
+            assert_eq!(f["divergent"], 0, "{row}");
+            assert!(
+                f["tokens"]["suggestion"]["calls"].as_u64().unwrap_or(0) >= 3,
+                "{row}"
+            );
+        }
+    }
+    let md = std::fs::read_to_string(prefix.with_extension("md")).expect("md");
+    assert!(md.contains("made live by stand-in"), "{md}");
+    // The suggester never saw an input the user had not typed yet.
+    let requests = seen.lock().expect("log").clone();
+    assert!(!requests.is_empty());
+    for r in &requests {
+        assert!(
+            !r.contains("show me the diff"),
+            "the next input leaked: {r}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -468,8 +468,8 @@ fn run_all(
             let name = named
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "session".into());
-            let recorded = Arc::new(cassettes::read(dir)?);
             let meta = SessionMeta::load(&session_dir)?;
+            let recorded = Arc::new(cassettes::read(dir)?.with_equivalents(&meta.equivalents));
             let source = meta.source(&session_dir, &args.corpus, args.project.as_deref())?;
             let patch = meta.patch.as_ref().map(|p| session_dir.join(p));
             {

@@ -21,6 +21,7 @@ use shade_agent::llm::Message;
 use shade_testkit::{is_suggestion_prompt, is_suggestion_request, last_real_user, Reply, Router};
 
 use super::check::outcomes_since_user;
+use super::engine::normalise;
 use super::script::suggestion_follows;
 
 /// The key of a recorded answer: the user's input, the outcomes of the tool results since it.
@@ -71,6 +72,32 @@ pub struct Recorded {
     pub answers: HashMap<AnswerKey, RecordedResponse>,
     /// Summaries of tool outputs over the budget, by the output asked about.
     pub summaries: HashMap<String, String>,
+    /// Hand-written equivalents (normalised) → the recorded input they stand for: a live
+    /// suggestion the user takes because it is an equivalent is answered as that input.
+    pub aliases: HashMap<String, String>,
+}
+
+impl Recorded {
+    /// Answer each of `equivalents` (recorded input → other phrasings) as its input.
+    pub fn with_equivalents(
+        mut self,
+        equivalents: &std::collections::BTreeMap<String, Vec<String>>,
+    ) -> Self {
+        for (input, others) in equivalents {
+            for o in others {
+                self.aliases.insert(normalise(o), input.clone());
+            }
+        }
+        self
+    }
+
+    /// The recorded input `input` stands for.
+    fn input_of(&self, input: String) -> String {
+        self.aliases
+            .get(&normalise(&input))
+            .cloned()
+            .unwrap_or(input)
+    }
 }
 
 /// How the agent's request for a summary of a long tool output begins (its system prompt).
@@ -255,7 +282,10 @@ pub fn router(rec: Arc<Recorded>, latency: Latency, stats: Arc<ReplayStats>) -> 
         let ttft = Duration::from_millis(latency.ttft_ms)
             + Duration::from_secs_f64(latency.prefill_ms_per_ktok * prompt_tokens as f64 / 1e6);
         let system = body["messages"][0]["content"].as_str().unwrap_or_default();
-        let key = (last_real_user(body), outcomes_since_user(body));
+        let key = (
+            rec.input_of(last_real_user(body)),
+            outcomes_since_user(body),
+        );
         if !rec.answers.contains_key(&key)
             && !is_suggestion_request(body)
             && !system.starts_with(SUMMARY_PROMPT)
