@@ -13,6 +13,9 @@ use shade_agent::llm::provider::EventFn;
 use shade_agent::llm::{BoxFuture, ChatRequest, Completion, LlmError, LlmProvider};
 use tokio_util::sync::CancellationToken;
 
+/// Output tokens a live suggester may spend on one suggestion.
+const SUGGESTION_TOKENS: u32 = 64;
+
 /// Tokens of one kind of call.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
 pub struct Tokens {
@@ -100,6 +103,12 @@ impl LlmProvider for Routed {
                 (Some((live, model)), true) => {
                     let mut r = request.clone();
                     r.model = model.clone();
+                    // A suggestion is at most 12 words (longer ones are filtered out): a small
+                    // model that rambles on is cut where nothing it says could count.
+                    r.max_tokens = Some(
+                        r.max_tokens
+                            .map_or(SUGGESTION_TOKENS, |m| m.min(SUGGESTION_TOKENS)),
+                    );
                     live.complete(&r, on_event, cancel).await?
                 }
                 _ => self.replay.complete(request, on_event, cancel).await?,
