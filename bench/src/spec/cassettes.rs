@@ -83,9 +83,16 @@ impl Recorded {
         mut self,
         equivalents: &std::collections::BTreeMap<String, Vec<String>>,
     ) -> Self {
+        // A phrasing that is itself a recorded input (another turn's "commit it") stays that
+        // input: the replay cannot tell which turn it would stand for.
+        let recorded: std::collections::HashSet<String> =
+            self.inputs.iter().map(|i| normalise(i)).collect();
         for (input, others) in equivalents {
             for o in others {
-                self.aliases.insert(normalise(o), input.clone());
+                let o = normalise(o);
+                if !recorded.contains(&o) {
+                    self.aliases.insert(o, input.clone());
+                }
             }
         }
         self
@@ -389,6 +396,28 @@ mod tests {
                 {"id": "c1", "type": "function", "function": {"name": "shell", "arguments": "{}"}}]},
             {"role": "tool", "tool_call_id": "c1", "content": result},
         ]})
+    }
+
+    #[test]
+    fn equivalents_answer_as_their_input_unless_they_are_a_recorded_input() {
+        let rec = Recorded {
+            inputs: vec!["commit it".into(), "commit the snake test".into()],
+            ..Recorded::default()
+        }
+        .with_equivalents(
+            &[(
+                "commit the snake test".to_string(),
+                vec!["Commit it.".to_string(), "commit the new test".to_string()],
+            )]
+            .into_iter()
+            .collect(),
+        );
+        assert_eq!(
+            rec.input_of("Commit the new test".into()),
+            "commit the snake test"
+        );
+        assert_eq!(rec.input_of("commit it".into()), "commit it");
+        assert_eq!(rec.input_of("something else".into()), "something else");
     }
 
     #[test]
