@@ -101,8 +101,10 @@ pub fn markdown(runs: &[SessionRun], header: &str, prices: Prices) -> String {
                         format!("{:.2} s", f.discarded_cpu_ms / 1e3 / ignored as f64)
                     }
                 });
+                let baseline = s.strategy == Strategy::None.name();
                 let show = |i: Option<spread::Interval>, scale: f64, unit: &str| {
-                    i.map_or("–".into(), |i| i.show(scale, unit))
+                    i.filter(|_| !baseline)
+                        .map_or("–".into(), |i| i.show(scale, unit))
                 };
                 md.push_str(&format!(
                     "| {p} | {:.1} s | {} | {} | {} | {} | {} | {} | {wasted} |\n",

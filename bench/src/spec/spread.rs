@@ -123,12 +123,12 @@ pub struct Spread {
     pub hit_rate: Option<Interval>,
 }
 
-/// Every speculating strategy's spread in `runs`.
+/// Every strategy's spread in `runs` (`none` paired with itself: its hit rate's interval,
+/// nothing saved).
 pub fn spreads(runs: &[SessionRun]) -> Vec<Spread> {
     let c = checks(runs);
     Strategy::ALL
         .into_iter()
-        .filter(|s| *s != Strategy::None)
         .filter_map(|s| {
             let p = pairs(runs, s, &c);
             (!p.is_empty()).then(|| Spread {
