@@ -187,6 +187,10 @@ pub struct TurnResult {
     /// The files the turn created, changed or removed (`check::Snapshot::changes`).
     #[serde(default)]
     pub changes: Vec<String>,
+    /// The suggestion asked for after this turn was not shown: the filter rule that dropped
+    /// it (`empty`, `too_many_words`, …) or `failed: …`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suggestion_dropped: Option<String>,
 }
 
 fn tokens(s: &Speculation) -> u64 {
@@ -429,7 +433,18 @@ pub async fn run_session(
                 };
                 match generate_suggestion(&background, source, &CancellationToken::new()).await {
                     SuggestionOutcome::Suggested(s) => Some(s),
-                    _ => None,
+                    SuggestionOutcome::Suppressed(rule) => {
+                        if let Some(r) = results.last_mut() {
+                            r.suggestion_dropped = Some(rule.to_string());
+                        }
+                        None
+                    }
+                    SuggestionOutcome::Failed(m) => {
+                        if let Some(r) = results.last_mut() {
+                            r.suggestion_dropped = Some(format!("failed: {m}"));
+                        }
+                        None
+                    }
                 }
             }
         };

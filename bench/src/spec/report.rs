@@ -351,6 +351,28 @@ pub fn markdown(runs: &[SessionRun], header: &str, prices: Prices) -> String {
             ));
         }
     }
+    // Suggestions asked for but not shown, by reason (a live suggester's measured output).
+    let mut dropped: BTreeMap<String, usize> = BTreeMap::new();
+    for r in runs {
+        for t in &r.turns {
+            if let Some(d) = &t.suggestion_dropped {
+                let key = if d.starts_with("failed") {
+                    "failed"
+                } else {
+                    d.as_str()
+                };
+                *dropped.entry(key.to_string()).or_default() += 1;
+            }
+        }
+    }
+    if !dropped.is_empty() {
+        let parts: Vec<String> = dropped.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
+        out.push_str(&format!(
+            "\nSuggestions asked for but not shown (the suggestion filter's rule, or the request \
+             failed): {}.\n",
+            parts.join(", ")
+        ));
+    }
     // Every accepted speculation was compared with the live run of its turn.
     let c = checks(runs);
     out.push_str(&format!(
