@@ -74,6 +74,12 @@ fn run(args: &Args) -> Result<()> {
         git: script.git,
         kind: script.kind.clone(),
         about: script.about.clone(),
+        equivalents: script
+            .turns
+            .iter()
+            .filter(|t| !t.equivalents.is_empty())
+            .map(|t| (t.user.clone(), t.equivalents.clone()))
+            .collect(),
     };
     if let Some(p) = &script.patch {
         let from = args

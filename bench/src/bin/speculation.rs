@@ -23,10 +23,13 @@ use serde_json::json;
 use shade_agent::background::{MeteredProvider, TokenStats};
 use shade_agent::llm::{LlmConfig, LlmProvider, OpenAiClient};
 use shade_bench::spec::cassettes::{self, Latency, ReplayStats};
+use shade_bench::spec::curve;
 use shade_bench::spec::engine::{self, Model, Options, Strategy};
+use shade_bench::spec::live::Routed;
 use shade_bench::spec::meter::Meter;
 use shade_bench::spec::project::{materialise, SessionMeta, DEFAULT_CORPUS};
-use shade_bench::spec::report::{self, SessionRun};
+use shade_bench::spec::render;
+use shade_bench::spec::report::{self, Prices, SessionRun};
 use shade_testkit::FakeLlm;
 
 #[derive(Parser, Debug)]
@@ -41,24 +44,32 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "none,peer,runnable,pipelined"
+        default_value = "none,peer,peer-keep,runnable,pipelined"
     )]
     strategies: Vec<Strategy>,
-    /// Model latency preset: local or hosted.
-    #[arg(long, default_value = "local")]
-    latency: String,
+    /// Model latency presets, comma-separated: local, hosted (each a dimension of the grid).
+    #[arg(long, value_delimiter = ',', default_value = "local")]
+    latency: Vec<String>,
     /// Time to first token (overrides the preset).
     #[arg(long)]
     ttft_ms: Option<u64>,
     /// Generation speed in tokens/s (overrides the preset).
     #[arg(long)]
     tokens_per_s: Option<f64>,
-    /// How long the scripted user looks at a shown suggestion before answering.
-    #[arg(long, default_value_t = 1500)]
-    think_ms: u64,
-    /// Passes over every session and strategy.
+    /// How long the scripted user looks at a shown suggestion before answering, ms;
+    /// comma-separated for a sweep (e.g. 500,1500,3000,6000,12000; the first is the table's).
+    #[arg(long, value_delimiter = ',', default_value = "1500")]
+    think_ms: Vec<u64>,
+    /// Passes over every session and strategy (the strategies' order rotates every pass).
     #[arg(long, default_value_t = 1)]
     runs: usize,
+    /// Run only the jobs I, I+N, I+2N, … of the grid (0 ≤ I < N), for running it on many
+    /// machines; `--merge` makes the report of all the shards' JSONs.
+    #[arg(long, value_name = "I/N")]
+    shard: Option<String>,
+    /// Run nothing: merge the JSONs of shards (`--shard`) into one report (to `--out`).
+    #[arg(long, value_name = "FILE", num_args = 1..)]
+    merge: Vec<PathBuf>,
     /// Write PREFIX.md, PREFIX.json and PREFIX.svg.
     #[arg(long, value_name = "PREFIX")]
     out: Option<PathBuf>,
@@ -81,6 +92,21 @@ struct Args {
     /// The live server's model for background work (default: --model).
     #[arg(long)]
     fast_model: Option<String>,
+    /// A live OpenAI-compatible server for the suggestions only (e.g. scripts/local-model.sh
+    /// serve: http://127.0.0.1:8080/v1); everything else is replayed. The share of its
+    /// suggestions that match the user's real next input (or a hand-written equivalent) is
+    /// the measured hit rate.
+    #[arg(long, value_name = "URL")]
+    suggester_url: Option<String>,
+    /// The suggester's model name.
+    #[arg(long, default_value = "smollm2")]
+    suggester_model: String,
+    /// Price of input tokens, in USD per million, for the cost columns.
+    #[arg(long, default_value_t = 0.15)]
+    price_in: f64,
+    /// Price of output tokens, in USD per million.
+    #[arg(long, default_value_t = 0.60)]
+    price_out: f64,
     /// Run nothing: render the table and plot of an earlier run's PREFIX.json again (to
     /// `--out`, or stdout for the table).
     #[arg(long, value_name = "FILE")]
@@ -125,60 +151,156 @@ fn commit() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// `PREFIX.EXT` for the report files.
-fn with_ext(prefix: &Path, ext: &str) -> PathBuf {
-    let mut p = prefix.as_os_str().to_owned();
-    p.push(ext);
-    PathBuf::from(p)
-}
-
-/// Write the markdown and the SVG plot beside `prefix` (the JSON is the caller's).
-fn write_md_svg(prefix: &Path, md: &str, runs: &[SessionRun], commit: &str) -> Result<()> {
-    std::fs::write(with_ext(prefix, ".md"), md)?;
-    std::fs::write(
-        with_ext(prefix, ".svg"),
-        report::svg(
-            runs,
-            &format!("Time saved per session by strategy ({commit})"),
-        ),
-    )?;
-    Ok(())
-}
-
-/// `--rerender`: the markdown and SVG of a JSON written before (its header kept).
-fn rerender(args: &Args, file: &Path) -> Result<()> {
-    let text =
-        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    let doc: serde_json::Value = serde_json::from_str(&text)?;
-    let runs: Vec<SessionRun> = serde_json::from_value(doc["runs"].clone())?;
-    let commit = doc["commit"].as_str().unwrap_or("unknown");
+/// `--rerender` (one file) or `--merge` (shards): the report of JSONs written before, their
+/// runs in job order, the first one's header kept.
+fn rerender(args: &Args, files: &[PathBuf]) -> Result<()> {
+    let mut runs: Vec<SessionRun> = Vec::new();
+    let mut first: Option<serde_json::Value> = None;
+    for file in files {
+        let text =
+            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        let doc: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", file.display()))?;
+        let more: Vec<SessionRun> = serde_json::from_value(doc["runs"].clone())?;
+        runs.extend(more);
+        first.get_or_insert(doc);
+    }
+    let doc = first.unwrap_or_default();
+    runs.sort_by_key(|r| r.job);
+    let commit = doc["commit"].as_str().unwrap_or("unknown").to_string();
     let header = doc["header"]
         .as_str()
         .map(str::to_string)
         .unwrap_or_else(|| format!("# Speculation benchmark\n\nCommit {commit}."));
-    let md = report::markdown(&runs, &header);
+    // A shard's header names its shard; the merged report is all of them.
+    let header = match (header.find(" (shard "), files.len() > 1) {
+        (Some(at), true) => {
+            let end = header[at..].find(')').map_or(header.len(), |e| at + e + 1);
+            format!(
+                "{} ({} shards merged){}",
+                &header[..at],
+                files.len(),
+                &header[end..]
+            )
+        }
+        _ => header,
+    };
+    let prices: Prices = serde_json::from_value(doc["prices"].clone()).unwrap_or_default();
+    let md = render::markdown(&runs, &header, prices);
     print!("{md}");
     if let Some(prefix) = &args.out {
-        write_md_svg(prefix, &md, &runs, commit)?;
+        render::write(prefix, &md, &runs, &commit)?;
+        if !args.merge.is_empty() {
+            let mut merged = doc.clone();
+            merged["runs"] = serde_json::to_value(&runs)?;
+            merged["summary"] = summary(&runs);
+            merged["curve"] = serde_json::to_value(curve::lines(&render::headline(&runs)))?;
+            merged["merged_from"] = json!(files);
+            std::fs::write(
+                render::with_ext(prefix, ".json"),
+                serde_json::to_string_pretty(&merged)?,
+            )?;
+        }
     }
     Ok(())
 }
 
+/// The headline subset's table as JSON rows.
+fn summary(runs: &[SessionRun]) -> serde_json::Value {
+    let rows: Vec<_> = report::table(&render::headline(runs))
+        .into_iter()
+        .map(|((session, strategy), f)| json!({"session": session, "strategy": strategy, "figures": f}))
+        .collect();
+    json!(rows)
+}
+
+/// `I/N` → (I, N).
+fn parse_shard(s: &str) -> Result<(usize, usize)> {
+    let (i, n) = s.split_once('/').context("--shard takes I/N (e.g. 0/4)")?;
+    let (i, n): (usize, usize) = (i.trim().parse()?, n.trim().parse()?);
+    if n == 0 || i >= n {
+        bail!("--shard {s}: need 0 ≤ I < N");
+    }
+    Ok((i, n))
+}
+
+/// One session run of the grid.
+#[derive(Debug, Clone)]
+struct Job {
+    index: usize,
+    pass: usize,
+    profile: String,
+    latency: Latency,
+    think_ms: u64,
+    dir: PathBuf,
+    strategy: Strategy,
+}
+
+/// The grid in run order: passes × profiles × think times × sessions × strategies, the
+/// strategies' order rotated every pass (so none of them always runs first, on a cold cache
+/// or a quieter machine); `none` once per profile (it does not depend on the think time).
+fn jobs(args: &Args, dirs: &[PathBuf], latencies: &[(String, Latency)]) -> Vec<Job> {
+    let mut out = Vec::new();
+    let n = args.strategies.len().max(1);
+    for pass in 0..args.runs {
+        for (profile, latency) in latencies {
+            for (k, &think_ms) in args.think_ms.iter().enumerate() {
+                for dir in dirs {
+                    for j in 0..n {
+                        let strategy = args.strategies[(j + pass) % n];
+                        if strategy == Strategy::None && k > 0 {
+                            continue;
+                        }
+                        out.push(Job {
+                            index: out.len(),
+                            pass,
+                            profile: profile.clone(),
+                            latency: *latency,
+                            think_ms,
+                            dir: dir.clone(),
+                            strategy,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The 1-minute load average.
+fn load1() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 fn run(args: &Args) -> Result<()> {
     if let Some(file) = &args.rerender {
-        return rerender(args, file);
+        return rerender(args, std::slice::from_ref(file));
+    }
+    if !args.merge.is_empty() {
+        return rerender(args, &args.merge);
     }
     if !nix::unistd::geteuid().is_root() {
         bail!("run as root: speculations mount branches (FUSE)");
     }
-    let mut latency = Latency::preset(&args.latency)?;
-    if let Some(t) = args.ttft_ms {
-        latency.ttft_ms = t;
+    let mut latencies = Vec::new();
+    for name in &args.latency {
+        let mut latency = Latency::preset(name)?;
+        if let Some(t) = args.ttft_ms {
+            latency.ttft_ms = t;
+        }
+        if let Some(t) = args.tokens_per_s {
+            latency.tokens_per_s = t;
+        }
+        latencies.push((name.clone(), latency));
     }
-    if let Some(t) = args.tokens_per_s {
-        latency.tokens_per_s = t;
-    }
-    let dirs = if args.sessions.is_empty() {
+    let shard = args.shard.as_deref().map(parse_shard).transpose()?;
+    let dirs: Vec<PathBuf> = if args.sessions.is_empty() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/sessions");
         let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
             .with_context(|| format!("reading {}", dir.display()))?
@@ -189,7 +311,11 @@ fn run(args: &Args) -> Result<()> {
         v.sort();
         v
     } else {
-        args.sessions.clone()
+        // Absolute: the patch is applied from inside the project's copy.
+        args.sessions
+            .iter()
+            .map(|d| std::fs::canonicalize(d).with_context(|| format!("session {}", d.display())))
+            .collect::<Result<_>>()?
     };
     if args.base_url.is_some() && args.model.is_none() {
         bail!("--base-url needs --model");
@@ -212,7 +338,12 @@ fn run(args: &Args) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let result = run_all(args, &dirs, latency, &work, &meter, &runtime);
+    let all = jobs(args, &dirs, &latencies);
+    let mine: Vec<Job> = all
+        .into_iter()
+        .filter(|j| shard.is_none_or(|(i, n)| j.index % n == i))
+        .collect();
+    let result = run_all(args, &mine, &work, &meter, &runtime);
     runtime.shutdown_timeout(Duration::from_secs(2));
     if args.tmpfs {
         let _ = nix::mount::umount2(&work, nix::mount::MntFlags::MNT_DETACH);
@@ -224,45 +355,87 @@ fn run(args: &Args) -> Result<()> {
             "a live model ({} at {u}; suggestions are its own)",
             args.model.as_deref().unwrap_or("")
         ),
-        None => format!(
-            "the recording replayed with {} ms to first token and {} tokens/s",
-            latency.ttft_ms, latency.tokens_per_s
-        ),
+        None => {
+            let profiles: Vec<String> = latencies
+                .iter()
+                .map(|(n, l)| {
+                    format!(
+                        "`{n}`: {} ms to first token + {} ms per 1,000 prompt tokens, {} tokens/s",
+                        l.ttft_ms, l.prefill_ms_per_ktok, l.tokens_per_s
+                    )
+                })
+                .collect();
+            format!("the recording replayed ({})", profiles.join("; "))
+        }
     };
     let commit = commit();
-    let header =
-        format!(
-        "# Speculation benchmark\n\nCommit {commit}. Model: {mode}. The user thinks {} ms at a \
+    let header = format!(
+        "# Speculation benchmark\n\nCommit {commit}{}. Model: {mode}. The user thinks {} ms at a \
          shown suggestion; {} pass(es); projects on {}; CPU and memory of discarded work from {}.\n\
          Counts are summed over passes; *wait*: the user's total waiting over the session (submit \
          or accept → result, per pass); \
-         *time saved*: `none`'s wait less this strategy's; *accept → result*: accepted turns only.",
-        args.think_ms,
+         *time saved*: `none`'s wait less this strategy's; *accept → result*: accepted turns only. \
+         Suggestions: {}; a suggestion is taken when it matches the user's real next input or a \
+         hand-written equivalent (session.toml). Tokens: {}; *background cost* (suggestions, \
+         speculations, summaries) at ${}/M input and ${}/M output tokens.",
+        args.shard
+            .as_deref()
+            .map(|s| format!(" (shard {s})"))
+            .unwrap_or_default(),
+        args.think_ms
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(" / "),
         args.runs,
-        if args.tmpfs { "a tmpfs" } else { "the disk (/var/tmp)" },
-        meter.how()
+        if args.tmpfs {
+            "a tmpfs"
+        } else {
+            "the disk (/var/tmp)"
+        },
+        meter.how(),
+        match &args.suggester_url {
+            Some(u) => format!(
+                "made live by {} at {u} (the next input held out)",
+                args.suggester_model
+            ),
+            None if args.base_url.is_some() => "the live model's own".into(),
+            None => "the recorded (scripted) ones".into(),
+        },
+        if args.suggester_url.is_some() || args.base_url.is_some() {
+            "as the servers report them (llama.cpp's server counts with the model's own tokenizer); \
+             replayed calls estimated as characters / 4"
+        } else {
+            "estimated as characters / 4 (replay)"
+        },
+        args.price_in,
+        args.price_out,
     );
-    let md = report::markdown(&runs, &header);
+    let prices = Prices {
+        input_per_m: args.price_in,
+        output_per_m: args.price_out,
+    };
+    let md = render::markdown(&runs, &header, prices);
     print!("{md}");
     if let Some(prefix) = &args.out {
-        write_md_svg(prefix, &md, &runs, &commit)?;
-        let table: Vec<_> = report::table(&runs)
-            .into_iter()
-            .map(|((session, strategy), f)| json!({"session": session, "strategy": strategy, "figures": f}))
-            .collect();
+        render::write(prefix, &md, &runs, &commit)?;
         std::fs::write(
-            with_ext(prefix, ".json"),
+            render::with_ext(prefix, ".json"),
             serde_json::to_string_pretty(&json!({
                 "commit": commit,
                 "header": header,
                 "model": mode,
-                "latency": latency,
+                "latency": latencies.iter().map(|(n, l)| json!({"profile": n, "latency": l})).collect::<Vec<_>>(),
+                "shard": args.shard,
                 "live": args.base_url.is_some(),
                 "think_ms": args.think_ms,
                 "passes": args.runs,
                 "tmpfs": args.tmpfs,
                 "meter": meter.how(),
-                "summary": table,
+                "summary": summary(&runs),
+                "prices": prices,
+                "suggester": args.suggester_url.as_ref().map(|u| json!({"url": u, "model": args.suggester_model})),
+                "curve": curve::lines(&render::headline(&runs)),
                 "runs": runs,
             }))?,
         )?;
@@ -272,15 +445,15 @@ fn run(args: &Args) -> Result<()> {
 
 fn run_all(
     args: &Args,
-    dirs: &[PathBuf],
-    latency: Latency,
+    jobs: &[Job],
     work: &Path,
     meter: &Arc<Meter>,
     runtime: &tokio::runtime::Runtime,
 ) -> Result<Vec<SessionRun>> {
     let mut runs = Vec::new();
-    for pass in 0..args.runs {
-        for dir in dirs {
+    for job in jobs {
+        let (pass, strategy, latency, dir) = (job.pass, job.strategy, job.latency, &job.dir);
+        {
             let session_dir = if dir.is_dir() {
                 dir.clone()
             } else {
@@ -295,23 +468,27 @@ fn run_all(
             let name = named
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "session".into());
-            let recorded = Arc::new(cassettes::read(dir)?);
             let meta = SessionMeta::load(&session_dir)?;
+            let recorded = Arc::new(cassettes::read(dir)?.with_equivalents(&meta.equivalents));
             let source = meta.source(&session_dir, &args.corpus, args.project.as_deref())?;
             let patch = meta.patch.as_ref().map(|p| session_dir.join(p));
-            for &strategy in &args.strategies {
+            {
                 eprintln!(
-                    "speculation bench: {name} / {} (pass {}/{})",
+                    "speculation bench: {name} / {} (pass {}/{}, {}, think {} ms; job {})",
                     strategy.name(),
                     pass + 1,
-                    args.runs
+                    args.runs,
+                    job.profile,
+                    job.think_ms,
+                    job.index
                 );
+                let load1 = load1();
                 let before = fuse_mounts(work);
                 let project = materialise(
                     &source,
                     patch.as_deref(),
                     meta.git,
-                    &work.join(format!("{name}-{}-{pass}", strategy.name())),
+                    &work.join(format!("{name}-{}-{}", strategy.name(), job.index)),
                 )?;
                 let stats = Arc::new(ReplayStats::default());
                 let (base_url, model, fast, _server) = match &args.base_url {
@@ -347,14 +524,26 @@ fn run_all(
                     ..LlmConfig::default()
                 };
                 let client = OpenAiClient::new(config)?;
-                let provider: Arc<dyn LlmProvider> = Arc::new(MeteredProvider::new(
-                    Arc::new(client),
-                    TokenStats::default(),
-                ));
+                let suggester: Option<(Arc<dyn LlmProvider>, String)> = match &args.suggester_url {
+                    Some(url) => Some((
+                        Arc::new(OpenAiClient::new(LlmConfig {
+                            base_url: url.clone(),
+                            api_key: std::env::var("OPENAI_API_KEY").ok(),
+                            model: Some(args.suggester_model.clone()),
+                            fast_model: Some(args.suggester_model.clone()),
+                            ..LlmConfig::default()
+                        })?),
+                        args.suggester_model.clone(),
+                    )),
+                    None => None,
+                };
+                let routed = Arc::new(Routed::new(Arc::new(client), suggester));
+                let provider: Arc<dyn LlmProvider> =
+                    Arc::new(MeteredProvider::new(routed.clone(), TokenStats::default()));
                 let opts = Options {
                     strategy,
-                    think: Duration::from_millis(args.think_ms),
-                    accept: engine::same_input(),
+                    think: Duration::from_millis(job.think_ms),
+                    accept: engine::same_or_equivalent(meta.equivalents.clone()),
                     finish_unaccepted: None,
                     suggest_after_last: false,
                     meter: Some(meter.clone()),
@@ -368,7 +557,21 @@ fn run_all(
                         fast,
                     },
                     &opts,
-                ))?;
+                ));
+                // A tool result the recording does not have at its step: the replay refused
+                // it; the figures would describe another session, so the run stops here.
+                let drifts = stats.drift_lines();
+                if !drifts.is_empty() {
+                    bail!(
+                        "replay drift in {name} / {} (pass {}): a tool result's outcome differs \
+                         from the recording, so its answers no longer apply (re-record the \
+                         session, or find why the tool behaves differently now):\n  {}",
+                        strategy.name(),
+                        pass + 1,
+                        drifts.join("\n  ")
+                    );
+                }
+                let turns = turns?;
                 let _ = std::fs::remove_dir_all(&project);
                 runs.push(SessionRun {
                     session: name.clone(),
@@ -379,6 +582,11 @@ fn run_all(
                     replay_missed: stats.missed.load(Ordering::Relaxed),
                     leftover_mounts: fuse_mounts(work).saturating_sub(before),
                     unrecorded_speculation: stats.unrecorded_speculation.load(Ordering::Relaxed),
+                    tokens: routed.used(),
+                    profile: job.profile.clone(),
+                    think_ms: job.think_ms,
+                    load1,
+                    job: job.index,
                 });
             }
         }

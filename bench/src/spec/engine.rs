@@ -25,6 +25,7 @@ use shade_agent::{
 };
 use tokio_util::sync::CancellationToken;
 
+use super::check::{turn_tools, Snapshot};
 use super::meter::{Meter, Used};
 use super::peer::PeerGate;
 
@@ -34,9 +35,15 @@ use super::peer::PeerGate;
 pub enum Strategy {
     /// No speculation: every input runs live when submitted.
     None,
-    /// The peer's: reads and edits in a copy-on-write branch, stop at the first shell
-    /// command that is not read-only; pipelined suggestions (as the peer ships them).
+    /// The peer (qwen-code) as it ships: reads and edits in a copy-on-write branch, stop at
+    /// the first shell command that is not read-only, and a speculation that stopped at a
+    /// boundary is thrown away on accept (the input runs live); pipelined suggestions.
     Peer,
+    /// The peer's gate with shade's accept: a boundary's finished part is kept and the turn
+    /// continues live from it (what the `peer` row measured before issue 32).
+    #[serde(rename = "peer-keep")]
+    #[value(name = "peer-keep")]
+    PeerKeep,
     /// shade's runnable speculation (commands run in the branch's sandbox), no pipelining.
     Runnable,
     /// shade's runnable speculation with pipelined suggestions, as `shade chat` runs it.
@@ -45,9 +52,10 @@ pub enum Strategy {
 
 impl Strategy {
     /// All of them, in report order.
-    pub const ALL: [Strategy; 4] = [
+    pub const ALL: [Strategy; 5] = [
         Strategy::None,
         Strategy::Peer,
+        Strategy::PeerKeep,
         Strategy::Runnable,
         Strategy::Pipelined,
     ];
@@ -57,6 +65,7 @@ impl Strategy {
         match self {
             Strategy::None => "none",
             Strategy::Peer => "peer",
+            Strategy::PeerKeep => "peer-keep",
             Strategy::Runnable => "runnable",
             Strategy::Pipelined => "pipelined",
         }
@@ -67,7 +76,10 @@ impl Strategy {
     }
 
     fn pipelines(self) -> bool {
-        matches!(self, Strategy::Peer | Strategy::Pipelined)
+        matches!(
+            self,
+            Strategy::Peer | Strategy::PeerKeep | Strategy::Pipelined
+        )
     }
 }
 
@@ -115,6 +127,7 @@ pub fn normalise(s: &str) -> String {
     s.split_whitespace()
         .collect::<Vec<_>>()
         .join(" ")
+        .trim_matches(['"', '\'', '`', ' '])
         .trim_end_matches(['.', '!', '?', ' '])
         .to_lowercase()
 }
@@ -122,6 +135,21 @@ pub fn normalise(s: &str) -> String {
 /// The accept rule: the suggestion is the next input (normalised).
 pub fn same_input() -> AcceptRule {
     Arc::new(|suggestion, input| normalise(suggestion) == normalise(input))
+}
+
+/// The benchmark's accept rule: the suggestion is, normalised, the user's real next input or
+/// one of the hand-written equivalents of it (`equivalents`, keyed by the recorded input).
+pub fn same_or_equivalent(
+    equivalents: std::collections::BTreeMap<String, Vec<String>>,
+) -> AcceptRule {
+    let eq: std::collections::HashMap<String, Vec<String>> = equivalents
+        .into_iter()
+        .map(|(k, v)| (normalise(&k), v.iter().map(|x| normalise(x)).collect()))
+        .collect();
+    Arc::new(move |suggestion, input| {
+        let (s, i) = (normalise(suggestion), normalise(input));
+        s == i || eq.get(&i).is_some_and(|v| v.contains(&s))
+    })
 }
 
 /// What one turn measured.
@@ -152,6 +180,17 @@ pub struct TurnResult {
     pub discarded_used: Option<Used>,
     /// The accept was refused: the project changed under the branch.
     pub conflict: bool,
+    /// `tool: outcome` of every tool call of the turn (speculated and live parts), for the
+    /// check against the same turn run live (`check::turn_tools`).
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// The files the turn created, changed or removed (`check::Snapshot::changes`).
+    #[serde(default)]
+    pub changes: Vec<String>,
+    /// The suggestion asked for after this turn was not shown: the filter rule that dropped
+    /// it (`empty`, `too_many_words`, …) or `failed: …`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suggestion_dropped: Option<String>,
 }
 
 fn tokens(s: &Speculation) -> u64 {
@@ -221,11 +260,13 @@ pub async fn run_session(
     let mut prefix: Option<CacheSafeParams> = None;
     let mut last_failed = false;
     let mut results = Vec::new();
+    // The project before the turn, to tell what each turn changed (outside every wait).
+    let mut state = Snapshot::take(project)?;
     // The suggestion on screen and its speculation (with its measuring window).
     let mut shown: Option<String> = None;
     let mut running: Option<(Speculation, Option<super::meter::Window>)> = None;
     let extra: Option<Arc<dyn CallGate>> = match opts.strategy {
-        Strategy::Peer => Some(Arc::new(PeerGate)),
+        Strategy::Peer | Strategy::PeerKeep => Some(Arc::new(PeerGate)),
         _ => None,
     };
     for (i, input) in inputs.iter().enumerate() {
@@ -250,6 +291,21 @@ pub async fn run_session(
                 spec.wait().await;
                 r.speculation_tokens = tokens(&spec);
                 match spec.finish() {
+                    Ok(finished)
+                        if opts.strategy == Strategy::Peer
+                            && matches!(finished.status, Status::Boundary(_)) =>
+                    {
+                        // The peer's shipped rule: a boundary discards the speculation.
+                        if let Status::Boundary(b) = &finished.status {
+                            r.boundary = Some(b.clone());
+                        }
+                        r.speculation = Some("discarded".into());
+                        r.discarded_tokens = r.speculation_tokens;
+                        let shadow = finished.shadow;
+                        tokio::task::spawn_blocking(move || shadow.abort()).await?;
+                        r.discarded_used = measure(window);
+                        r.speculation_used = r.discarded_used;
+                    }
                     Ok(finished) => {
                         if finished.check().is_ok() {
                             let mut conv = conversation.clone();
@@ -336,6 +392,10 @@ pub async fn run_session(
             last_failed = live(&agent, &mut conversation, Some(input)).await?;
             r.wait_ms = t0.elapsed().as_secs_f64() * 1e3;
         }
+        r.tools = turn_tools(&conversation);
+        let now = Snapshot::take(project)?;
+        r.changes = state.changes(&now);
+        state = now;
         results.push(r);
         // After the answer: the prefix, the guards, the next suggestion, its speculation.
         prefix = CacheSafeParams::capture(
@@ -373,7 +433,18 @@ pub async fn run_session(
                 };
                 match generate_suggestion(&background, source, &CancellationToken::new()).await {
                     SuggestionOutcome::Suggested(s) => Some(s),
-                    _ => None,
+                    SuggestionOutcome::Suppressed(rule) => {
+                        if let Some(r) = results.last_mut() {
+                            r.suggestion_dropped = Some(rule.to_string());
+                        }
+                        None
+                    }
+                    SuggestionOutcome::Failed(m) => {
+                        if let Some(r) = results.last_mut() {
+                            r.suggestion_dropped = Some(format!("failed: {m}"));
+                        }
+                        None
+                    }
                 }
             }
         };

@@ -30,6 +30,11 @@ pub struct SessionMeta {
     /// One line for the reader.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub about: Option<String>,
+    /// Hand-written inputs equivalent to a recorded one (keyed by the recorded input): a
+    /// suggestion matching one of them counts as the user's next input (bench/README, "Real
+    /// next inputs").
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub equivalents: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 impl SessionMeta {

@@ -2,11 +2,13 @@
 //! markdown table, a JSON document with every measurement, and an SVG bar chart of the
 //! user-visible time saved per session by strategy.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::check::differs;
 use super::engine::{Strategy, TurnResult};
+use super::live::{TokenUse, Tokens};
 
 /// One pass of one session under one strategy.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -29,6 +31,25 @@ pub struct SessionRun {
     pub unrecorded_speculation: u64,
     /// FUSE mounts left behind after the session (must be 0).
     pub leftover_mounts: usize,
+    /// Tokens by kind of call (as the server counted them, or the replay estimated them).
+    #[serde(default)]
+    pub tokens: TokenUse,
+    /// The latency profile (`local`, `hosted`).
+    #[serde(default = "local")]
+    pub profile: String,
+    /// How long the user looked at each suggestion.
+    #[serde(default)]
+    pub think_ms: u64,
+    /// The machine's 1-minute load average when the run started.
+    #[serde(default)]
+    pub load1: Option<f64>,
+    /// The run's index in the job list (shards merge in this order).
+    #[serde(default)]
+    pub job: usize,
+}
+
+fn local() -> String {
+    "local".into()
 }
 
 /// The figures of a group of runs (one session and strategy, or all sessions).
@@ -70,6 +91,115 @@ pub struct Figures {
     pub discarded_peak_bytes: Option<u64>,
     /// Model requests the recording had no answer for.
     pub replay_missed: u64,
+    /// Accepted speculations whose result differed from the same turn run live (counted as
+    /// misses: not in `accepted`, and the live turn's wait added to theirs).
+    pub divergent: usize,
+    /// Accepted speculations with no live run to compare with (no `none` run of the session).
+    pub unchecked: usize,
+    /// Credited accepts / shown suggestions.
+    pub hit_rate: Option<f64>,
+    /// Tokens by kind of call, summed.
+    pub tokens: TokenUse,
+}
+
+/// Per-token prices for the cost column (USD per million tokens).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Prices {
+    /// Input tokens.
+    pub input_per_m: f64,
+    /// Output tokens.
+    pub output_per_m: f64,
+}
+
+impl Default for Prices {
+    fn default() -> Self {
+        // A small hosted model's list price (e.g. gpt-4o-mini: $0.15 / $0.60 per million).
+        Prices {
+            input_per_m: 0.15,
+            output_per_m: 0.60,
+        }
+    }
+}
+
+impl Prices {
+    /// The cost of `t` in USD.
+    pub fn cost(&self, t: Tokens) -> f64 {
+        (t.prompt as f64 * self.input_per_m + t.completion as f64 * self.output_per_m) / 1e6
+    }
+}
+
+/// (session, strategy, pass, turn index).
+pub type TurnKey = (String, String, usize, usize);
+
+/// An accepted speculation whose result differs from the live run's.
+#[derive(Debug, Clone, Serialize)]
+pub struct Divergence {
+    /// Session.
+    pub session: String,
+    /// Strategy.
+    pub strategy: String,
+    /// Pass.
+    pub pass: usize,
+    /// Turn index (0-based).
+    pub turn: usize,
+    /// The accepted input.
+    pub input: String,
+    /// What differed.
+    pub why: String,
+    /// The live turn's wait, which the user pays again to get the right result.
+    pub live_wait_ms: f64,
+}
+
+/// Every accepted, used speculation compared with the same turn of the `none` run of its
+/// session (the same pass when there is one): the ones that differ, and the ones that could
+/// not be checked.
+#[derive(Debug, Clone, Default)]
+pub struct Checks {
+    /// Divergent accepts by turn.
+    pub divergent: BTreeMap<TurnKey, Divergence>,
+    /// Accepts with no reference.
+    pub unchecked: BTreeSet<TurnKey>,
+}
+
+/// Was this turn's result taken (wholly or partly) from a speculation?
+fn speculated(t: &TurnResult) -> bool {
+    t.accepted && matches!(t.speculation.as_deref(), Some("completed" | "boundary"))
+}
+
+/// Compare every accepted speculation of `runs` with the live run of its turn.
+pub fn checks(runs: &[SessionRun]) -> Checks {
+    let mut c = Checks::default();
+    for r in runs.iter().filter(|r| r.strategy != Strategy::None) {
+        let reference = runs
+            .iter()
+            .filter(|x| x.strategy == Strategy::None && x.session == r.session)
+            .min_by_key(|x| (x.pass != r.pass, x.pass));
+        for (i, t) in r.turns.iter().enumerate() {
+            if !speculated(t) {
+                continue;
+            }
+            let key = (r.session.clone(), r.strategy.name().to_string(), r.pass, i);
+            let Some(live) = reference.and_then(|x| x.turns.get(i)) else {
+                c.unchecked.insert(key);
+                continue;
+            };
+            if let Some(why) = differs(&t.tools, &t.changes, &live.tools, &live.changes) {
+                c.divergent.insert(
+                    key,
+                    Divergence {
+                        session: r.session.clone(),
+                        strategy: r.strategy.name().to_string(),
+                        pass: r.pass,
+                        turn: i,
+                        input: t.input.clone(),
+                        why,
+                        live_wait_ms: live.wait_ms,
+                    },
+                );
+            }
+        }
+    }
+    c
 }
 
 fn percentile(v: &[f64], p: f64) -> Option<f64> {
@@ -82,23 +212,35 @@ fn percentile(v: &[f64], p: f64) -> Option<f64> {
     v.get(i).copied()
 }
 
-/// Sum up `runs`.
-pub fn figures<'a>(runs: impl IntoIterator<Item = &'a SessionRun>) -> Figures {
+/// Sum up `runs`; a divergent accept (`checks`) is a miss, its wait the speculated one plus
+/// the live turn's.
+pub fn figures<'a>(runs: impl IntoIterator<Item = &'a SessionRun>, checks: &Checks) -> Figures {
     let mut f = Figures::default();
     let mut wait = 0.0;
     for r in runs {
         f.passes += 1;
         f.replay_missed += r.replay_missed;
-        for t in &r.turns {
-            wait += t.wait_ms;
+        f.tokens = TokenUse {
+            main: f.tokens.main.plus(r.tokens.main),
+            suggestion: f.tokens.suggestion.plus(r.tokens.suggestion),
+            speculation: f.tokens.speculation.plus(r.tokens.speculation),
+            other: f.tokens.other.plus(r.tokens.other),
+        };
+        for (i, t) in r.turns.iter().enumerate() {
+            let key = (r.session.clone(), r.strategy.name().to_string(), r.pass, i);
+            let diverged = checks.divergent.get(&key);
+            wait += t.wait_ms + diverged.map_or(0.0, |d| d.live_wait_ms);
             f.shown += usize::from(t.suggestion.is_some());
-            if t.accepted {
+            f.unchecked += usize::from(checks.unchecked.contains(&key));
+            if diverged.is_some() {
+                f.divergent += 1;
+            } else if t.accepted {
                 f.accepted += 1;
                 f.accept_ms.push(t.wait_ms);
             }
             match t.speculation.as_deref() {
                 Some("completed") => f.completed += 1,
-                Some("boundary") => f.boundary += 1,
+                Some("boundary" | "discarded") => f.boundary += 1,
                 Some("aborted") => f.aborted += 1,
                 Some("failed") => f.failed += 1,
                 _ => {}
@@ -116,6 +258,7 @@ pub fn figures<'a>(runs: impl IntoIterator<Item = &'a SessionRun>) -> Figures {
     }
     // Per pass: sessions are summed, passes averaged (callers group by session first).
     f.wait_ms = wait;
+    f.hit_rate = (f.shown > 0).then(|| f.accepted as f64 / f.shown as f64);
     f.accept_median_ms = percentile(&f.accept_ms, 0.5);
     f.accept_p90_ms = percentile(&f.accept_ms, 0.9);
     f
@@ -128,6 +271,7 @@ pub fn table(runs: &[SessionRun]) -> BTreeMap<(String, String), Figures> {
     sessions.sort();
     sessions.dedup();
     let passes = runs.iter().map(|r| r.pass + 1).max().unwrap_or(1) as f64;
+    let checks = checks(runs);
     let mut out = BTreeMap::new();
     for strategy in Strategy::ALL {
         if !runs.iter().any(|r| r.strategy == strategy) {
@@ -138,10 +282,10 @@ pub fn table(runs: &[SessionRun]) -> BTreeMap<(String, String), Figures> {
                 runs.iter()
                     .filter(move |r| r.strategy == s && (name == "all" || r.session == name))
             };
-            let mut f = figures(pick(strategy));
+            let mut f = figures(pick(strategy), &checks);
             f.wait_ms /= passes;
             if runs.iter().any(|r| r.strategy == Strategy::None) {
-                let base = figures(pick(Strategy::None)).wait_ms / passes;
+                let base = figures(pick(Strategy::None), &checks).wait_ms / passes;
                 f.saved_ms = Some(base - f.wait_ms);
             }
             out.insert((name.to_string(), strategy.name().to_string()), f);
@@ -161,13 +305,14 @@ fn secs(v: Option<f64>) -> String {
 }
 
 /// The markdown table (rows grouped by session; `all` last).
-pub fn markdown(runs: &[SessionRun], header: &str) -> String {
+pub fn markdown(runs: &[SessionRun], header: &str, prices: Prices) -> String {
     let t = table(runs);
     let mut out = format!(
-        "{header}\n\n| session | strategy | shown | accepted | accept → result median | p90 | \
+        "{header}\n\n| session | strategy | shown | accepted | hit rate | accept → result median | p90 | \
          wait | time saved | completed | boundary | aborted | failed | conflicts | \
-         discarded tokens | discarded CPU | discarded peak | replay misses |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+         discarded tokens | discarded CPU | discarded peak | replay misses | divergent | \
+         suggestion tokens | speculation tokens | background cost |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     let mut names: Vec<&String> = t.keys().map(|(s, _)| s).collect();
     names.dedup();
@@ -179,10 +324,11 @@ pub fn markdown(runs: &[SessionRun], header: &str) -> String {
                 continue;
             };
             out.push_str(&format!(
-                "| {name} | {} | {} | {} | {} | {} | {:.1} s | {} | {} | {} | {} | {} | {} | {} | {:.2} s | {} | {} |\n",
+                "| {name} | {} | {} | {} | {} | {} | {} | {:.1} s | {} | {} | {} | {} | {} | {} | {} | {:.2} s | {} | {} | {} | {} | {} | ${:.4} |\n",
                 strategy.name(),
                 f.shown,
                 f.accepted,
+                f.hit_rate.map_or("–".into(), |h| format!("{:.0} %", h * 100.0)),
                 ms(f.accept_median_ms),
                 ms(f.accept_p90_ms),
                 f.wait_ms / 1e3,
@@ -198,16 +344,76 @@ pub fn markdown(runs: &[SessionRun], header: &str) -> String {
                     .map(|b| format!("{:.1} MiB", b as f64 / 1048576.0))
                     .unwrap_or_else(|| "–".into()),
                 f.replay_missed,
+                f.divergent,
+                f.tokens.suggestion.prompt + f.tokens.suggestion.completion,
+                f.tokens.speculation.prompt + f.tokens.speculation.completion,
+                prices.cost(f.tokens.suggestion.plus(f.tokens.speculation).plus(f.tokens.other)),
+            ));
+        }
+    }
+    // Suggestions asked for but not shown, by reason (a live suggester's measured output).
+    let mut dropped: BTreeMap<String, usize> = BTreeMap::new();
+    for r in runs {
+        for t in &r.turns {
+            if let Some(d) = &t.suggestion_dropped {
+                let key = if d.starts_with("failed") {
+                    "failed"
+                } else {
+                    d.as_str()
+                };
+                *dropped.entry(key.to_string()).or_default() += 1;
+            }
+        }
+    }
+    if !dropped.is_empty() {
+        let parts: Vec<String> = dropped.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
+        out.push_str(&format!(
+            "\nSuggestions asked for but not shown (the suggestion filter's rule, or the request \
+             failed): {}.\n",
+            parts.join(", ")
+        ));
+    }
+    // Every accepted speculation was compared with the live run of its turn.
+    let c = checks(runs);
+    out.push_str(&format!(
+        "\n*accepted* counts only accepts whose result (tool outcomes, files changed) equals the \
+         same turn run live (`none`); {} divergent accept(s) counted as misses{}.\n",
+        c.divergent.len(),
+        if c.unchecked.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", {} accept(s) not checked (no `none` run of their session)",
+                c.unchecked.len()
+            )
+        }
+    ));
+    if !c.divergent.is_empty() {
+        out.push_str("\n| session | strategy | pass | turn | input | what differed |\n|---|---|---|---|---|---|\n");
+        for d in c.divergent.values() {
+            out.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} |\n",
+                d.session,
+                d.strategy,
+                d.pass + 1,
+                d.turn + 1,
+                d.input.replace('|', "\\|"),
+                d.why.replace('|', "\\|")
             ));
         }
     }
     // The headline: per accepted suggestion saved, per ignored one wasted.
     out.push('\n');
-    for strategy in [Strategy::Peer, Strategy::Runnable, Strategy::Pipelined] {
+    for strategy in [
+        Strategy::Peer,
+        Strategy::PeerKeep,
+        Strategy::Runnable,
+        Strategy::Pipelined,
+    ] {
         let Some(f) = t.get(&("all".to_string(), strategy.name().to_string())) else {
             continue;
         };
-        let ignored = f.shown.saturating_sub(f.accepted);
+        let ignored = f.shown.saturating_sub(f.accepted + f.divergent);
         let runs_of = runs
             .iter()
             .filter(|r| r.strategy == strategy)
@@ -234,7 +440,7 @@ pub fn markdown(runs: &[SessionRun], header: &str) -> String {
             "nothing (no suggestion ignored)".into()
         };
         out.push_str(&format!(
-            "- **{}**: time saved per accepted suggestion {saved}; wasted per ignored suggestion {wasted}.\n",
+            "- **{}**: time saved per accepted suggestion {saved}; work thrown away (every discarded speculation: ignored suggestions, conflicts, and for `peer` its discarded boundaries) per ignored suggestion {wasted}.\n",
             strategy.name()
         ));
     }
@@ -297,7 +503,7 @@ pub fn svg(runs: &[SessionRun], title: &str) -> String {
         .unwrap_or(8) as f64;
     let height = top + plot_h + 30.0 + 5.0 * longest;
     let y = |v: f64| top + (hi - v) / span * plot_h;
-    let colours = ["#8c6bb1", "#2b8cbe", "#41ab5d"];
+    let colours = ["#e6550d", "#8c6bb1", "#2b8cbe", "#41ab5d"];
     let mut out = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" \
          viewBox=\"0 0 {width:.0} {height:.0}\" font-family=\"sans-serif\" font-size=\"12\">\n\

@@ -60,6 +60,10 @@ pub struct Turn {
     /// (omit when the next input is the suggestion: then the next turn's steps are it).
     #[serde(default)]
     pub speculation_steps: Option<Vec<Step>>,
+    /// Other ways the user could have typed `user` (hand-written): a live suggestion equal
+    /// to one of them counts as this input (copied into session.toml's `equivalents`).
+    #[serde(default)]
+    pub equivalents: Vec<String>,
 }
 
 /// One model call's answer.
