@@ -3,19 +3,16 @@
 //! marked attempt. Enter takes that attempt to the `--review` screen (accept all of it or the
 //! files picked, conflict-checked); the others are dropped first. `d` drops all.
 
-use std::io::Write;
 use std::time::Duration;
 
 use crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
-use crossterm::style::Print;
-use crossterm::terminal::{self, ClearType};
-use crossterm::{cursor, queue};
+use crossterm::terminal;
 use shade_agent::Shadow;
 use shade_fusefs::AcceptFlags;
 
 use super::{compare, one_line, Attempt};
 use crate::review::render::colour_diff_line;
-use crate::review::{expand_tabs, fit, terminal_input, Input, Screen, Signals};
+use crate::review::{expand_tabs, paint, terminal_input, Input, Screen, Signals};
 
 /// What the lower half shows.
 #[derive(Clone, Copy, PartialEq)]
@@ -288,22 +285,7 @@ impl Ui<'_> {
         self.scroll = self.scroll.min(lines.len().saturating_sub(body_h));
         rows.push(format!("\x1b[2m── {title} ──\x1b[0m"));
         rows.extend(lines.into_iter().skip(self.scroll).take(body_h));
-        while rows.len() < h.saturating_sub(1) {
-            rows.push(String::new());
-        }
-        rows.truncate(h.saturating_sub(1));
-        rows.push(self.footer());
-        let mut out = std::io::stdout().lock();
-        for (y, row) in rows.iter().enumerate() {
-            queue!(
-                out,
-                cursor::MoveTo(0, y as u16),
-                terminal::Clear(ClearType::CurrentLine),
-                Print(fit(row, w)),
-                Print("\x1b[0m")
-            )?;
-        }
-        out.flush()
+        paint(rows, self.footer(), w, h)
     }
 
     fn footer(&self) -> String {

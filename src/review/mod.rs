@@ -652,23 +652,7 @@ impl Review {
         let scroll = self.scroll;
         let diff = self.diff_lines(branch, cursor);
         rows.extend(diff.iter().skip(scroll).take(diff_h).cloned());
-        while rows.len() < h.saturating_sub(1) {
-            rows.push(String::new());
-        }
-        rows.truncate(h.saturating_sub(1));
-        rows.push(self.footer());
-
-        let mut out = std::io::stdout().lock();
-        for (y, row) in rows.iter().enumerate() {
-            queue!(
-                out,
-                cursor::MoveTo(0, y as u16),
-                terminal::Clear(ClearType::CurrentLine),
-                Print(fit(row, w)),
-                Print("\x1b[0m")
-            )?;
-        }
-        out.flush()
+        paint(rows, self.footer(), w, h)
     }
 
     fn footer(&self) -> String {
@@ -760,6 +744,30 @@ pub(crate) fn expand_tabs(l: &str) -> String {
         }
     }
     out
+}
+
+/// Paint a full screen: `rows` from the top (cut or padded to all but the last line), then
+/// `footer` on the last line, each cut to `w` columns. The review and the attempts' screen
+/// draw this way.
+pub(crate) fn paint(
+    mut rows: Vec<String>,
+    footer: String,
+    w: usize,
+    h: usize,
+) -> std::io::Result<()> {
+    rows.resize(h.saturating_sub(1), String::new());
+    rows.push(footer);
+    let mut out = std::io::stdout().lock();
+    for (y, row) in rows.iter().enumerate() {
+        queue!(
+            out,
+            cursor::MoveTo(0, y as u16),
+            terminal::Clear(ClearType::CurrentLine),
+            Print(fit(row, w)),
+            Print("\x1b[0m")
+        )?;
+    }
+    out.flush()
 }
 
 /// `s` cut to `w` columns; SGR escapes (`ESC [ … m`, the only ones the review makes) are
