@@ -928,3 +928,40 @@ fn a_shadow_session_lists_writes_outside_the_project_and_keeps_only_the_named_on
     wait_until("the session to end", 60, || !tty.alive());
     chat.assert_nothing_left();
 }
+
+#[test]
+fn undo_in_a_terminal_takes_back_a_turn_whose_shell_edited_and_formatted() {
+    common::require_fuse_root();
+    let chat = Chat::new(|body: &Value| {
+        let user = last_real_user(body);
+        match (user.as_str(), tool_results_since_user(body)) {
+            ("tidy the code", 0) => Reply::tool(
+                "shell",
+                json!({"command": "sed -i s/one/two/ notes.txt && tr -s ' ' < code.c > fmt.tmp && mv fmt.tmp code.c"}),
+            ),
+            ("tidy the code", _) => Reply::text("Tidied."),
+            (other, _) => Reply::text(&format!("You said: {other}")),
+        }
+    });
+    std::fs::write(chat.project.join("notes.txt"), "one\n").unwrap();
+    std::fs::write(chat.project.join("code.c"), "int  x=1 ;\n").unwrap();
+    let tty = chat.start(&["--shadow", "--approval", "yolo", "--no-suggest"]);
+    tty.say("tidy the code");
+    tty.wait_text("Tidied.", 60);
+    wait_prompt(&tty);
+    tty.say("/accept");
+    tty.wait_text("accepted 2 changes", 60);
+    wait_prompt(&tty);
+    assert_eq!(read(&chat, "notes.txt"), "two\n");
+    assert_eq!(read(&chat, "code.c"), "int x=1 ;\n");
+    tty.say("/undo");
+    let screen = tty.wait_text("undid accept", 60);
+    assert!(screen.contains("restored code.c"), "{screen}");
+    assert!(screen.contains("restored notes.txt"), "{screen}");
+    wait_prompt(&tty);
+    assert_eq!(read(&chat, "notes.txt"), "one\n");
+    assert_eq!(read(&chat, "code.c"), "int  x=1 ;\n");
+    tty.keys(&["C-d"]);
+    wait_until("the session to end", 60, || !tty.alive());
+    chat.assert_nothing_left();
+}
