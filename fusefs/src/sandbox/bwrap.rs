@@ -561,7 +561,7 @@ pub(crate) fn build(
         } else {
             st.dirs.push(c.clone());
         }
-        st.binds.push((super::cstring(source)?, c, false));
+        st.binds.push((super::cstring(source)?, c, false, false));
         Ok(to)
     };
     let mut sources: Vec<PathBuf> = Vec::new();
@@ -634,7 +634,7 @@ pub(crate) fn build(
                 } else {
                     st.files.push(c.clone());
                 }
-                st.binds.push((super::cstring(path)?, c, true));
+                st.binds.push((super::cstring(path)?, c, true, true));
                 *view = View::Staged {
                     path: path.clone(),
                     source: to,

@@ -914,8 +914,12 @@ pub(crate) struct RootStage {
     /// Directories to make in the tmpfs (mount points), then files (for file binds).
     pub dirs: Vec<CString>,
     pub files: Vec<CString>,
-    /// (source, target, read-only).
-    pub binds: Vec<(CString, CString, bool)>,
+    /// (source, target, read-only, recursive). What shade binds for the command (the
+    /// branch, caches, shared directories, its helper) is bound alone, without the mounts
+    /// below it: a directory shared for real shares its files, not whatever is mounted
+    /// under it (another branch, a file system coming and going, which made bwrap's
+    /// remount pass fail); read-only views keep theirs.
+    pub binds: Vec<(CString, CString, bool, bool)>,
     pub units: Vec<RootUnit>,
     /// Allowed unix sockets (see sockets.rs): (the host's socket, its file in the stage),
     /// idmapped so that the sandbox's root may connect where host root may.
@@ -959,12 +963,13 @@ impl RootStage {
                 }
                 libc::close(fd);
             }
-            for (source, target, read_only) in &self.binds {
+            for (source, target, read_only, recursive) in &self.binds {
+                let rec = if *recursive { libc::MS_REC } else { 0 };
                 if libc::mount(
                     source.as_ptr(),
                     target.as_ptr(),
                     std::ptr::null(),
-                    libc::MS_BIND | libc::MS_REC,
+                    libc::MS_BIND | rec,
                     std::ptr::null(),
                 ) != 0
                 {
