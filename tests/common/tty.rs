@@ -156,6 +156,15 @@ impl Tty {
             if let Some(Ok(code)) = words.next().map(str::parse) {
                 return Ok(code);
             }
+            // tmux has not reaped it (yet: 3.3a was seen to leave a zombie unreaped for good):
+            // the zombie's own exit code, in waitpid's encoding, says how it ended.
+            if let Some(status) = zombie_status(self.pane_pid()) {
+                return if status & 0x7f == 0 {
+                    Ok((status >> 8) & 0xff)
+                } else {
+                    Err(format!("killed by signal {}", status & 0x7f))
+                };
+            }
             if std::time::Instant::now() > deadline {
                 return Err(format!("no exit status after {secs} s (tmux: {text:?})"));
             }
@@ -209,4 +218,16 @@ impl Drop for Tty {
             }
         }
     }
+}
+
+/// The exit code (waitpid's encoding) of `pid` if it is a zombie: the last field of
+/// `/proc/PID/stat`.
+fn zombie_status(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name in parentheses: state, then the numeric fields.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    (fields.first() == Some(&"Z"))
+        .then(|| fields.last()?.parse().ok())
+        .flatten()
 }
