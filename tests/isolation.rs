@@ -1508,6 +1508,51 @@ print("stored", n >> 20, "errno", err)
     e.assert_held(o);
 }
 
+/// As root the private /tmp's inodes, and the user extended attributes tmpfs counts with
+/// them, are bounded with its size (bubblewrap's own tmpfs left about a million inodes per
+/// GiB of RAM: gigabytes of xattrs in an 8 MiB /tmp). (A plain user's is bubblewrap's: not
+/// bounded yet, see README's Limits.)
+#[test]
+fn limits_tmp_xattrs_as_root() {
+    let e = env(Who::Root);
+    let script = format!(
+        r#"cd /tmp && {PYTHON} -c '
+import os
+v, n, err = b"v" * 60000, 0, 0
+try:
+    while n < 64 << 20:
+        p = "f%d" % (n // 180000)
+        if not os.path.exists(p):
+            open(p, "w").close()
+        os.setxattr(p, "user.k%d" % n, v)
+        n += len(v)
+except OSError as e:
+    err = e.errno
+print("stored", n >> 20, "errno", err)
+'"#
+    );
+    let b = run_limited(
+        &e,
+        "[sandbox.run]\ntmp_size = \"8MiB\"\n",
+        &["--private-tmp"],
+        &script,
+    );
+    let o = &b.out;
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    let stored: u64 = text
+        .split_whitespace()
+        .skip_while(|w| *w != "stored")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count\n{}", show(o)));
+    assert!(
+        stored < 8 && text.contains(&format!("errno {}", libc::ENOSPC)),
+        "{stored} MiB of xattrs in an 8 MiB /tmp\n{}",
+        show(o)
+    );
+    e.assert_held(o);
+}
+
 /// An xattr flood (64 KiB values, as many as it can) is refused once the branch's
 /// metadata budget is spent, oversized values and names get E2BIG and ERANGE, and shade's
 /// own memory stays bounded all along.

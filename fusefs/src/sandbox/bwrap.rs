@@ -232,6 +232,10 @@ struct Layout<'a> {
     /// Sizes of the private /tmp and /dev/shm (`None`: the kernel's default).
     tmp_size: Option<u64>,
     shm_size: Option<u64>,
+    /// As root: the sized tmpfs made in the stage for /tmp and /dev/shm, bound in place of
+    /// bubblewrap's own (which cannot bound their inodes).
+    tmp_source: Option<PathBuf>,
+    shm_source: Option<PathBuf>,
     /// The branch's outside layer, in place of the host's `/`.
     outside: Option<&'a Outside>,
 }
@@ -248,6 +252,8 @@ impl Layout<'_> {
             ro_files: Vec::new(),
             tmp_size: None,
             shm_size: None,
+            tmp_source: None,
+            shm_source: None,
             outside: None,
         }
     }
@@ -305,13 +311,27 @@ impl Confinement {
             "/dev",
         ]);
         proc_knobs(&mut cmd);
-        cmd.args(["--perms", "1777"])
-            .args(super::limits::tmpfs_size(layout.shm_size))
-            .args(["--tmpfs", "/dev/shm"]);
+        match &layout.shm_source {
+            Some(source) => {
+                cmd.arg("--bind").arg(source).arg("/dev/shm");
+            }
+            None => {
+                cmd.args(["--perms", "1777"])
+                    .args(super::limits::tmpfs_size(layout.shm_size))
+                    .args(["--tmpfs", "/dev/shm"]);
+            }
+        }
         if layout.private_tmp || layout.read_only {
-            cmd.args(["--perms", "1777"])
-                .args(super::limits::tmpfs_size(layout.tmp_size))
-                .args(["--tmpfs", "/tmp"]);
+            match &layout.tmp_source {
+                Some(source) => {
+                    cmd.arg("--bind").arg(source).arg("/tmp");
+                }
+                None => {
+                    cmd.args(["--perms", "1777"])
+                        .args(super::limits::tmpfs_size(layout.tmp_size))
+                        .args(["--tmpfs", "/tmp"]);
+                }
+            }
         }
         if layout.read_only {
             // The services' sockets (systemd, the session bus, docker, …) live under /run;
@@ -669,6 +689,35 @@ pub(crate) fn build(
             root_units: Vec::new(),
         });
     }
+    // As root, the private /tmp and /dev/shm with a size are made in the stage, their
+    // inodes bounded with it (one per 4 KiB, as the outside layer's): bubblewrap's `--size`
+    // leaves tmpfs's default, about a million inodes per GiB of RAM, in which a command keeps
+    // gigabytes of user extended attributes past the size.
+    let mut sized_tmpfs = |name: &str, size: Option<u64>| -> Result<Option<PathBuf>> {
+        let (Some(st), Some(size), Some(base)) = (stage.as_mut(), size, conf.root_base) else {
+            return Ok(None);
+        };
+        let to = stage_at.join(name);
+        let c = super::cstring(&to)?;
+        st.dirs.push(c.clone());
+        let options = format!(
+            "mode=1777,size={},nr_inodes={},uid={base},gid={base}",
+            size.max(4096),
+            (size / 4096).max(1024)
+        );
+        st.tmpfs.push((
+            c,
+            std::ffi::CString::new(options)
+                .map_err(|_| SandboxError::Invalid("tmpfs options".into()))?,
+        ));
+        Ok(Some(to))
+    };
+    let shm_source = sized_tmpfs("shm", iso.limits.shm_size)?;
+    let tmp_source = if iso.private_tmp || iso.read_only {
+        sized_tmpfs("tmp", iso.limits.tmp_size)?
+    } else {
+        None
+    };
     let layout = Layout {
         read_only: iso.read_only,
         private_tmp: iso.private_tmp,
@@ -683,6 +732,8 @@ pub(crate) fn build(
             .collect(),
         tmp_size: iso.limits.tmp_size,
         shm_size: iso.limits.shm_size,
+        tmp_source,
+        shm_source,
         outside: outside.as_ref(),
     };
     let argv: Vec<OsString> = match helper.filter(|_| hand_tty) {

@@ -921,6 +921,10 @@ pub(crate) struct RootStage {
     /// remount pass fail); read-only views keep theirs.
     pub binds: Vec<(CString, CString, bool, bool)>,
     pub units: Vec<RootUnit>,
+    /// Sized tmpfs to mount in the stage (mount point, options): the private /tmp and
+    /// /dev/shm, made here rather than by bubblewrap so that their inodes (and the user
+    /// extended attributes tmpfs counts with them) are bounded with their size.
+    pub tmpfs: Vec<(CString, CString)>,
     /// Allowed unix sockets (see sockets.rs): (the host's socket, its file in the stage),
     /// idmapped so that the sandbox's root may connect where host root may.
     pub sockets: Vec<(CString, CString)>,
@@ -962,6 +966,18 @@ impl RootStage {
                     return fail();
                 }
                 libc::close(fd);
+            }
+            for (target, options) in &self.tmpfs {
+                if libc::mount(
+                    c"shade-tmp".as_ptr(),
+                    target.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    options.as_ptr().cast(),
+                ) != 0
+                {
+                    return fail();
+                }
             }
             for (source, target, read_only, recursive) in &self.binds {
                 let rec = if *recursive { libc::MS_REC } else { 0 };
