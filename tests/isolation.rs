@@ -619,48 +619,14 @@ fn terminal_signals_reach_the_command_alone() {
 /// `exec --shadow`: the agent's shell tries the routes out; the real project stays as it
 /// was and shade does not claim otherwise.
 fn exec_shadow(who: Who) {
-    use std::sync::Arc;
     let e = env(who);
     let attack = format!(
         r#"for p in /proc/[0-9]*; do echo X > $p/root{P}/file; done 2>/dev/null; for t in $PPID 1; do nsenter -t $t -m -- sh -c "echo X > {P}/file; echo X > {O}/ns-$t"; done 2>/dev/null; umount -l {P} 2>/dev/null; echo X > {P}/file; ls /proc/$$/fd > {O}/../share/fds; echo attempted"#,
         P = e.p(),
         O = e.o()
     );
-    let llm = shade_testkit::FakeLlm::start(Arc::new(move |body: &serde_json::Value| {
-        if shade_testkit::tool_results_since_user(body) == 0 {
-            shade_testkit::Reply::tool("shell", serde_json::json!({ "command": attack }))
-        } else {
-            shade_testkit::Reply::text("Done.")
-        }
-    }))
-    .unwrap();
-    let config = e.out.join("../config");
-    std::fs::create_dir_all(&config).unwrap();
-    if who == Who::Plain {
-        let (uid, gid) = plain_ids();
-        std::os::unix::fs::chown(&config, Some(uid), Some(gid)).unwrap();
-    }
-    let o = e
-        .shade()
-        .args(["exec", "--shadow", "--approval", "yolo", "clean up"])
-        .env("XDG_CONFIG_HOME", &config)
-        .env("OPENAI_BASE_URL", &llm.base_url)
-        .env("OPENAI_API_KEY", "test-key")
-        .env("SHADE_MODEL", "main-model")
-        .env("SHADE_FAST_MODEL", "fast-model")
-        .output()
-        .unwrap();
-    assert!(
-        String::from_utf8_lossy(&o.stdout).contains("Done."),
-        "the agent did not finish\n{}",
-        show(&o)
-    );
+    let o = agent_shell(&e, &attack);
     e.assert_held(&o);
-    // The agent's shell inherits none of the session's descriptors (sockets, logs, FUSE).
-    let fds = std::fs::read_to_string(e.out.join("../share/fds")).unwrap();
-    let mut got: Vec<i32> = fds.split_whitespace().map(|f| f.parse().unwrap()).collect();
-    got.sort();
-    assert_eq!(got, passed_on(), "descriptors the agent's shell got");
 }
 
 /// A program the command makes set-user-ID (and set-group-ID) with a file capability:
