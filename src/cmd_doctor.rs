@@ -59,7 +59,7 @@ fn own_seccomp() -> String {
 }
 
 /// The limits in force per mode (built-in, or the config's `[sandbox.*]` tables), and how
-/// the process limit is enforced here.
+/// the process and memory limits are enforced here.
 fn print_limits(root: bool) {
     use shade_fusefs::sandbox::Limits;
     println!("limits (shade run):   {}", Limits::run().describe());
@@ -73,6 +73,17 @@ fn print_limits(root: bool) {
             "a pids cgroup per command (cgroup v2 or the v1 pids hierarchy)"
         } else {
             "RLIMIT_NPROC inside the command's user namespace"
+        }
+    );
+    println!(
+        "memory limit:         {}",
+        if root {
+            shade_fusefs::sandbox::memory_enforcement()
+        } else {
+            "RLIMIT_AS of each process inside the command's user namespace (no cgroup of \
+             this user's: the command's processes together may use up to the limit times \
+             the process limit)"
+                .to_string()
         }
     );
 }

@@ -209,6 +209,10 @@ pub struct LimitsConfig {
     /// What the branch's outside layer may hold, in memory ("unlimited": on the state
     /// directory's disk, no limit).
     pub outside_size: Option<Size>,
+    /// Memory (and swap) the command may use ("4GiB"; "unlimited": no limit of shade's).
+    /// As root, its processes together (a cgroup); as a plain user, each process's address
+    /// space (`RLIMIT_AS`).
+    pub memory: Option<Size>,
 }
 
 /// A size in the config: a number of bytes or a string such as "512MiB" or "unlimited".
@@ -251,6 +255,7 @@ impl LimitsConfig {
                 &mut l.branch_metadata,
             ),
             ("outside_size", &self.outside_size, &mut l.outside_size),
+            ("memory", &self.memory, &mut l.memory),
         ] {
             if let Some(v) = value {
                 *slot = v.bytes(key)?;
@@ -561,10 +566,12 @@ mod tests {
             &path,
             "model = \"m\"\n[sandbox.run]\nmax_processes = 100\ntmp_size = \"1G\"\n\
              [sandbox.speculation]\nbranch_size = \"unlimited\"\nshm_size = 4096\n\
-             time_limit_secs = 0\n",
+             time_limit_secs = 0\nmemory = \"512MiB\"\n",
         )
         .unwrap();
         let (run, spec) = sandbox_limits(Some(path.clone())).unwrap();
+        assert_eq!(spec.memory, Some(512 << 20));
+        assert_eq!(run.memory, Limits::RUN.memory);
         assert_eq!(run.max_processes, Some(100));
         assert_eq!(run.tmp_size, Some(1 << 30));
         assert_eq!(run.branch_size, None);

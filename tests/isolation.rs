@@ -1629,3 +1629,52 @@ both!(
     limits_time,
     host_knobs,
 );
+
+/// A command allocating past its memory limit (1 GiB touched, 256 MiB allowed) does not
+/// get it. As root the OOM killer of the command's cgroup ends the allocating process, shade
+/// says so in one line and survives, and the branch still serves what the command wrote
+/// before. As a plain user (no cgroup of their own) `RLIMIT_AS` refuses the allocation.
+fn limits_memory(who: Who) {
+    let e = env(who);
+    let script = format!(
+        r#"echo kept > kept; {PYTHON} -c 'x = b"x" * (1 << 30); print("allocated", len(x))'; echo "python $?"; cat kept"#
+    );
+    let b = run_limited(&e, "[sandbox.run]\nmemory = \"256MiB\"\n", &[], &script);
+    let o = &b.out;
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        !text.contains("allocated"),
+        "1 GiB was allocated under a 256 MiB limit\n{}",
+        show(o)
+    );
+    match who {
+        Who::Root => {
+            assert!(text.contains("python 137"), "not killed\n{}", show(o));
+            stderr_says(o, "shade: the command reached its 256 MiB memory limit");
+        }
+        Who::Plain => assert!(
+            text.contains("python 1") && String::from_utf8_lossy(&o.stderr).contains("MemoryError"),
+            "the allocation was not refused\n{}",
+            show(o)
+        ),
+    }
+    assert!(text.contains("kept"), "the branch lost its file\n{}", show(o));
+    assert_eq!(o.status.code(), Some(0), "{}", show(o));
+    assert!(
+        b.max_rss_kb < 512 * 1024,
+        "shade grew to {} MiB\n{}",
+        b.max_rss_kb / 1024,
+        show(o)
+    );
+    e.assert_held(o);
+}
+
+#[test]
+fn limits_memory_as_root() {
+    limits_memory(Who::Root);
+}
+
+#[test]
+fn limits_memory_as_plain_user() {
+    limits_memory(Who::Plain);
+}

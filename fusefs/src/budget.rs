@@ -57,6 +57,8 @@ pub enum LimitHit {
     Time(Duration),
     /// The branch's outside layer's size (bytes).
     Outside(u64),
+    /// The command's memory limit (bytes): the OOM killer ended one of its processes.
+    Memory(u64),
 }
 
 impl std::fmt::Display for LimitHit {
@@ -78,6 +80,11 @@ impl std::fmt::Display for LimitHit {
             LimitHit::Outside(b) => write!(
                 f,
                 "the command reached the branch's {} limit on writes outside the project",
+                format_size(*b)
+            ),
+            LimitHit::Memory(b) => write!(
+                f,
+                "the command reached its {} memory limit",
                 format_size(*b)
             ),
             LimitHit::Shm(b) => write!(

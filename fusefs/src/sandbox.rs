@@ -17,6 +17,7 @@
 mod bwrap;
 mod caches;
 mod cancel;
+mod cgroup;
 mod capture;
 mod child;
 pub mod env;
@@ -48,6 +49,7 @@ pub use bwrap::{
     foreground_helper, probe, set_foreground_helper, Confinement, FOREGROUND_HELPER_ARG,
 };
 pub use caches::{default_cache_dirs, CacheBranches};
+pub use cgroup::memory_enforcement;
 pub use cancel::Cancel;
 pub use capture::{Captured, Tee};
 pub use child::{cloexec_inherited_fds, detach_from_terminal};
@@ -622,7 +624,7 @@ fn run_confined(
         let mut outcome = supervise::wait(running, ctl, true)?;
         outcome
             .limits_hit
-            .extend(cgroup.as_ref().and_then(limits::Cgroup::hit));
+            .extend(cgroup.iter().flat_map(limits::Cgroup::hits));
         if let Some(ns) = &namespaces {
             let iso = &spec.isolation;
             let private_tmp = iso.private_tmp || iso.read_only;
@@ -698,22 +700,29 @@ fn set_output(cmd: &mut Command, output: Output, tty_handed: bool) -> Result<()>
     Ok(())
 }
 
-/// As root, a pids cgroup for the command's process limit (a plain user's is set inside
-/// the sandbox, see bwrap.rs); `None` without a limit, or where no cgroup can be had (said
-/// once in the log: root's commands then run without one).
+/// As root, a cgroup for the command's process and memory limits (a plain user's are set
+/// inside the sandbox, see bwrap.rs); `None` without limits, or where no cgroup can be had
+/// (said once in the log: root's commands then run without them).
 fn process_cgroup(conf: &Confinement, spec: &RunSpec) -> Option<limits::Cgroup> {
-    let max = spec.isolation.limits.max_processes?;
+    let l = &spec.isolation.limits;
     if !conf.root_userns() {
         return None;
     }
-    limits::Cgroup::create(max)
-        .map_err(|why| {
-            if spec.foreground {
-                eprintln!("shade: warning: the process limit is not enforced here: {why}");
+    let (cgroup, missing) = limits::Cgroup::create(l.max_processes, l.memory);
+    if let Some(m) = missing {
+        for (lost, what) in [(m.processes, "process"), (m.memory, "memory")] {
+            if lost && spec.foreground {
+                eprintln!("shade: warning: the {what} limit is not enforced here: {}", m.why);
             }
-            limits::warn_unenforced("the process limit", &why)
-        })
-        .ok()
+        }
+        if m.processes {
+            limits::warn_unenforced("the process limit", &m.why);
+        }
+        if m.memory {
+            cgroup::warn_memory_unenforced(&m.why);
+        }
+    }
+    cgroup
 }
 
 /// Starts bwrap for `spec` and waits for it to report its sandbox.

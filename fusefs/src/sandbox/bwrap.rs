@@ -608,10 +608,10 @@ pub(crate) fn build(
     let shared_binds = binds.split_off(binds.len() - shared.len());
     // The helper is bound at its own path (a private /tmp or a hidden directory may hide
     // it otherwise), unless it lies in the project, where the branch already shows it.
-    let nproc = super::limits::rlimit_nproc(&iso.limits, conf.root_userns());
+    let rlimits = super::limits::rlimits(&iso.limits, conf.root_userns());
     let helper = HELPER
         .get()
-        .filter(|_| hand_tty || nproc.is_some())
+        .filter(|_| hand_tty || !rlimits.is_empty())
         .filter(|h| !h.starts_with(&spec.project));
     let helper_source = match helper {
         Some(h) => Some(staged(h, "helper".into(), true)?),
@@ -743,7 +743,7 @@ pub(crate) fn build(
             .collect(),
         None => spec.argv.clone(),
     };
-    let argv = limited_argv(nproc, helper.map(PathBuf::as_path), argv);
+    let argv = limited_argv(rlimits, helper.map(PathBuf::as_path), argv);
     let status_raw = status.as_ref().map(AsRawFd::as_raw_fd);
     let mut extra: Vec<OsString> = match status_raw {
         Some(fd) => vec!["--json-status-fd".into(), fd.to_string().into()],
@@ -859,18 +859,22 @@ fn stage_place() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/tmp"))
 }
 
-/// `argv` behind the setting of `RLIMIT_NPROC` to `nproc` (a plain user's process limit),
-/// or as it is when there is none or nothing at hand sets it (said once, in the log).
-fn limited_argv(nproc: Option<u32>, helper: Option<&Path>, argv: Vec<OsString>) -> Vec<OsString> {
-    let Some(n) = nproc else {
+/// `argv` behind the setting of `limits` (a plain user's process and memory limits), or
+/// as it is when there are none or nothing at hand sets them (said once, in the log).
+fn limited_argv(
+    limits: super::limits::Rlimits,
+    helper: Option<&Path>,
+    argv: Vec<OsString>,
+) -> Vec<OsString> {
+    if limits.is_empty() {
         return argv;
-    };
-    match super::limits::nproc_argv(n, helper, argv.clone()) {
+    }
+    match super::limits::rlimit_argv(limits, helper, argv.clone()) {
         Some(limited) => limited,
         None => {
             super::limits::warn_unenforced(
-                "the process limit",
-                "neither shade's binary nor prlimit(1) can set RLIMIT_NPROC in the sandbox",
+                "the process and memory limits",
+                "neither shade's binary nor prlimit(1) can set them in the sandbox",
             );
             argv
         }

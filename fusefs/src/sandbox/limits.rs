@@ -1,24 +1,18 @@
-//! What one command may consume: processes, its private /tmp and /dev/shm, its branch's
-//! contents and metadata, and time. [`Limits`] says how much; this module enforces the
-//! process limit (a pids cgroup as root, `RLIMIT_NPROC` inside the sandbox's user namespace
-//! otherwise) and says which limits a run reached ([`LimitHit`]), each in one line.
-//!
-//! Where a pids cgroup comes from, as root: cgroup v2 (at /sys/fs/cgroup, or a hybrid
-//! system's /sys/fs/cgroup/unified) when its pids controller is available there, else the
-//! cgroup v1 pids hierarchy (/sys/fs/cgroup/pids). The cgroup is made below shade's own
-//! (so a container's limits still apply) or, in v2 where shade's own cannot have children
-//! with controllers, below the hierarchy's root. Where neither exists (no cgroup file
-//! system mounted, or a read-only one in a container), root's commands run without a
-//! process limit and a warning says so: `RLIMIT_NPROC` does not bind real root.
+//! What one command may consume: processes, memory, its private /tmp and /dev/shm, its
+//! branch's contents and metadata, and time. [`Limits`] says how much; this module
+//! enforces the process and memory limits of a plain user's command (`RLIMIT_NPROC` and
+//! `RLIMIT_AS` inside the sandbox's user namespace, see [`Rlimits`]; as root the command's
+//! cgroup bounds both, see cgroup.rs) and says which limits a run reached ([`LimitHit`]),
+//! each in one line. Where no cgroup can be had as root (no cgroup file system mounted, or
+//! a read-only one in a container), root's commands run without those limits and a warning
+//! says so: `RLIMIT_NPROC` does not bind real root.
 
 use std::ffi::OsString;
 use std::fs;
-use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -44,6 +38,11 @@ pub struct Limits {
     /// project, kept in memory: a tmpfs held by shade for the branch's life); `None` keeps
     /// the layer on the state directory's disk, unbounded.
     pub outside_size: Option<u64>,
+    /// Bytes of memory (and swap) the command may use. As root, its cgroup's limit: the
+    /// command's processes together, killed by the OOM killer past it (see cgroup.rs). As a
+    /// plain user, who has no cgroup of their own, `RLIMIT_AS` of each of its processes:
+    /// together at most this times the process limit (see [`rlimits`]).
+    pub memory: Option<u64>,
 }
 
 impl Limits {
@@ -57,10 +56,12 @@ impl Limits {
         branch_metadata: Some(64 << 20),
         time_limit: Some(Duration::from_secs(300)),
         outside_size: Some(1 << 30),
+        memory: Some(4 << 30),
     };
 
     /// What `shade run` gets unless the config says otherwise: nothing below the system's
-    /// own limits (the branch's metadata budget aside).
+    /// own limits but the branch's metadata budget and memory (16 GiB: a build fits, a
+    /// runaway command does not take the machine).
     pub const RUN: Limits = Limits {
         max_processes: None,
         tmp_size: None,
@@ -69,6 +70,7 @@ impl Limits {
         branch_metadata: None,
         time_limit: None,
         outside_size: None,
+        memory: Some(16 << 30),
     };
 
     /// The speculation limits in force (the config's, see [`configure`]).
@@ -95,7 +97,7 @@ impl Limits {
         let size = |s: Option<u64>, none: &str| s.map_or(none.to_string(), format_size);
         format!(
             "processes {}, /tmp {}, /dev/shm {}, branch contents {}, branch metadata {}, \
-             outside layer {}, time {}",
+             outside layer {}, memory {}, time {}",
             self.max_processes
                 .map_or("as the system's".to_string(), |n| n.to_string()),
             size(self.tmp_size, "half of RAM"),
@@ -103,6 +105,7 @@ impl Limits {
             size(self.branch_size, "unlimited"),
             format_size(self.branch_metadata.unwrap_or(DEFAULT_METADATA)),
             size(self.outside_size, "unlimited (on disk)"),
+            size(self.memory, "unlimited"),
             self.time_limit
                 .map_or("unlimited".to_string(), |d| format!("{} s", d.as_secs())),
         )
@@ -128,54 +131,118 @@ pub fn configure(run: Limits, speculation: Limits) {
         Some(Configured { run, speculation });
 }
 
-/// The argument that makes shade's binary set `RLIMIT_NPROC` and exec the rest
-/// ([`limits_helper`]).
+/// The argument that makes shade's binary set the command's resource limits and exec the
+/// rest ([`limits_helper`]).
 pub const LIMITS_HELPER_ARG: &str = "__shade-sandbox-limits";
 
-/// Inside the sandbox, before the command (a plain user's run with a process limit): set
-/// `RLIMIT_NPROC` to `argv[0]` and exec `argv[1..]`. The limit counts the processes of the
-/// command's uid in the sandbox's user namespace only (the kernel keeps a count per user
-/// namespace), so the user's other processes do not eat into it. Returns only on failure.
+/// The resource limits a plain user's command gets inside its sandbox (as root, its
+/// cgroup bounds processes and memory instead): set by [`limits_helper`] right before the
+/// command, so bwrap's own set-up is not counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Rlimits {
+    /// `RLIMIT_NPROC`: the processes of the command's uid in the sandbox's user namespace
+    /// (the kernel keeps a count per user namespace, so the user's other processes do not
+    /// eat into it).
+    pub nproc: Option<u32>,
+    /// `RLIMIT_AS`: each process's address space (what it maps, touched or not).
+    pub address_space: Option<u64>,
+}
+
+impl Rlimits {
+    /// Whether there is nothing to set.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.nproc.is_none() && self.address_space.is_none()
+    }
+
+    /// The helper's first argument: `nproc=N,as=BYTES` (either may be left out).
+    fn spec(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(n) = self.nproc {
+            parts.push(format!("nproc={n}"));
+        }
+        if let Some(b) = self.address_space {
+            parts.push(format!("as={b}"));
+        }
+        parts.join(",")
+    }
+
+    /// [`Rlimits::spec`] read back; a bare number is a process limit.
+    fn parse(text: &str) -> Option<Rlimits> {
+        let mut out = Rlimits::default();
+        if let Ok(n) = text.parse::<u32>() {
+            out.nproc = Some(n);
+            return Some(out);
+        }
+        for part in text.split(',').filter(|p| !p.is_empty()) {
+            match part.split_once('=')? {
+                ("nproc", n) => out.nproc = Some(n.parse().ok()?),
+                ("as", b) => out.address_space = Some(b.parse().ok()?),
+                _ => return None,
+            }
+        }
+        Some(out)
+    }
+}
+
+/// Inside the sandbox, before the command (a plain user's run with limits): set the limits
+/// `argv[0]` names ([`Rlimits`]) and exec `argv[1..]`. Returns only on failure.
 pub fn limits_helper(argv: &[OsString]) -> i32 {
-    let parsed = argv
-        .first()
-        .and_then(|n| n.to_str())
-        .and_then(|n| n.parse::<libc::rlim_t>().ok());
-    let (Some(n), Some((prog, args))) = (parsed, argv.get(1..).and_then(<[_]>::split_first)) else {
-        eprintln!("shade: {LIMITS_HELPER_ARG}: usage: N COMMAND [ARG…]");
+    let parsed = argv.first().and_then(|n| n.to_str()).and_then(Rlimits::parse);
+    let (Some(limits), Some((prog, args))) = (parsed, argv.get(1..).and_then(<[_]>::split_first))
+    else {
+        eprintln!("shade: {LIMITS_HELPER_ARG}: usage: nproc=N,as=BYTES COMMAND [ARG…]");
         return super::EXIT_CANNOT_EXEC;
     };
-    let lim = libc::rlimit {
-        rlim_cur: n,
-        rlim_max: n,
+    let set = |what: &str, resource, n: libc::rlim_t| {
+        let lim = libc::rlimit {
+            rlim_cur: n,
+            rlim_max: n,
+        };
+        // SAFETY: setrlimit(2) with a valid struct.
+        if unsafe { libc::setrlimit(resource, &lim) } != 0 {
+            eprintln!(
+                "shade: cannot set the {what} limit: {}",
+                std::io::Error::last_os_error()
+            );
+            return false;
+        }
+        true
     };
-    // SAFETY: setrlimit(2) with a valid struct.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NPROC, &lim) } != 0 {
-        eprintln!(
-            "shade: cannot set the process limit: {}",
-            std::io::Error::last_os_error()
-        );
-        return super::EXIT_CANNOT_EXEC;
+    if let Some(n) = limits.nproc {
+        if !set("process", libc::RLIMIT_NPROC, libc::rlim_t::from(n)) {
+            return super::EXIT_CANNOT_EXEC;
+        }
+    }
+    if let Some(b) = limits.address_space {
+        if !set("memory", libc::RLIMIT_AS, b) {
+            return super::EXIT_CANNOT_EXEC;
+        }
     }
     let err = Command::new(prog).args(args).exec();
     eprintln!("shade: {}: {err}", prog.to_string_lossy());
     super::EXIT_CANNOT_EXEC
 }
 
-/// For a plain user's run with a process limit: the `RLIMIT_NPROC` to set inside the
-/// sandbox. It counts the sandbox's init too, hence one more than the command's share.
-pub(crate) fn rlimit_nproc(limits: &Limits, root: bool) -> Option<u32> {
+/// For a plain user's run: the limits to set inside the sandbox. `RLIMIT_NPROC` counts the
+/// sandbox's init too, hence one more than the command's share. Nothing as root (its
+/// cgroup bounds both).
+pub(crate) fn rlimits(limits: &Limits, root: bool) -> Rlimits {
     if root {
-        return None;
+        return Rlimits::default();
     }
-    limits.max_processes.map(|n| n.saturating_add(1))
+    Rlimits {
+        nproc: limits.max_processes.map(|n| n.saturating_add(1)),
+        address_space: limits
+            .memory
+            .map(|m| m.max(super::cgroup::MIN_MEMORY)),
+    }
 }
 
-/// `argv` behind whatever sets `RLIMIT_NPROC` to `nproc` inside the sandbox: shade's own
-/// binary (`helper`, bound into the sandbox), else util-linux's `prlimit`. `None` when
-/// neither is at hand (the caller then warns and runs without the limit).
-pub(crate) fn nproc_argv(
-    nproc: u32,
+/// `argv` behind whatever sets `limits` inside the sandbox: shade's own binary (`helper`,
+/// bound into the sandbox), else util-linux's `prlimit`. `None` when neither is at hand
+/// (the caller then warns and runs without the limits).
+pub(crate) fn rlimit_argv(
+    limits: Rlimits,
     helper: Option<&Path>,
     argv: Vec<OsString>,
 ) -> Option<Vec<OsString>> {
@@ -183,18 +250,22 @@ pub(crate) fn nproc_argv(
         Some(h) => vec![
             h.as_os_str().to_os_string(),
             LIMITS_HELPER_ARG.into(),
-            nproc.to_string().into(),
+            limits.spec().into(),
         ],
         None => {
             let prlimit = ["/usr/bin/prlimit", "/bin/prlimit"]
                 .into_iter()
                 .map(Path::new)
                 .find(|p| p.exists())?;
-            vec![
-                prlimit.as_os_str().to_os_string(),
-                format!("--nproc={nproc}:{nproc}").into(),
-                "--".into(),
-            ]
+            let mut v = vec![prlimit.as_os_str().to_os_string()];
+            if let Some(n) = limits.nproc {
+                v.push(format!("--nproc={n}:{n}").into());
+            }
+            if let Some(b) = limits.address_space {
+                v.push(format!("--as={b}:{b}").into());
+            }
+            v.push("--".into());
+            v
         }
     };
     Some(prefix.into_iter().chain(argv).collect())
@@ -209,185 +280,7 @@ pub(crate) fn tmpfs_size(size: Option<u64>) -> Vec<OsString> {
     }
 }
 
-/// A pids cgroup holding one command (as root): made before the command starts, the
-/// command's bwrap entered into it before it execs, emptied and removed after.
-pub(crate) struct Cgroup {
-    dir: PathBuf,
-    /// `cgroup.procs`, opened before the fork: the child writes "0" (itself) to it.
-    procs: OwnedFd,
-    max: u32,
-}
-
-/// The cgroup's processes are the command's plus bwrap's two (its monitor and the
-/// sandbox's init).
-const BWRAP_PROCESSES: u32 = 2;
-/// How often removing an emptied cgroup is tried (the kernel frees it a moment after its
-/// last process is reaped), 20 ms apart: then it is left with a log line.
-const RMDIR_ATTEMPTS: u32 = 100;
-
-static SEQ: AtomicU64 = AtomicU64::new(0);
-
-impl Cgroup {
-    /// A new pids cgroup allowing `max` processes to the command; `Err` says why none can
-    /// be had here.
-    pub(crate) fn create(max: u32) -> Result<Cgroup, String> {
-        let parents = candidates();
-        if parents.is_empty() {
-            return Err("no cgroup file system with the pids controller is mounted".into());
-        }
-        let name = format!(
-            "shade-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        );
-        let mut why = Vec::new();
-        for parent in parents {
-            let dir = parent.join(&name);
-            match Cgroup::make(&dir, max) {
-                Ok(cg) => return Ok(cg),
-                Err(e) => {
-                    let _ = fs::remove_dir(&dir);
-                    why.push(format!("{}: {e}", dir.display()));
-                }
-            }
-        }
-        Err(why.join("; "))
-    }
-
-    fn make(dir: &Path, max: u32) -> std::io::Result<Cgroup> {
-        fs::create_dir(dir)?;
-        fs::write(
-            dir.join("pids.max"),
-            max.saturating_add(BWRAP_PROCESSES).to_string(),
-        )?;
-        let procs = fs::OpenOptions::new()
-            .write(true)
-            .open(dir.join("cgroup.procs"))?;
-        Ok(Cgroup {
-            dir: dir.to_path_buf(),
-            procs: procs.into(),
-            max,
-        })
-    }
-
-    /// Makes `cmd`'s process enter the cgroup right before it execs (so everything it
-    /// starts is counted from its first fork).
-    pub(crate) fn enter_on_exec(&self, cmd: &mut Command) {
-        let fd: RawFd = self.procs.as_raw_fd();
-        // SAFETY: write(2) of a static buffer to an fd that outlives the spawn.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
-
-    /// Whether a fork was refused at the limit (`pids.events`' "max" count).
-    pub(crate) fn hit(&self) -> Option<LimitHit> {
-        let events = fs::read_to_string(self.dir.join("pids.events")).ok()?;
-        let refused: u64 = events
-            .lines()
-            .find_map(|l| l.strip_prefix("max "))?
-            .trim()
-            .parse()
-            .ok()?;
-        (refused > 0).then_some(LimitHit::Processes(self.max))
-    }
-
-    /// Kills what is left in it and removes it, trying a bounded number of times.
-    fn remove(&self) {
-        for attempt in 0..RMDIR_ATTEMPTS {
-            let left = fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
-            for pid in left.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                // SAFETY: kill(2); a pid gone meanwhile gives ESRCH.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-            match fs::remove_dir(&self.dir) {
-                Ok(()) => return,
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return,
-                Err(e) if attempt + 1 == RMDIR_ATTEMPTS => {
-                    tracing::warn!(
-                        "could not remove the command's cgroup {}: {e}; left behind",
-                        self.dir.display()
-                    );
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
-            }
-        }
-    }
-}
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        self.remove();
-    }
-}
-
-/// Where a pids cgroup may be made, best first.
-fn candidates() -> Vec<PathBuf> {
-    let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    let mut out = Vec::new();
-    // cgroup v2: the unified hierarchy, where its pids controller is enabled for children.
-    for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
-        let root = Path::new(root);
-        if !is_cgroup2(root) {
-            continue;
-        }
-        let rel = own
-            .lines()
-            .find_map(|l| l.strip_prefix("0::"))
-            .unwrap_or("/")
-            .trim_start_matches('/');
-        let mine = root.join(rel);
-        if has_word(&mine.join("cgroup.subtree_control"), "pids") {
-            out.push(mine);
-        }
-        if has_word(&root.join("cgroup.controllers"), "pids") {
-            // The root may have processes and children with controllers at once.
-            if !has_word(&root.join("cgroup.subtree_control"), "pids") {
-                let _ = fs::OpenOptions::new()
-                    .write(true)
-                    .open(root.join("cgroup.subtree_control"))
-                    .and_then(|mut f| f.write_all(b"+pids"));
-            }
-            if has_word(&root.join("cgroup.subtree_control"), "pids") {
-                out.push(root.to_path_buf());
-            }
-        }
-    }
-    // cgroup v1: the pids hierarchy, below our own cgroup in it.
-    let v1 = Path::new("/sys/fs/cgroup/pids");
-    if v1.join("cgroup.procs").exists() {
-        let rel = own
-            .lines()
-            .find_map(|l| {
-                let mut f = l.splitn(3, ':');
-                let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
-                ctrl.split(',').any(|c| c == "pids").then_some(path)
-            })
-            .unwrap_or("/")
-            .trim_start_matches('/');
-        let mine = v1.join(rel);
-        if mine.is_dir() {
-            out.push(mine);
-        }
-        out.push(v1.to_path_buf());
-    }
-    out.dedup();
-    out
-}
-
-fn is_cgroup2(path: &Path) -> bool {
-    nix::sys::statfs::statfs(path)
-        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
-}
-
-fn has_word(file: &Path, word: &str) -> bool {
-    fs::read_to_string(file).is_ok_and(|s| s.split_whitespace().any(|w| w == word))
-}
+pub(crate) use super::cgroup::Cgroup;
 
 /// The user and mount namespaces of the sandbox whose init is `pid` (its PID namespace
 /// `pid_ns_ino`, checked after opening them, so a reused pid cannot give another's).
@@ -492,9 +385,28 @@ mod tests {
         assert_eq!(
             d,
             "processes 512, /tmp 512 MiB, /dev/shm 512 MiB, branch contents 1 GiB, \
-             branch metadata 64 MiB, outside layer 1 GiB, time 300 s"
+             branch metadata 64 MiB, outside layer 1 GiB, memory 4 GiB, time 300 s"
         );
         assert!(Limits::RUN.describe().contains("as the system's"));
+    }
+
+    #[test]
+    fn the_helpers_limits_are_read_back() {
+        let r = Rlimits {
+            nproc: Some(9),
+            address_space: Some(1 << 30),
+        };
+        assert_eq!(Rlimits::parse(&r.spec()), Some(r));
+        assert_eq!(
+            Rlimits::parse("7").map(|r| (r.nproc, r.address_space)),
+            Some((Some(7), None))
+        );
+        assert_eq!(Rlimits::parse("nproc=x"), None);
+        assert!(rlimits(&Limits::SPECULATION, true).is_empty());
+        assert_eq!(
+            rlimits(&Limits::SPECULATION, false).address_space,
+            Some(4 << 30)
+        );
     }
 
     #[test]

@@ -1,0 +1,455 @@
+//! The cgroup that holds one command as root: its process limit (the pids controller) and
+//! its memory limit (the memory controller), made before the command starts, entered by
+//! its bwrap right before exec (so everything it starts is counted from its first fork),
+//! emptied and removed after it.
+//!
+//! Where it comes from: cgroup v2 (at /sys/fs/cgroup, or a hybrid system's
+//! /sys/fs/cgroup/unified) for the controllers enabled there, the cgroup v1 hierarchy of
+//! each other one (/sys/fs/cgroup/pids, /sys/fs/cgroup/memory). Each is made below shade's
+//! own cgroup (so a container's limits still apply) or, in v2 where shade's own cannot have
+//! children with controllers, below the hierarchy's root. shade itself stays where it is:
+//! the memory of its branches (the FUSE server's) is its own budget, not the command's; the
+//! OOM killer of the command's cgroup only ever picks the command's processes.
+//!
+//! What the memory controller counts: the command's processes' memory and the kernel's for
+//! them, the page cache they fault in (reclaimable), and what they write to a tmpfs (its
+//! private /tmp and /dev/shm, its outside layer when sized): those pages are charged to
+//! the writer, so they count against the memory limit as well as their own size. Swap
+//! counts too (`memory.memsw.limit_in_bytes` in v1, `memory.swap.max` 0 in v2): the limit
+//! is of memory and swap together.
+
+use std::fs;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::budget::LimitHit;
+
+/// The cgroup's processes are the command's plus bwrap's two (its monitor and the
+/// sandbox's init).
+const BWRAP_PROCESSES: u32 = 2;
+/// How often removing an emptied cgroup is tried (the kernel frees it a moment after its
+/// last process is reaped), 20 ms apart: then it is left with a log line.
+const RMDIR_ATTEMPTS: u32 = 100;
+/// The least memory limit shade sets: bwrap and a shell must start under it.
+pub(crate) const MIN_MEMORY: u64 = 16 << 20;
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Controller {
+    Pids,
+    Memory,
+}
+
+impl Controller {
+    fn name(self) -> &'static str {
+        match self {
+            Controller::Pids => "pids",
+            Controller::Memory => "memory",
+        }
+    }
+}
+
+/// One directory of the command's cgroup: in v2 it may carry both controllers, in v1 one.
+struct Part {
+    dir: PathBuf,
+    /// `cgroup.procs`, opened before the fork: the child writes "0" (itself) to it.
+    procs: OwnedFd,
+    v2: bool,
+    controllers: Vec<Controller>,
+}
+
+/// The cgroup(s) holding one command (as root).
+pub(crate) struct Cgroup {
+    parts: Vec<Part>,
+    max: Option<u32>,
+    memory: Option<u64>,
+}
+
+/// What [`Cgroup::create`] could not have, and why (the caller warns).
+pub(crate) struct Missing {
+    /// Whether the process limit is missing.
+    pub processes: bool,
+    /// Whether the memory limit is missing.
+    pub memory: bool,
+    /// Why, for the warning.
+    pub why: String,
+}
+
+impl Cgroup {
+    /// A new cgroup allowing `max` processes and `memory` bytes to the command (`None`: no
+    /// such limit). Whatever could not be had is said in [`Missing`]; `None` when nothing
+    /// at all was wanted or had.
+    pub(crate) fn create(max: Option<u32>, memory: Option<u64>) -> (Option<Cgroup>, Option<Missing>) {
+        let mut wanted: Vec<Controller> = Vec::new();
+        if max.is_some() {
+            wanted.push(Controller::Pids);
+        }
+        if memory.is_some() {
+            wanted.push(Controller::Memory);
+        }
+        if wanted.is_empty() {
+            return (None, None);
+        }
+        let name = format!(
+            "shade-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let memory = memory.map(|m| m.max(MIN_MEMORY));
+        let mut cg = Cgroup {
+            parts: Vec::new(),
+            max,
+            memory,
+        };
+        let mut why: Vec<String> = Vec::new();
+        // cgroup v2 first: one directory for every controller it has.
+        for (parent, controllers) in v2_candidates(&own, &wanted) {
+            let todo: Vec<Controller> = controllers
+                .into_iter()
+                .filter(|c| !cg.has(*c))
+                .collect();
+            if todo.is_empty() {
+                continue;
+            }
+            match cg.make(&parent.join(&name), true, todo) {
+                Ok(()) => {}
+                Err(e) => why.push(e),
+            }
+        }
+        // Then v1, one hierarchy per controller.
+        for c in wanted.clone() {
+            if cg.has(c) {
+                continue;
+            }
+            let parents = v1_candidates(&own, c);
+            if parents.is_empty() {
+                why.push(format!("no cgroup hierarchy with the {} controller", c.name()));
+            }
+            for parent in parents {
+                match cg.make(&parent.join(&name), false, vec![c]) {
+                    Ok(()) => break,
+                    Err(e) => why.push(e),
+                }
+            }
+        }
+        let missing = Missing {
+            processes: max.is_some() && !cg.has(Controller::Pids),
+            memory: memory.is_some() && !cg.has(Controller::Memory),
+            why: why.join("; "),
+        };
+        let missing = (missing.processes || missing.memory).then_some(missing);
+        let cg = (!cg.parts.is_empty()).then_some(cg);
+        (cg, missing)
+    }
+
+    fn has(&self, c: Controller) -> bool {
+        self.parts.iter().any(|p| p.controllers.contains(&c))
+    }
+
+    /// Makes `dir` with `controllers` set; `Err` says why not (and `dir` is removed).
+    fn make(&mut self, dir: &Path, v2: bool, controllers: Vec<Controller>) -> Result<(), String> {
+        let result = (|| -> std::io::Result<Part> {
+            fs::create_dir(dir)?;
+            for c in &controllers {
+                match c {
+                    Controller::Pids => fs::write(
+                        dir.join("pids.max"),
+                        self.max
+                            .unwrap_or(u32::MAX - BWRAP_PROCESSES)
+                            .saturating_add(BWRAP_PROCESSES)
+                            .to_string(),
+                    )?,
+                    Controller::Memory => {
+                        let bytes = self.memory.unwrap_or(u64::MAX).to_string();
+                        if v2 {
+                            fs::write(dir.join("memory.max"), &bytes)?;
+                            // Memory and swap together: none of it in swap.
+                            write_if_present(&dir.join("memory.swap.max"), "0")?;
+                        } else {
+                            fs::write(dir.join("memory.limit_in_bytes"), &bytes)?;
+                            // Where swap is accounted, memory and swap together.
+                            write_if_present(&dir.join("memory.memsw.limit_in_bytes"), &bytes)?;
+                            // The OOM killer ends the command (a parent's setting is
+                            // inherited: a disabled one would leave it hanging).
+                            fs::write(dir.join("memory.oom_control"), "0")?;
+                        }
+                    }
+                }
+            }
+            let procs = fs::OpenOptions::new()
+                .write(true)
+                .open(dir.join("cgroup.procs"))?;
+            Ok(Part {
+                dir: dir.to_path_buf(),
+                procs: procs.into(),
+                v2,
+                controllers,
+            })
+        })();
+        match result {
+            Ok(part) => {
+                self.parts.push(part);
+                Ok(())
+            }
+            Err(e) => {
+                let _ = fs::remove_dir(dir);
+                Err(format!("{}: {e}", dir.display()))
+            }
+        }
+    }
+
+    /// Makes `cmd`'s process enter the cgroup right before it execs.
+    pub(crate) fn enter_on_exec(&self, cmd: &mut Command) {
+        let fds: Vec<RawFd> = self.parts.iter().map(|p| p.procs.as_raw_fd()).collect();
+        // SAFETY: write(2) of a static buffer to fds that outlive the spawn.
+        unsafe {
+            cmd.pre_exec(move || {
+                for fd in &fds {
+                    if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+    }
+
+    /// The limits the command ran into: a fork refused at the process limit (`pids.events`'
+    /// "max"), a process killed at the memory limit (the OOM killer's count).
+    pub(crate) fn hits(&self) -> Vec<LimitHit> {
+        let mut out = Vec::new();
+        for p in &self.parts {
+            for c in &p.controllers {
+                match c {
+                    Controller::Pids => {
+                        if count(&p.dir.join("pids.events"), "max") > 0 {
+                            out.extend(self.max.map(LimitHit::Processes));
+                        }
+                    }
+                    Controller::Memory => {
+                        let file = if p.v2 {
+                            "memory.events"
+                        } else {
+                            "memory.oom_control"
+                        };
+                        if count(&p.dir.join(file), "oom_kill") > 0 {
+                            out.extend(self.memory.map(LimitHit::Memory));
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Kills what is left in it and removes it, trying a bounded number of times.
+    fn remove(&self) {
+        for p in &self.parts {
+            remove_dir(&p.dir);
+        }
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+fn remove_dir(dir: &Path) {
+    for attempt in 0..RMDIR_ATTEMPTS {
+        let left = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in left.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            // SAFETY: kill(2); a pid gone meanwhile gives ESRCH.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        match fs::remove_dir(dir) {
+            Ok(()) => return,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return,
+            Err(e) if attempt + 1 == RMDIR_ATTEMPTS => {
+                tracing::warn!(
+                    "could not remove the command's cgroup {}: {e}; left behind",
+                    dir.display()
+                );
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// `file`'s "`key` N" line's N (0 when there is none).
+fn count(file: &Path, key: &str) -> u64 {
+    fs::read_to_string(file)
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                (k == key).then(|| v.trim().parse().ok()).flatten()
+            })
+        })
+        .unwrap_or(0)
+}
+
+fn write_if_present(file: &Path, value: &str) -> std::io::Result<()> {
+    match fs::write(file, value) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+/// v2 directories a child may be made in, each with the wanted controllers enabled for
+/// its children, best first: shade's own cgroup where they are enabled already, else the
+/// hierarchy's root (which may have processes and children with controllers at once).
+fn v2_candidates(own: &str, wanted: &[Controller]) -> Vec<(PathBuf, Vec<Controller>)> {
+    let mut out: Vec<(PathBuf, Vec<Controller>)> = Vec::new();
+    for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
+        let root = Path::new(root);
+        if !is_cgroup2(root) {
+            continue;
+        }
+        let rel = own
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .unwrap_or("/")
+            .trim_start_matches('/');
+        let mine = root.join(rel);
+        let enabled = |dir: &Path| -> Vec<Controller> {
+            wanted
+                .iter()
+                .copied()
+                .filter(|c| has_word(&dir.join("cgroup.subtree_control"), c.name()))
+                .collect()
+        };
+        let at_mine = enabled(&mine);
+        if !at_mine.is_empty() {
+            out.push((mine.clone(), at_mine));
+        }
+        for c in wanted {
+            if has_word(&root.join("cgroup.controllers"), c.name())
+                && !has_word(&root.join("cgroup.subtree_control"), c.name())
+            {
+                let _ = fs::write(root.join("cgroup.subtree_control"), format!("+{}", c.name()));
+            }
+        }
+        let at_root = enabled(root);
+        if !at_root.is_empty() && mine != root {
+            out.push((root.to_path_buf(), at_root));
+        }
+    }
+    // The directory with the most controllers first: a process is in one cgroup per
+    // hierarchy, so one directory must carry what it can.
+    out.sort_by_key(|(_, c)| std::cmp::Reverse(c.len()));
+    out
+}
+
+/// v1 directories a child with controller `c` may be made in: below shade's own cgroup in
+/// that hierarchy, else its root.
+fn v1_candidates(own: &str, c: Controller) -> Vec<PathBuf> {
+    let v1 = Path::new("/sys/fs/cgroup").join(c.name());
+    if !v1.join("cgroup.procs").exists() || is_cgroup2(&v1) {
+        return Vec::new();
+    }
+    let rel = own
+        .lines()
+        .find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
+            ctrl.split(',').any(|x| x == c.name()).then_some(path)
+        })
+        .unwrap_or("/")
+        .trim_start_matches('/');
+    let mine = v1.join(rel);
+    let mut out = Vec::new();
+    if mine.is_dir() {
+        out.push(mine);
+    }
+    out.push(v1);
+    out.dedup();
+    out
+}
+
+fn is_cgroup2(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
+}
+
+fn has_word(file: &Path, word: &str) -> bool {
+    fs::read_to_string(file).is_ok_and(|s| s.split_whitespace().any(|w| w == word))
+}
+
+/// How the memory limit is enforced for root's commands here, for `shade doctor`.
+pub fn memory_enforcement() -> String {
+    let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    if let Some((dir, _)) = v2_candidates_readonly(&own)
+        .into_iter()
+        .find(|(_, c)| c.contains(&Controller::Memory))
+    {
+        return format!("a memory cgroup per command (cgroup v2, below {})", dir.display());
+    }
+    match v1_candidates(&own, Controller::Memory).first() {
+        Some(dir) => format!(
+            "a memory cgroup per command (cgroup v1, below {})",
+            dir.display()
+        ),
+        None => "none: no cgroup with the memory controller is writable here".into(),
+    }
+}
+
+/// [`v2_candidates`] without enabling anything (for `shade doctor`).
+fn v2_candidates_readonly(own: &str) -> Vec<(PathBuf, Vec<Controller>)> {
+    let mut out = Vec::new();
+    for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
+        let root = Path::new(root);
+        if !is_cgroup2(root) {
+            continue;
+        }
+        let rel = own
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .unwrap_or("/")
+            .trim_start_matches('/');
+        for dir in [root.join(rel), root.to_path_buf()] {
+            let file = if dir == root {
+                "cgroup.controllers"
+            } else {
+                "cgroup.subtree_control"
+            };
+            if has_word(&dir.join(file), "memory") {
+                out.push((dir, vec![Controller::Memory]));
+            }
+        }
+    }
+    out
+}
+
+/// Says once per process that the memory limit could not be enforced here, and why.
+pub(crate) fn warn_memory_unenforced(why: &str) {
+    static WARNED: OnceLock<()> = OnceLock::new();
+    if WARNED.set(()).is_ok() {
+        tracing::warn!("the memory limit is not enforced here: {why}");
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_are_read_by_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("events");
+        fs::write(&f, "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n").unwrap();
+        assert_eq!(count(&f, "oom_kill"), 3);
+        assert_eq!(count(&f, "max"), 0);
+        fs::write(&f, "max 7\n").unwrap();
+        assert_eq!(count(&f, "max"), 7);
+    }
+}
