@@ -1474,13 +1474,24 @@ print("stored", n >> 20, "errno", err)
     e.assert_held(o);
 }
 
-/// As root the private /tmp's inodes, and the user extended attributes tmpfs counts with
-/// them, are bounded with its size (bubblewrap's own tmpfs left about a million inodes per
-/// GiB of RAM: gigabytes of xattrs in an 8 MiB /tmp). (A plain user's is bubblewrap's: not
-/// bounded yet, see README's Limits.)
+/// The private /tmp's inodes, and the user extended attributes tmpfs counts with them, are
+/// bounded with its size (bubblewrap's own tmpfs left about a million inodes per GiB of
+/// RAM: gigabytes of xattrs in an 8 MiB /tmp), as root and as a plain user; and so are
+/// /dev/shm's inodes (a flood of empty files stops within a few thousand).
 #[test]
 fn limits_tmp_xattrs_as_root() {
-    let e = env(Who::Root);
+    limits_tmp_xattrs(Who::Root);
+}
+
+#[test]
+fn limits_tmp_xattrs_as_plain_user() {
+    limits_tmp_xattrs(Who::Plain);
+}
+
+fn limits_tmp_xattrs(who: Who) {
+    let e = env(who);
+    let files = inode_flood(&e, "/dev/shm");
+    assert!(files < 4096, "{files} files in an 8 MiB /dev/shm");
     let script = format!(
         r#"cd /tmp && {PYTHON} -c '
 import os
@@ -1677,4 +1688,42 @@ fn limits_memory_as_root() {
 #[test]
 fn limits_memory_as_plain_user() {
     limits_memory(Who::Plain);
+}
+
+/// How many empty files a command makes in `dir` (with an 8 MiB /tmp and /dev/shm, up to
+/// 20000) before ENOSPC; panics if it was not ENOSPC that stopped it.
+fn inode_flood(e: &Env, dir: &str) -> u64 {
+    let script = format!(
+        r#"mkdir -p {dir}/flood && cd {dir}/flood && {PYTHON} -c '
+n, err = 0, 0
+try:
+    while n < 20000:
+        open("f%d" % n, "w").close()
+        n += 1
+except OSError as e:
+    err = e.errno
+print("files", n, "errno", err)
+'"#
+    );
+    let b = run_limited(
+        e,
+        "[sandbox.run]\ntmp_size = \"8MiB\"\nshm_size = \"8MiB\"\n",
+        &["--private-tmp"],
+        &script,
+    );
+    let o = &b.out;
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    let files: u64 = text
+        .split_whitespace()
+        .skip_while(|w| *w != "files")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count\n{}", show(o)));
+    assert!(
+        text.contains(&format!("errno {}", libc::ENOSPC)),
+        "{files} files in {dir} and no ENOSPC\n{}",
+        show(o)
+    );
+    e.assert_held(o);
+    files
 }

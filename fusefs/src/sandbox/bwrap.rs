@@ -689,12 +689,29 @@ pub(crate) fn build(
             root_units: Vec::new(),
         });
     }
-    // As root, the private /tmp and /dev/shm with a size are made in the stage, their
-    // inodes bounded with it (one per 4 KiB, as the outside layer's): bubblewrap's `--size`
-    // leaves tmpfs's default, about a million inodes per GiB of RAM, in which a command keeps
-    // gigabytes of user extended attributes past the size.
+    let mut user_stage = outside.as_mut().and_then(|o| o.stage.take());
+    // The private /tmp and /dev/shm with a size are made in the stage (root's, or a plain
+    // user's), their inodes bounded with it (one per 4 KiB, as the outside layer's):
+    // bubblewrap's `--size` leaves tmpfs's default, about a million inodes per GiB of RAM,
+    // in which a command keeps gigabytes of user extended attributes past the size.
+    let plain = !nix::unistd::geteuid().is_root();
     let mut sized_tmpfs = |name: &str, size: Option<u64>| -> Result<Option<PathBuf>> {
-        let (Some(st), Some(size), Some(base)) = (stage.as_mut(), size, conf.root_base) else {
+        let Some(size) = size else {
+            return Ok(None);
+        };
+        if plain {
+            let st = match user_stage.as_mut() {
+                Some(st) => st,
+                None => user_stage.insert(outside::UserStage::bare(&stage_at)?),
+            };
+            let options = format!(
+                "mode=1777,size={},nr_inodes={}",
+                size.max(4096),
+                (size / 4096).max(1024)
+            );
+            return st.add_tmpfs(name, &options).map(Some);
+        }
+        let (Some(st), Some(base)) = (stage.as_mut(), conf.root_base) else {
             return Ok(None);
         };
         let to = stage_at.join(name);
@@ -794,7 +811,6 @@ pub(crate) fn build(
     cmd.env_clear()
         .envs(super::env::command_env(spec.env_policy))
         .env("PWD", &spec.cwd);
-    let user_stage = outside.as_mut().and_then(|o| o.stage.take());
     for (key, value) in &spec.env {
         match value {
             Some(v) => cmd.env(key, v),

@@ -117,6 +117,10 @@ pub(crate) struct UserStage {
     dirs: Vec<CString>,
     /// (overlay options, mount point); a failing one leaves its mount point empty.
     mounts: Vec<(CString, CString)>,
+    /// Sized tmpfs to mount in the stage (mount point, options): the private /tmp and
+    /// /dev/shm, made here rather than by bubblewrap (whose `--size` cannot bound
+    /// `nr_inodes`) so that their inodes and user extended attributes are bounded too.
+    tmpfs: Vec<(CString, CString)>,
 }
 
 /// A mount of /proc/self/mountinfo.
@@ -699,6 +703,7 @@ fn user_outside(
             stage: super::cstring(&stage)?,
             dirs,
             mounts: stage_mounts,
+            tmpfs: Vec::new(),
         }),
         root_units: Vec::new(),
     })
@@ -825,6 +830,35 @@ impl Rebuild<'_> {
 }
 
 impl UserStage {
+    /// A stage with nothing but what is added to it ([`UserStage::add_tmpfs`]), for a
+    /// command without an outside layer (a linter's): a tmpfs over `at` (a directory every
+    /// id may pass, as the root stage's) in a user and mount namespace of the command's.
+    pub(crate) fn bare(at: &Path) -> Result<UserStage> {
+        let uid = nix::unistd::geteuid();
+        let gid = nix::unistd::getegid();
+        Ok(UserStage {
+            uid_map: format!("{uid} {uid} 1\n").into_bytes(),
+            gid_map: format!("{gid} {gid} 1\n").into_bytes(),
+            holder: None,
+            stage: super::cstring(at)?,
+            dirs: Vec::new(),
+            mounts: Vec::new(),
+            tmpfs: Vec::new(),
+        })
+    }
+
+    /// Adds a tmpfs with `options` at `name` in the stage; its path, for bwrap to bind.
+    pub(crate) fn add_tmpfs(&mut self, name: &str, options: &str) -> Result<PathBuf> {
+        let at = Path::new(std::ffi::OsStr::from_bytes(self.stage.as_bytes())).join(name);
+        let c = super::cstring(&at)?;
+        self.dirs.push(c.clone());
+        self.tmpfs.push((
+            c,
+            CString::new(options).map_err(|_| SandboxError::Invalid("tmpfs options".into()))?,
+        ));
+        Ok(at)
+    }
+
     /// In the pre-exec hook (async-signal-safe): a user namespace mapping our ids to
     /// themselves and a mount namespace, the units' overlays mounted there (a unit that
     /// fails is bound read-only instead). bwrap then starts inside and binds them.
@@ -862,6 +896,18 @@ impl UserStage {
             }
             for dir in &self.dirs {
                 if libc::mkdir(dir.as_ptr(), 0o700) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            for (target, options) in &self.tmpfs {
+                if libc::mount(
+                    c"shade-tmp".as_ptr(),
+                    target.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    options.as_ptr().cast(),
+                ) != 0
+                {
                     return Err(io::Error::last_os_error());
                 }
             }
