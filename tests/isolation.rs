@@ -1727,3 +1727,110 @@ print("files", n, "errno", err)
     e.assert_held(o);
     files
 }
+
+/// What is checked of an allowed socket is what is bound (attack round): a process that
+/// writes a directory for real (here SHADE_SHARE's) swaps the allowed path between a socket
+/// of its own and a symlink to another socket (the session bus, docker's), thousands of
+/// times a second. shade's check saw the socket, bubblewrap (or, as root, the stage) then
+/// bound whatever the path was a moment later: the victim, idmapped as root. Now the socket
+/// is pinned by the check and the bind is refused unless it is that very socket.
+fn allowed_socket_race(who: Who) {
+    use std::os::unix::net::UnixListener;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let e = env(who);
+    let dir = e.out.parent().unwrap().to_path_buf();
+    let share = dir.join("share");
+    let victim = dir.join("victim.sock");
+    let l = UnixListener::bind(&victim).unwrap();
+    l.set_nonblocking(true).unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let allowed = share.join("app.sock");
+    let stop = Arc::new(AtomicBool::new(false));
+    let racer = {
+        let (stop, share, allowed, victim) =
+            (stop.clone(), share.clone(), allowed.clone(), victim.clone());
+        std::thread::spawn(move || {
+            use std::os::unix::ffi::OsStrExt;
+            // The racer's own socket at the allowed path, a link to the victim beside it;
+            // each renameat2(RENAME_EXCHANGE) swaps them in one step.
+            let own = UnixListener::bind(&allowed).unwrap();
+            std::fs::set_permissions(&allowed, std::fs::Permissions::from_mode(0o777)).unwrap();
+            let link = share.join("app.lnk");
+            std::os::unix::fs::symlink(&victim, &link).unwrap();
+            let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+            let (x, y) = (c(&allowed), c(&link));
+            let mut swaps = 0u64;
+            // Bounded: the runs below end it, or this many swaps do.
+            while !stop.load(Ordering::Relaxed) && swaps < 100_000_000 {
+                // SAFETY: renameat2(2) of two NUL-terminated paths.
+                let r = unsafe {
+                    libc::renameat2(
+                        libc::AT_FDCWD,
+                        x.as_ptr(),
+                        libc::AT_FDCWD,
+                        y.as_ptr(),
+                        libc::RENAME_EXCHANGE,
+                    )
+                };
+                assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+                swaps += 1;
+            }
+            drop(own);
+            swaps
+        })
+    };
+    let a = allowed.display().to_string();
+    let mut outputs = Vec::new();
+    let mut reached = false;
+    // On main about one run in ten bound the victim.
+    for _ in 0..40 {
+        outputs.push(e.run(
+            &["--allow-socket", &a],
+            &format!(
+                r#"{PYTHON} -c '
+import socket
+c = socket.socket(socket.AF_UNIX); c.settimeout(2)
+try:
+    c.connect("{a}"); print("connected")
+except OSError as e:
+    print("refused", e)
+'"#
+            ),
+        ));
+        if l.accept().is_ok() {
+            reached = true;
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let swaps = racer.join().unwrap();
+    let last = outputs.last().unwrap();
+    assert!(swaps > 100, "the racer did not race ({swaps} swaps)");
+    let connected = outputs
+        .iter()
+        .filter(|o| String::from_utf8_lossy(&o.stdout).contains("connected"))
+        .count();
+    eprintln!(
+        "{swaps} swaps; {connected} of {} runs connected to the racer's own socket",
+        outputs.len()
+    );
+    assert!(
+        !reached,
+        "an allowed socket swapped for a link while shade bound it: the other socket was \
+         reached after {} runs\n{}",
+        outputs.len(),
+        show(last)
+    );
+    e.assert_held(last);
+}
+
+#[test]
+fn allowed_socket_race_as_root() {
+    allowed_socket_race(Who::Root);
+}
+
+#[test]
+fn allowed_socket_race_as_plain_user() {
+    allowed_socket_race(Who::Plain);
+}

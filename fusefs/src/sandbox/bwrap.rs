@@ -788,19 +788,28 @@ pub(crate) fn build(
         .into_iter()
         .enumerate()
     {
+        // Bound in the stage from the socket checked (see sockets::StagedSocket), then
+        // bwrap binds that file at the socket's path.
+        let real = sock.real.clone();
         let source = match stage.as_mut() {
             Some(st) => {
                 let to = stage_at.join(format!("k{k}"));
                 let c = super::cstring(&to)?;
                 st.files.push(c.clone());
-                st.sockets.push((super::cstring(&sock)?, c));
+                st.sockets.push(sock.staged(c).map_err(SandboxError::Invalid)?);
                 to
             }
-            None => sock.clone(),
+            None => {
+                let st = match user_stage.as_mut() {
+                    Some(st) => st,
+                    None => user_stage.insert(outside::UserStage::bare(&stage_at)?),
+                };
+                st.add_socket(&format!("k{k}"), sock)?
+            }
         };
         // Read-only (connect needs no write access to the mount): a writable one would let
         // the command chmod, chown or touch the host's socket for real.
-        extra.extend(["--ro-bind".into(), source.into(), sock.into()]);
+        extra.extend(["--ro-bind".into(), source.into(), real.into()]);
     }
     let (mut cmd, filters) = conf.base(&layout, &extra, &argv, &spec.cwd)?;
     // The process limit's cgroup is entered first, while still host root.

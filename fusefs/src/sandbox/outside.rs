@@ -121,6 +121,9 @@ pub(crate) struct UserStage {
     /// /dev/shm, made here rather than by bubblewrap (whose `--size` cannot bound
     /// `nr_inodes`) so that their inodes and user extended attributes are bounded too.
     tmpfs: Vec<(CString, CString)>,
+    /// Allowed unix sockets (see sockets.rs), each bound on its (empty) file in the stage
+    /// from the very socket checked.
+    sockets: Vec<super::sockets::StagedSocket>,
 }
 
 /// A mount of /proc/self/mountinfo.
@@ -704,6 +707,7 @@ fn user_outside(
             dirs,
             mounts: stage_mounts,
             tmpfs: Vec::new(),
+            sockets: Vec::new(),
         }),
         root_units: Vec::new(),
     })
@@ -844,7 +848,22 @@ impl UserStage {
             dirs: Vec::new(),
             mounts: Vec::new(),
             tmpfs: Vec::new(),
+            sockets: Vec::new(),
         })
+    }
+
+    /// Adds an allowed socket, bound at `name` in the stage; its path, for bwrap to bind.
+    pub(crate) fn add_socket(
+        &mut self,
+        name: &str,
+        socket: super::sockets::Pinned,
+    ) -> Result<PathBuf> {
+        let at = Path::new(std::ffi::OsStr::from_bytes(self.stage.as_bytes())).join(name);
+        let staged = socket
+            .staged(super::cstring(&at)?)
+            .map_err(SandboxError::Invalid)?;
+        self.sockets.push(staged);
+        Ok(at)
     }
 
     /// Adds a tmpfs with `options` at `name` in the stage; its path, for bwrap to bind.
@@ -911,6 +930,19 @@ impl UserStage {
                     return Err(io::Error::last_os_error());
                 }
             }
+            for sock in &self.sockets {
+                let fd = libc::open(
+                    sock.target.as_ptr(),
+                    libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
+                    0o600,
+                );
+                if fd < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                libc::close(fd);
+                // One swapped since the check is not bound: its file stays empty.
+                sock.bind(None);
+            }
             for (opts, target) in &self.mounts {
                 // A failing overlay (a directory gone since it was planned, a mount made
                 // below it meanwhile, a file system overlayfs refuses) shows an empty
@@ -971,9 +1003,10 @@ pub(crate) struct RootStage {
     /// /dev/shm, made here rather than by bubblewrap so that their inodes (and the user
     /// extended attributes tmpfs counts with them) are bounded with their size.
     pub tmpfs: Vec<(CString, CString)>,
-    /// Allowed unix sockets (see sockets.rs): (the host's socket, its file in the stage),
-    /// idmapped so that the sandbox's root may connect where host root may.
-    pub sockets: Vec<(CString, CString)>,
+    /// Allowed unix sockets (see sockets.rs), each bound on its file in the stage from the
+    /// very socket checked, idmapped so that the sandbox's root may connect where host
+    /// root may.
+    pub sockets: Vec<super::sockets::StagedSocket>,
 }
 
 impl RootStage {
@@ -1056,24 +1089,9 @@ impl RootStage {
                     return fail();
                 }
             }
-            for (source, target) in &self.sockets {
-                // Read-only: connecting needs no write access to the mount, but through a
-                // writable one the sandbox's root (host root there) could chmod or chown
-                // the host's socket for real, opening it to every local user. A file
-                // system that cannot be idmapped: the socket as it is (the user allowed
-                // it; its owner's permissions then decide).
-                if idmapped_clone(source, target, userns, true) != 0
-                    && (libc::mount(
-                        source.as_ptr(),
-                        target.as_ptr(),
-                        std::ptr::null(),
-                        libc::MS_BIND,
-                        std::ptr::null(),
-                    ) != 0
-                        || remount_read_only(target) != 0)
-                {
-                    return fail();
-                }
+            for sock in &self.sockets {
+                // One swapped since the check is not bound: its file stays empty.
+                sock.bind(Some(userns));
             }
         }
         Ok(())
