@@ -114,6 +114,9 @@ impl Confinement {
     pub fn speculative(binds: Vec<shade_fusefs::sandbox::Bind>) -> Confinement {
         let mut isolation = shade_fusefs::sandbox::Isolation::speculative(Duration::ZERO);
         isolation.limits.time_limit = None;
+        // A language server holds the whole project's index (rust-analyzer: GiBs, and more
+        // address space than that): `shade run`'s memory, not a speculated command's.
+        isolation.limits.memory = shade_fusefs::sandbox::Limits::run().memory;
         Confinement { isolation, binds }
     }
 }
