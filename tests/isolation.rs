@@ -1669,7 +1669,11 @@ fn limits_memory(who: Who) {
             show(o)
         ),
     }
-    assert!(text.contains("kept"), "the branch lost its file\n{}", show(o));
+    assert!(
+        text.contains("kept"),
+        "the branch lost its file\n{}",
+        show(o)
+    );
     assert_eq!(o.status.code(), Some(0), "{}", show(o));
     assert!(
         b.max_rss_kb < 512 * 1024,

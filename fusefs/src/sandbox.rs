@@ -17,8 +17,8 @@
 mod bwrap;
 mod caches;
 mod cancel;
-mod cgroup;
 mod capture;
+mod cgroup;
 mod child;
 pub mod env;
 mod ids;
@@ -49,9 +49,9 @@ pub use bwrap::{
     foreground_helper, probe, set_foreground_helper, Confinement, FOREGROUND_HELPER_ARG,
 };
 pub use caches::{default_cache_dirs, CacheBranches};
-pub use cgroup::memory_enforcement;
 pub use cancel::Cancel;
 pub use capture::{Captured, Tee};
+pub use cgroup::memory_enforcement;
 pub use child::{cloexec_inherited_fds, detach_from_terminal};
 pub use limits::{configure as configure_limits, limits_helper, Limits, LIMITS_HELPER_ARG};
 
@@ -712,7 +712,10 @@ fn process_cgroup(conf: &Confinement, spec: &RunSpec) -> Option<limits::Cgroup> 
     if let Some(m) = missing {
         for (lost, what) in [(m.processes, "process"), (m.memory, "memory")] {
             if lost && spec.foreground {
-                eprintln!("shade: warning: the {what} limit is not enforced here: {}", m.why);
+                eprintln!(
+                    "shade: warning: the {what} limit is not enforced here: {}",
+                    m.why
+                );
             }
         }
         if m.processes {

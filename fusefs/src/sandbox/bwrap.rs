@@ -796,7 +796,8 @@ pub(crate) fn build(
                 let to = stage_at.join(format!("k{k}"));
                 let c = super::cstring(&to)?;
                 st.files.push(c.clone());
-                st.sockets.push(sock.staged(c).map_err(SandboxError::Invalid)?);
+                st.sockets
+                    .push(sock.staged(c).map_err(SandboxError::Invalid)?);
                 to
             }
             None => {

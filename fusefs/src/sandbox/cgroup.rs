@@ -85,7 +85,10 @@ impl Cgroup {
     /// A new cgroup allowing `max` processes and `memory` bytes to the command (`None`: no
     /// such limit). Whatever could not be had is said in [`Missing`]; `None` when nothing
     /// at all was wanted or had.
-    pub(crate) fn create(max: Option<u32>, memory: Option<u64>) -> (Option<Cgroup>, Option<Missing>) {
+    pub(crate) fn create(
+        max: Option<u32>,
+        memory: Option<u64>,
+    ) -> (Option<Cgroup>, Option<Missing>) {
         let mut wanted: Vec<Controller> = Vec::new();
         if max.is_some() {
             wanted.push(Controller::Pids);
@@ -111,10 +114,7 @@ impl Cgroup {
         let mut why: Vec<String> = Vec::new();
         // cgroup v2 first: one directory for every controller it has.
         for (parent, controllers) in v2_candidates(&own, &wanted) {
-            let todo: Vec<Controller> = controllers
-                .into_iter()
-                .filter(|c| !cg.has(*c))
-                .collect();
+            let todo: Vec<Controller> = controllers.into_iter().filter(|c| !cg.has(*c)).collect();
             if todo.is_empty() {
                 continue;
             }
@@ -130,7 +130,10 @@ impl Cgroup {
             }
             let parents = v1_candidates(&own, c);
             if parents.is_empty() {
-                why.push(format!("no cgroup hierarchy with the {} controller", c.name()));
+                why.push(format!(
+                    "no cgroup hierarchy with the {} controller",
+                    c.name()
+                ));
             }
             for parent in parents {
                 match cg.make(&parent.join(&name), false, vec![c]) {
@@ -335,7 +338,10 @@ fn v2_candidates(own: &str, wanted: &[Controller]) -> Vec<(PathBuf, Vec<Controll
             if has_word(&root.join("cgroup.controllers"), c.name())
                 && !has_word(&root.join("cgroup.subtree_control"), c.name())
             {
-                let _ = fs::write(root.join("cgroup.subtree_control"), format!("+{}", c.name()));
+                let _ = fs::write(
+                    root.join("cgroup.subtree_control"),
+                    format!("+{}", c.name()),
+                );
             }
         }
         let at_root = enabled(root);
@@ -391,7 +397,10 @@ pub fn memory_enforcement() -> String {
         .into_iter()
         .find(|(_, c)| c.contains(&Controller::Memory))
     {
-        return format!("a memory cgroup per command (cgroup v2, below {})", dir.display());
+        return format!(
+            "a memory cgroup per command (cgroup v2, below {})",
+            dir.display()
+        );
     }
     match v1_candidates(&own, Controller::Memory).first() {
         Some(dir) => format!(

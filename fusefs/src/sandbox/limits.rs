@@ -187,7 +187,10 @@ impl Rlimits {
 /// Inside the sandbox, before the command (a plain user's run with limits): set the limits
 /// `argv[0]` names ([`Rlimits`]) and exec `argv[1..]`. Returns only on failure.
 pub fn limits_helper(argv: &[OsString]) -> i32 {
-    let parsed = argv.first().and_then(|n| n.to_str()).and_then(Rlimits::parse);
+    let parsed = argv
+        .first()
+        .and_then(|n| n.to_str())
+        .and_then(Rlimits::parse);
     let (Some(limits), Some((prog, args))) = (parsed, argv.get(1..).and_then(<[_]>::split_first))
     else {
         eprintln!("shade: {LIMITS_HELPER_ARG}: usage: nproc=N,as=BYTES COMMAND [ARG…]");
@@ -232,9 +235,7 @@ pub(crate) fn rlimits(limits: &Limits, root: bool) -> Rlimits {
     }
     Rlimits {
         nproc: limits.max_processes.map(|n| n.saturating_add(1)),
-        address_space: limits
-            .memory
-            .map(|m| m.max(super::cgroup::MIN_MEMORY)),
+        address_space: limits.memory.map(|m| m.max(super::cgroup::MIN_MEMORY)),
     }
 }
 
