@@ -608,7 +608,10 @@ pub(crate) fn build(
     let shared_binds = binds.split_off(binds.len() - shared.len());
     // The helper is bound at its own path (a private /tmp or a hidden directory may hide
     // it otherwise), unless it lies in the project, where the branch already shows it.
-    let rlimits = super::limits::rlimits(&iso.limits, conf.root_userns());
+    let mut rlimits = super::limits::rlimits(&iso.limits, conf.root_userns());
+    // The memory limit is set on bwrap in the pre-exec hook (inherited by the command; no
+    // namespace makes a difference to it): no helper to exec for it.
+    let address_space = rlimits.address_space.take();
     let helper = HELPER
         .get()
         .filter(|_| hand_tty || !rlimits.is_empty())
@@ -851,7 +854,11 @@ pub(crate) fn build(
             if let (Some(stage), Some(ns)) = (&stage, userns) {
                 stage.enter(ns)?;
             }
-            enter(userns, scope, &inherit, &keep_open)
+            enter(userns, scope, &inherit, &keep_open)?;
+            match address_space {
+                Some(bytes) => super::limits::set_address_space(bytes),
+                None => Ok(()),
+            }
         });
     }
     Ok(cmd)

@@ -144,7 +144,8 @@ pub(crate) struct Rlimits {
     /// (the kernel keeps a count per user namespace, so the user's other processes do not
     /// eat into it).
     pub nproc: Option<u32>,
-    /// `RLIMIT_AS`: each process's address space (what it maps, touched or not).
+    /// `RLIMIT_AS`: each process's address space (what it maps, touched or not). bwrap.rs
+    /// sets it on bwrap itself instead (see [`set_address_space`]); the helper takes it too.
     pub address_space: Option<u64>,
 }
 
@@ -237,6 +238,20 @@ pub(crate) fn rlimits(limits: &Limits, root: bool) -> Rlimits {
         nproc: limits.max_processes.map(|n| n.saturating_add(1)),
         address_space: limits.memory.map(|m| m.max(super::cgroup::MIN_MEMORY)),
     }
+}
+
+/// `RLIMIT_AS` of the calling process (and what it execs) to `bytes`: a plain user's memory
+/// limit, set last in bwrap's pre-exec hook. Async-signal-safe.
+pub(crate) fn set_address_space(bytes: u64) -> std::io::Result<()> {
+    let lim = libc::rlimit {
+        rlim_cur: bytes,
+        rlim_max: bytes,
+    };
+    // SAFETY: setrlimit(2) with a valid struct.
+    if unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// `argv` behind whatever sets `limits` inside the sandbox: shade's own binary (`helper`,
