@@ -80,7 +80,7 @@ fn print_limits(root: bool) {
         if root {
             shade_fusefs::sandbox::memory_enforcement()
         } else {
-            "RLIMIT_AS of each process inside the command's user namespace (no cgroup of \
+            "RLIMIT_AS of each of the command's processes (no cgroup of \
              this user's: the command's processes together may use up to the limit times \
              the process limit)"
                 .to_string()

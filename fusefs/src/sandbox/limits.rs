@@ -1,7 +1,7 @@
 //! What one command may consume: processes, memory, its private /tmp and /dev/shm, its
 //! branch's contents and metadata, and time. [`Limits`] says how much; this module
-//! enforces the process and memory limits of a plain user's command (`RLIMIT_NPROC` and
-//! `RLIMIT_AS` inside the sandbox's user namespace, see [`Rlimits`]; as root the command's
+//! enforces the process and memory limits of a plain user's command (`RLIMIT_NPROC` inside
+//! the sandbox's user namespace and `RLIMIT_AS`, see [`Rlimits`]; as root the command's
 //! cgroup bounds both, see cgroup.rs) and says which limits a run reached ([`LimitHit`]),
 //! each in one line. Where no cgroup can be had as root (no cgroup file system mounted, or
 //! a read-only one in a container), root's commands run without those limits and a warning
