@@ -1838,3 +1838,60 @@ fn allowed_socket_race_as_root() {
 fn allowed_socket_race_as_plain_user() {
     allowed_socket_race(Who::Plain);
 }
+
+/// A shade killed with SIGKILL cannot remove its command's cgroup; the next command's
+/// shade does (`shade-PID-N` of a PID that is gone, empty), so killed runs do not pile up
+/// cgroups on the host.
+#[test]
+fn killed_shades_cgroups_are_swept() {
+    let e = env(Who::Root);
+    let mut child: Child = e
+        .shade()
+        .args(["run", "--", "sh", "-c"])
+        .arg(format!("echo up > {}/ready; sleep 100", e.o()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    common::wait_until("the command to start", 60, || e.out.join("ready").exists());
+    let name = format!("shade-{}-0", child.id());
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let mut dirs: Vec<PathBuf> = vec![
+        PathBuf::from("/sys/fs/cgroup"),
+        PathBuf::from("/sys/fs/cgroup/unified"),
+    ];
+    for line in own.lines() {
+        let mut f = line.splitn(3, ':');
+        let (_, ctrls, path) = (f.next().unwrap(), f.next().unwrap(), f.next().unwrap());
+        let rel = path.trim_start_matches('/');
+        if ctrls.is_empty() {
+            dirs.push(Path::new("/sys/fs/cgroup").join(rel));
+            dirs.push(Path::new("/sys/fs/cgroup/unified").join(rel));
+        }
+        for c in ctrls.split(',').filter(|c| ["memory", "pids"].contains(c)) {
+            dirs.push(Path::new("/sys/fs/cgroup").join(c).join(rel));
+            dirs.push(Path::new("/sys/fs/cgroup").join(c));
+        }
+    }
+    let made: Vec<PathBuf> = dirs
+        .iter()
+        .map(|d| d.join(&name))
+        .filter(|d| d.is_dir())
+        .collect();
+    assert!(!made.is_empty(), "no cgroup {name} for the command");
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    // The sandbox dies with it (bwrap's --die-with-parent); the cgroup is left empty.
+    common::wait_until("the sandbox to end", 30, || {
+        made.iter().all(|d| {
+            std::fs::read_to_string(d.join("cgroup.procs")).is_ok_and(|p| p.trim().is_empty())
+        })
+    });
+    assert!(made.iter().all(|d| d.is_dir()), "removed already?");
+    let o = e.run(&[], "true");
+    ran(&o);
+    let left: Vec<&PathBuf> = made.iter().filter(|d| d.is_dir()).collect();
+    e.recover();
+    assert!(left.is_empty(), "left behind: {left:?}\n{}", show(&o));
+}

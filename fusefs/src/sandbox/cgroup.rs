@@ -158,6 +158,9 @@ impl Cgroup {
 
     /// Makes `dir` with `controllers` set; `Err` says why not (and `dir` is removed).
     fn make(&mut self, dir: &Path, v2: bool, controllers: Vec<Controller>) -> Result<(), String> {
+        if let Some(parent) = dir.parent() {
+            sweep(parent);
+        }
         let result = (|| -> std::io::Result<Part> {
             fs::create_dir(dir)?;
             for c in &controllers {
@@ -283,6 +286,29 @@ fn remove_dir(dir: &Path) {
                 );
             }
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Removes the cgroups a shade that is gone left in `parent` (killed with SIGKILL, it had
+/// no chance to): `shade-PID-N` whose PID is not a live process. The kernel refuses to
+/// remove one that still has processes or children, so nothing live is touched.
+fn sweep(parent: &Path) {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("shade-"))
+            .and_then(|n| n.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = fs::remove_dir(e.path());
         }
     }
 }
