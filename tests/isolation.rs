@@ -181,6 +181,14 @@ impl Env {
     }
 }
 
+/// The branch servers `shade run` started for this test end (their sockets removed, they
+/// unmount their pooled connections and exit) before the test's directories go.
+impl Drop for Env {
+    fn drop(&mut self) {
+        common::stop_branch_servers(&self.state);
+    }
+}
+
 /// The run itself worked (the attack ran and failed, rather than shade refusing to run).
 fn ran(o: &Output) {
     assert!(

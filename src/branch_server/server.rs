@@ -74,11 +74,19 @@ fn serve(args: &ServerArgs) -> std::io::Result<()> {
         socket = %paths.socket.display(),
         "branch server listening"
     );
+    let bound = socket_inode(&paths.socket);
     let clients = Arc::new(AtomicUsize::new(0));
     let mut idle_since = Some(Instant::now());
     let ctx = Arc::new(Ctx { project, state });
     loop {
         accept_pending(&listener, &clients, &ctx);
+        // Its socket removed or replaced (the state directory deleted, a test cleaning up):
+        // no client can reach it any more, so it goes as soon as its clients have.
+        if socket_inode(&paths.socket) != bound && clients.load(Ordering::SeqCst) == 0 {
+            let n = shade_fusefs::drain_branch_pool();
+            tracing::info!("socket gone: exiting ({n} pooled connections unmounted)");
+            return Ok(());
+        }
         if clients.load(Ordering::SeqCst) > 0 {
             idle_since = None;
         } else if let Some(t) = idle_since {
@@ -101,6 +109,12 @@ fn serve(args: &ServerArgs) -> std::io::Result<()> {
         }
         wait_readable(&listener, Duration::from_millis(200));
     }
+}
+
+/// The inode of the socket file, `None` when it is gone.
+fn socket_inode(p: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p).ok().map(|m| m.ino())
 }
 
 /// Wait until a client connects or `timeout` passes.
