@@ -317,6 +317,11 @@ fn a_killed_client_leaves_the_project_and_the_server_alone() {
     assert_eq!(s.fx.read("other"), "other\n");
     let v1 = via(&out);
     assert!(alive(v1.server_pid), "the server survives its client");
+    // Its branch is aborted, not pooled: a process of the command that outlived the client
+    // must not see the next branch through it.
+    wait_until("the killed client's branch to be unmounted", 20, || {
+        mounts_below(&s.state()).is_empty()
+    });
     let (o2, v2) = s.run("cat file other");
     ok(&o2);
     assert_eq!(v2.server_pid, v1.server_pid, "the same server serves on");

@@ -1411,12 +1411,21 @@ fn limits_outside_size(who: Who) {
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     let _ = child.wait();
     let recovered = e.shade().arg("recover").output().unwrap();
-    let after: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter(|l| l.contains(&state))
-        .map(str::to_string)
-        .collect();
+    let mounted = || -> Vec<String> {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(&state))
+            .map(str::to_string)
+            .collect()
+    };
+    // The branch server aborts the killed client's branch when it sees the client go, which
+    // may be a moment after `recover` returns.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !mounted().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let after = mounted();
     e.recover();
     assert!(
         during.is_empty(),

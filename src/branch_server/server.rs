@@ -373,8 +373,10 @@ fn answer(req: Request, branch: &mut Option<Branch>, reuse: &mut bool, ctx: &Ctx
     }
 }
 
-/// Abort the FUSE connection mounted at `mountpoint` (fusectl): every process still using
-/// it gets ENOTCONN from now on, and it is never pooled (a dead connection is discarded).
+/// Abort the FUSE connection mounted at `mountpoint` (fusectl) and detach the mount: every
+/// process still using it gets errors from now on, and it is never pooled (the pool takes
+/// only a connection still mounted where it was; an aborted one may still answer `stat`
+/// from cached attributes, a detached one does not).
 fn abort(mountpoint: &Path) {
     use std::os::unix::fs::MetadataExt;
     let Ok(meta) = std::fs::metadata(mountpoint) else {
@@ -385,11 +387,26 @@ fn abort(mountpoint: &Path) {
     }
     let ctl = format!("/sys/fs/fuse/connections/{}/abort", libc::minor(meta.dev()));
     if let Err(e) = std::fs::write(&ctl, b"1") {
-        // Without fusectl the branch is unmounted instead of pooled.
-        tracing::debug!(
-            "aborting {}: {ctl}: {e}; unmounting it",
-            mountpoint.display()
-        );
-        let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
+        tracing::debug!("aborting {}: {ctl}: {e}", mountpoint.display());
     }
+    if nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH).is_ok() {
+        return;
+    }
+    // A user's mount is detached through the setuid helper.
+    for helper in ["fusermount3", "fusermount"] {
+        let done = std::process::Command::new(helper)
+            .args(["-u", "-z", "--"])
+            .arg(mountpoint)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+        if done.is_ok_and(|s| s.success()) {
+            return;
+        }
+    }
+    tracing::warn!(
+        "could not detach the aborted branch at {}",
+        mountpoint.display()
+    );
 }
