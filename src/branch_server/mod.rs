@@ -132,7 +132,9 @@ impl RemoteBranch {
     /// Ask the project's server for a branch, starting the server if none runs. `None`
     /// when it cannot be had (the caller makes the branch itself).
     pub fn create(project: &Path, opts: &BranchOptions, reuse: bool) -> Option<RemoteBranch> {
-        let paths = Paths::new(project, opts.state.root());
+        // The server runs in /: a relative state directory is made absolute for it.
+        let state = std::path::absolute(opts.state.root()).ok()?;
+        let paths = Paths::new(project, &state);
         if paths.socket.as_os_str().len() >= 100 {
             tracing::debug!(
                 "branch server: socket path {} too long; the branch is made in-process",
@@ -150,7 +152,7 @@ impl RemoteBranch {
         };
         // A server that was exiting as we connected closes on us: start another.
         for _ in 0..3 {
-            let stream = match connect_or_start(&paths, project, opts.state.root()) {
+            let stream = match connect_or_start(&paths, project, &state) {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::debug!(
@@ -373,6 +375,9 @@ fn spawn_server(paths: &Paths, project: &Path, state: &Path) -> std::io::Result<
             let mut none: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut none);
             libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            // Descriptors the client inherited (a caller's pipe) must not live on in the
+            // server, or whoever waits for their end would wait for the server's.
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
             Ok(())
         });
     }
