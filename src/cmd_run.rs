@@ -195,7 +195,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     // screen works on an in-process branch. An unconfined command has no pid namespace to
     // end it, so its connection is never handed to a later branch.
     let branch = if args.review {
-        RunBranch::Local(Branch::create(&project, &opts)?)
+        RunBranch::Local(Box::new(Branch::create(&project, &opts)?))
     } else {
         RunBranch::create(&project, &opts, !args.unconfined)?
     };
@@ -257,11 +257,11 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     let code = outcome.exit_code();
     let changes = branch.changeset(args.include_ignored)?;
     let branch = match branch {
-        RunBranch::Local(branch) if args.review => branch,
+        RunBranch::Local(branch) if args.review => *branch,
         branch => return finish(args, project, opts, cleanup, outcome, branch, changes),
     };
+    // The review screen handles its own keys and signals.
     {
-        // The review screen handles its own keys and signals.
         if let Some(sig) = cleanup.take().first().copied() {
             drop(branch);
             eprintln!("shade: stopped by signal {sig}; the branch was dropped, nothing accepted");
@@ -276,9 +276,9 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
             changes: crate::outside::read(&branch),
             keep: crate::outside::keep_list(&args.keep_outside, true),
         };
-        return Ok(crate::review::review(
+        Ok(crate::review::review(
             branch, changes, outside, flags, &ended, code,
-        ));
+        ))
     }
 }
 

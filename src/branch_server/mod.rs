@@ -377,7 +377,12 @@ fn spawn_server(paths: &Paths, project: &Path, state: &Path) -> std::io::Result<
             libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
             // Descriptors the client inherited (a caller's pipe) must not live on in the
             // server, or whoever waits for their end would wait for the server's.
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
+            libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
             Ok(())
         });
     }
@@ -418,7 +423,7 @@ pub fn cleanup_stale(state: &Path) -> usize {
 
 /// A branch for `shade run`: served by the branch server, or made in this process.
 pub enum RunBranch {
-    Local(Branch),
+    Local(Box<Branch>),
     Remote(RemoteBranch),
 }
 
@@ -435,7 +440,7 @@ impl RunBranch {
                 return Ok(RunBranch::Remote(b));
             }
         }
-        Branch::create(project, opts).map(RunBranch::Local)
+        Branch::create(project, opts).map(|b| RunBranch::Local(Box::new(b)))
     }
 
     /// Where the branch is mounted.
@@ -493,7 +498,7 @@ impl RunBranch {
     /// Accept the branch, then drop it.
     pub fn accept(self, flags: AcceptFlags) -> Result<AcceptReport, AcceptError> {
         match self {
-            RunBranch::Local(b) => b.accept(flags),
+            RunBranch::Local(b) => (*b).accept(flags),
             RunBranch::Remote(b) => b.accept(flags),
         }
     }
