@@ -20,11 +20,14 @@ pub use server::{main as server_main, ServerArgs};
 
 use shade_fusefs::{AcceptError, AcceptFlags, AcceptReport, Branch, BranchOptions, Changeset};
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 use wire::{Reply, Request};
+
+/// The descriptor the server finds its end of the ready pipe at.
+const READY_FD: i32 = 3;
 
 /// The hidden subcommand the server runs as.
 pub const SUBCOMMAND: &str = "__branch-server";
@@ -334,22 +337,34 @@ fn connect_or_start(paths: &Paths, project: &Path, state: &Path) -> std::io::Res
     if let Ok(s) = UnixStream::connect(&paths.socket) {
         return Ok(s);
     }
-    spawn_server(paths, project, state)?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match UnixStream::connect(&paths.socket) {
-            Ok(s) => return Ok(s),
-            Err(e) if Instant::now() >= deadline => return Err(e),
-            Err(_) => std::thread::sleep(Duration::from_millis(2)),
-        }
-    }
+    let ready = spawn_server(paths, project, state)?;
+    // The server closes its end of `ready` once it listens, or dies with it open: either
+    // way the pipe ends, and one connect says which.
+    let mut fd = libc::pollfd {
+        fd: ready.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll on one pollfd we own.
+    unsafe { libc::poll(&mut fd, 1, 10_000) };
+    UnixStream::connect(&paths.socket)
 }
 
 /// Start the server: shade's own binary, detached (setsid, reparented to init by a double
 /// fork), stdin from /dev/null and its output to the log.
-fn spawn_server(paths: &Paths, project: &Path, state: &Path) -> std::io::Result<()> {
+/// Returns the read end of a pipe whose other end the server holds until it listens.
+fn spawn_server(paths: &Paths, project: &Path, state: &Path) -> std::io::Result<OwnedFd> {
     use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe()?;
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two descriptors, which we own from here on.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both are fresh descriptors of ours.
+    let (ready_r, ready_w) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let w = ready_w.as_raw_fd();
     let log = std::fs::File::create(&paths.log)?;
     let mut cmd = std::process::Command::new(exe);
     cmd.arg(SUBCOMMAND)
@@ -357,14 +372,16 @@ fn spawn_server(paths: &Paths, project: &Path, state: &Path) -> std::io::Result<
         .arg(project)
         .arg("--state")
         .arg(state)
+        .arg("--ready-fd")
+        .arg(READY_FD.to_string())
         .current_dir("/")
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
     // SAFETY: only async-signal-safe calls between fork and exec (fork, _exit, setsid,
-    // sigprocmask).
+    // sigprocmask, close_range, fcntl, dup2).
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             match libc::fork() {
                 -1 => return Err(std::io::Error::last_os_error()),
                 0 => {}
@@ -383,12 +400,19 @@ fn spawn_server(paths: &Paths, project: &Path, state: &Path) -> std::io::Result<
                 u32::MAX,
                 libc::CLOSE_RANGE_CLOEXEC,
             );
+            // The ready pipe's end, open across the exec.
+            if w == READY_FD {
+                libc::fcntl(w, libc::F_SETFD, 0);
+            } else if libc::dup2(w, READY_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             Ok(())
         });
     }
     let mut child = cmd.spawn()?;
     child.wait()?;
-    Ok(())
+    drop(ready_w);
+    Ok(ready_r)
 }
 
 /// Remove what servers killed without a chance to clean up left: sockets no server

@@ -22,6 +22,9 @@ pub struct ServerArgs {
     /// shade's state directory.
     #[arg(long)]
     state: PathBuf,
+    /// A descriptor to close once listening (the starting client waits for its end).
+    #[arg(long)]
+    ready_fd: Option<i32>,
 }
 
 /// Idle connections kept per project in the server unless `SHADE_BRANCH_POOL` says.
@@ -68,6 +71,10 @@ fn serve(args: &ServerArgs) -> std::io::Result<()> {
         std::fs::set_permissions(&paths.socket, std::fs::Permissions::from_mode(0o600))?;
     }
     listener.set_nonblocking(true)?;
+    if let Some(fd) = args.ready_fd.filter(|fd| *fd > 2) {
+        // SAFETY: the descriptor the client passed for this, not used otherwise.
+        unsafe { libc::close(fd) };
+    }
     tracing::info!(
         pid = std::process::id(),
         project = %project.display(),
