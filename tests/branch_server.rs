@@ -365,3 +365,35 @@ fn another_build_gets_its_own_server() {
     ok(&o3);
     assert_eq!(v3.server_pid, v1.server_pid);
 }
+
+#[test]
+fn a_client_in_another_mount_namespace_gets_its_own_server() {
+    let s = Served::new();
+    s.fx.write("file", "orig\n");
+    let (o1, v1) = s.run("cat file");
+    ok(&o1);
+    // The first server's mounts are in its namespace; a client in another one could not
+    // bind them (it would bind an empty directory over the project).
+    let c = s.shade();
+    let o2 = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "--"])
+        .arg(c.get_program())
+        .args(["run", "--", "sh", "-c", "cat file; echo new > made"])
+        .envs(c.get_envs().filter_map(|(k, v)| v.map(|v| (k, v))))
+        .current_dir(&s.fx.project)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    ok(&o2);
+    let v2 = via(&o2);
+    assert_ne!(
+        v2.server_pid, v1.server_pid,
+        "another namespace, another server"
+    );
+    assert_eq!(String::from_utf8_lossy(&o2.stdout), "orig\n");
+    assert!(
+        plain(&o2.stderr).contains("A made"),
+        "{}",
+        plain(&o2.stderr)
+    );
+}

@@ -71,10 +71,14 @@ impl Paths {
         use std::os::unix::ffi::OsStrExt;
         // SAFETY: geteuid cannot fail.
         let euid = unsafe { libc::geteuid() }.to_string();
+        // A server mounts in its own mount namespace: a client in another one (`unshare -m`,
+        // a container) could not see its mounts, so it gets a server of its own.
+        let mnt_ns = std::fs::read_link("/proc/self/ns/mnt").unwrap_or_default();
         let who = fnv(&[
             project.as_os_str().as_bytes(),
             state.as_os_str().as_bytes(),
             euid.as_bytes(),
+            mnt_ns.as_os_str().as_bytes(),
         ]);
         let build = fnv(&[build_tag().as_bytes()]) as u32;
         let dir = state.join("servers");
@@ -181,11 +185,21 @@ impl RemoteBranch {
                     outside_dir,
                     reused,
                     server_pid,
+                    dev,
                 }) => {
                     b.mountpoint = wire::path(mountpoint);
                     b.outside_dir = wire::path(outside_dir);
                     b.server_pid = server_pid;
                     b.done = false;
+                    // The branch must be the server's mount, seen here: never bind a plain
+                    // directory (or anything else) over the project.
+                    if !is_fuse_mount(&b.mountpoint, dev) {
+                        tracing::debug!(
+                            "branch server: {} is not its mount here; the branch is made in-process",
+                            b.mountpoint.display()
+                        );
+                        return None;
+                    }
                     tracing::debug!(
                         server_pid,
                         reused_connection = reused,
@@ -324,6 +338,14 @@ impl Drop for RemoteBranch {
             }
         }
     }
+}
+
+/// Whether `mountpoint` is, in this mount namespace, a FUSE mount with device `dev`.
+fn is_fuse_mount(mountpoint: &Path, dev: u64) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let fuse = nix::sys::statfs::statfs(mountpoint)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::FUSE_SUPER_MAGIC);
+    fuse && std::fs::metadata(mountpoint).is_ok_and(|m| m.dev() == dev)
 }
 
 /// A connection to the project's server, started first if none answers.

@@ -87,11 +87,13 @@ fn serve(args: &ServerArgs) -> std::io::Result<()> {
     let ctx = Arc::new(Ctx { project, state });
     loop {
         accept_pending(&listener, &clients, &ctx);
-        // Its socket removed or replaced (the state directory deleted, a test cleaning up):
-        // no client can reach it any more, so it goes as soon as its clients have.
-        if socket_inode(&paths.socket) != bound && clients.load(Ordering::SeqCst) == 0 {
+        // Its socket removed or replaced (the state directory deleted, a test cleaning up), or
+        // its project gone: no client can reach it or use it any more, so it goes as soon
+        // as its clients have.
+        let gone = socket_inode(&paths.socket) != bound || !ctx.project.is_dir();
+        if gone && clients.load(Ordering::SeqCst) == 0 {
             let n = shade_fusefs::drain_branch_pool();
-            tracing::info!("socket gone: exiting ({n} pooled connections unmounted)");
+            tracing::info!("socket or project gone: exiting ({n} pooled connections unmounted)");
             return Ok(());
         }
         if clients.load(Ordering::SeqCst) > 0 {
@@ -286,7 +288,10 @@ fn answer(req: Request, branch: &mut Option<Branch>, reuse: &mut bool, ctx: &Ctx
             };
             match Branch::create(&ctx.project, &opts) {
                 Ok(b) => {
+                    use std::os::unix::fs::MetadataExt;
+                    let dev = std::fs::metadata(b.mountpoint()).map_or(0, |m| m.dev());
                     let reply = Reply::Created {
+                        dev,
                         mountpoint: wire::bytes(b.mountpoint()),
                         outside_dir: wire::bytes(&b.outside_dir()),
                         reused: b.reused_connection(),

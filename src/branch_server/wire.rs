@@ -68,6 +68,8 @@ pub enum Reply {
         /// The connection served an earlier branch (the pool).
         reused: bool,
         server_pid: u32,
+        /// The mount's device, as the server sees it (the client checks it sees the same).
+        dev: u64,
     },
     Lines(Vec<String>),
     Changes(Vec<WireChange>),

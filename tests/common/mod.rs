@@ -145,7 +145,8 @@ pub fn stop_branch_servers(state: &Path) {
             }
         }
     }
-    let root = state.to_string_lossy().to_string();
+    // Mounts below it (the state directory may itself be one).
+    let root = format!("{}/", state.to_string_lossy());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while std::time::Instant::now() < deadline {
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
