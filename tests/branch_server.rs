@@ -397,3 +397,24 @@ fn a_client_in_another_mount_namespace_gets_its_own_server() {
         plain(&o2.stderr)
     );
 }
+
+#[test]
+fn a_server_that_cannot_start_leaves_the_branch_in_process() {
+    let s = Served::new();
+    s.fx.write("file", "orig\n");
+    // Where the servers' directory should be, a file: no server can start.
+    std::fs::create_dir_all(s.state()).unwrap();
+    std::fs::write(s.state().join("servers"), "not a directory").unwrap();
+    let o = s
+        .shade()
+        .args(["run", "--", "sh", "-c", "cat file; echo new > made"])
+        .output()
+        .unwrap();
+    ok(&o);
+    let err = plain(&o.stderr);
+    assert!(!err.contains("branch served by the branch server"), "{err}");
+    assert!(err.contains("branch server unavailable"), "{err}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "orig\n");
+    assert!(err.contains("A made"), "{err}");
+    assert_eq!(mounts_below(&s.state()), Vec::<String>::new());
+}
