@@ -3,11 +3,17 @@
 # branch (new mount), a pooled one (a connection earlier branches used, reset), native —
 # interleaved rounds; then the creation times and the FUSE request counts of each.
 # Each pooled branch's predecessor ran the previous command and wrote one file.
-# Usage: bench/fresh-pooled.sh ROUNDS   (as root; cargo build --release -p shade-fusefs --example pooled)
+# "served": the same first command inside a new `shade run` branch from the branch server
+# (timed inside the sandbox; the server's previous branch ran the previous command), and
+# "run": the same in an in-process `shade run` (SHADE_BRANCH_SERVER=0, a fresh mount).
+# Then `shade run -- true` wall time, served against in-process.
+# Usage: bench/fresh-pooled.sh ROUNDS   (as root; cargo build --release -p shade-fusefs
+#        --example pooled && cargo build --release -p shade)
 set -euo pipefail
 rounds=${1:-5}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 POOLED=${POOLED:-$here/target/release/examples/pooled}
+SHADE=${SHADE:-$here/target/release/shade}
 base=${BASE:-/var/tmp/shade-fresh-pooled}
 proj=$base/repo
 if [[ ! -d $proj/.git ]]; then
@@ -35,7 +41,14 @@ for r in $(seq $rounds); do
     if (( r % 2 )); then order="fresh pooled"; else order="pooled fresh"; fi
     declare -A t=()
     for kind in $order; do new $kind; t[$kind]=$(cd $mp && ms "${C[$k]}"); done
-    echo "round $r $k native ${native} fresh ${t[fresh]} pooled ${t[pooled]} ms" | tee -a $base/rounds.log
+    # Timed inside the branch: the command alone, not the sandbox around it.
+    inner="t0=\$(date +%s%N); ${C[$k]} >/dev/null; echo \$(( (\$(date +%s%N) - t0) / 1000000 ))"
+    if (( r % 2 )); then order="served run"; else order="run served"; fi
+    for kind in $order; do
+      if [[ $kind == run ]]; then srv=0; else srv=1; fi
+      t[$kind]=$(cd $proj && SHADE_BRANCH_SERVER=$srv $SHADE run -- sh -c "$inner" 2>/dev/null | tail -1)
+    done
+    echo "round $r $k native ${native} fresh ${t[fresh]} pooled ${t[pooled]} served ${t[served]} run ${t[run]} ms" | tee -a $base/rounds.log
   done
 done
 echo "load $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -47,7 +60,7 @@ for k in ("status", "diff", "rg", "find"):
     r = [x for x in rows if x[2] == k]
     if not r:
         continue
-    col = {s: [int(x[i]) for x in r] for s, i in (("native", 4), ("fresh", 6), ("pooled", 8))}
+    col = {s: [int(x[i]) for x in r] for s, i in (("native", 4), ("fresh", 6), ("pooled", 8), ("served", 10), ("run", 12))}
     n = st.median(col["native"])
     print(f"median {k} ({len(r)} rounds): " + ", ".join(
         f"{s} {st.median(v):.0f} ms ({min(v)}-{max(v)}) {st.median(v) / n:.2f}x" for s, v in col.items()))
@@ -69,3 +82,27 @@ echo "create pooled us (reused): $(awk '$1=="pooled" && $3==1 {print $2}' $base/
 echo "drop fresh us (unmount): $(awk '$1=="fresh" && $4>0 {print $4}' $base/create.log | sort -n | tr '\n' ' ')"
 echo "drop pooled us (reset): $(awk '$1=="pooled" && $4>0 {print $4}' $base/create.log | sort -n | tr '\n' ' ')"
 exec {P[1]}>&-; wait $P_PID 2>/dev/null || true
+# Requests in a served branch whose previous branch ran the same command (the server's
+# connection, traced from outside through the mount point its debug line names).
+for k in status diff rg find; do
+  (cd $proj && $SHADE run -- sh -c "${C[$k]} >/dev/null" 2>/dev/null)
+  smp=$(cd $proj && SHADE_LOG=shade::branch_server=debug NO_COLOR=1 $SHADE run -- sh -c "sleep 0.3; ${C[$k]} >/dev/null; sleep 0.3" 2>&1 >/dev/null \
+    | grep -o 'mountpoint=[^ ]*' | head -1 | cut -d= -f2) || true
+  # The traced run: its branch takes the connection the previous one let go.
+  (cd $proj && $SHADE run -- sh -c "${C[$k]} >/dev/null" 2>/dev/null)
+  echo "requests $k served: $(fuse_requests $smp sh -c "cd $proj && $SHADE run -- sh -c '${C[$k]} >/dev/null' 2>/dev/null")"
+done
+# `shade run -- true`: served against in-process, interleaved.
+: > $base/true.log
+for r in $(seq $(( rounds * 2 ))); do
+  for srv in 1 0; do echo "$srv $(cd $proj && ms "SHADE_BRANCH_SERVER=$srv $SHADE run -- true")" >> $base/true.log; done
+done
+python3 - "$base/true.log" <<'PY'
+import statistics as st, sys
+rows = [l.split() for l in open(sys.argv[1])]
+for srv, name in (("1", "served"), ("0", "in-process")):
+    v = [int(x[1]) for x in rows if x[0] == srv]
+    print(f"shade run -- true {name}: median {st.median(v):.0f} ms ({min(v)}-{max(v)}, {len(v)} runs)")
+PY
+# The served branches' server ends with its socket (it would anyway when idle).
+rm -f $SHADE_STATE_DIR/servers/*.sock

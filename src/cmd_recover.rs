@@ -67,5 +67,9 @@ pub fn main(args: RecoverArgs) -> i32 {
     for id in shade_fusefs::cleanup_stale(&state) {
         println!("removed stale branch {id}");
     }
+    let n = crate::branch_server::cleanup_stale(state.root());
+    if n > 0 {
+        println!("removed {n} sockets of killed branch servers");
+    }
     0
 }

@@ -1,6 +1,7 @@
 //! `shade run`: mount a fresh branch of the project, run a command inside it at the
 //! project's real path, show what it changed, then accept or drop the branch.
 
+use crate::branch_server::RunBranch;
 use crate::exit;
 use crate::review::conflicts::{
     not_applied_summary, report_accepted, report_conflicts, ConflictJson,
@@ -137,6 +138,10 @@ pub fn startup_recovery(state: &StateDir) {
     for id in shade_fusefs::cleanup_stale(state) {
         tracing::info!("cleaned up stale branch {id}");
     }
+    let n = crate::branch_server::cleanup_stale(state.root());
+    if n > 0 {
+        tracing::info!("removed {n} sockets of branch servers that were killed");
+    }
 }
 
 fn run(args: RunArgs) -> anyhow::Result<i32> {
@@ -186,7 +191,14 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     // (where the runner stops the command for them) wait until the branch is cleaned up,
     // instead of killing shade with the branch mounted.
     let cleanup = shade_fusefs::DeferSignals::for_cleanup();
-    let branch = Branch::create(&project, &opts)?;
+    // From the project's branch server (warm connections), unless reviewing: the review
+    // screen works on an in-process branch. An unconfined command has no pid namespace to
+    // end it, so its connection is never handed to a later branch.
+    let branch = if args.review {
+        RunBranch::Local(Box::new(Branch::create(&project, &opts)?))
+    } else {
+        RunBranch::create(&project, &opts, !args.unconfined)?
+    };
     if let Some(probe) = probe {
         let _ = probe.join();
     }
@@ -236,13 +248,20 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     termination_signals(SigmaskHow::SIG_BLOCK);
     let outcome = outcome?;
     // Each limit the command reached, in one line, before anything else is said of it.
-    for hit in outcome.limits_hit.iter().chain(&branch.take_limit_hits()) {
+    for hit in &outcome.limits_hit {
+        eprintln!("shade: {hit}");
+    }
+    for hit in branch.take_limit_hits() {
         eprintln!("shade: {hit}");
     }
     let code = outcome.exit_code();
-    let changes = branch.changeset(args.include_ignored);
-    if args.review {
-        // The review screen handles its own keys and signals.
+    let changes = branch.changeset(args.include_ignored)?;
+    let branch = match branch {
+        RunBranch::Local(branch) if args.review => *branch,
+        branch => return finish(args, project, opts, cleanup, outcome, branch, changes),
+    };
+    // The review screen handles its own keys and signals.
+    {
         if let Some(sig) = cleanup.take().first().copied() {
             drop(branch);
             eprintln!("shade: stopped by signal {sig}; the branch was dropped, nothing accepted");
@@ -257,16 +276,32 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
             changes: crate::outside::read(&branch),
             keep: crate::outside::keep_list(&args.keep_outside, true),
         };
-        return Ok(crate::review::review(
+        Ok(crate::review::review(
             branch, changes, outside, flags, &ended, code,
-        ));
+        ))
     }
-    let mut outside = crate::outside::read(&branch);
-    let diff = args.diff.then(|| {
-        let mut d = branch.diff(&changes);
-        d.push_str(&crate::outside::diff(&outside));
-        d
-    });
+}
+
+/// After the command (not reviewed): report the changes, keep outside paths, accept, drop.
+fn finish(
+    args: RunArgs,
+    project: PathBuf,
+    opts: BranchOptions,
+    cleanup: shade_fusefs::DeferSignals,
+    outcome: sandbox::RunOutcome,
+    branch: RunBranch,
+    changes: shade_fusefs::Changeset,
+) -> anyhow::Result<i32> {
+    let code = outcome.exit_code();
+    let mut outside = read_outside(&branch.outside_dir());
+    let diff = match args.diff {
+        true => {
+            let mut d = branch.diff(&changes)?;
+            d.push_str(&crate::outside::diff(&outside));
+            Some(d)
+        }
+        false => None,
+    };
     if !args.json {
         print_changes(&changes.changes);
         crate::outside::print(&outside);
@@ -431,6 +466,17 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
             Ok(128 + sig)
         }
         None => Ok(code),
+    }
+}
+
+/// The branch's outside changes (see `crate::outside::read`), from its layer's directory.
+fn read_outside(dir: &std::path::Path) -> shade_fusefs::outside::OutsideChanges {
+    match shade_fusefs::outside::OutsideChanges::read(dir) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("shade: warning: cannot read the branch's writes outside the project: {e}");
+            shade_fusefs::outside::OutsideChanges::default()
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 
 mod args;
 mod attempts;
+mod branch_server;
 mod chat;
 mod cmd_check;
 mod cmd_doctor;
@@ -58,6 +59,9 @@ enum Command {
     Log(cmd_history::LogArgs),
     /// Put every path an accept changed back as it was (default: the newest not undone).
     Undo(cmd_history::UndoArgs),
+    /// The per-project branch server `shade run` starts (see src/branch_server).
+    #[command(name = "__branch-server", hide = true)]
+    BranchServer(branch_server::ServerArgs),
 }
 
 fn main() {
@@ -103,6 +107,7 @@ fn main() {
         Command::Doctor(args) => cmd_doctor::main(args),
         Command::Log(args) => cmd_history::log_main(args),
         Command::Undo(args) => cmd_history::undo_main(args),
+        Command::BranchServer(args) => branch_server::server_main(args),
     };
     // Every owner drops its branches on the way here; one that could not (a thread still
     // at work when the command ended) must not leave a mount behind the process.
@@ -115,7 +120,7 @@ fn main() {
 
 /// This process's command line as the accept history shows where an accept came from
 /// (shortened: it is a label, not a record of the arguments).
-fn command_line() -> String {
+pub(crate) fn command_line() -> String {
     let words: Vec<String> = std::env::args_os()
         .skip(1)
         .map(|a| shade_fusefs::quote::quote_bytes(a.as_encoded_bytes()).into_owned())

@@ -618,6 +618,8 @@ mod integrity {
             .stdin(Stdio::null())
             .output()
             .unwrap();
+        // The branch server's pooled connections are its own: it is ended first.
+        common::stop_branch_servers(&state);
         let left: Vec<_> = fs::read_dir(state.join("branches"))
             .map(|d| d.flatten().map(|e| e.path()).collect())
             .unwrap_or_default();

@@ -181,6 +181,14 @@ impl Env {
     }
 }
 
+/// The branch servers `shade run` started for this test end (their sockets removed, they
+/// unmount their pooled connections and exit) before the test's directories go.
+impl Drop for Env {
+    fn drop(&mut self) {
+        common::stop_branch_servers(&self.state);
+    }
+}
+
 /// The run itself worked (the attack ran and failed, rather than shade refusing to run).
 fn ran(o: &Output) {
     assert!(
@@ -1403,12 +1411,21 @@ fn limits_outside_size(who: Who) {
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     let _ = child.wait();
     let recovered = e.shade().arg("recover").output().unwrap();
-    let after: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter(|l| l.contains(&state))
-        .map(str::to_string)
-        .collect();
+    let mounted = || -> Vec<String> {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(&state))
+            .map(str::to_string)
+            .collect()
+    };
+    // The branch server aborts the killed client's branch when it sees the client go, which
+    // may be a moment after `recover` returns.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !mounted().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let after = mounted();
     e.recover();
     assert!(
         during.is_empty(),

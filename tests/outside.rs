@@ -95,10 +95,19 @@ impl Env {
     }
 
     fn assert_no_mounts_left(&self) {
+        // The branch server's pooled connections are its own: it is ended first.
+        common::stop_branch_servers(&self.state);
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
         let state = self.state.to_string_lossy().to_string();
         let left: Vec<&str> = mounts.lines().filter(|l| l.contains(&state)).collect();
         assert!(left.is_empty(), "mounts left behind: {left:#?}");
+    }
+}
+
+/// The branch servers its runs started end before its directories go.
+impl Drop for Env {
+    fn drop(&mut self) {
+        common::stop_branch_servers(&self.state);
     }
 }
 

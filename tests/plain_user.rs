@@ -130,6 +130,8 @@ fn a_plain_user_runs_in_a_branch_where_dev_fuse_allows_it() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("/dev/fuse") && err.contains("0666"), "{err}");
+    // The branch server's pooled connections are its own: it is ended first.
+    common::stop_branch_servers(&state);
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&*state.to_string_lossy()), "{mounts}");
 }

@@ -77,7 +77,10 @@ impl Fixture {
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(self.tmp.path(), std::fs::Permissions::from_mode(0o777));
         let mut c = Command::new(env!("CARGO_BIN_EXE_shade"));
+        // Branches in-process, as these tests inspect them (mounts and branch directories
+        // gone when shade exits); tests/branch_server.rs and isolation.rs use the server.
         c.env("SHADE_STATE_DIR", self.state.root())
+            .env("SHADE_BRANCH_SERVER", "0")
             .env("SHADE_SHARE", self.tmp.path())
             .current_dir(&self.project)
             .stdin(std::process::Stdio::null());
@@ -123,12 +126,37 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<(PathBuf, String)>) {
 }
 
 /// No FUSE mount of shade is left in the mount table.
+/// A branch server's pooled connections are its own, by design: it is ended first.
 pub fn assert_no_shade_mounts(state: &StateDir) {
+    stop_branch_servers(state.root());
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let root = state.root().to_string_lossy().to_string();
     let left: Vec<&str> = mounts.lines().filter(|l| l.contains(&root)).collect();
     assert!(left.is_empty(), "mounts left behind: {left:#?}");
 }
+/// End the branch servers of the state directory `state` (`shade run` starts them): their
+/// sockets are removed, so each unmounts its pooled connections and exits; waits (bounded)
+/// until no mount below `state` is left.
+pub fn stop_branch_servers(state: &Path) {
+    if let Ok(entries) = std::fs::read_dir(state.join("servers")) {
+        for e in entries.flatten() {
+            if e.path().extension().is_some_and(|x| x == "sock") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    // Mounts below it (the state directory may itself be one).
+    let root = format!("{}/", state.to_string_lossy());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::time::Instant::now() < deadline {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        if !mounts.lines().any(|l| l.contains(&root)) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// Poll `cond` every 50 ms until it holds; panic naming `what` after `secs` seconds.
 pub fn wait_until(what: &str, secs: u64, cond: impl Fn() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);

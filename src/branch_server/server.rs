@@ -1,0 +1,424 @@
+//! The server's side: listen, check each peer is this user, serve each client's branch in a
+//! thread of its own, and exit when idle.
+
+use super::wire::{self, Reply, Request};
+use super::{Lock, Paths};
+use clap::Args;
+use shade_fusefs::{AcceptFlags, Branch, BranchLimits, BranchOptions, IdShift, StateDir};
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The hidden `__branch-server` subcommand's arguments (`shade run` passes them).
+#[derive(Args, Debug)]
+pub struct ServerArgs {
+    /// The project (canonical) whose branches it serves.
+    #[arg(long)]
+    project: PathBuf,
+    /// shade's state directory.
+    #[arg(long)]
+    state: PathBuf,
+    /// A descriptor to close once listening (the starting client waits for its end).
+    #[arg(long)]
+    ready_fd: Option<i32>,
+}
+
+/// Idle connections kept per project in the server unless `SHADE_BRANCH_POOL` says.
+const POOL: usize = 2;
+
+/// Accepts of all clients one at a time: the history's origin is process-wide.
+static ACCEPTING: Mutex<()> = Mutex::new(());
+
+fn idle_limit() -> Duration {
+    let secs: f64 = std::env::var("SHADE_BRANCH_SERVER_IDLE")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|s: &f64| s.is_finite() && *s >= 0.0)
+        .unwrap_or(60.0);
+    Duration::from_secs_f64(secs)
+}
+
+/// Run the server until it has been idle long enough; returns the exit code.
+pub fn main(args: ServerArgs) -> i32 {
+    match serve(&args) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("shade branch server: {e}");
+            crate::exit::SHADE_ERROR
+        }
+    }
+}
+
+fn serve(args: &ServerArgs) -> std::io::Result<()> {
+    let project = std::fs::canonicalize(&args.project)?;
+    let state = StateDir::at(args.state.clone());
+    if std::env::var_os("SHADE_BRANCH_POOL").is_none() {
+        shade_fusefs::set_pool_size(POOL);
+    }
+    let idle = idle_limit();
+    // Connections wait in the pool as long as the server waits for a client.
+    shade_fusefs::set_pool_idle(idle.max(Duration::from_secs(1)));
+    let paths = Paths::new(&project, state.root());
+    paths.make_dir()?;
+    let _ = std::fs::remove_file(&paths.socket);
+    let listener = UnixListener::bind(&paths.socket)?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&paths.socket, std::fs::Permissions::from_mode(0o600))?;
+    }
+    listener.set_nonblocking(true)?;
+    if let Some(fd) = args.ready_fd.filter(|fd| *fd > 2) {
+        // SAFETY: the descriptor the client passed for this, not used otherwise.
+        unsafe { libc::close(fd) };
+    }
+    tracing::info!(
+        pid = std::process::id(),
+        project = %project.display(),
+        socket = %paths.socket.display(),
+        "branch server listening"
+    );
+    let bound = socket_inode(&paths.socket);
+    let clients = Arc::new(AtomicUsize::new(0));
+    let mut idle_since = Some(Instant::now());
+    let ctx = Arc::new(Ctx { project, state });
+    loop {
+        accept_pending(&listener, &clients, &ctx);
+        // Its socket removed or replaced (the state directory deleted, a test cleaning up), or
+        // its project gone: no client can reach it or use it any more, so it goes as soon
+        // as its clients have.
+        let gone = socket_inode(&paths.socket) != bound || !ctx.project.is_dir();
+        if gone && clients.load(Ordering::SeqCst) == 0 {
+            let n = shade_fusefs::drain_branch_pool();
+            tracing::info!("socket or project gone: exiting ({n} pooled connections unmounted)");
+            return Ok(());
+        }
+        if clients.load(Ordering::SeqCst) > 0 {
+            idle_since = None;
+        } else if let Some(t) = idle_since {
+            if t.elapsed() >= idle {
+                // Under the starters' lock: nobody starts a server or connects to ours while
+                // the socket goes. A client that connected just before is still served.
+                let lock = Lock::take(&paths.lock, true)?;
+                accept_pending(&listener, &clients, &ctx);
+                if clients.load(Ordering::SeqCst) == 0 {
+                    let _ = std::fs::remove_file(&paths.socket);
+                    drop(lock);
+                    let _ = std::fs::remove_file(&paths.log);
+                    let n = shade_fusefs::drain_branch_pool();
+                    tracing::info!("idle for {idle:?}: exiting ({n} pooled connections unmounted)");
+                    return Ok(());
+                }
+            }
+        } else {
+            idle_since = Some(Instant::now());
+        }
+        wait_readable(&listener, Duration::from_millis(200));
+    }
+}
+
+/// The inode of the socket file, `None` when it is gone.
+fn socket_inode(p: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p).ok().map(|m| m.ino())
+}
+
+/// Wait until a client connects or `timeout` passes.
+fn wait_readable(listener: &UnixListener, timeout: Duration) {
+    let mut fd = libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: poll on one pollfd we own.
+    unsafe { libc::poll(&mut fd, 1, ms) };
+}
+
+/// What every client thread needs.
+struct Ctx {
+    project: PathBuf,
+    state: StateDir,
+}
+
+/// Take every client waiting to connect, each into a thread of its own.
+fn accept_pending(listener: &UnixListener, clients: &Arc<AtomicUsize>, ctx: &Arc<Ctx>) {
+    loop {
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            Err(e) => {
+                tracing::warn!("accepting a client: {e}");
+                return;
+            }
+        };
+        if let Err(e) = check_peer(&stream) {
+            tracing::warn!("refused a client: {e}");
+            continue;
+        }
+        if stream.set_nonblocking(false).is_err() {
+            continue;
+        }
+        clients.fetch_add(1, Ordering::SeqCst);
+        let (c, ctx) = (clients.clone(), ctx.clone());
+        let spawned = std::thread::Builder::new()
+            .name("shade-client".into())
+            .spawn(move || {
+                client(stream, &ctx);
+                c.fetch_sub(1, Ordering::SeqCst);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("client thread: {e}");
+            clients.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Only this user's processes may ask for branches (SO_PEERCRED; the socket's directory is
+/// 0700 too).
+fn check_peer(stream: &UnixStream) -> std::io::Result<()> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt into a ucred of the size given.
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if cred.uid != me {
+        return Err(std::io::Error::other(format!(
+            "peer pid {} is uid {}, not {me}",
+            cred.pid, cred.uid
+        )));
+    }
+    Ok(())
+}
+
+/// Serve one client: its branch, until it drops it, accepts it, or goes away.
+fn client(stream: UnixStream, ctx: &Ctx) {
+    let Ok(read) = stream.try_clone() else { return };
+    let mut reader = BufReader::new(read);
+    let mut writer = stream;
+    let mut branch: Option<Branch> = None;
+    let mut reuse = false;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let (reply, end) = match serde_json::from_str::<Request>(&line) {
+            Ok(req) => answer(req, &mut branch, &mut reuse, ctx),
+            Err(e) => (Reply::Error(format!("bad request: {e}")), true),
+        };
+        let mut out = match serde_json::to_vec(&reply) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!("encoding a reply: {e}");
+                break;
+            }
+        };
+        out.push(b'\n');
+        if writer.write_all(&out).is_err() || end {
+            break;
+        }
+    }
+    if let Some(b) = branch {
+        // Gone without dropping it (killed): nothing of the branch may reach a later one
+        // through a process of its command that outlived the client, so the connection is
+        // aborted rather than pooled.
+        tracing::info!("a client left without dropping its branch: aborting it");
+        abort(b.mountpoint());
+        drop(b);
+    }
+}
+
+/// Answer one request; `true` with it when the conversation is over.
+fn answer(req: Request, branch: &mut Option<Branch>, reuse: &mut bool, ctx: &Ctx) -> (Reply, bool) {
+    let flags = |include_ignored, force| AcceptFlags {
+        include_ignored,
+        force,
+    };
+    match (req, branch.as_ref()) {
+        (
+            Request::Create {
+                project,
+                id_shift,
+                size,
+                metadata,
+                memory_budget,
+                reuse: r,
+            },
+            None,
+        ) => {
+            let project = wire::path(project);
+            if std::fs::canonicalize(&project).ok().as_deref() != Some(ctx.project.as_path()) {
+                return (
+                    Reply::Error(format!(
+                        "this server serves {}, not {}",
+                        ctx.project.display(),
+                        project.display()
+                    )),
+                    true,
+                );
+            }
+            let opts = BranchOptions {
+                state: ctx.state.clone(),
+                memory_budget,
+                limits: BranchLimits { size, metadata },
+                id_shift: id_shift.map(|base| IdShift { base }),
+                ..BranchOptions::default()
+            };
+            match Branch::create(&ctx.project, &opts) {
+                Ok(b) => {
+                    use std::os::unix::fs::MetadataExt;
+                    let dev = std::fs::metadata(b.mountpoint()).map_or(0, |m| m.dev());
+                    let reply = Reply::Created {
+                        dev,
+                        mountpoint: wire::bytes(b.mountpoint()),
+                        outside_dir: wire::bytes(&b.outside_dir()),
+                        reused: b.reused_connection(),
+                        server_pid: std::process::id(),
+                    };
+                    tracing::info!(
+                        branch = b.id(),
+                        reused = b.reused_connection(),
+                        "served a branch"
+                    );
+                    *reuse = r;
+                    *branch = Some(b);
+                    (reply, false)
+                }
+                Err(e) => (Reply::Error(e.to_string()), true),
+            }
+        }
+        (Request::Create { .. }, Some(_)) => (Reply::Error("one branch per client".into()), true),
+        (_, None) => (Reply::Error("no branch".into()), true),
+        (Request::LimitHits, Some(b)) => (
+            Reply::Lines(
+                b.take_limit_hits()
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
+            ),
+            false,
+        ),
+        (Request::Changeset { include_ignored }, Some(b)) => (
+            Reply::Changes(
+                b.changeset(include_ignored)
+                    .changes
+                    .iter()
+                    .map(Into::into)
+                    .collect(),
+            ),
+            false,
+        ),
+        (Request::Diff { changes }, Some(b)) => {
+            let changes = shade_fusefs::Changeset {
+                changes: changes
+                    .into_iter()
+                    .filter_map(wire::WireChange::change)
+                    .collect(),
+            };
+            (Reply::Text(b.diff(&changes)), false)
+        }
+        (
+            Request::CheckAccept {
+                include_ignored,
+                force,
+            },
+            Some(b),
+        ) => match b.check_accept(flags(include_ignored, force)) {
+            Ok(()) => (Reply::Done, false),
+            Err(e) => (Reply::Refused((&e).into()), false),
+        },
+        (
+            Request::Accept {
+                include_ignored,
+                force,
+                origin,
+            },
+            Some(_),
+        ) => {
+            let Some(b) = branch.take() else {
+                return (Reply::Error("no branch".into()), true);
+            };
+            if !*reuse {
+                abort(b.mountpoint());
+            }
+            let _one = ACCEPTING
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            shade_fusefs::accept::history::set_origin(origin);
+            let r = match b.accept(flags(include_ignored, force)) {
+                Ok(r) => Reply::Accepted((&r).into()),
+                Err(e) => Reply::Refused((&e).into()),
+            };
+            (r, true)
+        }
+        (Request::Drop, Some(_)) => {
+            if let Some(b) = branch.take() {
+                if !*reuse {
+                    abort(b.mountpoint());
+                }
+                drop(b);
+            }
+            (Reply::Done, true)
+        }
+    }
+}
+
+/// Abort the FUSE connection mounted at `mountpoint` (fusectl) and detach the mount: every
+/// process still using it gets errors from now on, and it is never pooled (the pool takes
+/// only a connection still mounted where it was; an aborted one may still answer `stat`
+/// from cached attributes, a detached one does not).
+fn abort(mountpoint: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(mountpoint) else {
+        return;
+    };
+    if libc::major(meta.dev()) != 0 {
+        return;
+    }
+    let ctl = format!("/sys/fs/fuse/connections/{}/abort", libc::minor(meta.dev()));
+    if let Err(e) = std::fs::write(&ctl, b"1") {
+        tracing::debug!("aborting {}: {ctl}: {e}", mountpoint.display());
+    }
+    if nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH).is_ok() {
+        return;
+    }
+    // A user's mount is detached through the setuid helper.
+    for helper in ["fusermount3", "fusermount"] {
+        let done = std::process::Command::new(helper)
+            .args(["-u", "-z", "--"])
+            .arg(mountpoint)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+        if done.is_ok_and(|s| s.success()) {
+            return;
+        }
+    }
+    tracing::warn!(
+        "could not detach the aborted branch at {}",
+        mountpoint.display()
+    );
+}

@@ -1,0 +1,420 @@
+//! The per-project branch server (`src/branch_server`), through the real binary: `shade
+//! run`s share one server and its warm connections, a reused connection carries nothing of
+//! the branch before, and the server's lifecycle (idle exit, `kill -9`, killed clients,
+//! other builds) leaves nothing behind. Needs root and /dev/fuse (fails loudly without).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{stop_branch_servers, wait_until, Fixture};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// A fixture whose `shade run`s use the branch server (the common fixture turns it off),
+/// ending its servers when dropped.
+struct Served {
+    fx: Fixture,
+}
+
+/// What a run's debug log says of its branch.
+#[derive(Debug, PartialEq)]
+struct Via {
+    server_pid: u32,
+    reused: bool,
+}
+
+impl Served {
+    fn new() -> Served {
+        Served { fx: Fixture::new() }
+    }
+
+    fn state(&self) -> PathBuf {
+        self.fx.state.root().to_path_buf()
+    }
+
+    fn shade_with(&self, bin: &Path) -> Command {
+        let mut c = self.fx.shade();
+        c.env_remove("SHADE_BRANCH_SERVER")
+            .env("SHADE_LOG", "shade::branch_server=debug")
+            .env("NO_COLOR", "1");
+        // Same environment and directory, another binary.
+        let mut out = Command::new(bin);
+        for (k, v) in c.get_envs() {
+            match v {
+                Some(v) => out.env(k, v),
+                None => out.env_remove(k),
+            };
+        }
+        out.current_dir(&self.fx.project).stdin(Stdio::null());
+        out
+    }
+
+    fn shade(&self) -> Command {
+        self.shade_with(Path::new(env!("CARGO_BIN_EXE_shade")))
+    }
+
+    /// `shade run -- sh -c script`, with how its branch was served.
+    fn run(&self, script: &str) -> (Output, Via) {
+        let o = self
+            .shade()
+            .args(["run", "--", "sh", "-c", script])
+            .output()
+            .unwrap();
+        let via = via(&o);
+        (o, via)
+    }
+
+    /// The project's file systems entries (without .git), with mode, size and content.
+    fn native(&self, script: &str) -> String {
+        let o = Command::new("sh")
+            .args(["-c", script])
+            .current_dir(&self.fx.project)
+            .output()
+            .unwrap();
+        assert!(o.status.success());
+        String::from_utf8(o.stdout).unwrap()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        stop_branch_servers(&self.state());
+    }
+}
+
+/// Text without terminal colour escapes.
+fn plain(s: &[u8]) -> String {
+    let s = String::from_utf8_lossy(s);
+    let mut out = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The server pid and reuse from the client's debug line; panics when the branch was not
+/// served (as on a build without the server).
+fn via(o: &Output) -> Via {
+    let err = plain(&o.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.contains("branch served by the branch server"))
+        .unwrap_or_else(|| panic!("the branch was not served by a branch server:\n{err}"));
+    let field = |name: &str| -> String {
+        let at = line.find(&format!("{name}=")).unwrap() + name.len() + 1;
+        line[at..]
+            .chars()
+            .take_while(|c| !c.is_whitespace())
+            .collect()
+    };
+    Via {
+        server_pid: field("server_pid").parse().unwrap(),
+        reused: field("reused_connection") == "true",
+    }
+}
+
+fn ok(o: &Output) {
+    assert!(
+        o.status.success(),
+        "shade failed: {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        plain(&o.stderr)
+    );
+}
+
+/// Alive and not a zombie.
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+fn mounts_below(dir: &Path) -> Vec<String> {
+    let root = dir.to_string_lossy().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(&root))
+        .map(str::to_string)
+        .collect()
+}
+
+fn sockets(state: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(state.join("servers"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn kill9(pid: u32) {
+    // SAFETY: kill(2) with a pid and a signal.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    wait_until("the killed server to be gone", 20, || !alive(pid));
+}
+
+#[test]
+fn runs_share_a_server_and_a_warm_connection() {
+    let s = Served::new();
+    s.fx.write("file", "orig\n");
+    let (o1, v1) = s.run("cat file");
+    ok(&o1);
+    assert!(
+        !v1.reused,
+        "the first branch has a fresh connection: {v1:?}"
+    );
+    let (o2, v2) = s.run("cat file");
+    ok(&o2);
+    assert_eq!(v2.server_pid, v1.server_pid, "one server for both runs");
+    assert!(
+        v2.reused,
+        "the second branch is served by the first one's connection"
+    );
+    assert_eq!(String::from_utf8_lossy(&o2.stdout), "orig\n");
+    assert!(alive(v1.server_pid));
+    // The server's socket is in the state directory, which the sandbox hides.
+    let socket = sockets(&s.state()).pop().unwrap();
+    let (o3, _) = s.run(&format!("test ! -e '{}'", socket.display()));
+    ok(&o3);
+}
+
+#[test]
+fn a_reused_connection_carries_nothing_of_the_branch_before() {
+    let s = Served::new();
+    s.fx.write("a.txt", "A\n");
+    s.fx.write("b.txt", "B\n");
+    s.fx.write("d/c.txt", "C\n");
+    s.fx.write("e.txt", "E\n");
+    s.fx.write("f.txt", "F\n");
+    // Everything there is to see of the tree, one line per entry.
+    let look = "for p in $(find . | sort); do stat -c '%n %F %a %s %h' \"$p\"; \
+                if [ -f \"$p\" ]; then cat \"$p\"; fi; done; ls ghost 2>&1; true";
+    let (o1, v1) = s.run(
+        "echo changed > a.txt && rm b.txt && mv d d2 && chmod 600 e.txt && mkdir new && \
+         echo n > new/n.txt && cat f.txt d2/c.txt >/dev/null && \
+         ! stat ghost 2>/dev/null && ls -la . d2 >/dev/null && echo more >> f.txt && \
+         cat f.txt >/dev/null",
+    );
+    ok(&o1);
+    assert!(!v1.reused);
+    // Between the runs the user changes a file the branch read (and cached) and creates
+    // the name the branch found missing.
+    s.fx.write("e.txt", "E, edited by the user\n");
+    s.fx.write("ghost", "now here\n");
+    let (o2, v2) = s.run(look);
+    ok(&o2);
+    assert!(
+        v2.reused,
+        "the second branch must reuse the connection: {v2:?}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&o2.stdout),
+        s.native(look),
+        "the reused connection shows something else than the project"
+    );
+    assert!(
+        !plain(&o2.stderr).lines().any(|l| l.starts_with("M ")
+            || l.starts_with("A ")
+            || l.starts_with("D ")
+            || l.starts_with("R ")),
+        "a reading command changed nothing:\n{}",
+        plain(&o2.stderr)
+    );
+}
+
+#[test]
+fn kill_9_of_the_server_leaves_nothing_run_and_recover_do_not_clean() {
+    let s = Served::new();
+    s.fx.write("file", "orig\n");
+    let (o1, v1) = s.run("echo x > file");
+    ok(&o1);
+    assert!(!mounts_below(&s.state()).is_empty(), "a pooled connection");
+    kill9(v1.server_pid);
+    // The next run cleans up what the dead server left and gets a new one.
+    let (o2, v2) = s.run("cat file");
+    ok(&o2);
+    assert_ne!(v2.server_pid, v1.server_pid);
+    assert!(!v2.reused, "nothing of the dead server is reused");
+    assert_eq!(String::from_utf8_lossy(&o2.stdout), "orig\n");
+    let left: Vec<String> = mounts_below(&s.state())
+        .into_iter()
+        .filter(|l| l.contains(&format!("shade:{}-", v1.server_pid)))
+        .collect();
+    assert!(left.is_empty(), "the dead server's mounts stay: {left:#?}");
+    kill9(v2.server_pid);
+    let r = s.shade().arg("recover").output().unwrap();
+    ok(&r);
+    assert_eq!(mounts_below(&s.state()), Vec::<String>::new());
+    assert_eq!(
+        std::fs::read_dir(s.fx.state.branches()).unwrap().count(),
+        0,
+        "branch directories left"
+    );
+    assert_eq!(sockets(&s.state()), Vec::<PathBuf>::new());
+    assert_eq!(s.fx.read("file"), "orig\n");
+}
+
+#[test]
+fn the_server_exits_when_idle() {
+    let s = Served::new();
+    s.fx.write("file", "orig\n");
+    let o = s
+        .shade()
+        .env("SHADE_BRANCH_SERVER_IDLE", "1")
+        .args(["run", "--", "cat", "file"])
+        .output()
+        .unwrap();
+    ok(&o);
+    let v = via(&o);
+    wait_until("the idle server to exit", 60, || !alive(v.server_pid));
+    assert_eq!(mounts_below(&s.state()), Vec::<String>::new());
+    assert_eq!(sockets(&s.state()), Vec::<PathBuf>::new());
+    assert_eq!(
+        std::fs::read_dir(s.fx.state.branches()).unwrap().count(),
+        0,
+        "the pool's connections went with it"
+    );
+}
+
+#[test]
+fn a_killed_client_leaves_the_project_and_the_server_alone() {
+    let s = Served::new();
+    s.fx.write("file", "orig\n");
+    s.fx.write("other", "other\n");
+    let ready = s.fx.tmp.path().join("ready");
+    let mut child = s
+        .shade()
+        .args(["run", "--accept", "--", "sh", "-c"])
+        .arg(format!(
+            "echo x > file; rm other; echo up > {}; sleep 100",
+            ready.display()
+        ))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("the command to start", 30, || ready.exists());
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(s.fx.read("file"), "orig\n");
+    assert_eq!(s.fx.read("other"), "other\n");
+    let v1 = via(&out);
+    assert!(alive(v1.server_pid), "the server survives its client");
+    // Its branch is aborted, not pooled: a process of the command that outlived the client
+    // must not see the next branch through it.
+    wait_until("the killed client's branch to be unmounted", 20, || {
+        mounts_below(&s.state()).is_empty()
+    });
+    let (o2, v2) = s.run("cat file other");
+    ok(&o2);
+    assert_eq!(v2.server_pid, v1.server_pid, "the same server serves on");
+    assert_eq!(String::from_utf8_lossy(&o2.stdout), "orig\nother\n");
+    assert_eq!(s.fx.read("file"), "orig\n");
+}
+
+#[test]
+fn another_build_gets_its_own_server() {
+    let s = Served::new();
+    s.fx.write("file", "orig\n");
+    let dir = s.fx.tmp.path().join("other-build");
+    std::fs::create_dir(&dir).unwrap();
+    let other = dir.join("shade");
+    std::fs::copy(env!("CARGO_BIN_EXE_shade"), &other).unwrap();
+    std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Another modification time: what a rebuild of the same version gives.
+    let t = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&other)
+        .unwrap()
+        .set_modified(t)
+        .unwrap();
+    let (o1, v1) = s.run("cat file");
+    ok(&o1);
+    let o2 = s
+        .shade_with(&other)
+        .args(["run", "--", "cat", "file"])
+        .output()
+        .unwrap();
+    ok(&o2);
+    let v2 = via(&o2);
+    assert_ne!(
+        v1.server_pid, v2.server_pid,
+        "each build has its own server"
+    );
+    assert!(!v2.reused);
+    assert_eq!(sockets(&s.state()).len(), 2);
+    let (o3, v3) = s.run("cat file");
+    ok(&o3);
+    assert_eq!(v3.server_pid, v1.server_pid);
+}
+
+#[test]
+fn a_client_in_another_mount_namespace_gets_its_own_server() {
+    let s = Served::new();
+    s.fx.write("file", "orig\n");
+    let (o1, v1) = s.run("cat file");
+    ok(&o1);
+    // The first server's mounts are in its namespace; a client in another one could not
+    // bind them (it would bind an empty directory over the project).
+    let c = s.shade();
+    let o2 = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "--"])
+        .arg(c.get_program())
+        .args(["run", "--", "sh", "-c", "cat file; echo new > made"])
+        .envs(c.get_envs().filter_map(|(k, v)| v.map(|v| (k, v))))
+        .current_dir(&s.fx.project)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    ok(&o2);
+    let v2 = via(&o2);
+    assert_ne!(
+        v2.server_pid, v1.server_pid,
+        "another namespace, another server"
+    );
+    assert_eq!(String::from_utf8_lossy(&o2.stdout), "orig\n");
+    assert!(
+        plain(&o2.stderr).contains("A made"),
+        "{}",
+        plain(&o2.stderr)
+    );
+}
+
+#[test]
+fn a_server_that_cannot_start_leaves_the_branch_in_process() {
+    let s = Served::new();
+    s.fx.write("file", "orig\n");
+    // Where the servers' directory should be, a file: no server can start.
+    std::fs::create_dir_all(s.state()).unwrap();
+    std::fs::write(s.state().join("servers"), "not a directory").unwrap();
+    let o = s
+        .shade()
+        .args(["run", "--", "sh", "-c", "cat file; echo new > made"])
+        .output()
+        .unwrap();
+    ok(&o);
+    let err = plain(&o.stderr);
+    assert!(!err.contains("branch served by the branch server"), "{err}");
+    assert!(err.contains("branch server unavailable"), "{err}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "orig\n");
+    assert!(err.contains("A made"), "{err}");
+    assert_eq!(mounts_below(&s.state()), Vec::<String>::new());
+}
