@@ -24,7 +24,7 @@ use crate::tools::ToolContext;
 use crate::workspace::Workspace;
 
 mod live;
-pub use live::{AfterCall, Live};
+pub use live::{remove_layers_before_exit, AfterCall, Live};
 
 /// How to create a shadow.
 #[derive(Debug, Clone)]

@@ -128,6 +128,7 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
                         // branch of the process is detached here.
                         spec.shutdown_within(std::time::Duration::from_secs(3));
                         shade_fusefs::unmount_all_before_exit();
+                        shade_agent::shadow::remove_layers_before_exit();
                         echo::restore();
                         std::process::exit(128 + ended_by.load(Ordering::SeqCst));
                     }

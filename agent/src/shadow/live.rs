@@ -74,6 +74,7 @@ impl Live {
         let state = options.branch.state.clone();
         let dir = live_dir(&state, project)?;
         let shadow = Shadow::create_with_outside(project, options.clone(), dir.join("outside"))?;
+        note_branch(&dir, &shadow);
         Ok(Arc::new(Live {
             project: shadow.project().to_path_buf(),
             options,
@@ -260,7 +261,10 @@ impl Live {
             self.options.clone(),
             self.dir.join("outside"),
         ) {
-            Ok(s) => st.shadow = Some(s),
+            Ok(s) => {
+                note_branch(&self.dir, &s);
+                st.shadow = Some(s);
+            }
             Err(e) => {
                 st.shadow = None;
                 lock(&self.notices).push(format!(
@@ -285,9 +289,23 @@ impl Drop for Live {
             s.abort();
         }
         shade_fusefs::sandbox::release_outside(&self.dir.join("outside"));
+        lock(&DIRS).retain(|d| d != &self.dir);
         if let Err(e) = std::fs::remove_dir_all(&self.dir) {
             tracing::warn!("removing {}: {e}", self.dir.display());
         }
+    }
+}
+
+/// The live sessions' directories of this process, for [`remove_layers_before_exit`].
+static DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Before the process exits without unwinding (after a signal): release and remove every
+/// live session's outside layer, as `shade_fusefs::unmount_all_before_exit` does for
+/// branches (call it after that).
+pub fn remove_layers_before_exit() {
+    for dir in std::mem::take(&mut *lock(&DIRS)) {
+        shade_fusefs::sandbox::release_outside(&dir.join("outside"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
@@ -316,7 +334,14 @@ fn live_dir(state: &StateDir, project: &Path) -> Result<PathBuf, ShadowError> {
         format!("{}\n{}\n", std::process::id(), project.display()),
     )
     .map_err(err)?;
+    lock(&DIRS).push(dir.clone());
     Ok(dir)
+}
+
+/// `<live dir>/branch`: the id of the session's branch now (for tools and tests that tell
+/// the session's own branch from others). Best effort.
+fn note_branch(dir: &Path, shadow: &Shadow) {
+    let _ = std::fs::write(dir.join("branch"), format!("{}\n", shadow.id()));
 }
 
 /// One line for a refused accept.
