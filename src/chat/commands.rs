@@ -563,6 +563,7 @@ fn undo_turns(session: &mut super::session::Session, n: usize) {
     for e in all.iter().rev().filter(|e| {
         e.origin.starts_with(&prefix)
             && e.undoes.is_none()
+            && e.dropped.is_none()
             && history::undone_by(&all, &e.id).is_none()
     }) {
         if !turns.contains(&e.origin.as_str()) {
