@@ -556,7 +556,7 @@ impl Session {
     /// seen when it happens, not only at `/accept`.
     pub fn branch_summary(&self) -> Option<String> {
         if let Some(live) = &self.live {
-            return live_summary(live);
+            return crate::cmd_exec::live_summary(live);
         }
         let shadow = self.shadow.as_ref()?;
         let n = shadow.changeset(false).changes.len();
@@ -579,7 +579,7 @@ impl Session {
     /// At the end of the session: say what a shadow branch held that is now dropped.
     pub fn close(&mut self) {
         if let Some(live) = self.live.take() {
-            close_live(&live);
+            crate::cmd_exec::close_live(&live);
         }
         if let Some(shadow) = self.shadow.take() {
             let changes = shadow.changeset(false);
@@ -612,81 +612,6 @@ impl Session {
         if let Ok(mut t) = self.last_prompt_tokens.lock() {
             *t = 0;
         }
-    }
-}
-
-/// After a turn of a live session: what went wrong with its accepts (a conflict keeps the
-/// branch pending), and what its commands wrote outside the project (kept in the session's
-/// layer, not on the host). None when there is nothing to say.
-fn live_summary(live: &Live) -> Option<String> {
-    let mut lines = live.take_notices();
-    if live.pending() {
-        let n = live.with_shadow(|s| s.map_or(0, |s| s.changeset(true).changes.len()));
-        lines.push(format!(
-            "the session's branch holds {} not in the project (an accept conflict): /diff shows \
-             them, /accept retries, /abort drops them",
-            shade_agent::tools::text::plural(n, "change")
-        ));
-    }
-    if let Some(o) = crate::outside::summary(&live.outside(), 5) {
-        lines.push(format!(
-            "{o} — in the session's layer, not on the host (/changes lists them; \
-             [outside] keep rules keep them at the end)"
-        ));
-    }
-    (!lines.is_empty()).then(|| lines.join("\n"))
-}
-
-/// The end of a live session: a pending branch is dropped, saying what it held and where
-/// its diff is kept; writes outside the project are kept by the config's `[outside] keep`
-/// rules and the rest dropped, each said.
-fn close_live(live: &Live) {
-    let (changes, diff) = live.with_shadow(|s| match s {
-        Some(s) => {
-            let c = s.changeset(true);
-            let d = s.diff(&c);
-            (c, d)
-        }
-        None => Default::default(),
-    });
-    if live.pending() && !changes.changes.is_empty() {
-        let state = shade_fusefs::StateDir::from_env();
-        let path = state.root().join(format!(
-            "dropped-{}-{}.diff",
-            std::process::id(),
-            chrono::Utc::now().format("%Y%m%dT%H%M%S")
-        ));
-        let saved = std::fs::write(&path, &diff).is_ok();
-        eprintln!(
-            "shade: dropped the session's branch with {} never accepted (a conflict){}:",
-            shade_agent::tools::text::plural(changes.changes.len(), "change"),
-            if saved {
-                format!("; its diff is in {}", path.display())
-            } else {
-                String::new()
-            }
-        );
-        for c in &changes.changes {
-            eprintln!("  {c}");
-        }
-    }
-    let mut outside = live.outside();
-    if outside.is_empty() {
-        return;
-    }
-    let keep = crate::outside::keep_list(&[], true);
-    if !keep.is_empty() && !outside.selected(&keep).is_empty() {
-        match outside.keep(&keep, &shade_fusefs::StateDir::from_env()) {
-            Ok(r) => crate::outside::report_kept(&r.kept, false),
-            Err(e) => crate::outside::report_refused(&e),
-        }
-    }
-    let dropped = shade_fusefs::outside::OutsideChanges {
-        changes: outside.changes.into_iter().filter(|c| !c.kept).collect(),
-        layer: None,
-    };
-    if let Some(line) = crate::outside::summary(&dropped, 10) {
-        eprintln!("shade: dropped with the session, never written to the host: {line}");
     }
 }
 

@@ -42,8 +42,9 @@ pub struct Live {
     /// like a branch's) and `outside/`.
     dir: PathBuf,
     state: Mutex<State>,
-    /// How accepts are named in the history (the session and the turn).
-    origin: Mutex<String>,
+    /// How accepts are named in the history (the session and the turn); None: the
+    /// process's origin (its command line).
+    origin: Mutex<Option<String>>,
     /// Lines for the user since the last [`Live::take_notices`] (conflicts, failures).
     notices: Mutex<Vec<String>>,
 }
@@ -83,7 +84,7 @@ impl Live {
                 shadow: Some(shadow),
                 ..State::default()
             }),
-            origin: Mutex::new("shade".into()),
+            origin: Mutex::new(None),
             notices: Mutex::new(Vec::new()),
         }))
     }
@@ -95,7 +96,7 @@ impl Live {
 
     /// Name the accepts from now on in the history (`chat session X turn N`).
     pub fn set_origin(&self, origin: String) {
-        *lock(&self.origin) = origin;
+        *lock(&self.origin) = Some(origin);
     }
 
     /// `tools` with every tool running in the live branch (see [`LiveTool`]).
@@ -196,7 +197,9 @@ impl Live {
             return AfterCall::Nothing;
         };
         let started = Instant::now();
-        shade_fusefs::accept::history::set_origin(lock(&self.origin).clone());
+        if let Some(origin) = lock(&self.origin).clone() {
+            shade_fusefs::accept::history::set_origin(origin);
+        }
         let Some((branch, leftover)) = shadow.into_branch() else {
             self.renew(st);
             return AfterCall::Nothing;
