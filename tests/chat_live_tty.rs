@@ -87,20 +87,39 @@ fn undo_takes_back_a_live_turn_whose_shell_edited_and_formatted() {
 
 /// The default session's shell cannot write outside the project into the host: its write
 /// to the home directory lands in the session's layer, is listed after the turn, and is
-/// dropped (said) at the end; the project write is in the project.
+/// dropped (said) at the end; the project write is in the project. As root and as the
+/// plain user.
 #[test]
 fn live_shell_writes_outside_the_project_land_in_the_layer() {
     common::require_fuse_root();
+    outside_writes_stay_in_the_layer(writing_around());
+}
+
+#[test]
+fn live_shell_writes_outside_the_project_land_in_the_layer_as_plain_user() {
+    common::require_fuse_root();
+    outside_writes_stay_in_the_layer(writing_around().run_by_plain_user());
+}
+
+/// (`$HOME/sub`: as a plain user, a home with mounts below it — the state directory's
+/// branches — is split into its subdirectories, each writable into the layer; the home
+/// itself stays read-only.)
+fn writing_around() -> Chat {
     let chat = Chat::new(|body: &Value| {
         match (last_real_user(body).as_str(), tool_results_since_user(body)) {
             ("write around", 0) => Reply::tool(
                 "shell",
-                json!({"command": "echo leak > \"$HOME/leak.txt\" && echo in > inside.txt"}),
+                json!({"command": "echo leak > \"$HOME/sub/leak.txt\" && echo in > inside.txt"}),
             ),
             ("write around", _) => Reply::text("Wrote."),
             (other, _) => Reply::text(&format!("You said: {other}")),
         }
     });
+    std::fs::create_dir(chat.project.parent().unwrap().join("sub")).unwrap();
+    chat
+}
+
+fn outside_writes_stay_in_the_layer(chat: Chat) {
     let home = chat.project.parent().unwrap().to_path_buf();
     let tty = chat.start(ARGS);
     tty.say("write around");
@@ -110,7 +129,7 @@ fn live_shell_writes_outside_the_project_land_in_the_layer() {
     wait_prompt(&tty);
     assert_eq!(read(&chat, "inside.txt"), "in\n");
     assert!(
-        !home.join("leak.txt").exists(),
+        !home.join("sub/leak.txt").exists(),
         "the command wrote into the host's home"
     );
     tty.say("/changes");
@@ -121,7 +140,7 @@ fn live_shell_writes_outside_the_project_land_in_the_layer() {
     assert!(tty
         .history()
         .contains("dropped with the session, never written to the host"));
-    assert!(!home.join("leak.txt").exists());
+    assert!(!home.join("sub/leak.txt").exists());
     chat.assert_nothing_left();
 }
 
