@@ -385,9 +385,11 @@ fn live_command(session: &mut super::session::Session, cmd: Command) {
             let (changes, diff) = live.with_shadow(|s| match s {
                 Some(s) => {
                     let c = s.changeset(true);
-                    let d = (cmd == Command::Diff)
-                        .then(|| s.diff(&c))
-                        .unwrap_or_default();
+                    let d = if cmd == Command::Diff {
+                        s.diff(&c)
+                    } else {
+                        String::new()
+                    };
                     (c, d)
                 }
                 None => Default::default(),

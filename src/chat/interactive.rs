@@ -243,6 +243,10 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
             continue;
         }
         let mut next_suggestion = None;
+        // An accepted speculation is a turn of its own (`/undo` takes it back alone).
+        if speculation.is_some() {
+            session.next_turn();
+        }
         shade_fusefs::accept::history::set_origin(session.history_origin());
         let result = match speculation {
             Some(spec) => match speculate::accept(

@@ -309,7 +309,7 @@ impl Session {
     }
 
     /// A new turn begins: its accepts are named after it.
-    fn next_turn(&mut self) {
+    pub fn next_turn(&mut self) {
         self.turn_no += 1;
         if let Some(live) = &self.live {
             live.set_origin(self.history_origin());
