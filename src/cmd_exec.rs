@@ -61,6 +61,11 @@ pub struct ExecArgs {
     /// transcript ends with what changed, and the branch is dropped unless --accept.
     #[arg(long)]
     pub shadow: bool,
+    /// UNCONFINED: tools write straight into the project and commands run directly on the
+    /// host; nothing they do can be undone. (By default each tool call runs in a branch and
+    /// is accepted into the project right after it, recorded so `shade undo` takes it back.)
+    #[arg(long, conflicts_with_all = ["shadow", "attempts"])]
+    pub unconfined: bool,
     /// With --shadow: write the branch into the project when the run finished cleanly
     /// (refused, nothing written, exit 124, if a changed path was edited meanwhile).
     #[arg(long, requires = "shadow")]
@@ -193,6 +198,25 @@ async fn run(args: ExecArgs) -> i32 {
     } else {
         None
     };
+    // The default: a live branch, each tool call accepted right after it ran (the same
+    // engine as `shade chat`'s default session).
+    let live = if args.shadow || args.unconfined {
+        None
+    } else {
+        crate::cmd_run::startup_recovery(&StateDir::from_env());
+        match shade_agent::shadow::Live::start(workspace.root(), ShadowOptions::live()) {
+            Ok(l) => {
+                tools = l.wrap(&tools);
+                Some(l)
+            }
+            Err(e) => {
+                return exit::fail(&anyhow::anyhow!(
+                    "cannot create the run's branch (FUSE): {e}; `--unconfined` runs without \
+                     one, writing straight into the project"
+                ))
+            }
+        }
+    };
     let mut ctx = ToolContext::new(workspace);
     ctx.background = Some(llm.background.clone());
     ctx.token_stats = Some(llm.stats.clone());
@@ -280,6 +304,15 @@ async fn run(args: ExecArgs) -> i32 {
     }
     drop(agent);
     mcp.close().await;
+    if let Some(live) = live {
+        live.settle();
+        if let Some(lines) = live_summary(&live) {
+            for l in lines.lines() {
+                eprintln!("shade: {l}");
+            }
+        }
+        close_live(&live);
+    }
     match shadow {
         Some(shadow) => finish_shadow(shadow, &args, stop, status),
         None => status,
@@ -639,4 +672,79 @@ pub(crate) async fn connect_mcp(
         tools.add(t.clone());
     }
     mcp
+}
+
+/// After a turn of a live session: what went wrong with its accepts (a conflict keeps the
+/// branch pending), and what its commands wrote outside the project (kept in the session's
+/// layer, not on the host). None when there is nothing to say.
+pub(crate) fn live_summary(live: &shade_agent::shadow::Live) -> Option<String> {
+    let mut lines = live.take_notices();
+    if live.pending() {
+        let n = live.with_shadow(|s| s.map_or(0, |s| s.changeset(true).changes.len()));
+        lines.push(format!(
+            "the session's branch holds {} not in the project (an accept conflict): /diff shows \
+             them, /accept retries, /abort drops them",
+            shade_agent::tools::text::plural(n, "change")
+        ));
+    }
+    if let Some(o) = crate::outside::summary(&live.outside(), 5) {
+        lines.push(format!(
+            "{o} — in the session's layer, not on the host (/changes lists them; \
+             [outside] keep rules keep them at the end)"
+        ));
+    }
+    (!lines.is_empty()).then(|| lines.join("\n"))
+}
+
+/// The end of a live session: a pending branch is dropped, saying what it held and where
+/// its diff is kept; writes outside the project are kept by the config's `[outside] keep`
+/// rules and the rest dropped, each said.
+pub(crate) fn close_live(live: &shade_agent::shadow::Live) {
+    let (changes, diff) = live.with_shadow(|s| match s {
+        Some(s) => {
+            let c = s.changeset(true);
+            let d = s.diff(&c);
+            (c, d)
+        }
+        None => Default::default(),
+    });
+    if live.pending() && !changes.changes.is_empty() {
+        let state = shade_fusefs::StateDir::from_env();
+        let path = state.root().join(format!(
+            "dropped-{}-{}.diff",
+            std::process::id(),
+            chrono::Utc::now().format("%Y%m%dT%H%M%S")
+        ));
+        let saved = std::fs::write(&path, &diff).is_ok();
+        eprintln!(
+            "shade: dropped the session's branch with {} never accepted (a conflict){}:",
+            shade_agent::tools::text::plural(changes.changes.len(), "change"),
+            if saved {
+                format!("; its diff is in {}", path.display())
+            } else {
+                String::new()
+            }
+        );
+        for c in &changes.changes {
+            eprintln!("  {c}");
+        }
+    }
+    let mut outside = live.outside();
+    if outside.is_empty() {
+        return;
+    }
+    let keep = crate::outside::keep_list(&[], true);
+    if !keep.is_empty() && !outside.selected(&keep).is_empty() {
+        match outside.keep(&keep, &shade_fusefs::StateDir::from_env()) {
+            Ok(r) => crate::outside::report_kept(&r.kept, false),
+            Err(e) => crate::outside::report_refused(&e),
+        }
+    }
+    let dropped = shade_fusefs::outside::OutsideChanges {
+        changes: outside.changes.into_iter().filter(|c| !c.kept).collect(),
+        layer: None,
+    };
+    if let Some(line) = crate::outside::summary(&dropped, 10) {
+        eprintln!("shade: dropped with the session, never written to the host: {line}");
+    }
 }

@@ -69,6 +69,8 @@ struct LogEntry {
     undone_by: Option<String>,
     undoable: bool,
     evicted: bool,
+    /// `rolled_back` / `unfinished`: its journal was given up by `shade recover --drop`.
+    dropped: Option<shade_fusefs::accept::history::Dropped>,
     stored_bytes: u64,
     paths: Vec<LogPath>,
 }
@@ -96,9 +98,10 @@ fn log_entry(all: &[Entry], e: &Entry) -> LogEntry {
         time_ns: e.time_ns,
         origin: e.origin.clone(),
         undoes: e.undoes.clone(),
-        undoable: !e.evicted && undone_by.is_none(),
+        undoable: !e.evicted && e.dropped.is_none() && undone_by.is_none(),
         undone_by,
         evicted: e.evicted,
+        dropped: e.dropped,
         stored_bytes: e.bytes,
         paths: e
             .changes
@@ -163,7 +166,9 @@ pub fn log_main(args: LogArgs) -> i32 {
         println!("no accepts recorded in {}", quote_path(&root));
     }
     for e in &shown {
-        let status = if let Some(u) = &e.undone_by {
+        let status = if let Some(d) = e.dropped {
+            d.describe().to_string()
+        } else if let Some(u) = &e.undone_by {
             format!("undone by {u}")
         } else if e.evicted {
             "evicted (can no longer be undone)".into()

@@ -321,7 +321,7 @@ fn no_to_a_speculation_writes_nothing_and_runs_nothing() {
         .all(|r| r["model"] == "fast-model"));
     assert_eq!(questions(&tty), 0);
     assert!(!common::chat::ghost_shown(&tty, "fix it"));
-    chat.assert_nothing_left();
+    chat.assert_nothing_left_but_the_session();
     // Up and Enter runs it live, asking at each step.
     tty.keys(&["Up"]);
     tty.wait_for("the recalled prompt", 60, |s| {
@@ -357,7 +357,7 @@ fn ctrl_c_at_the_speculation_question_cancels() {
     assert!(turn_requests(&chat, "fix it and run the tests")
         .iter()
         .all(|r| r["model"] == "fast-model"));
-    chat.assert_nothing_left();
+    chat.assert_nothing_left_but_the_session();
     assert!(tty.alive());
 }
 
@@ -418,7 +418,7 @@ fn ctrl_c_while_an_accepted_speculation_runs() {
     // Nothing half-written landed, the command is gone, the branch unmounted.
     assert!(!chat.project.join("half.txt").exists());
     wait_until("the build to be killed", 60, || sleeps_left().is_empty());
-    chat.assert_nothing_left();
+    chat.assert_nothing_left_but_the_session();
     // No suggestion offers the same again; the session goes on.
     assert!(!common::chat::ghost_shown(&tty, "build the release"));
     tty.say("anything else?");

@@ -266,7 +266,7 @@ fn at_mentions_complete_and_bang_commands_run() {
     tty.type_text("!touch started.flag; sleep 600; echo never-printed");
     tty.keys(&["Enter"]);
     common::wait_until("the command to start", 60, || {
-        chat.project.join("started.flag").exists()
+        chat.exists_in_session("started.flag")
     });
     tty.keys(&["C-c"]);
     tty.wait_text("(cancelled)", 60);

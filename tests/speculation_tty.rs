@@ -199,8 +199,10 @@ fn typing_something_else_drops_the_speculation_and_leaves_nothing() {
             .iter()
             .any(|e| e["outcome"] == "aborted")
     });
-    wait_until("the branch to be gone", 60, || chat.branch_dirs() == 0);
-    chat.assert_nothing_left();
+    wait_until("the branch to be gone", 60, || {
+        chat.other_branch_dirs() == 0
+    });
+    chat.assert_nothing_left_but_the_session();
     let names: Vec<String> = std::fs::read_dir(&chat.project)
         .unwrap()
         .flatten()

@@ -344,3 +344,106 @@ fn killed_at_random_points_an_undo_of_2000_files_is_old_or_new_after_recover() {
     );
     assert!(killed_any > 0, "no kill point was reached");
 }
+
+/// `shade recover --drop ID` gives an interrupted accept up: the history then says so —
+/// rolled back when it was dropped before its commit point (nothing of it in the project),
+/// never finished after it — instead of claiming its after-state, and `shade undo` refuses
+/// it with that reason (and skips it by default).
+#[test]
+fn a_dropped_journal_is_said_in_the_log_and_undo_refuses_it() {
+    let mut seen = std::collections::BTreeSet::new();
+    for kill in 1..=60u64 {
+        let fx = Fixture::new();
+        fx.write("a.txt", "old a\n");
+        fx.write("b.txt", "old b\n");
+        let k = kill.to_string();
+        let o = shade(
+            &fx,
+            &[
+                "run",
+                "--accept",
+                "--",
+                "sh",
+                "-c",
+                "echo new > a.txt; echo new > b.txt; echo c > c.txt",
+            ],
+            &[("SHADE_FAULT_KILL_AT_STEP", k.as_str())],
+            300,
+        );
+        if o.status.code().is_some() {
+            // Past the accept's last step: nothing was killed; all points are covered.
+            assert!(o.status.success(), "{}", out(&o));
+            break;
+        }
+        let journals: Vec<String> = std::fs::read_dir(fx.state.journals())
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| {
+                        let n = e.file_name().to_string_lossy().into_owned();
+                        n.strip_suffix(".json").map(str::to_string)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        // (Any other shade command would recover the journal first: read the state.)
+        let entries = fx.state.history().join("entries");
+        let Some(id) = journals
+            .iter()
+            .find(|j| entries.join(format!("{j}.json")).exists())
+        else {
+            // Killed before the history entry (or after the journal was gone): nothing
+            // claims an after-state.
+            continue;
+        };
+        let d = shade(&fx, &["recover", "--drop", id], &[], 60);
+        assert!(d.status.success(), "kill at {kill}: {}", out(&d));
+        let log = log_json(&fx);
+        let e = log.iter().find(|e| e["id"] == id.as_str()).unwrap();
+        let how = e["dropped"]
+            .as_str()
+            .unwrap_or_else(|| panic!("kill at {kill}: the log still claims the accept: {e}"));
+        assert_eq!(e["undoable"], false, "{e}");
+        if how == "rolled_back" {
+            assert_eq!(fx.read("a.txt"), "old a\n", "kill at {kill}");
+            assert_eq!(fx.read("b.txt"), "old b\n", "kill at {kill}");
+            assert!(!fx.project.join("c.txt").exists(), "kill at {kill}");
+        } else {
+            assert_eq!(how, "unfinished", "{e}");
+        }
+        let text = shade(&fx, &["log"], &[], 60);
+        let text = String::from_utf8_lossy(&text.stdout).into_owned();
+        let word = if how == "rolled_back" {
+            "rolled back"
+        } else {
+            "never finished"
+        };
+        assert!(text.contains(word), "kill at {kill}: {text}");
+        let before = snapshot(&fx.project);
+        let u = shade(&fx, &["undo", id], &[], 60);
+        assert!(!u.status.success(), "kill at {kill}: {}", out(&u));
+        assert!(
+            String::from_utf8_lossy(&u.stderr).contains("cannot be undone"),
+            "kill at {kill}: {}",
+            out(&u)
+        );
+        let u = shade(&fx, &["undo"], &[], 60);
+        assert!(!u.status.success(), "kill at {kill}: {}", out(&u));
+        assert!(
+            String::from_utf8_lossy(&u.stderr).contains("nothing to undo"),
+            "kill at {kill}: {}",
+            out(&u)
+        );
+        assert!(
+            snapshot(&fx.project) == before,
+            "kill at {kill}: undo wrote"
+        );
+        let r = shade(&fx, &["recover"], &[], 60);
+        assert!(r.status.success(), "{}", out(&r));
+        seen.insert(how.to_string());
+    }
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        ["rolled_back", "unfinished"],
+        "both kinds of dropped journal were met"
+    );
+}

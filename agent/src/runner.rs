@@ -35,6 +35,10 @@ pub(crate) struct Inner {
     /// Shadows made on top of this one ([`ShadowBase::create_child`](crate::shadow::ShadowBase::create_child)): closed before it,
     /// since their branch reads through its mount.
     pub(crate) children: Mutex<Vec<Weak<Inner>>>,
+    /// Where commands' writes outside the project go when it is not the branch's own
+    /// layer: a live session keeps one layer across the branches it renews
+    /// ([`crate::shadow::Live`]).
+    pub(crate) outside: Option<PathBuf>,
 }
 
 /// The commands running in a shadow.
@@ -100,7 +104,9 @@ impl Inner {
         spec.binds = self.binds().map_err(RunError::Sandbox)?;
         // Writes outside the project land in the branch's outside layer (issue 29), for
         // the live session and speculation alike (no read-only home that tools fail on).
-        spec.outside = lock(&self.branch).as_ref().map(|b| b.outside_dir());
+        spec.outside = lock(&self.branch)
+            .as_ref()
+            .map(|b| self.outside.clone().unwrap_or_else(|| b.outside_dir()));
         let mut outcome =
             sandbox::run_cancellable(&spec, stop).map_err(|e| RunError::Sandbox(e.to_string()))?;
         // The branch's budgets are the branch's to enforce: their hits join the run's.

@@ -23,6 +23,9 @@ pub use crate::runner::{Command, RunError, ShadowRunner};
 use crate::tools::ToolContext;
 use crate::workspace::Workspace;
 
+mod live;
+pub use live::{remove_layers_before_exit, AfterCall, Live};
+
 /// How to create a shadow.
 #[derive(Debug, Clone)]
 pub struct ShadowOptions {
@@ -92,7 +95,19 @@ impl Shadow {
     pub fn create(project: &Path, options: ShadowOptions) -> Result<Shadow, ShadowError> {
         let branch = Branch::create(project, &options.branch)?;
         let project = branch.project().to_path_buf();
-        Self::around(branch, project, options)
+        Self::around(branch, project, options, None)
+    }
+
+    /// [`Shadow::create`] whose commands write outside the project into `outside` (an
+    /// outside layer directory that outlives the branch) instead of the branch's own.
+    pub fn create_with_outside(
+        project: &Path,
+        options: ShadowOptions,
+        outside: PathBuf,
+    ) -> Result<Shadow, ShadowError> {
+        let branch = Branch::create(project, &options.branch)?;
+        let project = branch.project().to_path_buf();
+        Self::around(branch, project, options, Some(outside))
     }
 
     /// The shadow of `branch`, whose commands and paths show it at `project`.
@@ -100,6 +115,7 @@ impl Shadow {
         branch: Branch,
         project: PathBuf,
         options: ShadowOptions,
+        outside: Option<PathBuf>,
     ) -> Result<Shadow, ShadowError> {
         // Every shadow's first command comes after a model call (or an MCP client's next
         // request): meanwhile a background walk fills the kernel's caches of the fresh
@@ -130,6 +146,7 @@ impl Shadow {
                 runs: Mutex::new(Runs::default()),
                 idle: Condvar::new(),
                 children: Mutex::new(Vec::new()),
+                outside,
             }),
         })
     }
@@ -217,11 +234,13 @@ impl Shadow {
     /// aborted, or when the layer cannot be read: that is logged).
     pub fn outside(&self) -> shade_fusefs::outside::OutsideChanges {
         match lock(&self.inner.branch).as_ref() {
-            Some(b) => shade_fusefs::outside::OutsideChanges::read(&b.outside_dir())
-                .unwrap_or_else(|e| {
-                    tracing::warn!("reading the writes outside the project: {e}");
-                    shade_fusefs::outside::OutsideChanges::default()
-                }),
+            Some(b) => shade_fusefs::outside::OutsideChanges::read(
+                self.inner.outside.as_deref().unwrap_or(&b.outside_dir()),
+            )
+            .unwrap_or_else(|e| {
+                tracing::warn!("reading the writes outside the project: {e}");
+                shade_fusefs::outside::OutsideChanges::default()
+            }),
             None => shade_fusefs::outside::OutsideChanges::default(),
         }
     }
@@ -325,7 +344,7 @@ impl ShadowBase {
             return Err(closed());
         }
         let branch = Branch::create(&self.inner.mount, &options.branch)?;
-        let child = Shadow::around(branch, self.inner.project.clone(), options)?;
+        let child = Shadow::around(branch, self.inner.project.clone(), options, None)?;
         // Registered under the parent's run lock, so a close that began meanwhile is seen.
         let runs = lock(&self.inner.runs);
         if runs.closed {

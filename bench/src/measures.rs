@@ -488,7 +488,7 @@ pub fn accept_abort(layout: &Layout, cfg: &Config, res: &mut Results) -> Result<
         res.push(&m_abort(n), "shade", "s", aborts);
         accept_runs(layout, n, &mut round, cfg, res)?;
     }
-    Ok(())
+    accept_one_line(layout, cfg, res)
 }
 
 /// Bytes of the files below `dir` (0 when it does not exist).
@@ -505,7 +505,9 @@ fn tree_bytes(dir: &Path) -> u64 {
 }
 
 /// Accept latency of `n` changed files with the accept history on (system "shade", plus the
-/// bytes the history stores per accept) and off ("shade (no history)").
+/// bytes the history stores per accept) and off ("shade (no history)"), runs interleaved
+/// (on/off, then off/on, …) so that load drifts hit both alike; the paired ratio on/off
+/// with its spread goes to the notes.
 fn accept_runs(
     layout: &Layout,
     n: usize,
@@ -513,70 +515,208 @@ fn accept_runs(
     cfg: &Config,
     res: &mut Results,
 ) -> Result<()> {
-    use shade_fusefs::accept::history;
-    let on = history::retention();
-    let history_dir = shade_fusefs::StateDir::at(layout.state.clone()).history();
-    for keep in [true, false] {
-        history::configure(if keep {
-            on
-        } else {
-            history::Retention { keep: 0, ..on }
-        });
-        let r = accept_runs_once(layout, n, round, cfg, &history_dir);
-        history::configure(on);
-        let (samples, stored) = r?;
-        let system = if keep { "shade" } else { "shade (no history)" };
-        res.push(&m_accept(n), system, "s", samples);
-        if keep {
-            res.push(
-                &format!("history bytes per accept of {n} files"),
-                "shade",
-                "bytes",
-                stored,
-            );
+    let edit = |b: &Branch, round: usize| change_files(b, n, round);
+    let check = |round: usize| -> Result<()> {
+        let probe = layout.lower.join(ACCEPT).join("f0000.txt");
+        if std::fs::read_to_string(&probe)? != tree::source_text(7 * round + 1, 2100) {
+            bail!("accept did not write {}", probe.display());
         }
-    }
+        Ok(())
+    };
+    let (on, off, stored) = accept_on_off(layout, n, round, cfg, &edit, &check)?;
+    let ratio = ratio_note(&format!("accept of {n} changed files"), &on, &off);
+    res.push(&m_accept(n), "shade", "s", on);
+    res.push(&m_accept(n), "shade (no history)", "s", off);
+    res.push(
+        &format!("history bytes per accept of {n} files"),
+        "shade",
+        "bytes",
+        stored,
+    );
+    res.notes.push(ratio);
     Ok(())
 }
 
-fn accept_runs_once(
+/// Name of the one-line-edit accept measure.
+pub const M_ACCEPT_LINE: &str = "accept a one-line edit";
+/// Name of the live session's tool-call accept measure (accept + the next branch).
+pub const M_LIVE_CALL: &str = "live tool-call accept (accept + new branch)";
+
+/// A one-line edit (the second line of a 2 KiB file replaced, as `sed -i` does) accepted
+/// with the history on and off, interleaved; then the same edit as a live chat session's
+/// tool call: the call's accept plus the branch renewed for the next call.
+pub fn accept_one_line(layout: &Layout, cfg: &Config, res: &mut Results) -> Result<()> {
+    eprintln!("bench: shade: accept of a one-line edit, history on/off");
+    let file = |root: &Path| root.join(ACCEPT).join("f0001.txt");
+    let line = |round: usize| format!("// edited line {round}");
+    let edit_in = |root: &Path, round: usize| -> Result<()> {
+        let p = file(root);
+        let text = std::fs::read_to_string(&p)?;
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        if lines.len() < 2 {
+            bail!("{} has fewer than 2 lines", p.display());
+        }
+        lines[1] = line(round);
+        std::fs::write(&p, lines.join("\n") + "\n")?;
+        Ok(())
+    };
+    let check = |round: usize| -> Result<()> {
+        let text = std::fs::read_to_string(file(&layout.lower))?;
+        if text.lines().nth(1) != Some(line(round).as_str()) {
+            bail!("the one-line edit was not accepted");
+        }
+        Ok(())
+    };
+    let mut round = 10_000;
+    let edit = |b: &Branch, round: usize| edit_in(b.mountpoint(), round);
+    let (on, off, stored) = accept_on_off(layout, 1, &mut round, cfg, &edit, &check)?;
+    res.notes
+        .push(ratio_note("accept of a one-line edit", &on, &off));
+    res.push(M_ACCEPT_LINE, "shade", "s", on);
+    res.push(M_ACCEPT_LINE, "shade (no history)", "s", off);
+    res.push(
+        "history bytes per accept of a one-line edit",
+        "shade",
+        "bytes",
+        stored,
+    );
+
+    eprintln!("bench: shade: a live session's tool-call accept");
+    let options = shade_agent::ShadowOptions {
+        branch: shade_options(layout, cfg.threads),
+        ..shade_agent::ShadowOptions::live()
+    };
+    let live = shade_agent::shadow::Live::start(&layout.lower, options)
+        .map_err(|e| anyhow::anyhow!("starting a live session: {e}"))?;
+    live.set_origin("shade-bench live call".into());
+    let mut samples = Vec::new();
+    // The first accept pays one-time costs (the history's directories): warm-up.
+    for run in 0..=cfg.runs {
+        check_interrupted()?;
+        round += 1;
+        let mount = live
+            .with_shadow(|s| s.map(|s| s.mountpoint().to_path_buf()))
+            .context("the live session has no branch")?;
+        edit_in(&mount, round)?;
+        let (secs, after) = time(|| Ok(live.settle()))?;
+        if !matches!(after, shade_agent::shadow::AfterCall::Accepted(..)) {
+            bail!("the live tool call was not accepted: {after:?}");
+        }
+        check(round)?;
+        if run > 0 {
+            samples.push(secs);
+        }
+    }
+    drop(live);
+    res.notes.push(spread_note(
+        "live tool-call accept (one-line edit: accept + a new branch for the next call)",
+        &samples,
+    ));
+    res.push(M_LIVE_CALL, "shade", "s", samples);
+    Ok(())
+}
+
+/// `runs` accepts of what `edit` changes with the history on and as many with it off,
+/// interleaved; returns the on and off times and the history bytes each accept stored.
+fn accept_on_off(
     layout: &Layout,
     n: usize,
     round: &mut usize,
     cfg: &Config,
-    history_dir: &Path,
-) -> Result<(Vec<f64>, Vec<f64>)> {
+    edit: &dyn Fn(&Branch, usize) -> Result<()>,
+    check: &dyn Fn(usize) -> Result<()>,
+) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
+    use shade_fusefs::accept::history;
+    let keeping = history::retention();
+    let history_dir = shade_fusefs::StateDir::at(layout.state.clone()).history();
     let opts = shade_options(layout, cfg.threads);
-    let mut samples = Vec::new();
-    let mut stored = Vec::new();
-    for _ in 0..cfg.runs {
-        let before = tree_bytes(history_dir);
-        check_interrupted()?;
-        *round += 1;
-        let b = Branch::create(&layout.lower, &opts)?;
-        change_files(&b, n, *round)?;
-        let flags = AcceptFlags {
-            include_ignored: false,
-            force: false,
+    let (mut on, mut off, mut stored) = (Vec::new(), Vec::new(), Vec::new());
+    for run in 0..cfg.runs {
+        let order = if run % 2 == 0 {
+            [true, false]
+        } else {
+            [false, true]
         };
-        let (secs, report) = time(|| {
-            b.accept(flags)
-                .map_err(|e| anyhow::anyhow!("accept of {n} changed files: {e}"))
-        })?;
-        if report.written != n {
-            bail!(
-                "accept of {n} changed files reported {} written",
-                report.written
-            );
+        for keep in order {
+            check_interrupted()?;
+            *round += 1;
+            history::configure(if keep {
+                keeping
+            } else {
+                history::Retention { keep: 0, ..keeping }
+            });
+            let before = tree_bytes(&history_dir);
+            let r = (|| {
+                let b = Branch::create(&layout.lower, &opts)?;
+                edit(&b, *round)?;
+                let flags = AcceptFlags {
+                    include_ignored: false,
+                    force: false,
+                };
+                let (secs, report) = time(|| {
+                    b.accept(flags)
+                        .map_err(|e| anyhow::anyhow!("accept of {n} changed files: {e}"))
+                })?;
+                if report.written != n {
+                    bail!(
+                        "accept of {n} changed files reported {} written",
+                        report.written
+                    );
+                }
+                check(*round)?;
+                Ok(secs)
+            })();
+            history::configure(keeping);
+            let secs = r?;
+            if keep {
+                on.push(secs);
+                stored.push(tree_bytes(&history_dir).saturating_sub(before) as f64);
+            } else {
+                off.push(secs);
+            }
         }
-        let probe = layout.lower.join(ACCEPT).join("f0000.txt");
-        if std::fs::read_to_string(&probe)? != tree::source_text(7 * *round + 1, 2100) {
-            bail!("accept did not write {}", probe.display());
-        }
-        samples.push(secs);
-        stored.push(tree_bytes(history_dir).saturating_sub(before) as f64);
     }
-    Ok((samples, stored))
+    Ok((on, off, stored))
+}
+
+/// "WHAT: history on/off ratio median R (min A, max B) over N interleaved runs; on M ms, off
+/// M ms (medians)".
+fn ratio_note(what: &str, on: &[f64], off: &[f64]) -> String {
+    let mut ratios: Vec<f64> = on.iter().zip(off).map(|(a, b)| a / b).collect();
+    ratios.sort_by(f64::total_cmp);
+    format!(
+        "{what}: history on/off ratio median {:.2} (min {:.2}, max {:.2}) over {} interleaved \
+         runs; on {:.1} ms, off {:.1} ms (medians)",
+        median(&ratios),
+        ratios.first().copied().unwrap_or(0.0),
+        ratios.last().copied().unwrap_or(0.0),
+        ratios.len(),
+        median(on) * 1e3,
+        median(off) * 1e3,
+    )
+}
+
+/// "WHAT: median M ms (min A, max B) over N runs".
+fn spread_note(what: &str, samples: &[f64]) -> String {
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    format!(
+        "{what}: median {:.1} ms (min {:.1}, max {:.1}) over {} runs",
+        median(&s) * 1e3,
+        s.first().copied().unwrap_or(0.0) * 1e3,
+        s.last().copied().unwrap_or(0.0) * 1e3,
+        s.len()
+    )
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
 }
 
 /// `cfg.many` branches alive at once: creation time of each, and RSS per idle branch

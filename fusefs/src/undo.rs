@@ -63,6 +63,10 @@ pub enum UndoError {
     /// Its contents were dropped by the history's retention.
     #[error("accept {0} can no longer be undone: its earlier contents were dropped by the history's retention limit")]
     Evicted(String),
+    /// Its journal was given up by `shade recover --drop`: the history does not know what
+    /// the project holds of it.
+    #[error("accept {id} cannot be undone: it {}", .how.describe())]
+    Dropped { id: String, how: history::Dropped },
     /// It was undone already.
     #[error("accept {id} is already undone (by {by}; `shade undo {by}` puts it back)")]
     AlreadyUndone { id: String, by: String },
@@ -107,9 +111,9 @@ pub fn project_history(state: &StateDir, root: &Path) -> Result<Vec<Entry>, Undo
 /// The accept `shade undo` without an id undoes: the newest that is not undone and is not
 /// itself an undo.
 pub fn default_target(all: &[Entry]) -> Option<&Entry> {
-    all.iter()
-        .rev()
-        .find(|e| e.undoes.is_none() && history::undone_by(all, &e.id).is_none())
+    all.iter().rev().find(|e| {
+        e.undoes.is_none() && e.dropped.is_none() && history::undone_by(all, &e.id).is_none()
+    })
 }
 
 /// Undo accept `id` (default: [`default_target`]) of the project at `root`.
@@ -138,6 +142,12 @@ pub fn undo(
             ))
         })?,
     };
+    if let Some(how) = entry.dropped {
+        return Err(UndoError::Dropped {
+            id: entry.id.clone(),
+            how,
+        });
+    }
     if entry.evicted {
         return Err(UndoError::Evicted(entry.id.clone()));
     }

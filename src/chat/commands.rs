@@ -24,18 +24,19 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
     ),
     (
         "/changes",
-        "with --shadow: the paths the session's branch changed, in the project and outside it",
+        "the paths the session's branch changed (with --shadow, or pending after a conflict), \
+         and its writes outside the project",
     ),
-    (
-        "/diff",
-        "with --shadow: what the session's branch changed, as a diff",
-    ),
+    ("/diff", "what the session's branch changed, as a diff"),
     (
         "/accept",
-        "with --shadow: write the branch into the project (conflict-checked); \
+        "write the branch into the project (conflict-checked); with --shadow \
          --keep-outside PATH… also keeps those writes outside it",
     ),
-    ("/abort", "with --shadow: drop the branch's changes"),
+    (
+        "/abort",
+        "drop the branch's changes (--shadow, or pending after a conflict)",
+    ),
     (
         "/try",
         "/try N [--check CMD --] PROMPT: N attempts in branches, the best accepted, and the \
@@ -43,7 +44,8 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
     ),
     (
         "/undo",
-        "undo this session's last accept (/accept, an accepted speculation); /undo N the last N",
+        "undo this session's last turn (every change it brought into the project, shell-made \
+         ones included; with --shadow its /accept); /undo N the last N turns",
     ),
     ("/exit", "leave (also Ctrl-D)"),
 ];
@@ -73,7 +75,7 @@ pub(crate) enum Command {
         check: Option<String>,
         prompt: String,
     },
-    /// `/undo [N]`: undo this session's last N accepts (newest first).
+    /// `/undo [N]`: undo this session's last N turns' accepts (newest first).
     Undo(usize),
     Exit,
 }
@@ -129,7 +131,7 @@ pub(crate) fn parse(line: &str) -> Result<Command, String> {
             [] => Ok(Command::Undo(1)),
             [n] => match n.parse::<usize>() {
                 Ok(n) if n > 0 => Ok(Command::Undo(n)),
-                _ => Err("usage: /undo [N] (N ≥ 1: the last N accepts)".into()),
+                _ => Err("usage: /undo [N] (N ≥ 1: the last N turns)".into()),
             },
             _ => Err("usage: /undo [N]".into()),
         },
@@ -315,9 +317,14 @@ pub(crate) fn apply(session: &mut super::session::Session, cmd: Command) -> Flow
         }
         Command::Stats => print!("{}", stats(session)),
         Command::Changes | Command::Diff | Command::Accept { .. } | Command::Abort
+            if session.live.is_some() =>
+        {
+            live_command(session, cmd)
+        }
+        Command::Changes | Command::Diff | Command::Accept { .. } | Command::Abort
             if session.shadow.is_none() =>
         {
-            println!("not a shadow session: start `shade chat --shadow` to work in a branch")
+            println!("an unconfined session has no branch: tools write straight into the project")
         }
         which @ (Command::Changes | Command::Diff) => {
             if let Some(shadow) = &session.shadow {
@@ -363,6 +370,91 @@ pub(crate) fn apply(session: &mut super::session::Session, cmd: Command) -> Flow
         Command::Exit => return Flow::Exit,
     }
     Flow::Continue
+}
+
+/// `/changes`, `/diff`, `/accept`, `/abort` in a live session: its branch holds changes
+/// only while an accept conflict keeps them pending; its writes outside the project stay
+/// in the session's layer.
+fn live_command(session: &mut super::session::Session, cmd: Command) {
+    let Some(live) = session.live.clone() else {
+        return;
+    };
+    let outside = live.outside();
+    match cmd {
+        Command::Changes | Command::Diff => {
+            let (changes, diff) = live.with_shadow(|s| match s {
+                Some(s) => {
+                    let c = s.changeset(true);
+                    let d = if cmd == Command::Diff {
+                        s.diff(&c)
+                    } else {
+                        String::new()
+                    };
+                    (c, d)
+                }
+                None => Default::default(),
+            });
+            if changes.changes.is_empty() && outside.is_empty() {
+                println!("no changes in the branch: every tool call's changes are in the project");
+                return;
+            }
+            for c in &changes.changes {
+                println!("{c}");
+            }
+            print_outside(&outside);
+            if cmd == Command::Diff {
+                print!("{}", crate::review::render::for_stdout(&diff));
+                print!(
+                    "{}",
+                    crate::review::render::for_stdout(&crate::outside::diff(&outside))
+                );
+            }
+        }
+        Command::Accept { keep } => {
+            if !keep.is_empty() {
+                println!(
+                    "in a live session writes outside the project are kept when it ends, by \
+                     [outside] keep rules (`shade chat --shadow` keeps them at /accept)"
+                );
+                return;
+            }
+            use shade_agent::shadow::AfterCall;
+            shade_fusefs::accept::history::set_origin(session.history_origin());
+            match live.accept_now() {
+                AfterCall::Nothing => println!("no changes to accept"),
+                AfterCall::Accepted(_, n) => {
+                    println!("accepted {}", plural(n, "change"));
+                    session.note_for_model(format!(
+                        "The user accepted the branch's pending changes ({}): they are in the \
+                         project now.",
+                        plural(n, "change")
+                    ));
+                }
+                AfterCall::Pending(line) => {
+                    live.take_notices();
+                    println!("{line}");
+                }
+            }
+            for l in live.take_notices() {
+                println!("shade: {l}");
+            }
+        }
+        Command::Abort => {
+            let n = live.abort();
+            println!("dropped {}; the project is unchanged", plural(n, "change"));
+            if n > 0 {
+                session.note_for_model(format!(
+                    "The user dropped the branch's pending changes ({}): they never entered \
+                     the project; the files are as the project has them.",
+                    plural(n, "change")
+                ));
+            }
+            for l in live.take_notices() {
+                println!("shade: {l}");
+            }
+        }
+        _ => {}
+    }
 }
 
 /// The "outside the project:" block on stdout (nothing when there are none).
@@ -466,17 +558,24 @@ fn undo_turns(session: &mut super::session::Session, n: usize) {
         }
     };
     let prefix = session.history_prefix();
-    let targets: Vec<String> = all
-        .iter()
-        .rev()
-        .filter(|e| {
-            e.origin.starts_with(&prefix)
-                && e.undoes.is_none()
-                && history::undone_by(&all, &e.id).is_none()
-        })
-        .take(n)
-        .map(|e| e.id.clone())
-        .collect();
+    // The session's accepts not undone yet, newest first, grouped by turn (a live turn
+    // has one accept per tool call that changed files): the last `n` turns' accepts.
+    let mut turns: Vec<&str> = Vec::new();
+    let mut targets: Vec<String> = Vec::new();
+    for e in all.iter().rev().filter(|e| {
+        e.origin.starts_with(&prefix)
+            && e.undoes.is_none()
+            && e.dropped.is_none()
+            && history::undone_by(&all, &e.id).is_none()
+    }) {
+        if !turns.contains(&e.origin.as_str()) {
+            if turns.len() == n {
+                break;
+            }
+            turns.push(&e.origin);
+        }
+        targets.push(e.id.clone());
+    }
     if targets.is_empty() {
         println!("nothing to undo: this session accepted nothing that is not undone yet");
         return;

@@ -128,6 +128,7 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
                         // branch of the process is detached here.
                         spec.shutdown_within(std::time::Duration::from_secs(3));
                         shade_fusefs::unmount_all_before_exit();
+                        shade_agent::shadow::remove_layers_before_exit();
                         echo::restore();
                         std::process::exit(128 + ended_by.load(Ordering::SeqCst));
                     }
@@ -242,6 +243,10 @@ pub(crate) fn run(mut session: Session, runtime: &tokio::runtime::Runtime) -> i3
             continue;
         }
         let mut next_suggestion = None;
+        // An accepted speculation is a turn of its own (`/undo` takes it back alone).
+        if speculation.is_some() {
+            session.next_turn();
+        }
         shade_fusefs::accept::history::set_origin(session.history_origin());
         let result = match speculation {
             Some(spec) => match speculate::accept(

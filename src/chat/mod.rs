@@ -32,7 +32,7 @@ Conversations are saved after every turn: --continue picks up the latest, --resu
 given one, --sessions lists them.
 
 Slash commands: /help, /model [NAME], /model --fast [NAME], /approval [MODE], /compact, \
-/clear, /stats, /undo [N], /exit; with --shadow also /diff, /accept, /abort.
+/clear, /stats, /undo [N] (the last N turns), /changes, /diff, /accept, /abort, /exit.
 
 Settings (config file, see `shade exec --help`): enable_followup_suggestions, \
 enable_cache_sharing, fast_model, telemetry, context_window, compact_threshold.")]
@@ -50,6 +50,12 @@ pub struct ChatArgs {
     /// /accept writes them into the project, /abort drops them.
     #[arg(long)]
     pub shadow: bool,
+    /// UNCONFINED: the old way — tools write straight into the project and commands run
+    /// directly on the host, outside any sandbox; what commands change cannot be undone.
+    /// (By default each tool call runs in a branch and is accepted into the project right
+    /// after, so `/undo` takes turns back and commands run in the branch's sandbox.)
+    #[arg(long, conflicts_with = "shadow")]
+    pub unconfined: bool,
     /// Do not run a shown suggestion ahead in a branch.
     #[arg(long)]
     pub no_speculate: bool,

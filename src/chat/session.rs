@@ -11,6 +11,7 @@ use shade_agent::followup::FollowupSettings;
 use shade_llm::{LlmError, Message};
 
 use shade_agent::sessions::{one_line, SavedSession, SessionStore};
+use shade_agent::shadow::Live;
 use shade_agent::{
     Agent, AgentError, AgentEvent, AgentOptions, EventSink, RunOutcome, Shadow, ShadowOptions,
     StopReason, ToolContext, ToolRegistry, Workspace,
@@ -29,6 +30,13 @@ pub(crate) struct Session {
     pub agent: Agent,
     /// `--shadow`: the branch the agent works in (`/diff`, `/accept`, `/abort`).
     pub shadow: Option<Shadow>,
+    /// The default (live) session: every tool call runs in a branch and is accepted into
+    /// the project right after it (see `shade_agent::shadow::Live`); None with `--shadow`
+    /// or `--unconfined`.
+    pub live: Option<Arc<Live>>,
+    /// The number of the turn running or last run (prompts and `!commands`), which names
+    /// the session's accepts in the history.
+    turn_no: usize,
     /// The conversation, system prompt first; empty before the first turn.
     pub conversation: Vec<Message>,
     pub llm: LlmSetup,
@@ -131,6 +139,16 @@ impl Session {
                 tools.add(Arc::new(shade_agent::tools::diagnostics::Diagnostics));
             }
         }
+        let live = if args.shadow || args.unconfined {
+            None
+        } else {
+            let live = Live::start(ctx.workspace.root(), ShadowOptions::live()).context(
+                "cannot create the session's branch (FUSE); `--unconfined` runs without one, \
+                 writing straight into the project",
+            )?;
+            tools = live.wrap(&tools);
+            Some(live)
+        };
         let mut agent = Agent::new(
             llm.provider.clone(),
             tools,
@@ -162,9 +180,12 @@ impl Session {
             Some(r) => resumed_conversation(&agent, r.messages),
             None => Vec::new(),
         };
+        let turn_no = saved.user_prompts().count();
         Ok(Session {
             agent,
             shadow,
+            live,
+            turn_no,
             conversation,
             llm,
             approver,
@@ -238,6 +259,7 @@ impl Session {
         cancel: &CancellationToken,
     ) -> Result<RunOutcome, AgentError> {
         let prompt = with_mentions(prompt, &self.agent.context().workspace);
+        self.next_turn();
         if !self.conversation.is_empty() && self.context_nearly_full() {
             self.compact_reporting(sink, cancel).await;
         }
@@ -281,7 +303,25 @@ impl Session {
     ) -> Result<RunOutcome, AgentError> {
         let cancel = self.new_turn();
         let runtime = self.runtime.clone();
-        until_ctrl_c(&runtime, &cancel, self.turn(prompt, sink, &cancel))
+        let result = until_ctrl_c(&runtime, &cancel, self.turn(prompt, sink, &cancel));
+        self.settle_live();
+        result
+    }
+
+    /// A new turn begins: its accepts are named after it.
+    pub fn next_turn(&mut self) {
+        self.turn_no += 1;
+        if let Some(live) = &self.live {
+            live.set_origin(self.history_origin());
+        }
+    }
+
+    /// End of a turn in a live session: what a read-only call changed after all is accepted
+    /// too (a pending conflict stays pending).
+    fn settle_live(&self) {
+        if let Some(live) = &self.live {
+            live.settle();
+        }
     }
 
     /// `!command`: the user's own shell command, run where the agent's commands run (the
@@ -295,10 +335,12 @@ impl Session {
         let mut ctx = self.agent.context().clone();
         // The user's own command: it may ask on the terminal (a password prompt).
         ctx.user_terminal = true;
+        self.next_turn();
         let cancel = self.new_turn();
         let runtime = self.runtime.clone();
         let args = serde_json::json!({ "command": command });
         let result = until_ctrl_c(&runtime, &cancel, shell.run(args, &ctx, &cancel));
+        self.settle_live();
         let content = match result {
             Ok(out) => out.content,
             Err(shade_agent::tools::ToolError::Cancelled) => {
@@ -320,11 +362,7 @@ impl Session {
     /// How this session's accepts are named in the project's history: the session and the
     /// turn (the number of prompts so far).
     pub fn history_origin(&self) -> String {
-        format!(
-            "{}turn {}",
-            self.history_prefix(),
-            self.saved.user_prompts().count()
-        )
+        format!("{}turn {}", self.history_prefix(), self.turn_no)
     }
 
     /// What every history origin of this session starts with.
@@ -363,6 +401,7 @@ impl Session {
             &cancel,
             self.agent.run(&mut self.conversation, sink, &cancel),
         );
+        self.settle_live();
         self.last_turn_failed = !matches!(&result, Ok(o) if o.stop != StopReason::Error);
         result
     }
@@ -516,6 +555,9 @@ impl Session {
     /// project and outside it (None when it holds nothing), so a write to `~/.bashrc` is
     /// seen when it happens, not only at `/accept`.
     pub fn branch_summary(&self) -> Option<String> {
+        if let Some(live) = &self.live {
+            return crate::cmd_exec::live_summary(live);
+        }
         let shadow = self.shadow.as_ref()?;
         let n = shadow.changeset(false).changes.len();
         let outside = crate::outside::summary(&shadow.outside(), 5);
@@ -536,6 +578,9 @@ impl Session {
 
     /// At the end of the session: say what a shadow branch held that is now dropped.
     pub fn close(&mut self) {
+        if let Some(live) = self.live.take() {
+            crate::cmd_exec::close_live(&live);
+        }
         if let Some(shadow) = self.shadow.take() {
             let changes = shadow.changeset(false);
             if !changes.changes.is_empty() {
@@ -562,6 +607,7 @@ impl Session {
             &self.agent.options().model,
             self.shadow.is_some(),
         );
+        self.turn_no = 0;
         self.last_turn_failed = false;
         if let Ok(mut t) = self.last_prompt_tokens.lock() {
             *t = 0;

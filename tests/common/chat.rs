@@ -115,6 +115,69 @@ impl Chat {
         );
     }
 
+    /// What a default (live) session holds while it runs: its layer directory
+    /// (`<pid>-live-<n>`) and the branch that directory names.
+    fn session_own(&self) -> Vec<String> {
+        let mut own = Vec::new();
+        for e in std::fs::read_dir(self.state.join("branches"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.contains("-live-") {
+                if let Ok(b) = std::fs::read_to_string(e.path().join("branch")) {
+                    own.push(b.trim().to_string());
+                }
+                own.push(name);
+            }
+        }
+        own
+    }
+
+    /// Whether `rel` exists in the project or in the running session's branch, where a
+    /// default session's command writes until its call ends and is accepted.
+    pub fn exists_in_session(&self, rel: &str) -> bool {
+        self.project.join(rel).exists()
+            || self.session_own().iter().any(|b| {
+                self.state
+                    .join("branches")
+                    .join(b)
+                    .join("mnt")
+                    .join(rel)
+                    .exists()
+            })
+    }
+
+    /// Branch stores now besides the running default session's own.
+    pub fn other_branch_dirs(&self) -> usize {
+        let own = self.session_own();
+        std::fs::read_dir(self.state.join("branches"))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| !own.contains(&e.file_name().to_string_lossy().into_owned()))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    /// [`Chat::assert_nothing_left`] while a default session runs: nothing but its own
+    /// branch and layer is mounted or stored.
+    pub fn assert_nothing_left_but_the_session(&self) {
+        super::wait_until("the other branches to be dropped", 60, || {
+            self.other_branch_dirs() == 0
+        });
+        let own = self.session_own();
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+        let state = self.state.display().to_string();
+        assert!(
+            !mounts
+                .lines()
+                .any(|l| l.contains(&state) && !own.iter().any(|o| l.contains(o.as_str()))),
+            "a branch is still mounted:\n{mounts}"
+        );
+    }
+
     /// Telemetry events so far.
     pub fn telemetry(&self) -> Vec<Value> {
         read_jsonl(&self.state.join("telemetry.jsonl"))

@@ -235,6 +235,61 @@ pub struct Entry {
     /// Its contents were dropped by retention: it can no longer be undone.
     #[serde(default)]
     pub evicted: bool,
+    /// Its journal was given up (`shade recover --drop`): the entry no longer tells what
+    /// the project holds, and it is never undone.
+    #[serde(default)]
+    pub dropped: Option<Dropped>,
+}
+
+/// How an accept's journal was given up by `shade recover --drop`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dropped {
+    /// Before its commit point: nothing of it entered the project (rolled back).
+    RolledBack,
+    /// After its commit point, unfinished: the project may hold part of it.
+    Unfinished,
+}
+
+impl Dropped {
+    /// What `shade log` says of it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Dropped::RolledBack => {
+                "rolled back (`shade recover --drop` gave it up before its commit point: \
+                 nothing of it is in the project)"
+            }
+            Dropped::Unfinished => {
+                "never finished (`shade recover --drop` gave it up after its commit point: \
+                 the project may hold part of it); cannot be undone"
+            }
+        }
+    }
+}
+
+/// Say in the entry of accept `id` that its journal was dropped (`committed`: after its
+/// commit point). Returns whether there was an entry.
+pub fn mark_dropped(history: &Path, id: &str, committed: bool) -> io::Result<bool> {
+    let p = entry_path(history, id);
+    let bytes = match std::fs::read(&p) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let mut e: Entry = serde_json::from_slice(&bytes).map_err(|err| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: {err}", p.display()),
+        )
+    })?;
+    e.dropped = Some(if committed {
+        Dropped::Unfinished
+    } else {
+        Dropped::RolledBack
+    });
+    let _lock = lock(history)?;
+    store_head(history, &e)?;
+    Ok(true)
 }
 
 /// `StateDir::history()` parts.
@@ -737,6 +792,7 @@ pub fn record(
         changes,
         bytes,
         evicted: false,
+        dropped: None,
     };
     store_entry(history, &entry)?;
     Ok(Some(entry_path(history, id)))

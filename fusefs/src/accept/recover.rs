@@ -165,9 +165,13 @@ pub fn drop_journal(state: &crate::state::StateDir, id: &str) -> io::Result<Path
             format!("no accept journal {id} in {}", dir.display()),
         ));
     }
-    let root = Journal::load(&path)
+    let loaded = Journal::load(&path).ok();
+    let root = loaded
+        .as_ref()
         .map(|j| j.root.path().to_path_buf())
         .unwrap_or_default();
+    // Unknown (unreadable journal): said as unfinished, never as rolled back.
+    let committed = loaded.is_none_or(|j| j.phase != super::journal::Phase::Staging);
     for p in [path, super::journal::tmp_path(&dir, id)] {
         match std::fs::remove_file(p) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
@@ -175,5 +179,7 @@ pub fn drop_journal(state: &crate::state::StateDir, id: &str) -> io::Result<Path
         }
     }
     sys::fsync(&sys::open_dir_path(&dir)?)?;
+    // The history must not go on claiming the accept's after-state.
+    super::history::mark_dropped(&super::history::beside_journals(&dir), id, committed)?;
     Ok(root)
 }

@@ -1,0 +1,467 @@
+//! Live mode: a session that edits the project as it works, yet through the accept engine.
+//! Every tool call runs in a branch ([`Shadow`]); a call that changed files is accepted
+//! into the project right after it ran (conflict-checked, journaled, recorded in the
+//! history under the session's origin, so `/undo` can take it back — shell-made changes
+//! included), and the branch is renewed. The user sees edits appear as the agent works,
+//! as with direct writes, but commands run in the branch's sandbox.
+//!
+//! - **Conflict**: a path the call changed that the user changed meanwhile keeps the branch
+//!   pending — nothing written, neither edit lost; the user is told in one line, the model
+//!   in the tool result; later calls go on in that branch, each accept retried, until the
+//!   user resolves it (`/accept` after reconciling, `/abort`).
+//! - **Outside the project**: commands' writes there land in one outside layer for the
+//!   whole session (it outlives the renewed branches); listed after each turn, never
+//!   written to the host except by the user's keep rules.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use shade_fusefs::{AcceptError, AcceptFlags, AcceptReport, StateDir};
+use tokio_util::sync::CancellationToken;
+
+use super::{Shadow, ShadowError, ShadowOptions};
+use crate::llm::{BoxFuture, ToolSpec};
+use crate::runner::lock;
+use crate::tools::{Prepared, Tool, ToolContext, ToolError, ToolKind, ToolOutput, ToolRegistry};
+
+/// What the session's accepts write: everything the call changed, build output under
+/// ignored paths included (direct writes put it in the project too).
+const FLAGS: AcceptFlags = AcceptFlags {
+    include_ignored: true,
+    force: false,
+};
+
+/// A session's live branch: the current [`Shadow`], renewed after each accept, and the
+/// outside layer all of them share. Dropping it drops the branch and the layer.
+pub struct Live {
+    project: PathBuf,
+    options: ShadowOptions,
+    /// `<state>/branches/<id>/`: holds `owner` (so a dead session's layer is cleaned up
+    /// like a branch's) and `outside/`.
+    dir: PathBuf,
+    state: Mutex<State>,
+    /// How accepts are named in the history (the session and the turn); None: the
+    /// process's origin (its command line).
+    origin: Mutex<Option<String>>,
+    /// Lines for the user since the last [`Live::take_notices`] (conflicts, failures).
+    notices: Mutex<Vec<String>>,
+}
+
+#[derive(Default)]
+struct State {
+    shadow: Option<Shadow>,
+    /// The branch holds changes whose accept was refused (a conflict).
+    pending: bool,
+    /// Time of each tool-call accept, for `SHADE_LIVE_TIMING`.
+    accepts: Vec<Duration>,
+}
+
+/// What happened after a tool call.
+#[derive(Debug)]
+pub enum AfterCall {
+    /// Nothing changed in the project.
+    Nothing,
+    /// The call's changes are in the project.
+    Accepted(AcceptReport, usize),
+    /// Refused: the branch keeps them (see [`Live`]).
+    Pending(String),
+}
+
+impl Live {
+    /// Mount the first branch of `project` (canonical) with `options`.
+    pub fn start(project: &Path, options: ShadowOptions) -> Result<Arc<Live>, ShadowError> {
+        let state = options.branch.state.clone();
+        let dir = live_dir(&state, project)?;
+        let shadow = Shadow::create_with_outside(project, options.clone(), dir.join("outside"))?;
+        note_branch(&dir, &shadow);
+        Ok(Arc::new(Live {
+            project: shadow.project().to_path_buf(),
+            options,
+            dir,
+            state: Mutex::new(State {
+                shadow: Some(shadow),
+                ..State::default()
+            }),
+            origin: Mutex::new(None),
+            notices: Mutex::new(Vec::new()),
+        }))
+    }
+
+    /// The project (canonical).
+    pub fn project(&self) -> &Path {
+        &self.project
+    }
+
+    /// Name the accepts from now on in the history (`chat session X turn N`).
+    pub fn set_origin(&self, origin: String) {
+        *lock(&self.origin) = Some(origin);
+    }
+
+    /// `tools` with every tool running in the live branch (see [`LiveTool`]).
+    pub fn wrap(self: &Arc<Live>, tools: &ToolRegistry) -> ToolRegistry {
+        let mut out = ToolRegistry::empty();
+        for name in tools.names() {
+            if let Some(t) = tools.get(name) {
+                out.add(Arc::new(LiveTool {
+                    inner: t,
+                    live: self.clone(),
+                }));
+            }
+        }
+        out
+    }
+
+    /// Run `f` with the current branch (None when it could not be renewed).
+    pub fn with_shadow<T>(&self, f: impl FnOnce(Option<&Shadow>) -> T) -> T {
+        f(lock(&self.state).shadow.as_ref())
+    }
+
+    /// Whether the branch holds changes an accept refused.
+    pub fn pending(&self) -> bool {
+        lock(&self.state).pending
+    }
+
+    /// The lines for the user gathered since the last call.
+    pub fn take_notices(&self) -> Vec<String> {
+        std::mem::take(&mut *lock(&self.notices))
+    }
+
+    /// The durations of the accepts so far (for measuring).
+    pub fn accept_times(&self) -> Vec<Duration> {
+        lock(&self.state).accepts.clone()
+    }
+
+    /// `base` pointed at the current branch: files there, `shell` in its sandbox; the todo
+    /// list and the lint hook stay the session's.
+    fn context(&self, base: &ToolContext) -> Result<ToolContext, ToolError> {
+        let st = lock(&self.state);
+        let Some(shadow) = st.shadow.as_ref() else {
+            return Err(ToolError::Failed(
+                "the session's branch could not be renewed after the last accept; nothing can \
+                 run (see the message shown to the user)"
+                    .into(),
+            ));
+        };
+        let mut ctx = shadow.tool_context(base);
+        ctx.todos = base.todos.clone();
+        ctx.lint = base.lint.clone();
+        Ok(ctx)
+    }
+
+    /// After a call (or a turn): accept what the branch changed into the project and renew
+    /// the branch; on a conflict keep it. Blocking.
+    pub fn settle(&self) -> AfterCall {
+        let mut st = lock(&self.state);
+        let Some(shadow) = st.shadow.as_ref() else {
+            return AfterCall::Nothing;
+        };
+        let n = shadow.changeset(true).changes.len();
+        if n == 0 {
+            return AfterCall::Nothing;
+        }
+        if let Err(e) = shadow.check_accept(FLAGS) {
+            st.pending = true;
+            let line = refusal(&e, n);
+            lock(&self.notices).push(line.clone());
+            return AfterCall::Pending(line);
+        }
+        self.accept_locked(&mut st, n)
+    }
+
+    /// `/accept` of a pending branch: the same accept, now (refused again while the
+    /// conflict stands).
+    pub fn accept_now(&self) -> AfterCall {
+        self.settle()
+    }
+
+    /// `/abort`: drop the branch's changes and go on in a fresh branch.
+    pub fn abort(&self) -> usize {
+        let mut st = lock(&self.state);
+        let n = st
+            .shadow
+            .as_ref()
+            .map(|s| s.changeset(true).changes.len())
+            .unwrap_or(0);
+        if let Some(s) = st.shadow.take() {
+            s.abort();
+        }
+        st.pending = false;
+        self.renew(&mut st);
+        n
+    }
+
+    fn accept_locked(&self, st: &mut State, n: usize) -> AfterCall {
+        let Some(shadow) = st.shadow.take() else {
+            return AfterCall::Nothing;
+        };
+        let started = Instant::now();
+        if let Some(origin) = lock(&self.origin).clone() {
+            shade_fusefs::accept::history::set_origin(origin);
+        }
+        let Some((branch, leftover)) = shadow.into_branch() else {
+            self.renew(st);
+            return AfterCall::Nothing;
+        };
+        let out = match branch.accept_quiesced(FLAGS) {
+            Ok(report) => {
+                drop(leftover);
+                drop(branch);
+                st.pending = false;
+                if !report.not_applied.is_empty() {
+                    let mut line = format!(
+                        "{} of {n} changes not applied (changed in the project while the accept ran):",
+                        report.not_applied.len()
+                    );
+                    for a in &report.not_applied {
+                        line.push_str(&format!(" {a};"));
+                    }
+                    lock(&self.notices).push(line);
+                }
+                self.renew(st);
+                AfterCall::Accepted(report, n)
+            }
+            Err(e) if e.nothing_written() => {
+                // Refused after the check (the project changed in between): the branch is
+                // kept, pending, as for a refused check.
+                drop(leftover);
+                let line = refusal(&e, n);
+                lock(&self.notices).push(line.clone());
+                st.pending = true;
+                match Shadow::around(
+                    branch,
+                    self.project.clone(),
+                    self.options.clone(),
+                    Some(self.dir.join("outside")),
+                ) {
+                    Ok(s) => st.shadow = Some(s),
+                    Err(e) => {
+                        lock(&self.notices).push(format!("cannot keep the branch: {e}"));
+                        self.renew(st);
+                    }
+                }
+                AfterCall::Pending(line)
+            }
+            Err(e) => {
+                // Past the commit point: the journal's recovery finishes it (`shade recover`).
+                drop(leftover);
+                drop(branch);
+                let line = format!("the accept of the last tool call failed: {e}");
+                lock(&self.notices).push(line.clone());
+                self.renew(st);
+                AfterCall::Pending(line)
+            }
+        };
+        st.accepts.push(started.elapsed());
+        out
+    }
+
+    /// A fresh branch of the project (sharing the outside layer).
+    fn renew(&self, st: &mut State) {
+        match Shadow::create_with_outside(
+            &self.project,
+            self.options.clone(),
+            self.dir.join("outside"),
+        ) {
+            Ok(s) => {
+                note_branch(&self.dir, &s);
+                st.shadow = Some(s);
+            }
+            Err(e) => {
+                st.shadow = None;
+                lock(&self.notices).push(format!(
+                    "cannot create a new branch for the session: {e}; tools cannot run"
+                ));
+            }
+        }
+    }
+
+    /// What the session's commands wrote outside the project (in the shared layer).
+    pub fn outside(&self) -> shade_fusefs::outside::OutsideChanges {
+        shade_fusefs::outside::OutsideChanges::read(&self.dir.join("outside")).unwrap_or_else(|e| {
+            tracing::warn!("reading the writes outside the project: {e}");
+            shade_fusefs::outside::OutsideChanges::default()
+        })
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        if let Some(s) = lock(&self.state).shadow.take() {
+            s.abort();
+        }
+        shade_fusefs::sandbox::release_outside(&self.dir.join("outside"));
+        lock(&DIRS).retain(|d| d != &self.dir);
+        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+            tracing::warn!("removing {}: {e}", self.dir.display());
+        }
+    }
+}
+
+/// The live sessions' directories of this process, for [`remove_layers_before_exit`].
+static DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Before the process exits without unwinding (after a signal): release and remove every
+/// live session's outside layer, as `shade_fusefs::unmount_all_before_exit` does for
+/// branches (call it after that).
+pub fn remove_layers_before_exit() {
+    for dir in std::mem::take(&mut *lock(&DIRS)) {
+        shade_fusefs::sandbox::release_outside(&dir.join("outside"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// `<state>/branches/<pid>-live-<n>/` with its `owner` file (pid, project): what
+/// `cleanup_stale` recognises as a dead process's branch directory.
+fn live_dir(state: &StateDir, project: &Path) -> Result<PathBuf, ShadowError> {
+    use std::os::unix::fs::DirBuilderExt;
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let id = format!(
+        "{}-live-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let dir = state.branches().join(id);
+    let err = |source| ShadowError::Workspace {
+        path: dir.clone(),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(err)?;
+    std::fs::write(
+        dir.join("owner"),
+        format!("{}\n{}\n", std::process::id(), project.display()),
+    )
+    .map_err(err)?;
+    lock(&DIRS).push(dir.clone());
+    Ok(dir)
+}
+
+/// `<live dir>/branch`: the id of the session's branch now (for tools and tests that tell
+/// the session's own branch from others). Best effort.
+fn note_branch(dir: &Path, shadow: &Shadow) {
+    let _ = std::fs::write(dir.join("branch"), format!("{}\n", shadow.id()));
+}
+
+/// One line for a refused accept.
+fn refusal(e: &AcceptError, n: usize) -> String {
+    match e {
+        AcceptError::Conflicts(list) => {
+            let paths: Vec<String> = list
+                .iter()
+                .map(|c| shade_fusefs::quote::quote_path(&c.path).into_owned())
+                .collect();
+            format!(
+                "not accepted: {} changed in the project meanwhile ({}); the branch keeps its {} \
+                 pending, nothing written (/diff shows them, /accept retries, /abort drops them)",
+                if paths.len() == 1 { "a path" } else { "paths" },
+                paths.join(", "),
+                crate::tools::text::plural(n, "change"),
+            )
+        }
+        other => format!("not accepted, the branch keeps its changes: {other}"),
+    }
+}
+
+/// A tool of a live session: runs in the current branch, then the branch is settled
+/// ([`Live::settle`]). A call made in another branch (a speculation, an attempt: its
+/// context has a shadow of its own) runs there untouched.
+struct LiveTool {
+    inner: Arc<dyn Tool>,
+    live: Arc<Live>,
+}
+
+impl LiveTool {
+    fn redirect(&self, ctx: &ToolContext) -> Result<Option<ToolContext>, ToolError> {
+        if ctx.shadow.is_some() {
+            return Ok(None);
+        }
+        self.live.context(ctx).map(Some)
+    }
+}
+
+impl Tool for LiveTool {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn spec(&self) -> ToolSpec {
+        self.inner.spec()
+    }
+    fn kind(&self) -> ToolKind {
+        self.inner.kind()
+    }
+    fn is_read_only(&self, args: &Value) -> bool {
+        self.inner.is_read_only(args)
+    }
+    fn is_read_only_in(&self, args: &Value, ctx: &ToolContext) -> bool {
+        self.inner.is_read_only_in(args, ctx)
+    }
+    fn describe(&self, args: &Value) -> String {
+        self.inner.describe(args)
+    }
+    fn preview(&self, args: &Value, ctx: &ToolContext) -> Option<String> {
+        match self.redirect(ctx) {
+            Ok(Some(c)) => self.inner.preview(args, &c),
+            _ => self.inner.preview(args, ctx),
+        }
+    }
+    fn prepare<'a>(
+        &'a self,
+        args: Value,
+        ctx: &'a ToolContext,
+        cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, Prepared> {
+        Box::pin(async move {
+            match self.redirect(ctx) {
+                Ok(Some(c)) => self.inner.prepare(args, &c, cancel).await,
+                _ => self.inner.prepare(args, ctx, cancel).await,
+            }
+        })
+    }
+    fn run<'a>(
+        &'a self,
+        args: Value,
+        ctx: &'a ToolContext,
+        cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
+        Box::pin(async move {
+            let c = match self.redirect(ctx)? {
+                None => return self.inner.run(args, ctx, cancel).await,
+                Some(c) => c,
+            };
+            // Read-only calls may run concurrently: they are settled with the next
+            // writing call or at the end of the turn, never while another one runs.
+            let read_only = self.inner.is_read_only_in(&args, ctx);
+            let result = self.inner.run(args, &c, cancel).await;
+            drop(c);
+            if read_only {
+                return result;
+            }
+            let live = self.live.clone();
+            let after = tokio::task::spawn_blocking(move || live.settle())
+                .await
+                .unwrap_or(AfterCall::Nothing);
+            let AfterCall::Pending(note) = after else {
+                return result;
+            };
+            let note = format!(
+                "\n\n[shade] The changes of this call are NOT in the project yet: {note}. The \
+                 user decides; later calls go on in the same branch."
+            );
+            match result {
+                Ok(mut out) => {
+                    out.content.push_str(&note);
+                    out.display
+                        .push_str(" — not in the project yet: an accept conflict (see below)");
+                    Ok(out)
+                }
+                Err(ToolError::Failed(m)) => Err(ToolError::Failed(m + &note)),
+                Err(e) => Err(e),
+            }
+        })
+    }
+}
