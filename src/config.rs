@@ -127,7 +127,7 @@ pub struct FileConfig {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HistoryConfig {
-    /// How many of the latest accepts can be undone (default 100; 0 records no history).
+    /// How many of the latest accepts can be undone (default 1000: a default chat session accepts every tool call that changed files; 0 records no history).
     pub keep_accepts: Option<usize>,
     /// At most this much stored earlier content, e.g. "2GiB" (the default).
     pub max_size: Option<String>,

@@ -43,7 +43,7 @@ pub struct Retention {
 impl Default for Retention {
     fn default() -> Retention {
         Retention {
-            keep: 100,
+            keep: 1000,
             max_bytes: 2 << 30,
         }
     }
