@@ -280,10 +280,17 @@ impl Confinement {
         if self.userns.is_none() {
             cmd.arg("--unshare-user");
         } else {
-            // Root inside its namespace may chown and override permissions on the branch,
-            // but never mount, unmount or enter namespaces (the seccomp filter says the
-            // same; this holds even for a call it does not know).
-            cmd.args(["--cap-drop", "CAP_SYS_ADMIN"]);
+            // Root inside its namespace keeps only what installing and building as root
+            // needs ([`ROOT_CAPS`]: chown, override permissions, change ids, …) in its
+            // bounding, permitted, effective and ambient sets. Never CAP_SYS_ADMIN (mount,
+            // namespaces: the seccomp filter says the same), nor CAP_NET_ADMIN/NET_RAW
+            // (links, traffic control, packet sockets in its own network namespace: the
+            // kernel code most user-namespace escalations went through), nor
+            // CAP_SYS_RESOURCE (the namespace's own limits, see `ids::limit_userns`).
+            cmd.args(["--cap-drop", "ALL"]);
+            for cap in ROOT_CAPS {
+                cmd.args(["--cap-add", cap]);
+            }
         }
         if layout.network_off {
             cmd.arg("--unshare-net");
@@ -379,6 +386,28 @@ impl Confinement {
         Ok((cmd, fds))
     }
 }
+
+/// The capabilities a root command keeps inside its user namespace (Docker's default set
+/// minus CAP_NET_RAW and CAP_MKNOD): what `apt-get install`, `pip install` as root, dpkg's
+/// maintainer scripts and builds in the branch use — chown and permission overrides on
+/// their files, setuid/setgid to drop to a service user (apt's `_apt`), setting file
+/// capabilities (stripped again by accept), signals to their own processes, chroot,
+/// binding low ports in their own network namespace. Everything else is dropped from
+/// every set, so a command can never get it back.
+pub(crate) const ROOT_CAPS: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_SETFCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_AUDIT_WRITE",
+];
 
 /// The command's `/` from the outside layer: each unit's overlay over its path, in path
 /// order, on top of a read-only `/` wherever no unit covers it.
@@ -805,6 +834,17 @@ pub(crate) fn build(
     let scope = conf.scope.as_ref().map(AsRawFd::as_raw_fd);
     let inherit: Vec<RawFd> = filters.iter().map(AsRawFd::as_raw_fd).collect();
     let keep_open: Vec<RawFd> = status_raw.into_iter().collect();
+    // A plain user's command: a user namespace of its own whose limits bound what it takes
+    // of the user's inotify instances, namespaces, … (root's has them: `sandbox_userns`).
+    let own_ns = userns.is_none().then(|| {
+        let uid = nix::unistd::geteuid();
+        let gid = nix::unistd::getegid();
+        (
+            format!("{uid} {uid} 1\n").into_bytes(),
+            format!("{gid} {gid} 1\n").into_bytes(),
+            super::ids::userns_limits(false),
+        )
+    });
     // SAFETY: only async-signal-safe system calls on data prepared before the fork.
     unsafe {
         cmd.pre_exec(move || {
@@ -821,6 +861,9 @@ pub(crate) fn build(
             }
             if let Some(stage) = &user_stage {
                 stage.enter()?;
+            }
+            if let Some((uid_map, gid_map, limits)) = &own_ns {
+                super::ids::own_userns(uid_map, gid_map, limits)?;
             }
             if let (Some(stage), Some(ns)) = (&stage, userns) {
                 stage.enter(ns)?;
@@ -994,6 +1037,7 @@ fn sandbox_userns(base: u32) -> io::Result<OwnedFd> {
     let (go_r, go_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let map = format!("0 {base} {}\n", crate::idmap::RANGE).into_bytes();
     let (uid_map, gid_map) = (map.clone(), map);
+    let limits = super::ids::userns_limits(true);
     // SAFETY: the child only makes async-signal-safe system calls (unshare, write, read,
     // _exit) on fds prepared before the fork.
     let pid = unsafe { libc::fork() };
@@ -1009,7 +1053,10 @@ fn sandbox_userns(base: u32) -> io::Result<OwnedFd> {
             libc::write(ready_w.as_raw_fd(), ok.as_ptr().cast(), 1);
             let mut b = [0u8; 1];
             libc::read(go_r.as_raw_fd(), b.as_mut_ptr().cast(), 1);
-            libc::_exit(0);
+            // Mapped now: as the namespace's creator, set its limits (see
+            // ids::userns_limits); exit 1 if they could not be.
+            let code = i32::from(super::ids::write_limits(&limits).is_err());
+            libc::_exit(code);
         }
     }
     drop(ready_w);
@@ -1024,8 +1071,18 @@ fn sandbox_userns(base: u32) -> io::Result<OwnedFd> {
         std::fs::write(format!("/proc/{pid}/gid_map"), &gid_map)?;
         Ok(OwnedFd::from(File::open(format!("/proc/{pid}/ns/user"))?))
     })();
+    // The maps are written (or failed): let the child set the limits and go.
+    if result.is_ok() {
+        let _ = nix::unistd::write(&go_w, &[1]);
+    }
     drop(go_w);
+    let mut status: libc::c_int = 0;
     // SAFETY: reaping our own child.
-    unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    if result.is_ok() && !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+        return Err(io::Error::other(
+            "setting the sandbox namespace's limits (/proc/sys/user/max_*) failed",
+        ));
+    }
     result
 }
