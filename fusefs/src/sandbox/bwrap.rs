@@ -39,6 +39,9 @@ pub struct Confinement {
     pub bwrap: PathBuf,
     /// As root: the user namespace with our identity map that bwrap starts in.
     userns: Option<OwnedFd>,
+    /// As root: the user namespace the host's files are idmapped through for the command's
+    /// view of them (see [`view_userns`]): host root and the invoking user only.
+    view_userns: Option<OwnedFd>,
     /// As root: the host id the command's root is (its namespace maps `0..65536` there).
     root_base: Option<u32>,
     /// The seccomp programs, compiled (classic BPF, native byte order).
@@ -110,12 +113,19 @@ fn find_confinement() -> std::result::Result<Confinement, String> {
     } else {
         None
     };
+    let view_userns = match root_base {
+        Some(base) => Some(view_userns(base).map_err(|e| {
+            format!("cannot create the user namespace of root's view of the host ({e})")
+        })?),
+        None => None,
+    };
     let filters = super::seccomp::programs()?;
     let read_only_filter = super::seccomp::read_only_program()?;
     let scope = super::scope::ruleset();
     let conf = Confinement {
         bwrap,
         userns,
+        view_userns,
         root_base,
         filters,
         read_only_filter,
@@ -831,6 +841,7 @@ pub(crate) fn build(
         };
     }
     let userns = conf.userns.as_ref().map(AsRawFd::as_raw_fd);
+    let view = conf.view_userns.as_ref().map(AsRawFd::as_raw_fd);
     let scope = conf.scope.as_ref().map(AsRawFd::as_raw_fd);
     let inherit: Vec<RawFd> = filters.iter().map(AsRawFd::as_raw_fd).collect();
     let keep_open: Vec<RawFd> = status_raw.into_iter().collect();
@@ -865,7 +876,7 @@ pub(crate) fn build(
             if let Some((uid_map, gid_map, limits)) = &own_ns {
                 super::ids::own_userns(uid_map, gid_map, limits)?;
             }
-            if let (Some(stage), Some(ns)) = (&stage, userns) {
+            if let (Some(stage), Some(ns)) = (&stage, view) {
                 stage.enter(ns)?;
             }
             enter(userns, scope, &inherit, &keep_open)
@@ -1033,11 +1044,38 @@ fn runnable(p: &Path) -> bool {
 /// unshares and waits while we write its maps (a process may not write a map for itself
 /// that names ids other than its own), then exits; we keep the namespace through an fd.
 fn sandbox_userns(base: u32) -> io::Result<OwnedFd> {
+    let map = format!("0 {base} {}\n", crate::idmap::RANGE).into_bytes();
+    make_userns(map.clone(), map, super::ids::userns_limits(true))
+}
+
+/// As root: the user namespace through which the command's view of the host (the outside
+/// layer's lowers, the read-only `/`, allowed sockets) is idmapped. It maps host root to
+/// the command's root and the user who ran shade through sudo (`SUDO_UID`/`SUDO_GID`) to
+/// themselves, and no other id: every other user's file shows as nobody's, and the kernel
+/// grants no capability on an inode whose owner or group is unmapped, so the command's
+/// root (CAP_DAC_OVERRIDE in its namespace) cannot read other users' homes, keys and
+/// mail. Root's own secrets that remain (shadow, host keys) are hidden (env.rs).
+fn view_userns(base: u32) -> io::Result<OwnedFd> {
+    let map = |var: &str| -> Vec<u8> {
+        let mut m = format!("0 {base} 1\n");
+        let id = std::env::var(var).ok().and_then(|v| v.trim().parse::<u32>().ok());
+        if let Some(id) = id.filter(|i| *i != 0 && *i < crate::idmap::RANGE) {
+            m.push_str(&format!("{id} {} 1\n", base + id));
+        }
+        m.into_bytes()
+    };
+    make_userns(map("SUDO_UID"), map("SUDO_GID"), Vec::new())
+}
+
+/// A user namespace with `uid_map` and `gid_map` (host root writes them) and `limits`
+/// set by its creator (see [`sandbox_userns`]).
+fn make_userns(
+    uid_map: Vec<u8>,
+    gid_map: Vec<u8>,
+    limits: Vec<super::ids::NsLimit>,
+) -> io::Result<OwnedFd> {
     let (ready_r, ready_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let (go_r, go_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    let map = format!("0 {base} {}\n", crate::idmap::RANGE).into_bytes();
-    let (uid_map, gid_map) = (map.clone(), map);
-    let limits = super::ids::userns_limits(true);
     // SAFETY: the child only makes async-signal-safe system calls (unshare, write, read,
     // _exit) on fds prepared before the fork.
     let pid = unsafe { libc::fork() };
