@@ -178,6 +178,33 @@ const HOME_CODE: &[&str] = &[
     ".config/hypr",
 ];
 
+/// Agents' own directories in the home: code (settings, hooks, MCP servers, commands,
+/// plugins, instructions) but for their data ([`AGENT_DATA`]).
+const AGENT_DIRS: &[&str] = &[
+    ".claude",
+    ".codex",
+    ".gemini",
+    ".qwen",
+    ".cursor",
+    ".continue",
+];
+
+/// What in an agent's directory is its data, never run: transcripts, sessions, to-do
+/// lists, logs, caches, its state file and history (a hook or MCP name inside is still
+/// code: see [`code_name`]).
+const AGENT_DATA: &[&str] = &[
+    "projects",
+    "sessions",
+    "archived_sessions",
+    "todos",
+    "logs",
+    "log",
+    "cache",
+    "statsig",
+    "state.json",
+    "history.jsonl",
+];
+
 /// Host directories outside any home whose files the system runs or configures (as root a
 /// command may write there): system configuration (cron, profile.d, systemd, sudoers),
 /// programs and libraries, the spool of cron jobs.
@@ -230,7 +257,11 @@ impl OutsideChange {
             return true;
         }
         if let Some(rel) = home.and_then(|h| p.strip_prefix(h).ok()) {
-            if HOME_CODE.iter().any(|c| rel.starts_with(c)) {
+            let agent_data = AGENT_DIRS.iter().any(|d| {
+                rel.strip_prefix(d)
+                    .is_ok_and(|inner| AGENT_DATA.iter().any(|data| inner.starts_with(data)))
+            });
+            if !agent_data && HOME_CODE.iter().any(|c| rel.starts_with(c)) {
                 return true;
             }
         } else if SYSTEM_CODE.iter().any(|d| p.starts_with(d)) {
@@ -637,5 +668,67 @@ impl OutsideChanges {
             reads,
             picked,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn change(path: &str, mode: u32) -> OutsideChange {
+        OutsideChange {
+            path: PathBuf::from(path),
+            kind: OutsideKind::Added,
+            is_dir: false,
+            size_old: None,
+            mode_old: None,
+            owner_old: None,
+            target_old: None,
+            size_new: Some(1),
+            mode_new: Some(0o100000 | mode),
+            owner_new: None,
+            target_new: None,
+            foreign_owner: false,
+            upper: None,
+            redirected: false,
+            metacopy: false,
+            xattrs_changed: false,
+            kept: false,
+        }
+    }
+
+    #[test]
+    fn code_is_told_from_data() {
+        let home = Some(Path::new("/home/u"));
+        for p in [
+            "/home/u/.bashrc",
+            "/home/u/.claude/settings.json",
+            "/home/u/.claude/hooks/x.sh",
+            "/home/u/.codex/config.toml",
+            "/home/u/.config/systemd/user/x.service",
+            "/home/u/.ssh/authorized_keys",
+            "/home/u/.gitconfig",
+            "/home/u/src/p/.git/hooks/pre-commit",
+            "/home/u/.config/autostart/x.desktop",
+            "/home/u/.claude/projects/mcp.json",
+            "/home/u/.local/bin/tool",
+            "/etc/cron.d/x",
+            "/usr/local/lib/x.so",
+        ] {
+            assert!(change(p, 0o644).runs_code(home), "{p} runs code");
+        }
+        for p in [
+            "/home/u/.claude/state.json",
+            "/home/u/.claude/projects/p/t.jsonl",
+            "/home/u/notes.txt",
+            "/home/u/.cache/pip/x",
+            "/tmp/x",
+        ] {
+            assert!(!change(p, 0o644).runs_code(home), "{p} is data");
+        }
+        assert!(change("/home/u/notes.txt", 0o755).runs_code(home));
+        let mut gone = change("/home/u/.bashrc", 0o644);
+        gone.kind = OutsideKind::Deleted;
+        assert!(!gone.runs_code(home));
     }
 }
