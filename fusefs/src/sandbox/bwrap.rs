@@ -1058,7 +1058,9 @@ fn sandbox_userns(base: u32) -> io::Result<OwnedFd> {
 fn view_userns(base: u32) -> io::Result<OwnedFd> {
     let map = |var: &str| -> Vec<u8> {
         let mut m = format!("0 {base} 1\n");
-        let id = std::env::var(var).ok().and_then(|v| v.trim().parse::<u32>().ok());
+        let id = std::env::var(var)
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok());
         if let Some(id) = id.filter(|i| *i != 0 && *i < crate::idmap::RANGE) {
             m.push_str(&format!("{id} {} 1\n", base + id));
         }

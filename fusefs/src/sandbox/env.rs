@@ -516,9 +516,19 @@ fn credential_name(name: &[u8]) -> bool {
         || n.starts_with("id_ed25519")
         || n.starts_with("id_ecdsa")
         || n.starts_with("id_dsa")
-        || [".pem", ".key", ".p12", ".pfx", ".jks", ".keystore", ".kdbx", ".gpg", ".asc"]
-            .iter()
-            .any(|e| n.ends_with(e))
+        || [
+            ".pem",
+            ".key",
+            ".p12",
+            ".pfx",
+            ".jks",
+            ".keystore",
+            ".kdbx",
+            ".gpg",
+            ".asc",
+        ]
+        .iter()
+        .any(|e| n.ends_with(e))
 }
 
 /// Directories a home walk never enters: caches and dependency trees (large, and what
@@ -850,7 +860,10 @@ mod tests {
             ("GITHUB_PAT", "ghp_x"),
             ("CI_JOB_JWT", "j"),
             ("MYSQL_PWD", "p"),
-            ("SLACK_WEBHOOK_URL", "https://hooks.slack.com/services/T/B/x"),
+            (
+                "SLACK_WEBHOOK_URL",
+                "https://hooks.slack.com/services/T/B/x",
+            ),
             ("BEARER", "b"),
             ("CODECOV_UPLOAD", "c"),
             ("CARGO_REGISTRY_TOKEN", "t"),
@@ -864,7 +877,13 @@ mod tests {
             .collect();
         assert_eq!(
             kept,
-            ["PATH", "LC_ALL", "CARGO_TARGET_DIR", "RUSTFLAGS", "NODE_OPTIONS"]
+            [
+                "PATH",
+                "LC_ALL",
+                "CARGO_TARGET_DIR",
+                "RUSTFLAGS",
+                "NODE_OPTIONS"
+            ]
         );
         let passed = filter(EnvPolicy::Agent, vars, &["SOMETHING_ELSE".into()]);
         assert!(passed.iter().any(|(k, _)| k == "SOMETHING_ELSE"));
