@@ -507,7 +507,33 @@ fn credential_name(name: &[u8]) -> bool {
         "password",
         "htpasswd",
     ];
-    WORDS.iter().any(|w| n.contains(w))
+    // A word in a source file's name (`token.rs`, `secrets_test.go`) marks code a sibling
+    // project's build reads, not a secret: words count in data files only.
+    let data_file = match n.rsplit_once('.') {
+        None => true,
+        Some(("", _)) => true,
+        Some((_, ext)) => [
+            "txt",
+            "json",
+            "yaml",
+            "yml",
+            "toml",
+            "ini",
+            "conf",
+            "cfg",
+            "env",
+            "properties",
+            "xml",
+            "key",
+            "dat",
+            "db",
+            "sqlite",
+            "cache",
+            "tok",
+        ]
+        .contains(&ext),
+    };
+    (data_file && WORDS.iter().any(|w| n.contains(w)))
         || n == ".env"
         || (n.starts_with(".env.") && !n.ends_with(".example") && !n.ends_with(".sample"))
         || n.starts_with("auth.json")
@@ -901,6 +927,7 @@ mod tests {
             "node_modules/x/token.js",
             "project/.env",
             "code/other/src/main.rs",
+            "code/lexer/src/token.rs",
         ] {
             std::fs::create_dir_all(h.join(f).parent().unwrap()).unwrap();
             std::fs::write(h.join(f), "x").unwrap();
