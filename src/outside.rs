@@ -38,14 +38,22 @@ pub(crate) fn expand(p: &str) -> PathBuf {
 
 /// The outside paths to keep: every `--keep-outside`, and with an accept the config's
 /// `[outside] keep` list (a broken config file is said and ignored: it keeps nothing).
+/// The config's rules are registered as standing ones
+/// ([`shade_fusefs::outside::set_standing_rules`]): they never keep a change that makes a
+/// program run code, which only a path given for this run (or a pick) keeps.
 pub(crate) fn keep_list(flags: &[String], with_accept: bool) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = flags.iter().map(|p| expand(p)).collect();
+    let mut standing: Vec<PathBuf> = Vec::new();
     if with_accept {
         match crate::config::outside_keep() {
-            Ok(list) => out.extend(list.iter().map(|p| expand(p))),
+            Ok(list) => {
+                standing.extend(list.iter().map(|p| expand(p)).filter(|p| !out.contains(p)))
+            }
             Err(e) => eprintln!("shade: warning: [outside] keep not read: {e}"),
         }
     }
+    shade_fusefs::outside::set_standing_rules(standing.clone());
+    out.extend(standing);
     out
 }
 
@@ -56,8 +64,23 @@ pub(crate) fn print(outside: &OutsideChanges) {
     }
     let mut err = std::io::stderr().lock();
     let _ = writeln!(err, "outside the project:");
-    for l in outside.lines(home_dir().as_deref()) {
+    let home = home_dir();
+    for l in outside.lines(home.as_deref()) {
         let _ = writeln!(err, "  {l}");
+    }
+    let code: Vec<String> = outside
+        .changes
+        .iter()
+        .filter(|c| c.runs_code(home.as_deref()))
+        .map(|c| shade_fusefs::outside::display_path(&c.path, home.as_deref()))
+        .collect();
+    if !code.is_empty() {
+        let _ = writeln!(
+            err,
+            "  ! runs code (shell/agent/editor/git/ssh config, hooks, autostart, executables; \
+             `[outside] keep` never keeps these, only `--keep-outside PATH` or a pick): {}",
+            code.join(", ")
+        );
     }
 }
 

@@ -854,6 +854,11 @@ fn io_uring(who: Who) {
 
 /// `exec --shadow` whose agent runs `command` in its shell once, then says "Done.".
 fn agent_shell(e: &Env, command: &str) -> Output {
+    agent_shell_env(e, command, &[])
+}
+
+/// [`agent_shell`] with `vars` set for shade (HOME, secrets).
+fn agent_shell_env(e: &Env, command: &str, vars: &[(&str, &str)]) -> Output {
     use std::sync::Arc;
     let command = command.to_string();
     let llm = shade_testkit::FakeLlm::start(Arc::new(move |body: &serde_json::Value| {
@@ -878,6 +883,7 @@ fn agent_shell(e: &Env, command: &str) -> Output {
         .env("OPENAI_API_KEY", "test-key")
         .env("SHADE_MODEL", "main-model")
         .env("SHADE_FAST_MODEL", "fast-model")
+        .envs(vars.iter().copied())
         .output()
         .unwrap();
     assert!(
@@ -1614,6 +1620,303 @@ else:
     e.assert_held(o);
 }
 
+// ----- h5 red team: root's view, capabilities, secrets, inotify, keep rules ----------
+
+/// A directory of the test's own under the env, owned by the test's user.
+fn own_dir(e: &Env, name: &str) -> PathBuf {
+    let d = e.out.parent().unwrap().join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    if e.who == Who::Plain {
+        common::plain::chown_tree(&d);
+    }
+    d
+}
+
+/// Root's view of the host (h5 #5): another user's private file (owner-only, in an
+/// owner-only directory) and /etc/shadow and the host's ssh keys are not the command's,
+/// whether the user runs it (`shade run`, the outside layer) or the agent does (`exec
+/// --shadow`): the host is idmapped through a namespace that maps only host root and the
+/// sudo user, so the command's root has no DAC override on another user's files.
+#[test]
+fn root_view_other_users_files() {
+    let e = env(Who::Root);
+    let victim = e.out.parent().unwrap().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    std::fs::write(victim.join("secret"), "VICTIM-SECRET-h7").unwrap();
+    std::fs::set_permissions(
+        victim.join("secret"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o700)).unwrap();
+    common::plain::chown_tree(&victim);
+    let probe = format!(
+        r#"v=$(cat {V}/secret 2>/dev/null); [ -z "$v" ] || echo "$v" > {O}/victim
+        v=$(head -c 64 /etc/shadow 2>/dev/null); [ -z "$v" ] || echo "$v" > {O}/shadow
+        for k in /etc/ssh/ssh_host_*_key; do
+          v=$(head -c 64 "$k" 2>/dev/null); [ -z "$v" ] || echo "$v" > {O}/hostkey
+        done
+        true"#,
+        V = victim.display(),
+        O = e.o()
+    );
+    let o = e.run(&[], &probe);
+    ran(&o);
+    e.assert_held(&o);
+    let o = e.run(&["--no-network"], &probe);
+    ran(&o);
+    e.assert_held(&o);
+    let o = agent_shell(&e, &probe);
+    e.assert_held(&o);
+}
+
+/// Secret variables whose names the old denylist missed (h5 #6): the agent's commands get
+/// an allowlist of shade's environment.
+fn agent_env_allowlist(who: Who) {
+    let e = env(who);
+    let vars = [
+        ("GITHUB_PAT", "ghp_LEAK"),
+        ("CI_JOB_JWT", "LEAK.jwt"),
+        ("MYSQL_PWD", "LEAKpw"),
+        (
+            "SLACK_WEBHOOK_URL",
+            "https://hooks.slack.com/services/T0/B0/LEAK",
+        ),
+        ("BEARER", "LEAKbearer"),
+        ("CODECOV_UPLOAD", "LEAKcodecov"),
+        ("CARGO_REGISTRY_TOKEN", "LEAKcargo"),
+        ("CARGO_TERM_COLOR", "never-kept-h7"),
+    ];
+    let o = agent_shell_env(
+        &e,
+        &format!(
+            r#"l=$(env | grep LEAK); [ -z "$l" ] || echo "$l" > {O}/env
+            [ "$CARGO_TERM_COLOR" = never-kept-h7 ] || echo lost > {O}/allowed"#,
+            O = e.o()
+        ),
+        &vars,
+    );
+    e.assert_held(&o);
+}
+
+/// Credential files of the home the old fixed list missed (h5 #6): containers' registry
+/// auth, Gemini's and qwen's OAuth, Copilot, Maven, Gradle, sops, Pulumi, Composer, Hugging
+/// Face, another project's `.env`, a token lying in a notes directory.
+fn agent_home_credentials(who: Who) {
+    let e = env(who);
+    let home = own_dir(&e, "home");
+    for f in [
+        ".config/containers/auth.json",
+        ".gemini/oauth_creds.json",
+        ".qwen/oauth_creds.json",
+        ".config/github-copilot/apps.json",
+        ".m2/settings.xml",
+        ".gradle/gradle.properties",
+        ".config/sops/age/keys.txt",
+        ".pulumi/credentials.json",
+        ".config/composer/auth.json",
+        ".cache/huggingface/token",
+        "other-project/.env",
+        "notes/deploy-token.txt",
+    ] {
+        let p = home.join(f);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, format!("SECRET-IN-{f}")).unwrap();
+    }
+    std::fs::write(home.join("notes/plain.txt"), "visible-h7").unwrap();
+    if who == Who::Plain {
+        common::plain::chown_tree(&home);
+    }
+    let h = home.display().to_string();
+    let o = agent_shell_env(
+        &e,
+        &format!(
+            r#"cd ~ && l=$(grep -rh SECRET-IN . 2>/dev/null); [ -z "$l" ] || echo "$l" > {O}/home
+            grep -q visible-h7 notes/plain.txt || echo lost > {O}/plain"#,
+            O = e.o()
+        ),
+        &[("HOME", h.as_str())],
+    );
+    e.assert_held(&o);
+}
+
+/// The network kernel surface (h5 #7): in its own network namespace the command's root
+/// makes no link, no traffic-control filter and no packet socket (CAP_NET_ADMIN/NET_RAW
+/// dropped from every set), and its bounding set holds nothing of the kind either.
+fn net_admin(who: Who) {
+    let e = env(who);
+    let o = e.run(
+        &["--no-network"],
+        &format!(
+            r#"ip link add v0 type veth peer name v1 2>/dev/null && echo link > {O}/link
+            tc qdisc add dev lo root handle 1: htb 2>/dev/null && echo tc > {O}/tc
+            {PY} -c "import socket; socket.socket(socket.AF_PACKET, socket.SOCK_RAW)" 2>/dev/null && echo p > {O}/packet
+            {PY} -c "import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 1)" 2>/dev/null && echo r > {O}/raw
+            eff=$(sed -n 's/^CapEff:	//p' /proc/self/status)
+            [ $(( 0x$eff & ((1<<12)|(1<<13)|(1<<21)|(1<<24)) )) = 0 ] || echo "$eff" > {O}/caps
+            true"#,
+            O = e.o(),
+            PY = PYTHON
+        ),
+    );
+    ran(&o);
+    e.assert_held(&o);
+}
+
+/// The user's inotify instances (h5 #12): a command that takes every instance it can
+/// leaves its user's own programs on the host some (the sandbox's user namespace has a
+/// limit of its own below the host's).
+fn inotify_bounded(who: Who) {
+    let e = env(who);
+    let meet = own_dir(&e, "meet");
+    std::fs::set_permissions(&meet, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let hog = format!(
+        r#"import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+fds = []
+while True:
+    fd = libc.inotify_init()
+    if fd < 0:
+        break
+    fds.append(fd)
+open("{M}/took", "w").write(str(len(fds)))
+for _ in range(1200):
+    if os.path.exists("{M}/done"):
+        break
+    time.sleep(0.1)
+"#,
+        M = meet.display()
+    );
+    std::fs::write(meet.join("hog.py"), hog).unwrap();
+    let mut cmd = e.shade();
+    cmd.env(
+        "SHADE_SHARE",
+        std::env::join_paths([e.out.clone(), meet.clone()]).unwrap(),
+    )
+    .args(["run", "--private-tmp", "--", PYTHON])
+    .arg(meet.join("hog.py"))
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    let took = meet.join("took");
+    for _ in 0..1200 {
+        if took.exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let probe = "import ctypes, sys; fd = ctypes.CDLL(None).inotify_init(); print(fd); sys.exit(0 if fd >= 0 else 1)";
+    let host = match who {
+        Who::Root => Command::new(PYTHON).args(["-c", probe]).output().unwrap(),
+        Who::Plain => Command::new("/usr/bin/setpriv")
+            .args([
+                &format!("--reuid={PLAIN}"),
+                &format!("--regid={PLAIN}"),
+                "--init-groups",
+                "--",
+                PYTHON,
+                "-c",
+                probe,
+            ])
+            .output()
+            .unwrap(),
+    };
+    std::fs::write(meet.join("done"), "").unwrap();
+    let o = child.wait_with_output().unwrap();
+    let n = std::fs::read_to_string(&took).unwrap_or_default();
+    assert!(
+        n.trim().parse::<u32>().is_ok_and(|n| n > 0),
+        "the command took no inotify instance ({n:?})
+{}",
+        show(&o)
+    );
+    assert!(
+        host.status.success(),
+        "the user's own program got no inotify instance while the command held {n}
+{}
+{}",
+        show(&host),
+        show(&o)
+    );
+}
+
+/// Standing keep rules (h5 #3): `[outside] keep` keeps plain data under a rule, but never
+/// a write that makes a program run code (an agent's hook in `~/.claude/settings.json`),
+/// which is flagged and kept only with `--keep-outside` naming it for that run.
+fn standing_keep_rules(who: Who) {
+    let e = env(who);
+    let home = own_dir(&e, "home");
+    let xdg = own_dir(&e, "xdg");
+    std::fs::create_dir_all(home.join(".claude")).unwrap();
+    std::fs::create_dir_all(home.join("data")).unwrap();
+    std::fs::write(
+        home.join(".claude/settings.json"),
+        "{}
+",
+    )
+    .unwrap();
+    std::fs::create_dir_all(xdg.join("shade")).unwrap();
+    std::fs::write(
+        xdg.join("shade/config.toml"),
+        "[outside]\nkeep = [\"~/.claude\", \"~/data\"]\n",
+    )
+    .unwrap();
+    if who == Who::Plain {
+        common::plain::chown_tree(&home);
+        common::plain::chown_tree(&xdg);
+    }
+    let hook = r#"{"hooks":{"SessionStart":[{"hooks":[{"type":"command","command":"id"}]}]}}"#;
+    let script =
+        format!("echo fixed > file; echo '{hook}' > ~/.claude/settings.json; echo d > ~/data/x");
+    let run = |extra: &[&str]| {
+        let o = e
+            .shade()
+            .env("HOME", &home)
+            .env("XDG_CONFIG_HOME", &xdg)
+            .args(["run", "--accept"])
+            .args(extra)
+            .args(["--", "sh", "-c", &script])
+            .output()
+            .unwrap();
+        ran(&o);
+        o
+    };
+    let o = run(&[]);
+    let settings = std::fs::read_to_string(home.join(".claude/settings.json")).unwrap();
+    assert_eq!(
+        settings,
+        "{}
+",
+        "a standing rule kept the planted hook
+{}",
+        show(&o)
+    );
+    assert_eq!(
+        std::fs::read_to_string(home.join("data/x")).unwrap_or_default(),
+        "d
+",
+        "the standing rule did not keep plain data
+{}",
+        show(&o)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("runs code"),
+        "the hook was not flagged
+{}",
+        show(&o)
+    );
+    std::fs::write(e.project.join("file"), "orig").unwrap();
+    let named = home.join(".claude/settings.json").display().to_string();
+    let o = run(&["--keep-outside", &named]);
+    let settings = std::fs::read_to_string(home.join(".claude/settings.json")).unwrap();
+    assert!(
+        settings.contains("SessionStart"),
+        "--keep-outside naming the file did not keep it
+{}",
+        show(&o)
+    );
+}
+
 macro_rules! both {
     ($($route:ident),* $(,)?) => {
         mod as_root {
@@ -1656,6 +1959,11 @@ both!(
     limits_xattr_flood,
     limits_time,
     host_knobs,
+    agent_env_allowlist,
+    agent_home_credentials,
+    net_admin,
+    inotify_bounded,
+    standing_keep_rules,
 );
 
 /// A command allocating past its memory limit (1 GiB touched, 256 MiB allowed) does not

@@ -549,7 +549,7 @@ pub(crate) fn cstring(path: &Path) -> Result<CString> {
 ///
 /// # Safety
 /// `path` must be a valid C string; the call is async-signal-safe.
-unsafe fn write_file(path: &std::ffi::CStr, data: &[u8]) -> std::io::Result<()> {
+pub(crate) unsafe fn write_file(path: &std::ffi::CStr, data: &[u8]) -> std::io::Result<()> {
     let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
     if fd < 0 {
         return Err(std::io::Error::last_os_error());

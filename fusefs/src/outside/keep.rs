@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::RwLock;
 
 /// A kept path the host changed since the command started.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,6 +65,221 @@ fn list(c: &[OutsideConflict]) -> String {
         .join("; ")
 }
 
+/// The standing keep rules in force (the config's `[outside] keep`), absolute.
+static STANDING: RwLock<Vec<PathBuf>> = RwLock::new(Vec::new());
+
+/// Says which keep rules are standing ones (the config's `[outside] keep`, expanded), as
+/// opposed to those given for one run: a standing rule never keeps a change that makes a
+/// program run code (see [`OutsideChange::runs_code`]), since a branch's command could
+/// plant one there (an agent's hook, a shell rc file) and have it kept with nobody asked.
+/// A path also given for this run is not standing: leave it out.
+pub fn set_standing_rules(rules: Vec<PathBuf>) {
+    let mut slot = STANDING.write().unwrap_or_else(|e| e.into_inner());
+    *slot = rules;
+}
+
+fn standing_rules() -> Vec<PathBuf> {
+    STANDING.read().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Home-relative paths (a file, or a directory and all below it) whose contents make a
+/// program run code: shells' and editors' start-up files, agents' settings (hooks, MCP
+/// servers), git's config and hooks, ssh's rc and authorized keys, desktop autostart,
+/// systemd user units, per-user cron, programs on `PATH`, Python's start-up hooks.
+const HOME_CODE: &[&str] = &[
+    ".profile",
+    ".bash_profile",
+    ".bash_login",
+    ".bash_logout",
+    ".bashrc",
+    ".bash_aliases",
+    ".zshrc",
+    ".zshenv",
+    ".zprofile",
+    ".zlogin",
+    ".zlogout",
+    ".zsh",
+    ".oh-my-zsh",
+    ".cshrc",
+    ".tcshrc",
+    ".kshrc",
+    ".mkshrc",
+    ".xinitrc",
+    ".xsession",
+    ".xsessionrc",
+    ".xprofile",
+    ".pam_environment",
+    ".config/environment.d",
+    ".config/fish",
+    ".config/nushell",
+    ".config/xonsh",
+    ".xonshrc",
+    ".envrc",
+    ".direnvrc",
+    ".config/direnv",
+    ".claude",
+    ".claude.json",
+    ".codex",
+    ".gemini",
+    ".qwen",
+    ".cursor",
+    ".continue",
+    ".aider.conf.yml",
+    ".config/claude",
+    ".config/opencode",
+    ".config/goose",
+    ".config/github-copilot",
+    ".vscode",
+    ".vscode-server",
+    ".config/Code",
+    ".config/zed",
+    ".gitconfig",
+    ".config/git",
+    ".githooks",
+    ".ssh",
+    ".config/autostart",
+    ".config/systemd",
+    ".local/share/systemd",
+    ".config/upstart",
+    ".local/bin",
+    "bin",
+    ".cargo/bin",
+    ".cargo/config",
+    ".cargo/config.toml",
+    ".local/lib",
+    ".pythonrc",
+    ".pythonstartup",
+    ".npmrc",
+    ".yarnrc",
+    ".yarnrc.yml",
+    ".vimrc",
+    ".vim",
+    ".exrc",
+    ".config/nvim",
+    ".emacs",
+    ".emacs.d",
+    ".config/emacs",
+    ".tmux.conf",
+    ".config/tmux",
+    ".screenrc",
+    ".inputrc",
+    ".gdbinit",
+    ".config/gdb",
+    ".lldbinit",
+    ".mailcap",
+    ".config/mimeapps.list",
+    ".local/share/applications",
+    ".config/kitty",
+    ".config/alacritty",
+    ".config/wezterm",
+    ".wezterm.lua",
+    ".config/i3",
+    ".config/sway",
+    ".config/hypr",
+];
+
+/// Agents' own directories in the home: code (settings, hooks, MCP servers, commands,
+/// plugins, instructions) but for their data ([`AGENT_DATA`]).
+const AGENT_DIRS: &[&str] = &[
+    ".claude",
+    ".codex",
+    ".gemini",
+    ".qwen",
+    ".cursor",
+    ".continue",
+];
+
+/// What in an agent's directory is its data, never run: transcripts, sessions, to-do
+/// lists, logs, caches, its state file and history (a hook or MCP name inside is still
+/// code: see [`code_name`]).
+const AGENT_DATA: &[&str] = &[
+    "projects",
+    "sessions",
+    "archived_sessions",
+    "todos",
+    "logs",
+    "log",
+    "cache",
+    "statsig",
+    "state.json",
+    "history.jsonl",
+];
+
+/// Host directories outside any home whose files the system runs or configures (as root a
+/// command may write there): system configuration (cron, profile.d, systemd, sudoers),
+/// programs and libraries, the spool of cron jobs.
+const SYSTEM_CODE: &[&str] = &[
+    "/etc",
+    "/usr",
+    "/opt",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/boot",
+    "/var/spool/cron",
+    "/var/lib/systemd",
+];
+
+/// A file or directory name that marks code wherever it is: hooks, MCP server lists,
+/// git's own config, autostart entries, cron tables, desktop entries.
+fn code_name(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n.contains("hook")
+        || n.contains("mcp")
+        || n.contains("autostart")
+        || n.contains("cron")
+        || n.ends_with(".desktop")
+        || n.ends_with(".service")
+        || n.ends_with(".timer")
+        || n.ends_with(".pth")
+        || n == "sitecustomize.py"
+        || n == "usercustomize.py"
+        || n == ".envrc"
+        || (n.starts_with('.') && n.ends_with("rc"))
+        || n.ends_with("profile")
+}
+
+impl OutsideChange {
+    /// Whether keeping this change could make a program run code the branch chose: a
+    /// start-up or config file of a shell, an agent, an editor, git or ssh, a hook, an
+    /// autostart entry, a cron table, a systemd unit, an executable (by path, see
+    /// [`HOME_CODE`], [`SYSTEM_CODE`], or mode). Deletions run nothing. Such a change is
+    /// flagged in the listing and kept only when named for this run.
+    pub fn runs_code(&self, home: Option<&Path>) -> bool {
+        if self.kind == OutsideKind::Deleted {
+            return false;
+        }
+        let p = &self.path;
+        if !self.is_dir && self.mode_new.is_some_and(|m| m & 0o111 != 0) {
+            return true;
+        }
+        if let Some(rel) = home.and_then(|h| p.strip_prefix(h).ok()) {
+            let agent_data = AGENT_DIRS.iter().any(|d| {
+                rel.strip_prefix(d)
+                    .is_ok_and(|inner| AGENT_DATA.iter().any(|data| inner.starts_with(data)))
+            });
+            if !agent_data && HOME_CODE.iter().any(|c| rel.starts_with(c)) {
+                return true;
+            }
+        } else if SYSTEM_CODE.iter().any(|d| p.starts_with(d)) {
+            return true;
+        }
+        let in_git = p.components().any(|c| c.as_os_str() == ".git");
+        if in_git
+            && p.components()
+                .any(|c| matches!(c.as_os_str().to_str(), Some("hooks" | "config")))
+        {
+            return true;
+        }
+        p.components()
+            .filter_map(|c| c.as_os_str().to_str())
+            .any(code_name)
+    }
+}
+
 /// What a keep wrote.
 #[derive(Clone, Debug, Default)]
 pub struct KeepReport {
@@ -100,9 +316,20 @@ struct Planned {
 impl OutsideChanges {
     /// Indices of the changes `keep` selects: a path, or everything under a directory
     /// prefix (absolute paths; the caller expands `~`), plus the new directories they need.
+    /// A change that makes a program run code ([`OutsideChange::runs_code`]) is selected
+    /// only by a rule given for this run (`--keep-outside`, a pick), never by a standing
+    /// one ([`set_standing_rules`]).
     pub fn selected(&self, keep: &[PathBuf]) -> Vec<usize> {
+        let standing = standing_rules();
+        let home = super::home_dir();
         let mut picked: Vec<usize> = (0..self.changes.len())
-            .filter(|i| keep.iter().any(|k| self.changes[*i].path.starts_with(k)))
+            .filter(|i| {
+                let c = &self.changes[*i];
+                keep.iter().any(|k| {
+                    c.path.starts_with(k)
+                        && (!standing.contains(k) || !c.runs_code(home.as_deref()))
+                })
+            })
             .collect();
         let mut need = Vec::new();
         for i in &picked {
@@ -441,5 +668,67 @@ impl OutsideChanges {
             reads,
             picked,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn change(path: &str, mode: u32) -> OutsideChange {
+        OutsideChange {
+            path: PathBuf::from(path),
+            kind: OutsideKind::Added,
+            is_dir: false,
+            size_old: None,
+            mode_old: None,
+            owner_old: None,
+            target_old: None,
+            size_new: Some(1),
+            mode_new: Some(0o100000 | mode),
+            owner_new: None,
+            target_new: None,
+            foreign_owner: false,
+            upper: None,
+            redirected: false,
+            metacopy: false,
+            xattrs_changed: false,
+            kept: false,
+        }
+    }
+
+    #[test]
+    fn code_is_told_from_data() {
+        let home = Some(Path::new("/home/u"));
+        for p in [
+            "/home/u/.bashrc",
+            "/home/u/.claude/settings.json",
+            "/home/u/.claude/hooks/x.sh",
+            "/home/u/.codex/config.toml",
+            "/home/u/.config/systemd/user/x.service",
+            "/home/u/.ssh/authorized_keys",
+            "/home/u/.gitconfig",
+            "/home/u/src/p/.git/hooks/pre-commit",
+            "/home/u/.config/autostart/x.desktop",
+            "/home/u/.claude/projects/mcp.json",
+            "/home/u/.local/bin/tool",
+            "/etc/cron.d/x",
+            "/usr/local/lib/x.so",
+        ] {
+            assert!(change(p, 0o644).runs_code(home), "{p} runs code");
+        }
+        for p in [
+            "/home/u/.claude/state.json",
+            "/home/u/.claude/projects/p/t.jsonl",
+            "/home/u/notes.txt",
+            "/home/u/.cache/pip/x",
+            "/tmp/x",
+        ] {
+            assert!(!change(p, 0o644).runs_code(home), "{p} is data");
+        }
+        assert!(change("/home/u/notes.txt", 0o755).runs_code(home));
+        let mut gone = change("/home/u/.bashrc", 0o644);
+        gone.kind = OutsideKind::Deleted;
+        assert!(!gone.runs_code(home));
     }
 }

@@ -39,6 +39,9 @@ pub struct Confinement {
     pub bwrap: PathBuf,
     /// As root: the user namespace with our identity map that bwrap starts in.
     userns: Option<OwnedFd>,
+    /// As root: the user namespace the host's files are idmapped through for the command's
+    /// view of them (see [`view_userns`]): host root and the invoking user only.
+    view_userns: Option<OwnedFd>,
     /// As root: the host id the command's root is (its namespace maps `0..65536` there).
     root_base: Option<u32>,
     /// The seccomp programs, compiled (classic BPF, native byte order).
@@ -110,12 +113,19 @@ fn find_confinement() -> std::result::Result<Confinement, String> {
     } else {
         None
     };
+    let view_userns = match root_base {
+        Some(base) => Some(view_userns(base).map_err(|e| {
+            format!("cannot create the user namespace of root's view of the host ({e})")
+        })?),
+        None => None,
+    };
     let filters = super::seccomp::programs()?;
     let read_only_filter = super::seccomp::read_only_program()?;
     let scope = super::scope::ruleset();
     let conf = Confinement {
         bwrap,
         userns,
+        view_userns,
         root_base,
         filters,
         read_only_filter,
@@ -280,10 +290,17 @@ impl Confinement {
         if self.userns.is_none() {
             cmd.arg("--unshare-user");
         } else {
-            // Root inside its namespace may chown and override permissions on the branch,
-            // but never mount, unmount or enter namespaces (the seccomp filter says the
-            // same; this holds even for a call it does not know).
-            cmd.args(["--cap-drop", "CAP_SYS_ADMIN"]);
+            // Root inside its namespace keeps only what installing and building as root
+            // needs ([`ROOT_CAPS`]: chown, override permissions, change ids, …) in its
+            // bounding, permitted, effective and ambient sets. Never CAP_SYS_ADMIN (mount,
+            // namespaces: the seccomp filter says the same), nor CAP_NET_ADMIN/NET_RAW
+            // (links, traffic control, packet sockets in its own network namespace: the
+            // kernel code most user-namespace escalations went through), nor
+            // CAP_SYS_RESOURCE (the namespace's own limits, see `ids::limit_userns`).
+            cmd.args(["--cap-drop", "ALL"]);
+            for cap in ROOT_CAPS {
+                cmd.args(["--cap-add", cap]);
+            }
         }
         if layout.network_off {
             cmd.arg("--unshare-net");
@@ -379,6 +396,28 @@ impl Confinement {
         Ok((cmd, fds))
     }
 }
+
+/// The capabilities a root command keeps inside its user namespace (Docker's default set
+/// minus CAP_NET_RAW and CAP_MKNOD): what `apt-get install`, `pip install` as root, dpkg's
+/// maintainer scripts and builds in the branch use — chown and permission overrides on
+/// their files, setuid/setgid to drop to a service user (apt's `_apt`), setting file
+/// capabilities (stripped again by accept), signals to their own processes, chroot,
+/// binding low ports in their own network namespace. Everything else is dropped from
+/// every set, so a command can never get it back.
+pub(crate) const ROOT_CAPS: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_SETFCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_AUDIT_WRITE",
+];
 
 /// The command's `/` from the outside layer: each unit's overlay over its path, in path
 /// order, on top of a read-only `/` wherever no unit covers it.
@@ -831,9 +870,21 @@ pub(crate) fn build(
         };
     }
     let userns = conf.userns.as_ref().map(AsRawFd::as_raw_fd);
+    let view = conf.view_userns.as_ref().map(AsRawFd::as_raw_fd);
     let scope = conf.scope.as_ref().map(AsRawFd::as_raw_fd);
     let inherit: Vec<RawFd> = filters.iter().map(AsRawFd::as_raw_fd).collect();
     let keep_open: Vec<RawFd> = status_raw.into_iter().collect();
+    // A plain user's command: a user namespace of its own whose limits bound what it takes
+    // of the user's inotify instances, namespaces, … (root's has them: `sandbox_userns`).
+    let own_ns = userns.is_none().then(|| {
+        let uid = nix::unistd::geteuid();
+        let gid = nix::unistd::getegid();
+        (
+            format!("{uid} {uid} 1\n").into_bytes(),
+            format!("{gid} {gid} 1\n").into_bytes(),
+            super::ids::userns_limits(false),
+        )
+    });
     // SAFETY: only async-signal-safe system calls on data prepared before the fork.
     unsafe {
         cmd.pre_exec(move || {
@@ -851,7 +902,10 @@ pub(crate) fn build(
             if let Some(stage) = &user_stage {
                 stage.enter()?;
             }
-            if let (Some(stage), Some(ns)) = (&stage, userns) {
+            if let Some((uid_map, gid_map, limits)) = &own_ns {
+                super::ids::own_userns(uid_map, gid_map, limits)?;
+            }
+            if let (Some(stage), Some(ns)) = (&stage, view) {
                 stage.enter(ns)?;
             }
             enter(userns, scope, &inherit, &keep_open)?;
@@ -1027,10 +1081,40 @@ fn runnable(p: &Path) -> bool {
 /// unshares and waits while we write its maps (a process may not write a map for itself
 /// that names ids other than its own), then exits; we keep the namespace through an fd.
 fn sandbox_userns(base: u32) -> io::Result<OwnedFd> {
+    let map = format!("0 {base} {}\n", crate::idmap::RANGE).into_bytes();
+    make_userns(map.clone(), map, super::ids::userns_limits(true))
+}
+
+/// As root: the user namespace through which the command's view of the host (the outside
+/// layer's lowers, the read-only `/`, allowed sockets) is idmapped. It maps host root to
+/// the command's root and the user who ran shade through sudo (`SUDO_UID`/`SUDO_GID`) to
+/// themselves, and no other id: every other user's file shows as nobody's, and the kernel
+/// grants no capability on an inode whose owner or group is unmapped, so the command's
+/// root (CAP_DAC_OVERRIDE in its namespace) cannot read other users' homes, keys and
+/// mail. Root's own secrets that remain (shadow, host keys) are hidden (env.rs).
+fn view_userns(base: u32) -> io::Result<OwnedFd> {
+    let map = |var: &str| -> Vec<u8> {
+        let mut m = format!("0 {base} 1\n");
+        let id = std::env::var(var)
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok());
+        if let Some(id) = id.filter(|i| *i != 0 && *i < crate::idmap::RANGE) {
+            m.push_str(&format!("{id} {} 1\n", base + id));
+        }
+        m.into_bytes()
+    };
+    make_userns(map("SUDO_UID"), map("SUDO_GID"), Vec::new())
+}
+
+/// A user namespace with `uid_map` and `gid_map` (host root writes them) and `limits`
+/// set by its creator (see [`sandbox_userns`]).
+fn make_userns(
+    uid_map: Vec<u8>,
+    gid_map: Vec<u8>,
+    limits: Vec<super::ids::NsLimit>,
+) -> io::Result<OwnedFd> {
     let (ready_r, ready_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let (go_r, go_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    let map = format!("0 {base} {}\n", crate::idmap::RANGE).into_bytes();
-    let (uid_map, gid_map) = (map.clone(), map);
     // SAFETY: the child only makes async-signal-safe system calls (unshare, write, read,
     // _exit) on fds prepared before the fork.
     let pid = unsafe { libc::fork() };
@@ -1046,7 +1130,10 @@ fn sandbox_userns(base: u32) -> io::Result<OwnedFd> {
             libc::write(ready_w.as_raw_fd(), ok.as_ptr().cast(), 1);
             let mut b = [0u8; 1];
             libc::read(go_r.as_raw_fd(), b.as_mut_ptr().cast(), 1);
-            libc::_exit(0);
+            // Mapped now: as the namespace's creator, set its limits (see
+            // ids::userns_limits); exit 1 if they could not be.
+            let code = i32::from(super::ids::write_limits(&limits).is_err());
+            libc::_exit(code);
         }
     }
     drop(ready_w);
@@ -1061,8 +1148,18 @@ fn sandbox_userns(base: u32) -> io::Result<OwnedFd> {
         std::fs::write(format!("/proc/{pid}/gid_map"), &gid_map)?;
         Ok(OwnedFd::from(File::open(format!("/proc/{pid}/ns/user"))?))
     })();
+    // The maps are written (or failed): let the child set the limits and go.
+    if result.is_ok() {
+        let _ = nix::unistd::write(&go_w, &[1]);
+    }
     drop(go_w);
+    let mut status: libc::c_int = 0;
     // SAFETY: reaping our own child.
-    unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    if result.is_ok() && !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+        return Err(io::Error::other(
+            "setting the sandbox namespace's limits (/proc/sys/user/max_*) failed",
+        ));
+    }
     result
 }

@@ -2,8 +2,9 @@
 //! credential files of the user's home it may not read.
 //!
 //! Commands the agent runs (its shell tool, speculation, `shade mcp`, `--shadow`, checkers
-//! and language servers) are [`EnvPolicy::Agent`]: their environment is shade's minus every
-//! variable that looks like a secret (see [`is_secret`]) and minus shade's own, and the
+//! and language servers) are [`EnvPolicy::Agent`]: their environment is the allowed part of
+//! shade's ([`allowed`]: shells', locales', build tools') minus every variable that still
+//! looks like a secret (see [`is_secret`]) and minus shade's own, and the
 //! home's credential files ([`credential_paths`]) are hidden. What the user runs with
 //! `shade run` is [`EnvPolicy::User`]: the environment as it is, the files visible unless
 //! the config's `[sandbox] hide_credentials` says otherwise. `[sandbox] pass_env` names the
@@ -90,6 +91,140 @@ const KEEP: &[&str] = &[
     "XDG_DATA_HOME",
 ];
 
+/// The only variables an agent's command gets (besides `[sandbox] pass_env`), exact names:
+/// the shell's and terminal's, the locale, temporary directories, compilers' and build
+/// tools' settings, proxies and CA bundles (a proxy's password is caught by the second
+/// layer, [`is_secret`]). Everything else of shade's environment stays out, whatever its
+/// name: a secret's name cannot be guessed (`CODECOV_UPLOAD`, `BEARER`).
+const ALLOW_NAMES: &[&str] = &[
+    "HOSTNAME",
+    "SHLVL",
+    "VISUAL",
+    "PAGER",
+    "LESS",
+    "MANPATH",
+    "INFOPATH",
+    "COLUMNS",
+    "LINES",
+    "FORCE_COLOR",
+    "CLICOLOR",
+    "CLICOLOR_FORCE",
+    "TERM_PROGRAM",
+    "TERM_PROGRAM_VERSION",
+    "TERMINFO",
+    "TERMINFO_DIRS",
+    "TEMP",
+    "TMP",
+    "CC",
+    "CXX",
+    "CPP",
+    "LD",
+    "AR",
+    "AS",
+    "NM",
+    "RANLIB",
+    "STRIP",
+    "OBJCOPY",
+    "CFLAGS",
+    "CXXFLAGS",
+    "CPPFLAGS",
+    "LDFLAGS",
+    "LIBS",
+    "CPATH",
+    "C_INCLUDE_PATH",
+    "CPLUS_INCLUDE_PATH",
+    "LIBRARY_PATH",
+    "LD_LIBRARY_PATH",
+    "MAKE",
+    "MAKEFLAGS",
+    "MAKELEVEL",
+    "MFLAGS",
+    "GNUMAKEFLAGS",
+    "DEBIAN_FRONTEND",
+    "SOURCE_DATE_EPOCH",
+    "OMP_NUM_THREADS",
+    "TOKENIZERS_PARALLELISM",
+    "M2_HOME",
+    "BUNDLE_PATH",
+    "BUNDLE_GEMFILE",
+    "GEM_HOME",
+    "GEM_PATH",
+    "PERL5LIB",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "all_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+    "ANDROID_HOME",
+    "ANDROID_SDK_ROOT",
+    "FLUTTER_ROOT",
+    "PUB_CACHE",
+    "_JAVA_OPTIONS",
+];
+
+/// Prefixes of the variables an agent's command gets: the locale's, and the settings of
+/// toolchains and package managers (their secrets, `CARGO_REGISTRY_TOKEN`,
+/// `NPM_CONFIG__AUTH`, are still caught by [`is_secret`]).
+const ALLOW_PREFIXES: &[&str] = &[
+    "LC_",
+    "XDG_",
+    "CARGO_",
+    "RUSTUP_",
+    "RUST_",
+    "RUSTC",
+    "RUSTFLAGS",
+    "RUSTDOC",
+    "GO",
+    "CGO_",
+    "PYTHON",
+    "PIP_",
+    "PYENV_",
+    "POETRY_",
+    "PDM_",
+    "UV_",
+    "CONDA_",
+    "VIRTUAL_ENV",
+    "NODE_",
+    "NPM_CONFIG_",
+    "npm_config_",
+    "NVM_",
+    "YARN_",
+    "PNPM_",
+    "BUN_",
+    "DENO_",
+    "JAVA_",
+    "JDK_",
+    "MAVEN_",
+    "GRADLE_",
+    "SDKMAN_",
+    "CMAKE_",
+    "PKG_CONFIG",
+    "CCACHE_",
+    "SCCACHE_",
+    "DOTNET_",
+    "RBENV_",
+    "PERL_",
+    "ZIG_",
+    "NIX_",
+    "JULIA_",
+    "HOMEBREW_",
+];
+
+/// Whether an agent's command may get `name` at all (before [`is_secret`] looks).
+pub fn allowed(name: &OsStr) -> bool {
+    let name = name.to_string_lossy();
+    KEEP.contains(&name.as_ref())
+        || ALLOW_NAMES.contains(&name.as_ref())
+        || ALLOW_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
 /// A `_`-separated word of a name that is, or ends in, one of these marks a secret
 /// (`GITHUB_TOKEN`, `MY_APIKEY`, `DB_PASS`, `OAUTH_CLIENT`).
 const SECRET_WORDS: &[&str] = &[
@@ -112,6 +247,12 @@ const SECRET_WORDS: &[&str] = &[
     "COOKIES",
     "SESSION",
     "PRIVATE",
+    "PAT",
+    "JWT",
+    "PWD",
+    "BEARER",
+    "WEBHOOK",
+    "DSN",
 ];
 
 /// Names that carry or reach a secret without saying so: agents' sockets, credential files.
@@ -207,14 +348,21 @@ fn passed(name: &OsStr, pass_env: &[String]) -> bool {
     })
 }
 
-/// What of `vars` a command of `policy` gets, `pass_env` passing chosen secrets.
+/// Whether an agent's command gets the variable: allowed ([`allowed`]) and not looking
+/// secret ([`is_secret`]), or named by `pass_env`.
+fn agent_gets(name: &OsStr, value: &OsStr, pass_env: &[String]) -> bool {
+    (allowed(name) && !is_secret(name, value)) || passed(name, pass_env)
+}
+
+/// What of `vars` a command of `policy` gets: the user's everything; an agent's only the
+/// allowed names that do not look secret, plus what `pass_env` passes.
 pub fn filter(
     policy: EnvPolicy,
     vars: impl IntoIterator<Item = (OsString, OsString)>,
     pass_env: &[String],
 ) -> Vec<(OsString, OsString)> {
     vars.into_iter()
-        .filter(|(k, v)| policy == EnvPolicy::User || !is_secret(k, v) || passed(k, pass_env))
+        .filter(|(k, v)| policy == EnvPolicy::User || agent_gets(k, v, pass_env))
         .collect()
 }
 
@@ -229,7 +377,7 @@ pub fn command_env(policy: EnvPolicy) -> Vec<(OsString, OsString)> {
 pub fn removed_names() -> Vec<String> {
     let pass = config().pass_env;
     let mut names: Vec<String> = std::env::vars_os()
-        .filter(|(k, v)| is_secret(k, v) && !passed(k, &pass))
+        .filter(|(k, v)| !agent_gets(k, v, &pass))
         .map(|(k, _)| k.to_string_lossy().into_owned())
         .collect();
     names.sort();
@@ -297,7 +445,218 @@ const HOME_CREDENTIALS: &[&str] = &[
     ".sqlite_history",
     // shade's own config (the model's key).
     ".config/shade",
+    // Container registries, more agents' and tools' logins, publishing and deploy keys.
+    ".config/containers/auth.json",
+    ".docker",
+    ".gemini",
+    ".qwen",
+    ".claude.json",
+    ".config/github-copilot",
+    ".config/gh",
+    ".config/glab-cli",
+    ".m2/settings.xml",
+    ".gradle/gradle.properties",
+    ".ivy2/.credentials",
+    ".sbt/.credentials",
+    ".config/sops",
+    ".sops",
+    ".age",
+    ".config/age",
+    ".pulumi",
+    ".config/composer/auth.json",
+    ".composer/auth.json",
+    ".cache/huggingface/token",
+    ".cache/huggingface/stored_tokens",
+    ".huggingface",
+    ".terraformrc",
+    ".wrangler",
+    ".config/.wrangler",
+    ".vercel",
+    ".config/vercel",
+    ".netlify",
+    ".fly",
+    ".config/heroku",
+    ".config/hcloud",
+    ".config/linode-cli",
+    ".config/scw",
+    ".supabase",
+    ".config/configstore",
+    ".cloudflared",
+    ".config/ngrok",
+    ".ngrok2",
+    ".config/rclone",
+    ".config/filezilla",
+    ".pki",
+    ".local/share/keyrings",
 ];
+
+/// A file name that marks a credential wherever it is in a home (see [`home_pattern_paths`]):
+/// tokens, credentials, secrets, OAuth and auth files, `.env` files, private keys and
+/// keystores.
+fn credential_name(name: &[u8]) -> bool {
+    let n = String::from_utf8_lossy(name).to_ascii_lowercase();
+    const WORDS: &[&str] = &[
+        "token",
+        "credential",
+        "secret",
+        "oauth",
+        "apikey",
+        "api_key",
+        "api-key",
+        "passwd",
+        "password",
+        "htpasswd",
+    ];
+    // A word in a source file's name (`token.rs`, `secrets_test.go`) marks code a sibling
+    // project's build reads, not a secret: words count in data files only.
+    let data_file = match n.rsplit_once('.') {
+        None => true,
+        Some(("", _)) => true,
+        Some((_, ext)) => [
+            "txt",
+            "json",
+            "yaml",
+            "yml",
+            "toml",
+            "ini",
+            "conf",
+            "cfg",
+            "env",
+            "properties",
+            "xml",
+            "key",
+            "dat",
+            "db",
+            "sqlite",
+            "cache",
+            "tok",
+        ]
+        .contains(&ext),
+    };
+    (data_file && WORDS.iter().any(|w| n.contains(w)))
+        || n == ".env"
+        || (n.starts_with(".env.") && !n.ends_with(".example") && !n.ends_with(".sample"))
+        || n.starts_with("auth.json")
+        || n.starts_with("auth.toml")
+        || n.starts_with("id_rsa")
+        || n.starts_with("id_ed25519")
+        || n.starts_with("id_ecdsa")
+        || n.starts_with("id_dsa")
+        || [
+            ".pem",
+            ".key",
+            ".p12",
+            ".pfx",
+            ".jks",
+            ".keystore",
+            ".kdbx",
+            ".gpg",
+            ".asc",
+        ]
+        .iter()
+        .any(|e| n.ends_with(e))
+}
+
+/// Directories a home walk never enters: caches and dependency trees (large, and what
+/// builds read), and what the list above hides already.
+fn skip_dir(name: &[u8]) -> bool {
+    matches!(
+        name,
+        b"node_modules"
+            | b".cache"
+            | b".cargo"
+            | b".rustup"
+            | b".npm"
+            | b".git"
+            | b"target"
+            | b".venv"
+            | b"venv"
+            | b"__pycache__"
+            | b".local"
+            | b".m2"
+            | b".gradle"
+            | b"go"
+            | b".pyenv"
+            | b".nvm"
+            | b".mozilla"
+            | b"snap"
+    )
+}
+
+/// How deep and how far the home walk goes (a bounded cost per command).
+const WALK_DEPTH: usize = 5;
+const WALK_ENTRIES: usize = 20_000;
+
+/// Files of a home whose names look like credentials ([`credential_name`]): other
+/// projects' `.env`, tokens and keys lying about, found by a walk bounded in depth and
+/// entries that skips caches and dependency trees ([`skip_dir`]) and `project`.
+fn home_pattern_paths(home: &Path, project: Option<&Path>) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut seen = 0usize;
+    let mut stack: Vec<(PathBuf, usize)> = vec![(home.to_path_buf(), 0)];
+    while let Some((dir, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            seen += 1;
+            if seen > WALK_ENTRIES {
+                return found;
+            }
+            let name = e.file_name();
+            let Ok(ft) = e.file_type() else {
+                continue;
+            };
+            let path = e.path();
+            if project.is_some_and(|p| path.starts_with(p) || p == path) {
+                continue;
+            }
+            if ft.is_dir() {
+                if depth + 1 < WALK_DEPTH && !skip_dir(name.as_bytes()) {
+                    stack.push((path, depth + 1));
+                }
+            } else if ft.is_file() && credential_name(name.as_bytes()) {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// Files outside any home no command of shade's needs and that hold every user's secrets:
+/// password hashes and the host's ssh keys (readable to a root command, whose root's view
+/// shows root's files as its own).
+const SYSTEM_CREDENTIALS: &[&str] = &[
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/security/opasswd",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/ssl/private",
+    "/etc/krb5.keytab",
+    "/etc/NetworkManager/system-connections",
+    "/etc/wireguard",
+    "/var/lib/sss",
+];
+
+/// `/etc/ssh`'s private host keys (`ssh_host_*_key`).
+fn ssh_host_keys() -> Vec<PathBuf> {
+    std::fs::read_dir("/etc/ssh")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name().is_some_and(|n| {
+                        let n = n.as_bytes();
+                        n.starts_with(b"ssh_host_") && n.ends_with(b"_key")
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
 
 /// Variables naming a credential file or socket outside the usual places.
 const CREDENTIAL_VARS: &[&str] = &[
@@ -362,6 +721,15 @@ pub fn homes() -> Vec<PathBuf> {
         if let Some(Ok(Some(user))) = sudo.map(|n| nix::unistd::User::from_name(&n)) {
             homes.push(user.dir);
         }
+        // As root every user's home: the command's root could read any of them.
+        let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+        homes.extend(
+            passwd
+                .lines()
+                .filter_map(|l| l.split(':').nth(5))
+                .filter(|h| h.starts_with("/home/") || h.starts_with("/Users/"))
+                .map(PathBuf::from),
+        );
     }
     homes.retain(|h| h.is_absolute() && h != Path::new("/"));
     homes.sort();
@@ -376,6 +744,11 @@ pub fn credential_paths(homes: &[PathBuf], project: Option<&Path>) -> Vec<PathBu
     let mut candidates: Vec<PathBuf> = Vec::new();
     for home in homes {
         candidates.extend(HOME_CREDENTIALS.iter().map(|rel| home.join(rel)));
+        candidates.extend(home_pattern_paths(home, project));
+    }
+    if nix::unistd::geteuid().is_root() {
+        candidates.extend(SYSTEM_CREDENTIALS.iter().map(PathBuf::from));
+        candidates.extend(ssh_host_keys());
     }
     if let Some(xdg) = std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
         candidates.push(PathBuf::from(xdg).join("shade"));
@@ -397,7 +770,9 @@ pub fn credential_paths(homes: &[PathBuf], project: Option<&Path>) -> Vec<PathBu
         .filter(|p| p.is_absolute())
         .filter_map(|p| std::fs::canonicalize(p).ok())
         .filter(|p| p != Path::new("/"))
-        .filter(|p| !project.is_some_and(|project| project.starts_with(p)))
+        .filter(|p| {
+            !project.is_some_and(|project| project.starts_with(p) || p.starts_with(project))
+        })
         .collect();
     real.sort();
     real.dedup();
@@ -498,6 +873,79 @@ mod tests {
         ] {
             assert!(!secret(name), "{name} should be kept");
         }
+    }
+
+    #[test]
+    fn agents_get_only_allowed_names() {
+        let vars = [
+            ("PATH", "/bin"),
+            ("LC_ALL", "C"),
+            ("CARGO_TARGET_DIR", "/t"),
+            ("RUSTFLAGS", "-g"),
+            ("NODE_OPTIONS", "--x"),
+            ("GITHUB_PAT", "ghp_x"),
+            ("CI_JOB_JWT", "j"),
+            ("MYSQL_PWD", "p"),
+            (
+                "SLACK_WEBHOOK_URL",
+                "https://hooks.slack.com/services/T/B/x",
+            ),
+            ("BEARER", "b"),
+            ("CODECOV_UPLOAD", "c"),
+            ("CARGO_REGISTRY_TOKEN", "t"),
+            ("HTTPS_PROXY", "http://u:pw@proxy:3128"),
+            ("SOMETHING_ELSE", "v"),
+        ]
+        .map(|(k, v)| (OsString::from(k), OsString::from(v)));
+        let kept: Vec<String> = filter(EnvPolicy::Agent, vars.clone(), &[])
+            .into_iter()
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                "PATH",
+                "LC_ALL",
+                "CARGO_TARGET_DIR",
+                "RUSTFLAGS",
+                "NODE_OPTIONS"
+            ]
+        );
+        let passed = filter(EnvPolicy::Agent, vars, &["SOMETHING_ELSE".into()]);
+        assert!(passed.iter().any(|(k, _)| k == "SOMETHING_ELSE"));
+    }
+
+    #[test]
+    fn home_patterns_find_tokens_and_env_files() {
+        let home = tempfile::tempdir().unwrap();
+        let h = std::fs::canonicalize(home.path()).unwrap();
+        for f in [
+            "code/other/.env",
+            "code/other/.env.example",
+            "notes/gh-token.txt",
+            ".config/tool/oauth_creds.json",
+            "node_modules/x/token.js",
+            "project/.env",
+            "code/other/src/main.rs",
+            "code/lexer/src/token.rs",
+        ] {
+            std::fs::create_dir_all(h.join(f).parent().unwrap()).unwrap();
+            std::fs::write(h.join(f), "x").unwrap();
+        }
+        let mut found = home_pattern_paths(&h, Some(&h.join("project")));
+        found.sort();
+        let rel: Vec<String> = found
+            .iter()
+            .map(|p| p.strip_prefix(&h).unwrap().display().to_string())
+            .collect();
+        assert_eq!(
+            rel,
+            [
+                ".config/tool/oauth_creds.json",
+                "code/other/.env",
+                "notes/gh-token.txt"
+            ]
+        );
     }
 
     #[test]

@@ -77,6 +77,94 @@ fn free_start(taken: &[(u64, u64)]) -> u32 {
     ((1u64 << 31) - range) as u32
 }
 
+/// One per-user-namespace limit (`/proc/sys/user/NAME`) and the value a sandbox's own
+/// namespace gets, as written (decimal, newline).
+pub(crate) type NsLimit = (std::ffi::CString, Vec<u8>);
+
+/// The limits of the sandbox's own user namespace: the kernel charges inotify instances
+/// and watches, fanotify groups and marks, and namespaces per user *and up the namespace
+/// tree*, so without a limit of its own a command takes all of its user's (the user's
+/// editors and file watchers on the host then get EMFILE). Each is set to a quarter of the
+/// host's (inotify, fanotify) or to a handful (namespaces: bwrap makes one of each;
+/// `shared`, root's one namespace for every command of the process, gets more). Computed
+/// before the fork; written by [`write_limits`] inside the namespace.
+pub(crate) fn userns_limits(shared: bool) -> Vec<NsLimit> {
+    let host = |name: &str, fallback: u64| -> u64 {
+        std::fs::read_to_string(format!("/proc/sys/user/{name}"))
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(fallback)
+    };
+    let namespaces: u64 = if shared { 512 } else { 8 };
+    let mut out = Vec::new();
+    for (name, value) in [
+        (
+            "max_inotify_instances",
+            (host("max_inotify_instances", 128) / 4).max(8),
+        ),
+        (
+            "max_inotify_watches",
+            (host("max_inotify_watches", 8192) / 4).max(1024),
+        ),
+        (
+            "max_fanotify_groups",
+            (host("max_fanotify_groups", 128) / 4).max(1),
+        ),
+        (
+            "max_fanotify_marks",
+            (host("max_fanotify_marks", 8192) / 4).max(1024),
+        ),
+        ("max_user_namespaces", if shared { namespaces } else { 2 }),
+        ("max_mnt_namespaces", namespaces),
+        ("max_pid_namespaces", namespaces),
+        ("max_ipc_namespaces", namespaces),
+        ("max_net_namespaces", namespaces),
+        ("max_uts_namespaces", namespaces),
+        ("max_cgroup_namespaces", namespaces),
+        ("max_time_namespaces", namespaces),
+    ] {
+        if let Ok(path) = std::ffi::CString::new(format!("/proc/sys/user/{name}")) {
+            out.push((path, format!("{value}\n").into_bytes()));
+        }
+    }
+    out
+}
+
+/// Writes `limits` in the current user namespace (its creator, with its capabilities);
+/// a limit this kernel does not have (no file) is skipped; the inotify ones must hold.
+///
+/// # Safety
+/// Async-signal-safe (open, write, close): callable between fork and exec.
+pub(crate) unsafe fn write_limits(limits: &[NsLimit]) -> std::io::Result<()> {
+    for (path, value) in limits {
+        match super::write_file(path, value) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            other => other?,
+        }
+    }
+    Ok(())
+}
+
+/// A plain user's command: a user namespace of its own (our ids mapped to themselves),
+/// made in the pre-exec hook, with [`userns_limits`] set, that bwrap's namespace is made
+/// in. Its limits bound everything the command does below it.
+///
+/// # Safety
+/// Async-signal-safe; between fork and exec.
+pub(crate) unsafe fn own_userns(
+    uid_map: &[u8],
+    gid_map: &[u8],
+    limits: &[NsLimit],
+) -> std::io::Result<()> {
+    if libc::unshare(libc::CLONE_NEWUSER) != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // shade is not dumpable, which leaves /proc/self's files to root.
+    libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0);
+    super::write_id_maps(uid_map, gid_map)?;
+    write_limits(limits)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
