@@ -356,6 +356,8 @@ pub fn command(spec: &RunSpec) -> Result<Command> {
         ));
     }
     let conf = probe().map_err(|why| SandboxError::Unconfined(why.to_string()))?;
+    // Its end is the caller's: the branch's connection is not reused (`pool.rs`).
+    crate::pool::taint(&spec.mount, "a command ran on it unsupervised");
     bwrap::build(conf, spec, false, None, None)
 }
 
@@ -387,10 +389,20 @@ fn run_inner(spec: &RunSpec, cancel: Option<&Cancel>) -> Result<RunOutcome> {
         foreground: spec.foreground,
         cancel,
     };
-    if let Some(conf) = confined {
-        return run_confined(conf, spec, &ctl, cancel).map(|o| timed(o, spec));
+    // Whether a reference into the branch can outlive the run (`pool.rs`).
+    let scoped = confined.is_some_and(|c| c.scoped());
+    let used = crate::pool::CommandUse::begin(
+        &spec.mount,
+        crate::pool::containment(&spec.isolation, scoped),
+    );
+    let res = match confined {
+        Some(conf) => run_confined(conf, spec, &ctl, cancel),
+        None => run_unconfined(spec, &ctl),
+    };
+    if res.is_ok() {
+        used.end();
     }
-    run_unconfined(spec, &ctl).map(|o| timed(o, spec))
+    res.map(|o| timed(o, spec))
 }
 
 /// A run killed at its time limit says so among its limits.
