@@ -186,6 +186,9 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     // (where the runner stops the command for them) wait until the branch is cleaned up,
     // instead of killing shade with the branch mounted.
     let cleanup = shade_fusefs::DeferSignals::for_cleanup();
+    // One branch per process: a pooled connection would only be reset, then unmounted at
+    // exit (the warm pool is for processes that make branches one after another).
+    shade_fusefs::set_pool_size(0);
     let branch = Branch::create(&project, &opts)?;
     if let Some(probe) = probe {
         let _ = probe.join();

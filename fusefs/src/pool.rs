@@ -166,6 +166,10 @@ impl Conn {
     }
 }
 
+/// The file in an idle connection's directory (next to its `mnt`) while it waits in the
+/// pool: such a directory and mount belong to no branch.
+pub const POOLED_MARK: &str = "pooled";
+
 /// Idle connections, oldest first, with the time each was given back.
 static POOL: Mutex<Vec<(Conn, Instant)>> = Mutex::new(Vec::new());
 
@@ -240,7 +244,10 @@ pub(crate) fn take(key: &Key) -> Option<Conn> {
         c.discard();
     }
     match found {
-        Some(c) if c.alive() => Some(c),
+        Some(c) if c.alive() => {
+            let _ = std::fs::remove_file(c.dir.join(POOLED_MARK));
+            Some(c)
+        }
         Some(c) => {
             c.discard();
             None
@@ -263,6 +270,10 @@ pub(crate) fn give(mut conn: Conn) {
     }
     conn.served += 1;
     register_exit_drain();
+    // Says "no branch, a warm connection" to whoever counts branches in the state dir.
+    if let Err(e) = std::fs::write(conn.dir.join(POOLED_MARK), b"") {
+        tracing::debug!("marking {} pooled: {e}", conn.dir.display());
+    }
     let mut out = {
         let mut p = pool();
         let mut out = take_expired(&mut p);
@@ -469,24 +480,30 @@ pub(crate) fn containment(iso: &crate::sandbox::Isolation, scoped: bool) -> Resu
 /// that could pass a descriptor out) never is.
 #[must_use]
 pub(crate) struct CommandUse {
-    id: Option<u32>,
+    ids: Vec<u32>,
     ended: bool,
 }
 
 impl CommandUse {
-    /// A command starts on the mount at `mount` (nothing is noted if it is no connection).
-    pub fn begin(mount: &Path, contained: Result<(), String>) -> CommandUse {
+    /// A command starts with the mounts `mounts` (its branch, the cache branches bound for
+    /// it; paths that are no connection are left out).
+    pub fn begin<'a>(
+        mounts: impl IntoIterator<Item = &'a Path>,
+        contained: Result<(), String>,
+    ) -> CommandUse {
         SURVIVORS.with(|s| s.set(false));
-        let id = connection_id(mount);
-        if let Some(id) = id {
-            let mut u = uses();
-            let e = u.entry(id).or_default();
+        let mut ids: Vec<u32> = mounts.into_iter().filter_map(connection_id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut u = uses();
+        for id in &ids {
+            let e = u.entry(*id).or_default();
             e.running += 1;
-            if let Err(why) = contained {
-                e.tainted.get_or_insert(why);
+            if let Err(why) = &contained {
+                e.tainted.get_or_insert_with(|| why.clone());
             }
         }
-        CommandUse { id, ended: false }
+        CommandUse { ids, ended: false }
     }
 
     /// The command and every process of it are gone (the sandbox waited for them).
@@ -497,13 +514,14 @@ impl CommandUse {
 
 impl Drop for CommandUse {
     fn drop(&mut self) {
-        let Some(id) = self.id else { return };
         let mut u = uses();
-        let e = u.entry(id).or_default();
-        e.running = e.running.saturating_sub(1);
-        if !self.ended {
-            e.tainted
-                .get_or_insert_with(|| "a command's processes were not all seen to end".into());
+        for id in &self.ids {
+            let e = u.entry(*id).or_default();
+            e.running = e.running.saturating_sub(1);
+            if !self.ended {
+                e.tainted
+                    .get_or_insert_with(|| "a command's processes were not all seen to end".into());
+            }
         }
     }
 }

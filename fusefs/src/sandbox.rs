@@ -357,7 +357,9 @@ pub fn command(spec: &RunSpec) -> Result<Command> {
     }
     let conf = probe().map_err(|why| SandboxError::Unconfined(why.to_string()))?;
     // Its end is the caller's: the branch's connection is not reused (`pool.rs`).
-    crate::pool::taint(&spec.mount, "a command ran on it unsupervised");
+    for m in std::iter::once(&spec.mount).chain(spec.binds.iter().map(|b| &b.source)) {
+        crate::pool::taint(m, "a command ran on it unsupervised");
+    }
     bwrap::build(conf, spec, false, None, None)
 }
 
@@ -391,8 +393,9 @@ fn run_inner(spec: &RunSpec, cancel: Option<&Cancel>) -> Result<RunOutcome> {
     };
     // Whether a reference into the branch can outlive the run (`pool.rs`).
     let scoped = confined.is_some_and(|c| c.scoped());
+    let mounts = std::iter::once(&spec.mount).chain(spec.binds.iter().map(|b| &b.source));
     let used = crate::pool::CommandUse::begin(
-        &spec.mount,
+        mounts.map(PathBuf::as_path),
         crate::pool::containment(&spec.isolation, scoped),
     );
     let res = match confined {
