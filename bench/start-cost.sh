@@ -50,12 +50,14 @@ if command -v perf >/dev/null; then
     echo "-- $who: system calls of one run (all processes), by count"
     python3 - $base/trace-$who.txt <<'PY'
 import re, sys, collections
-c = collections.Counter(); procs = 0
+c = collections.Counter(); ms = collections.Counter(); procs = 0
 for l in open(sys.argv[1]):
     if re.match(r"^ \S.*\(\d+\), \d+ events", l): procs += 1
-    m = re.match(r"^\s+(\w+)\s+(\d+)\s+\d+\s+[\d.]+", l)
-    if m: c[m.group(1)] += int(m.group(2))
-print(f"processes/threads {procs}; " + ", ".join(f"{k} {v}" for k, v in c.most_common(14)))
+    m = re.match(r"^\s+(\w+)\s+(\d+)\s+\d+\s+([\d.]+)", l)
+    if m and m.group(1) not in ("wait4", "poll", "futex", "ppoll", "epoll_wait", "waitid", "read", "recvfrom", "restart_syscall", "clock_nanosleep"):
+        c[m.group(1)] += int(m.group(2)); ms[m.group(1)] += float(m.group(3))
+print(f"processes/threads {procs}; calls (ms in them, traced), waits left out:")
+print("  " + ", ".join(f"{k} {c[k]} ({ms[k]:.1f})" for k, _ in ms.most_common(14)))
 PY
   done
 fi
