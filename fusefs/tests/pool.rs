@@ -628,3 +628,75 @@ fn a_connection_an_unconfined_or_socket_allowed_command_used_is_not_reused() {
     drop(b4);
     shade_fusefs::drain_branch_pool();
 }
+
+/// Not a test on its own: run as the plain user by
+/// `references_held_past_a_branch_do_not_reach_the_next_one_as_the_plain_user`.
+#[test]
+#[ignore = "run as the plain user by the test below, not a test on its own"]
+fn helper_held_references_as_plain_user() {
+    if std::env::var_os("SHADE_POOL_USER_HELPER").is_none() {
+        return;
+    }
+    assert!(
+        !nix::unistd::geteuid().is_root(),
+        "meant for the plain user"
+    );
+    shade_fusefs::set_pool_size(2);
+    let tmp = tempfile::Builder::new()
+        .prefix("shade-pool-user-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let p = project(tmp.path());
+    let state = tmp.path().join("state");
+    // Nothing held: the connection is reused (fusermount3 mounted it).
+    let b1 = Branch::create(&p, &opts(&state)).unwrap();
+    view(b1.mountpoint());
+    drop(b1);
+    let b2 = Branch::create(&p, &opts(&state)).unwrap();
+    assert!(b2.reused_connection(), "the plain user's pool works");
+    // An fd held past the branch: the next branch gets a fresh connection.
+    let mut held = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(b2.mountpoint().join("a.txt"))
+        .unwrap();
+    drop(b2);
+    pristine_after(&p, &state, |_| {
+        use std::io::Write;
+        let _ = held.write_all(b"owned\n");
+    });
+    println!("held-references-ok");
+}
+
+#[test]
+fn references_held_past_a_branch_do_not_reach_the_next_one_as_the_plain_user() {
+    require_root();
+    let user = nix::unistd::User::from_name("shadetest")
+        .unwrap()
+        .expect("the plain test user shadetest (scripts/setup.sh makes it)");
+    let out = Command::new("runuser")
+        .args(["-u", "shadetest", "--", "env", "SHADE_POOL_USER_HELPER=1"])
+        .arg(format!("HOME={}", user.dir.display()))
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "helper_held_references_as_plain_user",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env_remove("SHADE_BRANCH_POOL")
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("held-references-ok"),
+        "as the plain user:\n{text}"
+    );
+}
