@@ -191,9 +191,11 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     // (where the runner stops the command for them) wait until the branch is cleaned up,
     // instead of killing shade with the branch mounted.
     let cleanup = shade_fusefs::DeferSignals::for_cleanup();
-    // From the project's branch server (warm connections), unless reviewing: the review
-    // screen works on an in-process branch. An unconfined command has no pid namespace to
-    // end it, so its connection is never handed to a later branch.
+    // One branch per process here: pooling in this process would only reset a connection,
+    // then unmount it at exit. Warm connections come from the project's branch server
+    // (unless reviewing: the review screen works on an in-process branch). An unconfined
+    // command has no pid namespace to end it, so its connection is never handed on.
+    shade_fusefs::set_pool_size(0);
     let branch = if args.review {
         RunBranch::Local(Box::new(Branch::create(&project, &opts)?))
     } else {

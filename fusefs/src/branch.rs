@@ -543,7 +543,11 @@ impl Branch {
         let Some(conn) = self.conn.take() else {
             return;
         };
-        if crate::pool::pool_size() > 0 && !conn.key.passthrough {
+        let unreusable = conn.unreusable(&self.overlay, false);
+        if let Some(why) = &unreusable {
+            tracing::debug!("not pooling {}: {why}", self.mountpoint.display());
+        }
+        if crate::pool::pool_size() > 0 && !conn.key.passthrough && unreusable.is_none() {
             match self.parked_overlay(&conn) {
                 Ok(make) => {
                     let reset = conn.park(&self.overlay, make);

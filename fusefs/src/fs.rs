@@ -27,22 +27,22 @@ const TTL_WATCHED: Duration = Duration::from_secs(30);
 impl ShadeFs {
     /// The listing a readdir continues: by handle, or by inode in no-opendir mode.
     fn listing_for(
-        &self,
+        o: &Overlay,
         ino: u64,
         fh: u64,
         offset: u64,
     ) -> Res<Arc<Vec<crate::overlay::DirEntry>>> {
         if fh == 0 {
-            return self.ov().listing_at(ino, offset);
+            return o.listing_at(ino, offset);
         }
-        match &*self.ov().handle(fh)? {
+        match &*o.handle(fh)? {
             Handle::Dir(entries) => Ok(entries.clone()),
             _ => Err(libc::ENOTDIR),
         }
     }
 
-    fn ttl(&self, owned: bool) -> Duration {
-        if self.ov().caching() {
+    fn ttl(o: &Overlay, owned: bool) -> Duration {
+        if o.caching() {
             TTL_WATCHED
         } else if owned {
             TTL_OWNED
@@ -53,8 +53,13 @@ impl ShadeFs {
 
     /// An open in passthrough mode: unchanged lower files opened read-only pass through to
     /// the lower file; everything else is served by inode, as in no-open mode.
-    fn open_passthrough(&self, p: &Passthrough, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let o = &self.ov();
+    fn open_passthrough(
+        o: &Overlay,
+        p: &Passthrough,
+        ino: INodeNo,
+        flags: OpenFlags,
+        reply: ReplyOpen,
+    ) {
         let read_only = flags.0 & libc::O_ACCMODE == libc::O_RDONLY && flags.0 & libc::O_TRUNC == 0;
         let mut lower = None;
         if read_only {
@@ -81,8 +86,8 @@ impl ShadeFs {
         }
     }
 
-    fn open_flags(&self) -> FopenFlags {
-        if self.ov().caching() {
+    fn open_flags(o: &Overlay) -> FopenFlags {
+        if o.caching() {
             FopenFlags::FOPEN_KEEP_CACHE
         } else {
             FopenFlags::empty()
@@ -225,42 +230,38 @@ pub(crate) struct ShadeFs {
 }
 
 /// The overlay a connection serves, swapped when the connection passes from one branch to
-/// the next (`pool.rs`). A request takes it once and works on that overlay throughout.
-pub(crate) struct Current(std::sync::RwLock<Arc<Overlay>>);
+/// the next (`pool.rs`). A request loads it once ([`ShadeFs::ov`]) and works on that
+/// overlay throughout: a swap in the middle of a request does not change what it sees.
+/// An `ArcSwap`: a load touches no shared counter or lock (a `RwLock<Arc>` was a lock and
+/// an `Arc` count bounced between the FUSE threads on every request).
+pub(crate) struct Current(arc_swap::ArcSwap<Overlay>);
 
 impl Current {
     pub fn new(overlay: Arc<Overlay>) -> Current {
-        Current(std::sync::RwLock::new(overlay))
+        Current(arc_swap::ArcSwap::new(overlay))
     }
 
-    /// The overlay served now.
+    /// The overlay served now, to keep.
     pub fn get(&self) -> Arc<Overlay> {
-        self.0
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.0.load_full()
     }
 
     /// Serve `next` from now on; returns what was served.
     pub fn swap(&self, next: Arc<Overlay>) -> Arc<Overlay> {
-        std::mem::replace(
-            &mut *self
-                .0
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-            next,
-        )
+        self.0.swap(next)
     }
 }
 
 impl ShadeFs {
-    /// The overlay to serve this request with.
-    fn ov(&self) -> Arc<Overlay> {
-        self.current.get()
+    /// The overlay to serve this request with: called once per request, whose every step
+    /// then uses what it returned (helpers take it as `o: &Overlay`).
+    fn ov(&self) -> arc_swap::Guard<Arc<Overlay>> {
+        self.current.0.load()
     }
 
     fn create_node(
         &self,
+        o: &Overlay,
         req: &Request,
         parent: INodeNo,
         name: &OsStr,
@@ -272,7 +273,6 @@ impl ShadeFs {
             rdev,
             target,
         } = new;
-        let o = &self.ov();
         let mut t = o.tree();
         let rel = o.child_path(&t, parent.0, name)?;
         if t.resolve(&o.lower, &rel).is_ok() {
@@ -289,7 +289,7 @@ impl ShadeFs {
         Ok((a, node))
     }
 
-    fn do_setattr(&self, ino: u64, change: AttrChange) -> Res<FileAttr> {
+    fn do_setattr(o: &Overlay, ino: u64, change: AttrChange) -> Res<FileAttr> {
         let AttrChange {
             mode,
             uid,
@@ -300,7 +300,6 @@ impl ShadeFs {
             ctime,
             caller,
         } = change;
-        let o = &self.ov();
         if let Some(size) = size {
             let node = {
                 let mut t = o.tree();
@@ -365,14 +364,13 @@ impl ShadeFs {
     }
 
     fn do_rename(
-        &self,
+        o: &Overlay,
         parent: u64,
         name: &OsStr,
         newparent: u64,
         newname: &OsStr,
         flags: RenameFlags,
     ) -> Res<()> {
-        let o = &self.ov();
         let mut t = o.tree();
         let from = o.child_path(&t, parent, name)?;
         let to = o.child_path(&t, newparent, newname)?;
@@ -506,7 +504,7 @@ impl Filesystem for ShadeFs {
         let res = Overlay::lookup_path(&t, parent.0, name).and_then(|rel| {
             let obj = t.resolve(&o.lower, &rel)?;
             let a = o.entry(&mut t, &rel, &obj);
-            Ok((a, self.ttl(matches!(obj, Obj::Node(_)))))
+            Ok((a, Self::ttl(o, matches!(obj, Obj::Node(_)))))
         });
         match res {
             Ok((a, ttl)) => reply.entry(&ttl, &self.shown(a), Generation(0)),
@@ -542,7 +540,7 @@ impl Filesystem for ShadeFs {
                     t.inodes.get(&ino.0).map(|i| &i.target),
                     Some(InodeTarget::Node(_))
                 );
-                reply.attr(&self.ttl(owned), &self.shown(a))
+                reply.attr(&Self::ttl(o, owned), &self.shown(a))
             }
             Err(e) => reply.error(err(e)),
         }
@@ -580,8 +578,9 @@ impl Filesystem for ShadeFs {
             ctime,
             caller: self.caller(req),
         };
-        match self.do_setattr(ino.0, change) {
-            Ok(a) => reply.attr(&self.ttl(false), &self.shown(a)),
+        let o = &self.ov();
+        match Self::do_setattr(o, ino.0, change) {
+            Ok(a) => reply.attr(&Self::ttl(o, false), &self.shown(a)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -617,7 +616,9 @@ impl Filesystem for ShadeFs {
             return reply.error(Errno::EINVAL);
         };
         let perm = mode & !umask & 0o7777;
+        let o = &self.ov();
         match self.create_node(
+            o,
             req,
             parent,
             name,
@@ -628,7 +629,7 @@ impl Filesystem for ShadeFs {
                 target: OsStr::new(""),
             },
         ) {
-            Ok((a, _)) => reply.entry(&self.ttl(true), &self.shown(a), Generation(0)),
+            Ok((a, _)) => reply.entry(&Self::ttl(o, true), &self.shown(a), Generation(0)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -666,7 +667,7 @@ impl Filesystem for ShadeFs {
             Ok(o.entry(&mut t, &rel, &Obj::Dir(d)))
         });
         match res {
-            Ok(a) => reply.entry(&self.ttl(false), &self.shown(a), Generation(0)),
+            Ok(a) => reply.entry(&Self::ttl(o, false), &self.shown(a), Generation(0)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -719,8 +720,9 @@ impl Filesystem for ShadeFs {
             rdev: 0,
             target: target.as_os_str(),
         };
-        match self.create_node(req, parent, link_name, new) {
-            Ok((a, _)) => reply.entry(&self.ttl(true), &self.shown(a), Generation(0)),
+        let o = &self.ov();
+        match self.create_node(o, req, parent, link_name, new) {
+            Ok((a, _)) => reply.entry(&Self::ttl(o, true), &self.shown(a), Generation(0)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -737,7 +739,7 @@ impl Filesystem for ShadeFs {
     ) {
         reply_empty(
             reply,
-            self.do_rename(parent.0, name, newparent.0, newname, flags),
+            Self::do_rename(&self.ov(), parent.0, name, newparent.0, newname, flags),
         )
     }
 
@@ -774,7 +776,7 @@ impl Filesystem for ShadeFs {
             Ok(o.entry(&mut t, &rel, &Obj::Node(node)))
         });
         match res {
-            Ok(a) => reply.entry(&self.ttl(true), &self.shown(a), Generation(0)),
+            Ok(a) => reply.entry(&Self::ttl(o, true), &self.shown(a), Generation(0)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -783,7 +785,7 @@ impl Filesystem for ShadeFs {
         let o = &self.ov();
         if o.caching() {
             if let Some(p) = &self.passthrough {
-                return self.open_passthrough(p, ino, flags, reply);
+                return Self::open_passthrough(o, p, ino, flags, reply);
             }
             // No-open mode: the kernel stops sending open/release, keeps the page cache
             // across opens, and reads/writes arrive by inode (`fh` 0). A lower file is
@@ -838,7 +840,7 @@ impl Filesystem for ShadeFs {
             }
         })();
         match res {
-            Ok(h) => reply.opened(FileHandle(o.add_handle(h)), self.open_flags()),
+            Ok(h) => reply.opened(FileHandle(o.add_handle(h)), Self::open_flags(o)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -1003,7 +1005,7 @@ impl Filesystem for ShadeFs {
         mut reply: ReplyDirectory,
     ) {
         let o = &self.ov();
-        let listing = || self.listing_for(ino.0, fh.0, offset);
+        let listing = || Self::listing_for(o, ino.0, fh.0, offset);
         let entries = match crate::warm::serve(req.pid(), listing) {
             Ok(l) => l,
             Err(e) => return reply.error(err(e)),
@@ -1031,7 +1033,7 @@ impl Filesystem for ShadeFs {
         mut reply: fuser::ReplyDirectoryPlus,
     ) {
         let o = &self.ov();
-        let listing = || self.listing_for(ino.0, fh.0, offset);
+        let listing = || Self::listing_for(o, ino.0, fh.0, offset);
         let entries = match crate::warm::serve(req.pid(), listing) {
             Ok(l) => l,
             Err(e) => return reply.error(err(e)),
@@ -1064,7 +1066,7 @@ impl Filesystem for ShadeFs {
                 INodeNo(child),
                 off,
                 name,
-                &self.ttl(matches!(obj, Obj::Node(_))),
+                &Self::ttl(o, matches!(obj, Obj::Node(_))),
                 &a,
                 Generation(0),
             ) {
@@ -1212,7 +1214,8 @@ impl Filesystem for ShadeFs {
     ) {
         let o = &self.ov();
         let perm = mode & !umask & 0o7777;
-        let res = match self.create_node(req, parent, name, NewNode::plain(NodeKind::File, perm)) {
+        let new = NewNode::plain(NodeKind::File, perm);
+        let res = match self.create_node(o, req, parent, name, new) {
             Ok((a, n)) => Ok((a, n)),
             Err(libc::EEXIST) if flags & libc::O_EXCL == 0 => {
                 // Raced with another creator: open the existing file instead.
@@ -1241,7 +1244,7 @@ impl Filesystem for ShadeFs {
                     o.add_handle(Handle::Node(n))
                 };
                 reply.created(
-                    &self.ttl(true),
+                    &Self::ttl(o, true),
                     &self.shown(a),
                     Generation(0),
                     FileHandle(fh),

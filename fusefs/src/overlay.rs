@@ -114,6 +114,15 @@ impl Overlay {
 
     // ----- handles -------------------------------------------------------------------
 
+    /// Handles the kernel holds (OPEN or OPENDIR without RELEASE yet): a connection that
+    /// still has some is not reused (`pool.rs`).
+    pub fn open_handles(&self) -> usize {
+        self.handles
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+
     pub fn add_handle(&self, h: Handle) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles

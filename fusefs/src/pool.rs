@@ -5,8 +5,11 @@
 //! branch starts warm. The connection is reset in between (`reset.rs`): it serves a parked,
 //! empty overlay, and the kernel drops exactly what the last branch changed.
 //!
-//! Off unless asked for (`SHADE_BRANCH_POOL=N`, or [`set_pool_size`]): N idle connections are
-//! kept per project, each for at most `SHADE_BRANCH_POOL_IDLE` seconds (default 60). The
+//! On by default: [`DEFAULT_SIZE`] idle connections are kept per project (`SHADE_BRANCH_POOL=N`
+//! or [`set_pool_size`] says otherwise, 0 turns it off), each for at most
+//! `SHADE_BRANCH_POOL_IDLE` seconds (default 60). A connection something may still refer
+//! into when its branch ends is torn down instead (see "what may still hold a connection"
+//! below). The
 //! pool is emptied at process exit (an `atexit` handler, and
 //! [`crate::unmount_all_before_exit`]); after a `kill -9`, `cleanup_stale` finds the
 //! connection's directory like any branch's, by its owner pid. See `fusefs/DESIGN-warm.md`.
@@ -61,6 +64,8 @@ impl Conn {
     ) -> Conn {
         let notifier = session.notifier();
         let id = connection_id(&mountpoint);
+        // A number an earlier, gone connection had: what ran on that one is no concern.
+        forget_uses(id);
         Conn {
             session,
             current,
@@ -152,12 +157,18 @@ impl Conn {
     /// Teardown and remove its state directory.
     fn discard(self) {
         let dir = self.dir.clone();
+        let id = self.id;
         self.teardown();
+        forget_uses(id);
         if let Err(e) = std::fs::remove_dir_all(&dir) {
             tracing::warn!("removing pooled connection {}: {e}", dir.display());
         }
     }
 }
+
+/// The file in an idle connection's directory (next to its `mnt`) while it waits in the
+/// pool: such a directory and mount belong to no branch.
+pub const POOLED_MARK: &str = "pooled";
 
 /// Idle connections, oldest first, with the time each was given back.
 static POOL: Mutex<Vec<(Conn, Instant)>> = Mutex::new(Vec::new());
@@ -172,6 +183,11 @@ fn pool() -> std::sync::MutexGuard<'static, Vec<(Conn, Instant)>> {
     POOL.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Idle connections kept per project unless `SHADE_BRANCH_POOL` says otherwise: a process
+/// that makes branches one after another (speculation, `exec --shadow`, `shade mcp`, lint)
+/// finds one warm; two cover a branch being dropped while the next is made.
+pub const DEFAULT_SIZE: usize = 2;
+
 /// How many idle connections are kept per project (0: branches unmount when dropped).
 pub fn pool_size() -> usize {
     match SIZE.load(Ordering::Relaxed) {
@@ -179,7 +195,7 @@ pub fn pool_size() -> usize {
             let n = std::env::var("SHADE_BRANCH_POOL")
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0);
+                .unwrap_or(DEFAULT_SIZE);
             SIZE.store(n, Ordering::Relaxed);
             n
         }
@@ -228,7 +244,10 @@ pub(crate) fn take(key: &Key) -> Option<Conn> {
         c.discard();
     }
     match found {
-        Some(c) if c.alive() => Some(c),
+        Some(c) if c.alive() => {
+            let _ = std::fs::remove_file(c.dir.join(POOLED_MARK));
+            Some(c)
+        }
         Some(c) => {
             c.discard();
             None
@@ -244,8 +263,17 @@ pub(crate) fn give(mut conn: Conn) {
         conn.discard();
         return;
     }
+    if let Some(why) = conn.unreusable(&conn.current.get(), true) {
+        tracing::debug!("not pooling {}: {why}", conn.mountpoint.display());
+        conn.discard();
+        return;
+    }
     conn.served += 1;
     register_exit_drain();
+    // Says "no branch, a warm connection" to whoever counts branches in the state dir.
+    if let Err(e) = std::fs::write(conn.dir.join(POOLED_MARK), b"") {
+        tracing::debug!("marking {} pooled: {e}", conn.dir.display());
+    }
     let mut out = {
         let mut p = pool();
         let mut out = take_expired(&mut p);
@@ -392,4 +420,207 @@ pub(crate) fn lazy_unmount(path: &Path) {
             crate::fusermount::unmount(&bin, path);
         }
     }
+}
+
+// ----- what may still hold a connection --------------------------------------------------
+//
+// A reused connection serves the next branch to whatever still refers into it: an fd (O_PATH
+// ones too, which send no OPEN), a cwd or root, an mmap. Those live in processes, so a
+// connection goes back to the pool only when no process can still have one: every command
+// that ran on it ran in a sandbox no descriptor can leave (no `--unconfined`, no allowed
+// socket, abstract sockets scoped or no network) and ended with its whole PID namespace,
+// it has no open handle, and no live process refers into it now (`/proc`). Anything else
+// tears it down, as a branch without a pool would be.
+
+/// What ran on one mounted connection (by its number).
+#[derive(Default, Debug)]
+struct Uses {
+    /// Commands running on it now.
+    running: usize,
+    /// Why a reference may have outlived a command (the first reason seen).
+    tainted: Option<String>,
+}
+
+static USES: Mutex<std::collections::BTreeMap<u32, Uses>> =
+    Mutex::new(std::collections::BTreeMap::new());
+
+fn uses() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<u32, Uses>> {
+    USES.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+thread_local! {
+    /// Set when a run's processes outlived its SIGKILLs (`sandbox/procs.rs`).
+    static SURVIVORS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Say that processes of the command being waited for on this thread survived its end: a
+/// connection it ran on is never reused.
+pub(crate) fn note_survivors() {
+    SURVIVORS.with(|s| s.set(true));
+}
+
+/// Whether a descriptor can leave a command's sandbox (`Err`: how), judged before it runs.
+/// `scoped`: abstract unix sockets are scoped to the sandbox (Landlock).
+pub(crate) fn containment(iso: &crate::sandbox::Isolation, scoped: bool) -> Result<(), String> {
+    if iso.unconfined {
+        return Err("an unconfined command ran on it".into());
+    }
+    if !crate::sandbox::allowed_sockets().is_empty() {
+        return Err("a command with an allowed socket ran on it".into());
+    }
+    // `network`: a network namespace of its own, whose abstract sockets are its own.
+    if !scoped && !iso.network {
+        return Err("a command reached host abstract sockets (no Landlock scopes)".into());
+    }
+    Ok(())
+}
+
+/// A command running on a branch mount, from [`CommandUse::begin`] to [`CommandUse::end`]:
+/// while it runs the connection is not pooled, and one whose end was not seen whole (or
+/// that could pass a descriptor out) never is.
+#[must_use]
+pub(crate) struct CommandUse {
+    ids: Vec<u32>,
+    ended: bool,
+}
+
+impl CommandUse {
+    /// A command starts with the mounts `mounts` (its branch, the cache branches bound for
+    /// it; paths that are no connection are left out).
+    pub fn begin<'a>(
+        mounts: impl IntoIterator<Item = &'a Path>,
+        contained: Result<(), String>,
+    ) -> CommandUse {
+        SURVIVORS.with(|s| s.set(false));
+        let mut ids: Vec<u32> = mounts.into_iter().filter_map(connection_id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut u = uses();
+        for id in &ids {
+            let e = u.entry(*id).or_default();
+            e.running += 1;
+            if let Err(why) = &contained {
+                e.tainted.get_or_insert_with(|| why.clone());
+            }
+        }
+        CommandUse { ids, ended: false }
+    }
+
+    /// The command and every process of it are gone (the sandbox waited for them).
+    pub fn end(mut self) {
+        self.ended = !SURVIVORS.with(|s| s.replace(false));
+    }
+}
+
+impl Drop for CommandUse {
+    fn drop(&mut self) {
+        let mut u = uses();
+        for id in &self.ids {
+            let e = u.entry(*id).or_default();
+            e.running = e.running.saturating_sub(1);
+            if !self.ended {
+                e.tainted
+                    .get_or_insert_with(|| "a command's processes were not all seen to end".into());
+            }
+        }
+    }
+}
+
+/// Mark the connection mounted at `mount` as never to be reused: a command runs on it whose
+/// end shade does not wait for ([`crate::sandbox::command`]).
+pub(crate) fn taint(mount: &Path, why: &str) {
+    if let Some(id) = connection_id(mount) {
+        uses()
+            .entry(id)
+            .or_default()
+            .tainted
+            .get_or_insert_with(|| why.into());
+    }
+}
+
+/// Forget what ran on connection `id` (a new mount has that number now, or it is gone).
+pub(crate) fn forget_uses(id: Option<u32>) {
+    if let Some(id) = id {
+        uses().remove(&id);
+    }
+}
+
+impl Conn {
+    /// Why the connection may not serve another branch (`None`: it may): see above.
+    /// `scan`: look through `/proc` too (a few milliseconds).
+    pub fn unreusable(&self, overlay: &Overlay, scan: bool) -> Option<String> {
+        let Some(id) = self.id else {
+            return Some("its connection number is unknown".into());
+        };
+        if let Some(u) = uses().get(&id) {
+            if u.running > 0 {
+                return Some(format!("{} command(s) still run on it", u.running));
+            }
+            if let Some(why) = &u.tainted {
+                return Some(why.clone());
+            }
+        }
+        let handles = overlay.open_handles();
+        if handles > 0 {
+            return Some(format!("{handles} open file handle(s)"));
+        }
+        if !scan {
+            return None;
+        }
+        holder_of(id).map(|pid| format!("process {pid} still refers into it"))
+    }
+}
+
+/// A live process (ours too) with an fd, cwd, root or mapping on the file system with
+/// device (0, `minor`); `None` if no process we can look at has one.
+fn holder_of(minor: u32) -> Option<i32> {
+    let dir = std::fs::read_dir("/proc").ok()?;
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .find(|&pid| refers(pid, minor))
+}
+
+/// Whether process `pid` refers into device (0, `minor`).
+fn refers(pid: i32, minor: u32) -> bool {
+    let base = PathBuf::from(format!("/proc/{pid}"));
+    let on = |p: &Path| dev_of(p) == Some((0, minor));
+    // Each thread may have a cwd and root of its own (no CLONE_FS).
+    let tasks = std::fs::read_dir(base.join("task"))
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path()))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    if tasks
+        .iter()
+        .any(|t| on(&t.join("cwd")) || on(&t.join("root")))
+    {
+        return true;
+    }
+    if let Ok(fds) = std::fs::read_dir(base.join("fd")) {
+        if fds.filter_map(Result::ok).any(|e| on(&e.path())) {
+            return true;
+        }
+    }
+    // Mappings name their device as `MAJOR:MINOR` in hex.
+    let dev = format!(" 00:{minor:02x} ");
+    std::fs::read_to_string(base.join("maps")).is_ok_and(|m| m.lines().any(|l| l.contains(&dev)))
+}
+
+/// The device of what `path` (a `/proc` link) points at, from the kernel's cached
+/// attributes: a FUSE file system is not asked (one that hangs would hang us).
+fn dev_of(path: &Path) -> Option<(u32, u32)> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statx into a zeroed struct; read only on success.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let rc = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_STATX_DONT_SYNC,
+            0,
+            &mut stx,
+        )
+    };
+    (rc == 0).then_some((stx.stx_dev_major, stx.stx_dev_minor))
 }

@@ -358,6 +358,10 @@ pub fn command(spec: &RunSpec) -> Result<Command> {
         ));
     }
     let conf = probe().map_err(|why| SandboxError::Unconfined(why.to_string()))?;
+    // Its end is the caller's: the branch's connection is not reused (`pool.rs`).
+    for m in std::iter::once(&spec.mount).chain(spec.binds.iter().map(|b| &b.source)) {
+        crate::pool::taint(m, "a command ran on it unsupervised");
+    }
     bwrap::build(conf, spec, false, None, None)
 }
 
@@ -389,10 +393,21 @@ fn run_inner(spec: &RunSpec, cancel: Option<&Cancel>) -> Result<RunOutcome> {
         foreground: spec.foreground,
         cancel,
     };
-    if let Some(conf) = confined {
-        return run_confined(conf, spec, &ctl, cancel).map(|o| timed(o, spec));
+    // Whether a reference into the branch can outlive the run (`pool.rs`).
+    let scoped = confined.is_some_and(|c| c.scoped());
+    let mounts = std::iter::once(&spec.mount).chain(spec.binds.iter().map(|b| &b.source));
+    let used = crate::pool::CommandUse::begin(
+        mounts.map(PathBuf::as_path),
+        crate::pool::containment(&spec.isolation, scoped),
+    );
+    let res = match confined {
+        Some(conf) => run_confined(conf, spec, &ctl, cancel),
+        None => run_unconfined(spec, &ctl),
+    };
+    if res.is_ok() {
+        used.end();
     }
-    run_unconfined(spec, &ctl).map(|o| timed(o, spec))
+    res.map(|o| timed(o, spec))
 }
 
 /// A run killed at its time limit says so among its limits.

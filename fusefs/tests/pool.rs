@@ -235,13 +235,15 @@ fn a_parked_connection_takes_no_change_and_hands_none_on() {
     let state = tmp.path().join("state");
     let b1 = Branch::create(&p, &opts(&state)).unwrap();
     let m = b1.mountpoint().to_path_buf();
-    // Held across the drop, as a process left behind would hold its directory.
+    b1.abort();
+    // Opened while the connection waits in the pool, as a stray process of the user's
+    // could (one holding a reference when the branch ended gets no pooled connection: see
+    // the tests below).
     let held = fs::File::open(&m).unwrap();
     let via = PathBuf::from(format!(
         "/proc/self/fd/{}",
         std::os::fd::AsRawFd::as_raw_fd(&held)
     ));
-    b1.abort();
     assert!(
         fs::write(via.join("stray.txt"), "stray\n").is_err(),
         "the parked connection refuses new files"
@@ -292,7 +294,13 @@ fn the_pool_keeps_at_most_its_size_and_lets_idle_connections_go() {
     // Idle too long: the reaper unmounts it.
     shade_fusefs::set_pool_idle(Duration::from_millis(200));
     let start = Instant::now();
-    while shade_fusefs::pooled_count() > 0 {
+    // The reaper takes it out of the pool, then unmounts it and removes its directory.
+    let gone = || {
+        shade_fusefs::pooled_count() == 0
+            && !is_mounted(&m2)
+            && fs::read_dir(state.join("branches")).unwrap().count() == 0
+    };
+    while !gone() {
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "an idle connection was kept past its idle limit"
@@ -429,4 +437,266 @@ fn a_pool_is_emptied_at_exit_and_after_kill_9_by_cleanup() {
     assert_eq!(shade_mounts_under(&state), Vec::<String>::new());
     assert_eq!(fs::read_dir(state.join("branches")).unwrap().count(), 0);
     assert_eq!(fs::read_to_string(p.join("a.txt")).unwrap(), "alpha\n");
+}
+
+// ----- references held past a branch's end ---------------------------------------------
+//
+// Whatever still refers into a connection when its branch is dropped — an fd (O_PATH too:
+// no OPEN reaches us), a cwd — would reach the next branch through a reused connection.
+// Each test holds one, makes the next branch, uses it, and checks the next branch saw none
+// of it: the connection was torn down instead of pooled.
+
+/// A branch of a fresh project with pooling on, and what is left to check it with.
+fn held_setup() -> (tempfile::TempDir, PathBuf, PathBuf, Branch) {
+    require_root();
+    shade_fusefs::set_pool_size(2);
+    let tmp = tempfile::Builder::new()
+        .prefix("shade-pool-held-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let p = project(tmp.path());
+    let state = tmp.path().join("state");
+    let b1 = Branch::create(&p, &opts(&state)).unwrap();
+    // Warm it, as a command would.
+    view(b1.mountpoint());
+    (tmp, p, state, b1)
+}
+
+/// The next branch of `p` saw nothing of the held reference: `a.txt` is the project's.
+fn pristine_after(p: &Path, state: &Path, touch: impl FnOnce(&Path)) {
+    let b2 = Branch::create(p, &opts(state)).unwrap();
+    touch(b2.mountpoint());
+    assert_eq!(
+        fs::read_to_string(b2.mountpoint().join("a.txt")).unwrap(),
+        "alpha\n",
+        "a reference held into branch 1 wrote into branch 2"
+    );
+    assert!(
+        b2.changeset(false).changes.is_empty(),
+        "branch 2 has changes it never made: {:?}",
+        b2.changeset(false).changes
+    );
+    assert!(
+        !b2.reused_connection(),
+        "a connection something still referred into was reused"
+    );
+    drop(b2);
+    shade_fusefs::drain_branch_pool();
+}
+
+#[test]
+fn an_open_fd_held_past_the_branch_does_not_reach_the_next_one() {
+    let _serial = serial();
+    let (_tmp, p, state, b1) = held_setup();
+    let mut held = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(b1.mountpoint().join("a.txt"))
+        .unwrap();
+    drop(b1);
+    pristine_after(&p, &state, |_| {
+        use std::io::Write;
+        // Fails (the connection is gone) — or, reused, writes into the next branch.
+        let _ = held.write_all(b"owned\n");
+    });
+}
+
+#[test]
+fn an_o_path_fd_held_past_the_branch_does_not_reach_the_next_one() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _serial = serial();
+    let (_tmp, p, state, b1) = held_setup();
+    // O_PATH sends no OPEN: only the kernel knows it is there.
+    let held = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH)
+        .open(b1.mountpoint().join("a.txt"))
+        .unwrap();
+    drop(b1);
+    pristine_after(&p, &state, |_| {
+        let again = format!("/proc/self/fd/{}", held.as_raw_fd());
+        let _ = fs::write(again, "owned\n");
+    });
+}
+
+#[test]
+fn a_cwd_left_in_the_branch_does_not_reach_the_next_one() {
+    use std::io::Write;
+    let _serial = serial();
+    let (_tmp, p, state, b1) = held_setup();
+    // A process that stays in the branch and writes when told to.
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg("read go; echo owned > a.txt; echo done")
+        .current_dir(b1.mountpoint().join("d"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    drop(b1);
+    pristine_after(&p, &state, |m2| {
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "go").unwrap();
+        drop(stdin);
+        wait_bounded(&mut child);
+        assert!(
+            !m2.join("d/a.txt").exists(),
+            "a process whose cwd was in branch 1 created a file in branch 2"
+        );
+    });
+    let _ = child.wait();
+}
+
+/// A command on the branch, run through the sandbox as shade runs them.
+fn run_on(b: &Branch, p: &Path, iso: shade_fusefs::sandbox::Isolation) {
+    use shade_fusefs::sandbox::{run, Output, RunSpec};
+    let mut spec = RunSpec::new(
+        p.to_path_buf(),
+        b.mountpoint().to_path_buf(),
+        p.to_path_buf(),
+        vec!["sh".into(), "-c".into(), "cat a.txt".into()],
+    );
+    spec.isolation = iso;
+    spec.output = Output::Capture { cap: 1 << 16 };
+    spec.timeout = Some(Duration::from_secs(60));
+    let out = run(&spec).unwrap();
+    assert_eq!(
+        out.termination,
+        shade_fusefs::sandbox::Termination::Exited(0),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_connection_an_unconfined_or_socket_allowed_command_used_is_not_reused() {
+    use shade_fusefs::sandbox::Isolation;
+    let _serial = serial();
+    let (_tmp, p, state, b1) = held_setup();
+    // Confined with no way for a descriptor out (network off: its own abstract sockets):
+    // reused.
+    run_on(
+        &b1,
+        &p,
+        Isolation {
+            network: true,
+            ..Isolation::default()
+        },
+    );
+    drop(b1);
+    let b2 = Branch::create(&p, &opts(&state)).unwrap();
+    assert!(
+        b2.reused_connection(),
+        "a contained command's connection is pooled"
+    );
+    // Unconfined: it could have handed an fd to anything.
+    run_on(
+        &b2,
+        &p,
+        Isolation {
+            unconfined: true,
+            ..Isolation::default()
+        },
+    );
+    drop(b2);
+    let b3 = Branch::create(&p, &opts(&state)).unwrap();
+    assert!(
+        !b3.reused_connection(),
+        "an unconfined command's connection was reused"
+    );
+    // An allowed socket: SCM_RIGHTS to whoever listens there. (Allowed for the rest of
+    // this process: the last test here that runs commands.)
+    let sock_dir = tempfile::tempdir().unwrap();
+    let sock = sock_dir.path().join("s");
+    let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    shade_fusefs::sandbox::allow_sockets([sock.clone()]);
+    run_on(
+        &b3,
+        &p,
+        Isolation {
+            network: true,
+            ..Isolation::default()
+        },
+    );
+    drop(b3);
+    let b4 = Branch::create(&p, &opts(&state)).unwrap();
+    assert!(
+        !b4.reused_connection(),
+        "a connection whose command had an allowed socket was reused"
+    );
+    drop(b4);
+    shade_fusefs::drain_branch_pool();
+}
+
+/// Not a test on its own: run as the plain user by
+/// `references_held_past_a_branch_do_not_reach_the_next_one_as_the_plain_user`.
+#[test]
+#[ignore = "run as the plain user by the test below, not a test on its own"]
+fn helper_held_references_as_plain_user() {
+    if std::env::var_os("SHADE_POOL_USER_HELPER").is_none() {
+        return;
+    }
+    assert!(
+        !nix::unistd::geteuid().is_root(),
+        "meant for the plain user"
+    );
+    shade_fusefs::set_pool_size(2);
+    let tmp = tempfile::Builder::new()
+        .prefix("shade-pool-user-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let p = project(tmp.path());
+    let state = tmp.path().join("state");
+    // Nothing held: the connection is reused (fusermount3 mounted it).
+    let b1 = Branch::create(&p, &opts(&state)).unwrap();
+    view(b1.mountpoint());
+    drop(b1);
+    let b2 = Branch::create(&p, &opts(&state)).unwrap();
+    assert!(b2.reused_connection(), "the plain user's pool works");
+    // An fd held past the branch: the next branch gets a fresh connection.
+    let mut held = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(b2.mountpoint().join("a.txt"))
+        .unwrap();
+    drop(b2);
+    pristine_after(&p, &state, |_| {
+        use std::io::Write;
+        let _ = held.write_all(b"owned\n");
+    });
+    println!("held-references-ok");
+}
+
+#[test]
+fn references_held_past_a_branch_do_not_reach_the_next_one_as_the_plain_user() {
+    require_root();
+    let user = nix::unistd::User::from_name("shadetest")
+        .unwrap()
+        .expect("the plain test user shadetest (scripts/setup.sh makes it)");
+    let out = Command::new("runuser")
+        .args(["-u", "shadetest", "--", "env", "SHADE_POOL_USER_HELPER=1"])
+        .arg(format!("HOME={}", user.dir.display()))
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "helper_held_references_as_plain_user",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env_remove("SHADE_BRANCH_POOL")
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("held-references-ok"),
+        "as the plain user:\n{text}"
+    );
 }

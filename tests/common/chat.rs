@@ -90,28 +90,35 @@ impl Chat {
     /// Branch stores of this session in the state dir now.
     pub fn branch_dirs(&self) -> usize {
         std::fs::read_dir(self.state.join("branches"))
-            .map(|d| d.count())
+            .map(|d| d.flatten().filter(|e| !pooled(&e.path())).count())
             .unwrap_or(0)
     }
 
-    /// Shade mounts of this session's state dir now.
+    /// Shade mounts of this session's state dir now (a warm connection waiting in the
+    /// pool, no branch's, left out).
     pub fn mounts(&self) -> usize {
         let state = self.state.display().to_string();
         std::fs::read_to_string("/proc/mounts")
             .unwrap()
             .lines()
             .filter(|l| l.contains(&state))
+            .filter(|l| {
+                let point = Path::new(l.split(' ').nth(1).unwrap_or(""));
+                !point.parent().is_some_and(pooled)
+            })
             .count()
     }
 
     /// Once the session has dropped its branches (waited for), none is mounted or stored.
     pub fn assert_nothing_left(&self) {
+        // A warm connection waiting in the pool is no branch (the session's end, or its
+        // idle time, unmounts it: fusefs/tests/pool.rs).
         super::wait_until("the branches to be dropped", 60, || self.branch_dirs() == 0);
-        let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
-        let state = self.state.display().to_string();
-        assert!(
-            !mounts.lines().any(|l| l.contains(&state)),
-            "a branch is still mounted:\n{mounts}"
+        assert_eq!(
+            self.mounts(),
+            0,
+            "a branch is still mounted:\n{}",
+            std::fs::read_to_string("/proc/mounts").unwrap()
         );
     }
 
@@ -262,4 +269,10 @@ pub fn exchange(tty: &Tty, prompt: &str, answer: &str) -> String {
     tty.say(prompt);
     tty.wait_text(answer, 60);
     wait_prompt(tty)
+}
+
+/// Whether the branch directory `dir` holds a warm connection waiting in the pool, not a
+/// branch (`shade_fusefs::POOLED_MARK`).
+fn pooled(dir: &Path) -> bool {
+    dir.join(shade_fusefs::POOLED_MARK).exists()
 }

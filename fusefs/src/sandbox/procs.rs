@@ -133,6 +133,7 @@ impl Members {
             live = self.scan();
         }
         if !live.is_empty() {
+            crate::pool::note_survivors();
             tracing::warn!(?live, "processes of the command survived SIGKILL");
         }
         leftovers.len()
