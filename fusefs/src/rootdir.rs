@@ -26,6 +26,8 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 #[derive(Debug)]
 pub struct RootDir {
     fd: OwnedFd,
+    /// The path it was opened by (for the ignore files above it, which are not its own).
+    path: PathBuf,
 }
 
 /// What an entry is, as seen without following it.
@@ -141,7 +143,10 @@ impl RootDir {
             OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
-        Ok(RootDir { fd })
+        Ok(RootDir {
+            fd,
+            path: root.to_path_buf(),
+        })
     }
 
     /// Open `rel` beneath the root (retrying while the kernel reports a concurrent rename
@@ -314,7 +319,15 @@ impl RootDir {
         let mut rules = Rules {
             levels: Vec::new(),
             global: Gitignore::global().0,
+            root: self.path.clone(),
         };
+        // The ignore files above the root (shade's or the user's directories, not the
+        // tree's), outermost first, as the `ignore` crate reads a walk's parents.
+        let mut outer: Vec<&Path> = self.path.ancestors().skip(1).collect();
+        outer.reverse();
+        for dir in outer {
+            rules.levels.push(Level::outer(dir));
+        }
         // The ignore files of the directories above `start`, from the root down.
         let mut above = PathBuf::new();
         let mut ancestors = vec![PathBuf::new()];
@@ -340,6 +353,8 @@ struct Level {
     custom: Option<Gitignore>,
     git: Option<Gitignore>,
     exclude: Option<Gitignore>,
+    /// Above the root: its matchers take real paths, not root-relative ones.
+    outer: bool,
 }
 
 /// The path a matcher sees for `rel`: absolute under a virtual `/` root.
@@ -372,6 +387,22 @@ impl Level {
             custom: matcher(fd, Path::new(".ignore"), rel_dir),
             git: matcher(fd, Path::new(".gitignore"), rel_dir),
             exclude: matcher(fd, Path::new(".git/info/exclude"), rel_dir),
+            outer: false,
+        }
+    }
+
+    /// A directory above the root, read by its path.
+    fn outer(dir: &Path) -> Level {
+        let read = |name: &str| {
+            let mut b = GitignoreBuilder::new(dir);
+            b.add(dir.join(name));
+            b.build().ok().filter(|g| !g.is_empty())
+        };
+        Level {
+            custom: read(".ignore"),
+            git: read(".gitignore"),
+            exclude: read(".git/info/exclude"),
+            outer: true,
         }
     }
 }
@@ -380,28 +411,35 @@ impl Level {
 struct Rules {
     levels: Vec<Level>,
     global: Gitignore,
+    /// The tree's path, for the levels above it.
+    root: PathBuf,
 }
 
 impl Rules {
-    /// Whether `rel` is ignored: `.ignore` files first (deepest first), then
-    /// `.gitignore`, then excludes, then the global excludes; a whitelist decides too.
+    /// Whether `rel` is ignored, as the `ignore` crate decides without requiring git:
+    /// the nearest `.ignore` match, else the nearest `.gitignore` match (up to `/`), else
+    /// the nearest exclude match, else the global excludes; a whitelist (`!`) match
+    /// decides too.
     fn ignored(&self, rel: &Path, is_dir: bool) -> bool {
-        let path = virtual_path(rel);
-        let kinds: [fn(&Level) -> Option<&Gitignore>; 3] = [
-            |l| l.custom.as_ref(),
-            |l| l.git.as_ref(),
-            |l| l.exclude.as_ref(),
-        ];
-        for pick in kinds {
-            for level in self.levels.iter().rev() {
-                let Some(g) = pick(level) else { continue };
-                let m = g.matched(&path, is_dir);
-                if !m.is_none() {
-                    return m.is_ignore();
-                }
-            }
+        let inner = virtual_path(rel);
+        let real = self.root.join(rel);
+        let (mut custom, mut git, mut exclude) = (None, None, None);
+        for level in self.levels.iter().rev() {
+            let path = if level.outer { &real } else { &inner };
+            let matched = |g: &Option<Gitignore>| {
+                g.as_ref()
+                    .map(|g| g.matched(path, is_dir))
+                    .filter(|m| !m.is_none())
+                    .map(|m| m.is_ignore())
+            };
+            custom = custom.or_else(|| matched(&level.custom));
+            git = git.or_else(|| matched(&level.git));
+            exclude = exclude.or_else(|| matched(&level.exclude));
         }
-        self.global.matched(rel, is_dir).is_ignore()
+        custom
+            .or(git)
+            .or(exclude)
+            .unwrap_or_else(|| self.global.matched(rel, is_dir).is_ignore())
     }
 }
 
@@ -506,6 +544,33 @@ mod tests {
         assert!(!r.exists(Path::new("new/dir/f")));
     }
 
+    /// What the `ignore` crate's walker (as the tools used it before) lists under `start`.
+    fn crate_walk(root: &Path, start: &str) -> Vec<String> {
+        let base = root.join(start);
+        ignore::WalkBuilder::new(&base)
+            .hidden(false)
+            .require_git(false)
+            .filter_entry(|e| e.file_name() != ".git")
+            .sort_by_file_path(|a, b| a.cmp(b))
+            .build()
+            .flatten()
+            .filter(|e| e.depth() > 0)
+            .map(|e| e.path().strip_prefix(root).unwrap().display().to_string())
+            .collect()
+    }
+
+    fn our_walk(root: &Path, start: &str) -> Vec<String> {
+        let mut seen = Vec::new();
+        RootDir::open(root)
+            .unwrap()
+            .walk(Path::new(start), &mut |e| {
+                seen.push(e.rel.display().to_string());
+                ControlFlow::Continue(())
+            })
+            .unwrap();
+        seen
+    }
+
     #[test]
     fn the_walk_keeps_ignore_rules_and_does_not_follow_links() {
         let t = tempfile::tempdir().unwrap();
@@ -559,5 +624,34 @@ mod tests {
         })
         .unwrap();
         assert_eq!(sub, ["src/.gitignore", "src/b.rs"]);
+        assert_eq!(our_walk(p, ""), crate_walk(p, ""));
+        assert_eq!(our_walk(p, "src"), crate_walk(p, "src"));
+    }
+
+    #[test]
+    fn ignore_files_above_the_root_count() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path();
+        std::fs::create_dir_all(p.join("repo/.git")).unwrap();
+        std::fs::create_dir_all(p.join("repo/sub")).unwrap();
+        std::fs::write(p.join(".gitignore"), "*.rs\n").unwrap();
+        std::fs::write(p.join("repo/.gitignore"), "*.log\n").unwrap();
+        for f in ["a.log", "b.rs", "c.txt"] {
+            std::fs::write(p.join("repo/sub").join(f), "x").unwrap();
+        }
+        let r = RootDir::open(&p.join("repo/sub")).unwrap();
+        let mut seen = Vec::new();
+        r.walk(Path::new(""), &mut |e| {
+            seen.push(e.rel.display().to_string());
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        // Without requiring git, every .gitignore up to `/` holds (as the crate's walker).
+        assert_eq!(seen, ["c.txt"]);
+        assert_eq!(seen, crate_walk(&p.join("repo/sub"), ""));
+        assert_eq!(
+            our_walk(&p.join("repo"), "sub"),
+            crate_walk(&p.join("repo"), "sub")
+        );
     }
 }
