@@ -184,6 +184,16 @@ impl RootDir {
         Ok((dir, name))
     }
 
+    /// An `O_PATH` descriptor of directory `rel` whose last component is no link: what
+    /// to mount on (through `/proc/self/fd/N`) rather than a path a command could swap.
+    pub fn open_dir_path(&self, rel: &Path) -> io::Result<OwnedFd> {
+        self.open_beneath(
+            rel,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW,
+            Mode::empty(),
+        )
+    }
+
     /// What `rel` is (following links that stay beneath the root).
     pub fn metadata(&self, rel: &Path) -> io::Result<std::fs::Metadata> {
         let fd = self.open_beneath(rel, OFlags::PATH, Mode::empty())?;
