@@ -271,6 +271,15 @@ impl RootDir {
         Ok(())
     }
 
+    /// Remove `rel` and, for a directory, everything in it: each entry from its parent's
+    /// descriptor, no link followed (a link is removed, not what it names). Missing is
+    /// not an error.
+    pub fn remove_all(&self, rel: &Path) -> io::Result<()> {
+        let rel = relative(rel)?;
+        let (dir, name) = self.parent_of(&rel)?;
+        remove_at(&dir, name)
+    }
+
     /// The entries of directory `rel` (without `.` and `..`), in no set order.
     pub fn read_dir(&self, rel: &Path) -> io::Result<Vec<DirEntry>> {
         let dir = self.open_beneath(rel, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
@@ -356,6 +365,37 @@ impl RootDir {
         let _ = walk_dir(&dir, &start, &mut rules, visit);
         Ok(())
     }
+}
+
+fn remove_at(dir: &OwnedFd, name: &OsStr) -> io::Result<()> {
+    let st = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+        rustix::fs::unlinkat(dir, name, AtFlags::empty())?;
+        return Ok(());
+    }
+    let sub = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut names = Vec::new();
+    for e in rustix::fs::Dir::read_from(&sub)? {
+        let e = e?;
+        let n = OsStr::from_bytes(e.file_name().to_bytes());
+        if n != "." && n != ".." {
+            names.push(n.to_os_string());
+        }
+    }
+    for n in &names {
+        remove_at(&sub, n)?;
+    }
+    rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)?;
+    Ok(())
 }
 
 /// The ignore files of one directory.
@@ -552,6 +592,15 @@ mod tests {
         assert_eq!(std::fs::read(t.path().join("new/dir/f")).unwrap(), b"k");
         r.remove_file(Path::new("new/dir/f")).unwrap();
         assert!(!r.exists(Path::new("new/dir/f")));
+        assert!(r.remove_all(Path::new("d/secret")).is_err());
+        std::os::unix::fs::symlink(out.path(), t.path().join("new/dir/link")).unwrap();
+        r.write(Path::new("new/dir/g"), b"g").unwrap();
+        r.remove_all(Path::new("new")).unwrap();
+        assert!(!t.path().join("new").exists());
+        assert!(out.path().join("secret").exists());
+        r.remove_all(Path::new("d")).unwrap();
+        assert!(out.path().join("secret").exists());
+        assert!(t.path().join("d").symlink_metadata().is_err());
     }
 
     /// What the `ignore` crate's walker (as the tools used it before) lists under `start`.
