@@ -4,6 +4,11 @@
 //! workspace ([`Workspace::shadowed`]) keeps files in a branch mount while the model keeps
 //! seeing the project's real absolute paths: those map into the mount, and nothing shown
 //! to the model names the mount.
+//!
+//! `resolve` decides what a path means; it is a check, not the access. Commands write the
+//! tree and may swap a directory for a link to the host right after it, so every access
+//! then goes through [`Workspace::files`] (a [`RootDir`]): the kernel resolves the path
+//! beneath the root's descriptor and the file is used through the descriptor it returns.
 
 use std::path::{Component, Path, PathBuf};
 
