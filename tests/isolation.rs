@@ -1917,6 +1917,333 @@ fn standing_keep_rules(who: Who) {
     );
 }
 
+/// A host directory beside the project, writable by the test's user, holding a canary:
+/// where the links a command plants in a branch lead.
+fn host_canary(e: &Env) -> PathBuf {
+    let dir = e.out.parent().unwrap().join("host");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("canary.txt"), "HOST-CANARY\n").unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    if e.who == Who::Plain {
+        let (uid, gid) = plain_ids();
+        for p in [&dir, &dir.join("canary.txt")] {
+            std::os::unix::fs::chown(p, Some(uid), Some(gid)).unwrap();
+        }
+    }
+    dir
+}
+
+/// Shade neither wrote in `host` nor changed its canary.
+fn assert_host_untouched(host: &Path, what: &str) {
+    let mut names: Vec<String> = std::fs::read_dir(host)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["canary.txt"],
+        "{what}: shade wrote in the host directory"
+    );
+    assert_eq!(
+        std::fs::read_to_string(host.join("canary.txt")).unwrap(),
+        "HOST-CANARY\n",
+        "{what}: shade changed the host's canary"
+    );
+}
+
+/// Python that makes `d` and `l` (in its working directory, or the directory its argument
+/// names) trade places until `stop` appears there (a bounded number of swaps).
+const SWAP: &str = r#"
+import ctypes, os, sys
+if len(sys.argv) > 1:
+    os.chdir(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+for i in range(2000000):
+    if i % 500 == 0 and os.path.exists("stop"):
+        break
+    if libc.renameat2(-100, b"d", -100, b"l", 2) != 0:
+        os.rename("d", "t"); os.rename("l", "d"); os.rename("d", "l"); os.rename("t", "d")
+"#;
+
+/// A command that makes `d` (a directory holding a.txt) and `l` (a link to `host`), says
+/// `ready`, then swaps them (see [`SWAP`]).
+fn swapper(host: &Path) -> String {
+    format!(
+        "mkdir -p d && echo branchfile > d/a.txt && ln -s {host} l && touch ready && {PYTHON} -c '{SWAP}'",
+        host = host.display()
+    )
+}
+
+/// `shade mcp`'s file tools while a `run_command` of the same branch swaps a directory
+/// with a link to the host (red team h5, item 1): no call reads, lists or writes the host
+/// directory. On main read_file returned the host file and grep found it in every call.
+fn mcp_file_tools_race(who: Who) {
+    let e = env(who);
+    let host = host_canary(&e);
+    let mut mcp = Mcp::start(&e);
+    let made = mcp.tool("create_branch", serde_json::json!({}));
+    let id = made
+        .split_whitespace()
+        .nth(2)
+        .unwrap_or_default()
+        .trim_end_matches(|c: char| !c.is_alphanumeric())
+        .to_string();
+    assert!(id.starts_with('b'), "no branch: {made}");
+    // Started, not awaited: the swapper runs while the file tools do.
+    let rid = mcp.next;
+    mcp.next += 1;
+    mcp.send(
+        &serde_json::json!({"jsonrpc": "2.0", "id": rid, "method": "tools/call",
+        "params": {"name": "run_command", "arguments": {"branch": id, "command": swapper(&host)}}}),
+    );
+    let mut ready = false;
+    for _ in 0..600 {
+        if mcp
+            .tool("ls", serde_json::json!({"branch": id}))
+            .contains("ready")
+        {
+            ready = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(ready, "the swapper did not start");
+    let mut leaks = Vec::new();
+    for _ in 0..300 {
+        let read = mcp.tool(
+            "read_file",
+            serde_json::json!({"branch": id, "path": "d/canary.txt"}),
+        );
+        let grep = mcp.tool(
+            "grep",
+            serde_json::json!({"branch": id, "pattern": "HOST-CANARY"}),
+        );
+        let ls = mcp.tool("ls", serde_json::json!({"branch": id, "path": "d"}));
+        mcp.tool(
+            "write_file",
+            serde_json::json!({"branch": id, "path": "d/pwned", "content": "written by a branch\n"}),
+        );
+        mcp.tool(
+            "edit",
+            serde_json::json!({"branch": id, "path": "d/canary.txt",
+                "old_string": "HOST-CANARY", "new_string": "EDITED"}),
+        );
+        for (what, text) in [("read_file", read), ("grep", grep), ("ls", ls)] {
+            // (grep's "no matches" answer repeats the pattern: a hit is `path:1: line`.)
+            if text.contains("1: HOST-CANARY")
+                || text.starts_with("HOST-CANARY")
+                || text.contains("canary.txt (")
+            {
+                leaks.push(format!("{what}: {text}"));
+            }
+        }
+    }
+    mcp.tool(
+        "write_file",
+        serde_json::json!({"branch": id, "path": "stop", "content": ""}),
+    );
+    drop(mcp);
+    assert!(
+        leaks.is_empty(),
+        "{who:?}: file tools reached the host in {} calls, first: {}",
+        leaks.len(),
+        leaks[0]
+    );
+    assert_host_untouched(&host, "shade mcp's file tools");
+}
+
+/// `shade lint` (cold, then the warm daemon) after the project's own checker planted
+/// `d -> host` in the lint branch (red team h5, item 2): the patch's `d/pwned` is not
+/// written on the host. No race: on main it landed there every time.
+fn lint_planted_symlink(who: Who) {
+    let e = env(who);
+    let host = host_canary(&e);
+    let root = e.out.parent().unwrap().to_path_buf();
+    let config = root.join("lint.toml");
+    std::fs::write(
+        &config,
+        "[lint]\ncheckers = [\"command\"]\ncommand = [\"sh\", \"lint.sh\"]\n",
+    )
+    .unwrap();
+    let script = e.project.join("lint.sh");
+    std::fs::write(
+        &script,
+        format!("ln -s {} d 2>/dev/null; true\n", host.display()),
+    )
+    .unwrap();
+    let patch = root.join("edit.patch");
+    std::fs::write(
+        &patch,
+        "--- /dev/null\n+++ b/d/pwned\n@@ -0,0 +1 @@\n+written by shade lint outside its branch\n",
+    )
+    .unwrap();
+    for p in [&config, &patch] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    if e.who == Who::Plain {
+        let (uid, gid) = plain_ids();
+        std::os::unix::fs::chown(&script, Some(uid), Some(gid)).unwrap();
+    }
+    for mode in [&["--cold"][..], &[]] {
+        let o = e
+            .shade()
+            .arg("lint")
+            .args(mode)
+            .arg("--patch")
+            .arg(&patch)
+            .env("SHADE_CONFIG", &config)
+            .output()
+            .unwrap();
+        assert_host_untouched(&host, &format!("shade lint {mode:?}\n{}", show(&o)));
+    }
+    let o = e.shade().args(["lint", "--stop"]).output().unwrap();
+    assert!(o.status.success(), "lint --stop\n{}", show(&o));
+    assert_host_untouched(&host, "shade lint");
+}
+
+/// The FUSE branch mounted under `state`, if any.
+fn branch_mount(state: &Path) -> Option<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    mounts
+        .lines()
+        .filter(|l| l.contains(" - fuse"))
+        .filter_map(|l| l.split(' ').nth(4))
+        .find(|m| Path::new(m).starts_with(state))
+        .map(PathBuf::from)
+}
+
+/// The agent's own file tools in `exec --shadow` while the branch's `d` and a link to the
+/// host trade places (red team h5, item 1, for the agent): write_file, edit, read_file, grep
+/// and ls never reach the host directory, and nothing the model is sent holds the host's
+/// canary. The swapping is what a process a command left behind (or a language server in
+/// the branch) does; a command of `exec` does not outlive its call, so the test runs it as
+/// the test's user in the branch mount, started once the shell made `d` and `l`.
+fn agent_tools_race(who: Who) {
+    use std::sync::{Arc, Mutex};
+    let e = env(who);
+    let host = host_canary(&e);
+    let setup = format!(
+        "mkdir -p d && echo branchfile > d/a.txt && ln -s {} l && echo started",
+        host.display()
+    );
+    const ROUNDS: usize = 40;
+    const PER_ROUND: usize = 7;
+    let swapping: Arc<Mutex<Option<Child>>> = Arc::new(Mutex::new(None));
+    let (state, plain, sw) = (e.state.clone(), e.who == Who::Plain, swapping.clone());
+    let llm = shade_testkit::FakeLlm::start(Arc::new(move |body: &serde_json::Value| {
+        let done = shade_testkit::tool_results_since_user(body);
+        if done == 0 {
+            return shade_testkit::Reply::tool("shell", serde_json::json!({ "command": setup }));
+        }
+        let mut running = sw.lock().unwrap();
+        if running.is_none() {
+            let mount = branch_mount(&state).expect("the shadow branch is mounted");
+            let mut c = if plain {
+                let mut c = Command::new("/usr/bin/setpriv");
+                c.args([
+                    &format!("--reuid={PLAIN}"),
+                    &format!("--regid={PLAIN}"),
+                    "--init-groups",
+                    "--",
+                    PYTHON,
+                ]);
+                c
+            } else {
+                Command::new(PYTHON)
+            };
+            *running = Some(
+                // (chdir as the user: root may not enter the plain user's FUSE mount.)
+                c.args(["-c", SWAP])
+                    .arg(mount)
+                    .stdin(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            );
+        }
+        if done < 1 + PER_ROUND * ROUNDS {
+            // Arguments differ each round, or shade would stop the model as looping.
+            let n = done;
+            shade_testkit::Reply::tool(
+                "write_file",
+                serde_json::json!({"path": "d/pwned", "content": format!("x{n}\n")}),
+            )
+            .and_tool(
+                "edit",
+                serde_json::json!({"path": "d/canary.txt",
+                    "old_string": "HOST-CANARY", "new_string": format!("EDITED{n}")}),
+            )
+            .and_tool(
+                "read_file",
+                serde_json::json!({"path": "d/canary.txt", "limit": n}),
+            )
+            .and_tool(
+                "read_file",
+                serde_json::json!({"path": "d/canary.txt", "limit": n + 1}),
+            )
+            .and_tool(
+                "read_file",
+                serde_json::json!({"path": "d/canary.txt", "limit": n + 2}),
+            )
+            .and_tool(
+                "grep",
+                serde_json::json!({"pattern": "HOST-CANARY", "max_results": n}),
+            )
+            .and_tool("ls", serde_json::json!({"path": "d"}))
+        } else if done < 2 + PER_ROUND * ROUNDS {
+            shade_testkit::Reply::tool("shell", serde_json::json!({ "command": "touch stop" }))
+        } else {
+            shade_testkit::Reply::text("Done.")
+        }
+    }))
+    .unwrap();
+    let config = e.out.join("../agent-config");
+    std::fs::create_dir_all(&config).unwrap();
+    if e.who == Who::Plain {
+        let (uid, gid) = plain_ids();
+        std::os::unix::fs::chown(&config, Some(uid), Some(gid)).unwrap();
+    }
+    let o = e
+        .shade()
+        .args(["exec", "--shadow", "--approval", "yolo", "go"])
+        .env("XDG_CONFIG_HOME", &config)
+        .env("OPENAI_BASE_URL", &llm.base_url)
+        .env("OPENAI_API_KEY", "test-key")
+        .env("SHADE_MODEL", "main-model")
+        .env("SHADE_FAST_MODEL", "fast-model")
+        .output()
+        .unwrap();
+    let swapper = swapping.lock().unwrap().take();
+    if let Some(mut c) = swapper {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let log = show(&o);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("Done."),
+        "the agent did not finish\n{log}"
+    );
+    let sent: Vec<String> = llm.requests().iter().map(|b| b.to_string()).collect();
+    assert!(
+        sent.iter().any(|b| b.contains("started")),
+        "the shell did not make d and l\n{log}"
+    );
+    let leaked = sent
+        .iter()
+        .filter(|b| {
+            b.contains("HOST-CANARY\\n")
+                || b.contains("1: HOST-CANARY")
+                || b.contains("canary.txt (")
+        })
+        .count();
+    assert_eq!(
+        leaked, 0,
+        "{who:?}: the model was sent the host's file\n{log}"
+    );
+    assert_host_untouched(&host, &format!("exec --shadow\n{log}"));
+}
+
 macro_rules! both {
     ($($route:ident),* $(,)?) => {
         mod as_root {
@@ -1964,6 +2291,9 @@ both!(
     net_admin,
     inotify_bounded,
     standing_keep_rules,
+    mcp_file_tools_race,
+    lint_planted_symlink,
+    agent_tools_race,
 );
 
 /// A command allocating past its memory limit (1 GiB touched, 256 MiB allowed) does not

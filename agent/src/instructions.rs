@@ -43,8 +43,25 @@ pub fn load(ctx: &ToolContext) -> Vec<InstructionFile> {
     let mut seen_files = HashSet::new();
     let mut seen_texts = HashSet::new();
     let mut out = Vec::new();
-    for (dir, shown_dir) in places {
+    let last = places.len() - 1;
+    for (at, (dir, shown_dir)) in places.into_iter().enumerate() {
         for name in FILE_NAMES {
+            if at == last {
+                // The workspace (a branch commands write): read beneath its root
+                // descriptor, so a file a command made a link to the host is not read.
+                let Ok(bytes) = ctx.workspace.files().and_then(|f| f.read(Path::new(name))) else {
+                    continue;
+                };
+                let text = cut(&bytes);
+                if text.trim().is_empty() || !seen_texts.insert(text.trim().to_string()) {
+                    continue;
+                }
+                out.push(InstructionFile {
+                    shown: shown_dir.join(name),
+                    text,
+                });
+                continue;
+            }
             let path = dir.join(name);
             let Ok(real) = path.canonicalize() else {
                 continue;

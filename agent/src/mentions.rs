@@ -47,7 +47,7 @@ pub fn expand(prompt: &str, workspace: &Workspace) -> Expanded {
             continue;
         }
         let shown = workspace.display(&path);
-        match attach(&path, &shown) {
+        match attach(workspace, &path, &shown) {
             Ok(Some((block, note))) => {
                 blocks.push_str(&block);
                 out.attached.push((mention.to_string(), note));
@@ -85,17 +85,27 @@ pub fn mentions(prompt: &str) -> Vec<&str> {
 
 /// The block for one path and its note; `None` when nothing is there (a mention of
 /// something that does not exist is left as plain text: `@decorator`, `@user`).
-fn attach(path: &std::path::Path, shown: &str) -> Result<Option<(String, String)>, String> {
-    let Ok(meta) = std::fs::metadata(path) else {
+fn attach(
+    workspace: &Workspace,
+    path: &std::path::Path,
+    shown: &str,
+) -> Result<Option<(String, String)>, String> {
+    // Through the root's descriptor: a link a command swaps in cannot lead out.
+    let Ok(files) = workspace.files() else {
+        return Ok(None);
+    };
+    let rel = workspace.relative(path);
+    let Ok(meta) = files.metadata(rel) else {
         return Ok(None);
     };
     if meta.is_dir() {
-        let mut names: Vec<String> = std::fs::read_dir(path)
+        let mut names: Vec<String> = files
+            .read_dir(rel)
             .map_err(|e| e.to_string())?
-            .flatten()
+            .into_iter()
             .map(|e| {
-                let mut n = e.file_name().to_string_lossy().into_owned();
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                let mut n = e.name.to_string_lossy().into_owned();
+                if e.kind == crate::workspace::Kind::Dir {
                     n.push('/');
                 }
                 n
@@ -118,7 +128,7 @@ fn attach(path: &std::path::Path, shown: &str) -> Result<Option<(String, String)
     if !meta.is_file() {
         return Err("not a regular file".into());
     }
-    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    let bytes = files.read(rel).map_err(|e| e.to_string())?;
     if bytes.iter().take(8192).any(|&b| b == 0) {
         return Err("a binary file".into());
     }

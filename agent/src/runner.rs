@@ -150,12 +150,12 @@ impl Inner {
                 tops.insert(top);
             }
         }
+        // Beneath the branch's descriptor: the checker may have left links to the host.
+        let branch = shade_fusefs::rootdir::RootDir::open(&self.mount);
         for rel in tops {
-            let abs = self.mount.join(&rel);
-            let removed = match std::fs::symlink_metadata(&abs) {
-                Ok(m) if m.is_dir() => std::fs::remove_dir_all(&abs),
-                Ok(_) => std::fs::remove_file(&abs),
-                Err(_) => Ok(()),
+            let removed = match &branch {
+                Ok(b) => b.remove_all(&rel),
+                Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
             };
             if let Err(e) = removed {
                 tracing::warn!("cannot remove {} left by a checker: {e}", rel.display());

@@ -4,8 +4,15 @@
 //! workspace ([`Workspace::shadowed`]) keeps files in a branch mount while the model keeps
 //! seeing the project's real absolute paths: those map into the mount, and nothing shown
 //! to the model names the mount.
+//!
+//! `resolve` decides what a path means; it is a check, not the access. Commands write the
+//! tree and may swap a directory for a link to the host right after it, so every access
+//! then goes through [`Workspace::files`] (a [`RootDir`]): the kernel resolves the path
+//! beneath the root's descriptor and the file is used through the descriptor it returns.
 
 use std::path::{Component, Path, PathBuf};
+
+pub use shade_fusefs::rootdir::{Kind, RootDir};
 
 /// Why a path was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -171,6 +178,19 @@ impl Workspace {
             out.push(name);
         }
         Ok(out)
+    }
+
+    /// The root's descriptor, which every file access of the tools goes through: `resolve`
+    /// decides what a path means, the kernel then keeps the access beneath the root, so a
+    /// link a command swaps in after the check cannot lead out.
+    pub fn files(&self) -> std::io::Result<RootDir> {
+        RootDir::open(&self.root)
+    }
+
+    /// A path from [`Workspace::resolve`] relative to the root, as [`RootDir`] takes it
+    /// (any other path stays as it is, and `RootDir` refuses it).
+    pub fn relative<'p>(&self, path: &'p Path) -> &'p Path {
+        path.strip_prefix(&self.root).unwrap_or(path)
     }
 
     /// How to show a resolved path to the user and the model: relative to the root.

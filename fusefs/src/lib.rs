@@ -26,6 +26,7 @@ mod privs;
 pub mod quote;
 mod reads;
 mod reset;
+pub mod rootdir;
 pub mod sandbox;
 mod select;
 pub mod state;

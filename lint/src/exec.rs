@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use shade_fusefs::rootdir::RootDir;
+
 /// A branch as a checker needs it: the real project path and where the branch is mounted.
 #[derive(Clone)]
 pub struct BranchView {
@@ -78,9 +80,32 @@ impl BranchView {
         }
     }
 
-    /// Where project-relative `rel` is in the branch, for reading and writing it from here.
-    pub fn in_branch(&self, rel: &str) -> PathBuf {
-        self.mount.join(rel)
+    /// The branch's files, reached only beneath a descriptor of its mount: a checker or
+    /// language server ran in the branch and may have made any directory a link to the
+    /// host, so shade never opens a path in it by name.
+    pub fn files(&self) -> std::io::Result<RootDir> {
+        RootDir::open(&self.mount)
+    }
+
+    /// The content of project-relative `rel` in the branch.
+    pub fn read(&self, rel: &str) -> std::io::Result<Vec<u8>> {
+        self.files()?.read(Path::new(rel))
+    }
+
+    /// Write project-relative `rel` in the branch (`None`: remove it), making its
+    /// directories as needed.
+    pub fn put(&self, rel: &str, content: Option<&[u8]>) -> std::io::Result<()> {
+        let files = self.files()?;
+        let rel = Path::new(rel);
+        match content {
+            Some(bytes) => {
+                if let Some(dir) = rel.parent() {
+                    files.create_dir_all(dir)?;
+                }
+                files.write(rel, bytes)
+            }
+            None => files.remove_file(rel),
+        }
     }
 }
 

@@ -259,13 +259,12 @@ impl Linter {
         budget: Duration,
     ) -> Result<Vec<Diagnostic>, LintError> {
         let deadline = Some(Instant::now() + budget);
-        let read = |p: PathBuf| std::fs::read_to_string(p).ok();
         let edits: Vec<FileEdit> = touched
             .iter()
             .map(|rel| FileEdit {
                 path: rel.clone(),
-                old: read(self.project.join(rel)),
-                new: read(view.in_branch(rel)),
+                old: std::fs::read_to_string(self.project.join(rel)).ok(),
+                new: view.read(rel).ok().and_then(|b| String::from_utf8(b).ok()),
             })
             .collect();
         let all = self.check(view, &edits, None, deadline)?;
@@ -470,7 +469,11 @@ impl Linter {
         // state of them before anything is asked.
         for rel in server.open_documents() {
             if !edits.iter().any(|e| e.path == rel) {
-                let text = std::fs::read_to_string(view.in_branch(&rel)).unwrap_or_default();
+                let text = view
+                    .read(&rel)
+                    .ok()
+                    .and_then(|b| String::from_utf8(b).ok())
+                    .unwrap_or_default();
                 server.set_text(&rel, &text)?;
             }
         }
@@ -602,18 +605,12 @@ fn spawn_reaper(servers: std::sync::Weak<Mutex<Servers>>, idle: Duration) {
 /// an earlier caller's state changed there.
 fn replay_files(project: &Path, home: &mut Home, edits: &[FileEdit]) -> Result<(), LintError> {
     let write = |rel: &str, text: Option<&[u8]>| -> Result<(), LintError> {
-        let dst = home.view.in_branch(rel);
-        if std::fs::read(&dst).ok().as_deref() == text {
+        if home.view.read(rel).ok().as_deref() == text {
             return Ok(());
         }
-        let res = match text {
-            Some(t) => dst
-                .parent()
-                .map_or(Ok(()), std::fs::create_dir_all)
-                .and_then(|()| std::fs::write(&dst, t)),
-            None => std::fs::remove_file(&dst),
-        };
-        res.map_err(|e| LintError::Io(format!("replaying {rel} for the language server: {e}")))
+        home.view
+            .put(rel, text)
+            .map_err(|e| LintError::Io(format!("replaying {rel} for the language server: {e}")))
     };
     let earlier = std::mem::take(&mut home.replayed);
     for rel in earlier
@@ -751,14 +748,7 @@ impl Session {
         }
         for e in &edits {
             self.written.insert(e.path.clone());
-            let dst = self.view.in_branch(&e.path);
-            let res = match &e.new {
-                Some(text) => dst
-                    .parent()
-                    .map_or(Ok(()), std::fs::create_dir_all)
-                    .and_then(|()| std::fs::write(&dst, text)),
-                None => std::fs::remove_file(&dst),
-            };
+            let res = self.view.put(&e.path, e.new.as_deref().map(str::as_bytes));
             res.map_err(|err| LintError::Io(format!("writing {} in the branch: {err}", e.path)))?;
         }
         self.linter
@@ -769,15 +759,11 @@ impl Session {
     fn restore(&mut self) -> Result<(), LintError> {
         for rel in &self.written {
             let lower = std::fs::read(self.linter.project.join(rel)).ok();
-            let dst = self.view.in_branch(rel);
-            let now = std::fs::read(&dst).ok();
+            let now = self.view.read(rel).ok();
             if lower == now {
                 continue;
             }
-            let res = match &lower {
-                Some(b) => std::fs::write(&dst, b),
-                None => std::fs::remove_file(&dst),
-            };
+            let res = self.view.put(rel, lower.as_deref());
             res.map_err(|e| LintError::Io(format!("restoring {rel} in the branch: {e}")))?;
         }
         Ok(())

@@ -4,6 +4,8 @@
 
 use std::path::{Component, Path, PathBuf};
 
+use shade_fusefs::rootdir::RootDir;
+
 /// One file's part of a patch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FilePatch {
@@ -209,6 +211,10 @@ pub fn confine(root: &Path, rel: &str) -> Result<PathBuf, PatchError> {
 /// Work out every file's new content against the tree at `root` (the branch), all or
 /// nothing.
 pub fn plan(root: &Path, files: &[FilePatch]) -> Result<Vec<FileEdit>, PatchError> {
+    // Read beneath the root's descriptor: `confine` says why a path is refused, the
+    // kernel keeps a link swapped in after it from leading out.
+    let tree = RootDir::open(root)
+        .map_err(|e| PatchError::DoesNotApply(format!("{}: {e}", root.display())))?;
     let mut edits: Vec<FileEdit> = Vec::new();
     for f in files {
         let rel = f.new.as_deref().or(f.old.as_deref()).ok_or_else(|| {
@@ -220,11 +226,11 @@ pub fn plan(root: &Path, files: &[FilePatch]) -> Result<Vec<FileEdit>, PatchErro
                 f.old.as_deref().unwrap_or("")
             )));
         }
-        let path = confine(root, rel)?;
+        confine(root, rel)?;
         // A file patched twice in one diff: the second part applies to the first's result.
         let current = match edits.iter().position(|e| e.path == rel) {
             Some(k) => edits.remove(k).new,
-            None => read_existing(&path, rel)?,
+            None => read_existing(&tree, rel)?,
         };
         let new = match (&f.old, &f.new, &current) {
             (None, Some(_), Some(_)) => {
@@ -248,7 +254,7 @@ pub fn plan(root: &Path, files: &[FilePatch]) -> Result<Vec<FileEdit>, PatchErro
         };
         let old = match edits.iter().position(|e| e.path == rel) {
             Some(_) => None,
-            None => read_existing(&path, rel)?,
+            None => read_existing(&tree, rel)?,
         };
         edits.push(FileEdit {
             path: rel.to_string(),
@@ -259,8 +265,8 @@ pub fn plan(root: &Path, files: &[FilePatch]) -> Result<Vec<FileEdit>, PatchErro
     Ok(edits)
 }
 
-fn read_existing(path: &Path, rel: &str) -> Result<Option<String>, PatchError> {
-    match std::fs::read(path) {
+fn read_existing(tree: &RootDir, rel: &str) -> Result<Option<String>, PatchError> {
+    match tree.read(Path::new(rel)) {
         Ok(b) => String::from_utf8(b)
             .map(Some)
             .map_err(|_| PatchError::Unsupported(format!("{rel} is not UTF-8 text"))),

@@ -15,7 +15,9 @@
 //! session's warm state) and is removed with the session.
 
 use super::exec::Runner;
+use shade_fusefs::rootdir::RootDir;
 use shade_fusefs::sandbox::{self, RunOutcome, RunSpec};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -64,6 +66,9 @@ impl TargetOverlay {
         for d in [&upper, &work] {
             std::fs::create_dir_all(d)?;
         }
+        // The branch's `target` as a descriptor opened beneath the branch, not followed
+        // if it is a link: a checker that ran before may have made it one to anywhere.
+        let at = RootDir::open(branch)?.open_dir_path(Path::new("target"))?;
         let opts = format!(
             "lowerdir={},upperdir={},workdir={}",
             self.target.display(),
@@ -72,7 +77,7 @@ impl TargetOverlay {
         );
         nix::mount::mount(
             Some("overlay"),
-            &mnt,
+            &PathBuf::from(format!("/proc/self/fd/{}", at.as_raw_fd())),
             Some("overlay"),
             nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
             Some(opts.as_str()),
@@ -86,7 +91,11 @@ struct Mounted(PathBuf);
 
 impl Drop for Mounted {
     fn drop(&mut self) {
-        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        // Never through a link a command put in the overlay's place.
+        let _ = nix::mount::umount2(
+            &self.0,
+            nix::mount::MntFlags::MNT_DETACH | nix::mount::MntFlags::UMOUNT_NOFOLLOW,
+        );
     }
 }
 

@@ -191,7 +191,10 @@ fn rule_repair(ws: &crate::workspace::Workspace, p: &Params) -> Repair {
         other => return Repair::AsGiven(other),
     };
     let expected = p.expected_replacements.unwrap_or(1);
-    let current = match ws.resolve(&p.path).map(std::fs::read_to_string) {
+    let current = match ws.resolve(&p.path).map(|path| {
+        ws.files()
+            .and_then(|f| f.read_to_string(ws.relative(&path)))
+    }) {
         Ok(Ok(current)) => current,
         _ => return Repair::AsGiven(Err(error)),
     };
@@ -254,7 +257,11 @@ fn compute(ws: &crate::workspace::Workspace, p: &Params) -> Result<Change, ToolE
     if p.old_string == p.new_string {
         return Err(EditError::NoChange.into());
     }
-    let exists = path.exists();
+    let files = ws
+        .files()
+        .map_err(|e| ToolError::Failed(format!("cannot read {shown}: {e}")))?;
+    let meta = files.metadata(ws.relative(&path)).ok();
+    let exists = meta.is_some();
     if p.old_string.is_empty() {
         if exists {
             return Err(EditError::AlreadyExists(shown).into());
@@ -272,10 +279,11 @@ fn compute(ws: &crate::workspace::Workspace, p: &Params) -> Result<Change, ToolE
     if !exists {
         return Err(EditError::FileMissing(shown).into());
     }
-    if !path.is_file() {
+    if !meta.is_some_and(|m| m.is_file()) {
         return Err(ToolError::Failed(format!("{shown} is not a regular file")));
     }
-    let current = std::fs::read_to_string(&path)
+    let current = files
+        .read_to_string(ws.relative(&path))
         .map_err(|e| ToolError::Failed(format!("cannot read {shown} as text: {e}")))?;
     let expected = p.expected_replacements.unwrap_or(1);
     if expected == 0 {
@@ -310,13 +318,19 @@ fn compute(ws: &crate::workspace::Workspace, p: &Params) -> Result<Change, ToolE
 fn apply(ws: &crate::workspace::Workspace, p: Params) -> Result<ToolOutput, ToolError> {
     let (c, repaired) = compute_repaired(ws, p)?;
     let shown = &c.shown;
+    let files = ws
+        .files()
+        .map_err(|e| ToolError::Failed(format!("cannot write {shown}: {e}")))?;
+    let rel = ws.relative(&c.path);
     if c.old.is_none() {
-        if let Some(parent) = c.path.parent() {
-            std::fs::create_dir_all(parent)
+        if let Some(parent) = rel.parent() {
+            files
+                .create_dir_all(parent)
                 .map_err(|e| ToolError::Failed(format!("cannot create {shown}: {e}")))?;
         }
     }
-    std::fs::write(&c.path, &c.new)
+    files
+        .write(rel, c.new.as_bytes())
         .map_err(|e| ToolError::Failed(format!("cannot write {shown}: {e}")))?;
     if c.old.is_none() {
         let lines = plural(c.new.lines().count(), "line");

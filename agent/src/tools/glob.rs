@@ -1,14 +1,15 @@
 //! `glob`: find files by name pattern, honouring .gitignore.
 
+use std::ops::ControlFlow;
+
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::grep::walker;
 use super::text::plural;
 use super::{run_blocking, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
 use crate::llm::{BoxFuture, ToolSpec};
-use crate::workspace::Workspace;
+use crate::workspace::{Kind, Workspace};
 
 /// Paths returned at most.
 pub const MAX_RESULTS: usize = 500;
@@ -73,23 +74,34 @@ fn find(ws: &Workspace, p: Params, cancel: &CancellationToken) -> Result<ToolOut
     let start = ws.resolve(p.path.as_deref().unwrap_or("."))?;
     let mut found = Vec::new();
     let mut more = false;
-    for entry in walker(&start).flatten() {
+    let files = ws
+        .files()
+        .map_err(|e| ToolError::Failed(format!("cannot search: {e}")))?;
+    let base = ws.relative(&start).to_path_buf();
+    let mut cancelled = false;
+    // A start that is missing (or leads out) has no files, as before.
+    let _ = files.walk(&base, &mut |entry| {
         if cancel.is_cancelled() {
-            return Err(ToolError::Cancelled);
+            cancelled = true;
+            return ControlFlow::Break(());
         }
-        if !entry.file_type().is_some_and(|t| t.is_file()) {
-            continue;
+        if entry.kind != Kind::File {
+            return ControlFlow::Continue(());
         }
-        let Ok(rel) = entry.path().strip_prefix(&start) else {
-            continue;
+        let Ok(rel) = entry.rel.strip_prefix(&base) else {
+            return ControlFlow::Continue(());
         };
         if matcher.is_match(rel) {
             if found.len() >= MAX_RESULTS {
                 more = true;
-                break;
+                return ControlFlow::Break(());
             }
-            found.push(ws.display(entry.path()));
+            found.push(ws.display(&ws.root().join(entry.rel)));
         }
+        ControlFlow::Continue(())
+    });
+    if cancelled {
+        return Err(ToolError::Cancelled);
     }
     if found.is_empty() {
         return Ok(ToolOutput {

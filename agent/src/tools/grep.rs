@@ -2,6 +2,7 @@
 //! ripgrep does), skipping binary files.
 
 use std::io::BufRead;
+use std::ops::ControlFlow;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -10,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::text::{cap_line, looks_binary, plural};
 use super::{run_blocking, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
 use crate::llm::{BoxFuture, ToolSpec};
+use crate::workspace::Kind;
 
 /// Matches returned when no limit is given.
 pub const DEFAULT_MAX_RESULTS: usize = 200;
@@ -73,16 +75,6 @@ impl Tool for Grep {
     }
 }
 
-/// Build a walker over `start` that honours .gitignore even outside a git repository.
-pub fn walker(start: &std::path::Path) -> ignore::Walk {
-    ignore::WalkBuilder::new(start)
-        .hidden(false)
-        .require_git(false)
-        .filter_entry(|e| e.file_name() != ".git")
-        .sort_by_file_path(|a, b| a.cmp(b))
-        .build()
-}
-
 fn search(
     ws: &crate::workspace::Workspace,
     p: Params,
@@ -107,34 +99,40 @@ fn search(
     let mut hits = Vec::new();
     let mut files_with_hits = 0;
     let mut more = false;
-    'files: for entry in walker(&start) {
+    let files = ws
+        .files()
+        .map_err(|e| ToolError::Failed(format!("cannot search: {e}")))?;
+    let mut cancelled = false;
+    // A start that is missing (or leads out) has no matches, as before.
+    let _ = files.walk(ws.relative(&start), &mut |entry| {
         if cancel.is_cancelled() {
-            return Err(ToolError::Cancelled);
+            cancelled = true;
+            return ControlFlow::Break(());
         }
-        let Ok(entry) = entry else { continue };
-        if !entry.file_type().is_some_and(|t| t.is_file()) {
-            continue;
+        if entry.kind != Kind::File {
+            return ControlFlow::Continue(());
         }
-        let rel = ws.display(entry.path());
+        let rel = ws.display(&ws.root().join(entry.rel));
         if let Some(m) = &include {
-            let name = entry.file_name();
-            if !m.is_match(&rel) && !m.is_match(name) {
-                continue;
+            if !m.is_match(&rel) && !m.is_match(entry.file_name()) {
+                return ControlFlow::Continue(());
             }
         }
-        let Ok(bytes) = std::fs::read(entry.path()) else {
-            continue;
+        let Ok(bytes) = entry.read() else {
+            return ControlFlow::Continue(());
         };
         if looks_binary(&bytes) {
-            continue;
+            return ControlFlow::Continue(());
         }
         let mut file_hit = false;
         for (i, line) in bytes.lines().enumerate() {
-            let Ok(line) = line else { continue 'files };
+            let Ok(line) = line else {
+                return ControlFlow::Continue(());
+            };
             if re.is_match(&line) {
                 if hits.len() >= max {
                     more = true;
-                    break 'files;
+                    return ControlFlow::Break(());
                 }
                 file_hit = true;
                 hits.push(format!(
@@ -147,6 +145,10 @@ fn search(
         if file_hit {
             files_with_hits += 1;
         }
+        ControlFlow::Continue(())
+    });
+    if cancelled {
+        return Err(ToolError::Cancelled);
     }
     let summary = format!(
         "{} in {}",

@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 use super::text::plural;
 use super::{run_blocking, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
 use crate::llm::{BoxFuture, ToolSpec};
-use crate::workspace::Workspace;
+use crate::workspace::{Kind, Workspace};
 
 /// Entries returned at most.
 pub const MAX_ENTRIES: usize = 1000;
@@ -62,21 +62,25 @@ impl Tool for Ls {
 fn list(ws: &Workspace, p: Params) -> Result<ToolOutput, ToolError> {
     let dir = ws.resolve(p.path.as_deref().unwrap_or("."))?;
     let shown = ws.display(&dir);
-    let rd = std::fs::read_dir(&dir).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => ToolError::Failed(format!("directory not found: {shown}")),
-        _ => ToolError::Failed(format!("cannot list {shown}: {e}")),
-    })?;
+    let rd = ws
+        .files()
+        .and_then(|f| f.read_dir(ws.relative(&dir)))
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                ToolError::Failed(format!("directory not found: {shown}"))
+            }
+            _ => ToolError::Failed(format!("cannot list {shown}: {e}")),
+        })?;
     let mut dirs = Vec::new();
     let mut files = Vec::new();
-    for entry in rd.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
+    for entry in rd {
+        let name = entry.name.to_string_lossy().into_owned();
         if name == ".git" {
             continue;
         }
-        match entry.metadata() {
-            Ok(m) if m.is_dir() => dirs.push(format!("{name}/")),
-            Ok(m) => files.push((name, m.len())),
-            Err(_) => files.push((name, 0)),
+        match entry.kind {
+            Kind::Dir => dirs.push(format!("{name}/")),
+            _ => files.push((name, entry.len)),
         }
     }
     dirs.sort();

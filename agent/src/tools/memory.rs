@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{blocking, parse_args, Tool, ToolContext, ToolError, ToolKind, ToolOutput};
 use crate::llm::{BoxFuture, ToolSpec};
+use crate::workspace::Workspace;
 
 /// Default memory file name (project and global).
 pub const FILE_NAME: &str = "SHADE.md";
@@ -88,8 +89,9 @@ impl Tool for Memory {
 
     fn preview(&self, args: &Value, ctx: &ToolContext) -> Option<String> {
         let p: Params = parse_args(args.clone()).ok()?;
-        let path = memory_path(ctx, p.scope?).ok()?;
-        let old = std::fs::read_to_string(&path).unwrap_or_default();
+        let scope = p.scope?;
+        let path = memory_path(ctx, scope).ok()?;
+        let old = read_memory(ctx, scope, &path).unwrap_or_default();
         let new = compute_new_content(&old, &p.fact);
         Some(super::diff::unified(
             &ctx.workspace.shown(&path).display().to_string(),
@@ -125,7 +127,13 @@ impl Tool for Memory {
             };
             let path = memory_path(ctx, scope)?;
             let fact = p.fact.clone();
-            blocking(move || add_entry(&path, &fact)).await?;
+            match scope {
+                Scope::Global => blocking(move || add_entry(&path, &fact)).await?,
+                Scope::Project => {
+                    let ws = ctx.workspace.clone();
+                    blocking(move || add_project_entry(&ws, &path, &fact)).await?
+                }
+            }
             let message = format!(
                 "Okay, I've remembered that in {} memory: \"{}\"",
                 scope.as_str(),
@@ -153,6 +161,37 @@ pub fn add_entry(path: &Path, fact: &str) -> Result<(), ToolError> {
     };
     std::fs::write(path, compute_new_content(&content, fact))
         .map_err(|e| ToolError::Failed(format!("Failed to save memory: {e}")))
+}
+
+/// The memory file of `scope` at `path`: the project's through the workspace's root
+/// descriptor (a command may have made it a link), the global one by its path.
+fn read_memory(ctx: &ToolContext, scope: Scope, path: &Path) -> std::io::Result<String> {
+    match scope {
+        Scope::Global => std::fs::read_to_string(path),
+        Scope::Project => ctx
+            .workspace
+            .files()?
+            .read_to_string(ctx.workspace.relative(path)),
+    }
+}
+
+/// [`add_entry`] for the project's memory file (resolved in `ws`), written beneath the
+/// workspace's root descriptor so no link a command planted leads out.
+fn add_project_entry(ws: &Workspace, path: &Path, fact: &str) -> Result<(), ToolError> {
+    let fail = |e: std::io::Error| ToolError::Failed(format!("Failed to save memory: {e}"));
+    let files = ws.files().map_err(fail)?;
+    let rel = ws.relative(path);
+    if let Some(dir) = rel.parent() {
+        files.create_dir_all(dir).map_err(fail)?;
+    }
+    let content = match files.read_to_string(rel) {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(fail(e)),
+    };
+    files
+        .write(rel, compute_new_content(&content, fact).as_bytes())
+        .map_err(fail)
 }
 
 /// The memory file after adding `fact` (pure, for previews and tests).
@@ -204,7 +243,7 @@ pub fn load_memories(ctx: &ToolContext) -> String {
         let Ok(path) = memory_path(ctx, scope) else {
             continue;
         };
-        if let Ok(text) = std::fs::read_to_string(&path) {
+        if let Ok(text) = read_memory(ctx, scope, &path) {
             if !text.trim().is_empty() {
                 out.push_str(&format!(
                     "\n--- {} memory ({}) ---\n{}\n",

@@ -72,7 +72,11 @@ impl Tool for ReadFile {
 fn read(ws: &crate::workspace::Workspace, p: Params) -> Result<ToolOutput, ToolError> {
     let path = ws.resolve(&p.path)?;
     let shown = ws.display(&path);
-    let meta = std::fs::metadata(&path).map_err(|e| match e.kind() {
+    let files = ws
+        .files()
+        .map_err(|e| ToolError::Failed(format!("cannot read {shown}: {e}")))?;
+    let rel = ws.relative(&path);
+    let meta = files.metadata(rel).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => ToolError::Failed(format!("file not found: {shown}")),
         _ => ToolError::Failed(format!("cannot read {shown}: {e}")),
     })?;
@@ -92,8 +96,9 @@ fn read(ws: &crate::workspace::Workspace, p: Params) -> Result<ToolOutput, ToolE
             meta.len()
         )));
     }
-    let bytes =
-        std::fs::read(&path).map_err(|e| ToolError::Failed(format!("cannot read {shown}: {e}")))?;
+    let bytes = files
+        .read(rel)
+        .map_err(|e| ToolError::Failed(format!("cannot read {shown}: {e}")))?;
     if looks_binary(&bytes) {
         return Ok(ToolOutput {
             content: format!(

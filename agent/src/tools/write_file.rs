@@ -58,7 +58,11 @@ impl Tool for WriteFile {
         let path = ctx.workspace.resolve(&p.path).ok()?;
         let (content, _) = by_rule(p.content);
         let shown = ctx.workspace.display(&path);
-        match std::fs::read_to_string(&path) {
+        let old = ctx
+            .workspace
+            .files()
+            .and_then(|f| f.read_to_string(ctx.workspace.relative(&path)));
+        match old {
             Ok(old) => Some(super::diff::unified(&shown, &old, &content)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 Some(super::diff::created(&shown, &content))
@@ -129,16 +133,22 @@ fn write(ws: &Workspace, p: Params) -> Result<ToolOutput, ToolError> {
     let (content, note) = by_rule(p.content);
     let path = ws.resolve(&p.path)?;
     let shown = ws.display(&path);
-    if path.is_dir() {
+    let files = ws
+        .files()
+        .map_err(|e| ToolError::Failed(format!("cannot write {shown}: {e}")))?;
+    let rel = ws.relative(&path);
+    let meta = files.metadata(rel).ok();
+    if meta.as_ref().is_some_and(|m| m.is_dir()) {
         return Err(ToolError::Failed(format!("{shown} is a directory")));
     }
-    let existed = path.exists();
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| {
+    let existed = meta.is_some();
+    if let Some(parent) = rel.parent() {
+        files.create_dir_all(parent).map_err(|e| {
             ToolError::Failed(format!("cannot create directories for {shown}: {e}"))
         })?;
     }
-    std::fs::write(&path, &content)
+    files
+        .write(rel, content.as_bytes())
         .map_err(|e| ToolError::Failed(format!("cannot write {shown}: {e}")))?;
     let lines = plural(content.lines().count(), "line");
     let what = if existed { "Overwrote" } else { "Created" };
