@@ -276,6 +276,7 @@ pub fn hash_file(f: &mut std::fs::File) -> io::Result<(String, u64)> {
     let mut buf = vec![0u8; 64 * 1024];
     let mut n = 0u64;
     loop {
+        super::stage::check_cancel()?; // a huge (sparse) file: Ctrl-C stops the accept
         let k = f.read(&mut buf)?;
         if k == 0 {
             break;
