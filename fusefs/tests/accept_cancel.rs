@@ -30,9 +30,10 @@ fn a_signal_before_the_commit_point_cancels_the_accept() {
     let env = Env::new();
     std::fs::write(env.root.join("a"), "old\n").unwrap();
     let outer = DeferSignals::for_cleanup();
-    // SAFETY: signalling our own process; the guard notes it instead of exiting.
+    // SAFETY: signalling this thread (handled before raise returns); the guard notes it
+    // instead of exiting.
     unsafe {
-        libc::kill(libc::getpid(), libc::SIGINT);
+        libc::raise(libc::SIGINT);
     }
     assert_eq!(outer.pending(), [libc::SIGINT]);
     let mut plan = vec![PlanOp::WriteFile {
