@@ -180,7 +180,7 @@ pub fn log_main(args: LogArgs) -> i32 {
             "{}  {}  {}  {} path(s), {}  {status}",
             e.id,
             e.time,
-            shade_fusefs::quote::visible_controls(&e.origin),
+            shade_fusefs::quote::visible_line(&e.origin),
             e.paths.len(),
             format_size(size)
         );

@@ -121,6 +121,32 @@ pub struct FileConfig {
     pub outside: Option<OutsideConfig>,
     /// `[history]`: how much of the accept history (for `shade undo`) is kept.
     pub history: Option<HistoryConfig>,
+    /// `[mcp]`: how many branches `shade mcp` keeps at once.
+    pub mcp: Option<McpConfig>,
+}
+
+/// The `[mcp]` section: each branch is a mount with its own threads, so a client (or a
+/// looping model) may not make them without end.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpConfig {
+    /// Live branches per MCP session (default 16).
+    pub max_branches: Option<usize>,
+    /// Live branches of all sessions of one `shade mcp` process (default 64).
+    pub max_branches_total: Option<usize>,
+}
+
+/// `[mcp]`'s (per session, per process) branch caps of the usual config file, defaults
+/// filled in (a missing default file gives the defaults, a broken one an error).
+pub fn mcp_branch_caps() -> Result<(usize, usize), String> {
+    let m = load_file_config(&Overrides::default())
+        .map_err(|e| e.to_string())?
+        .mcp
+        .unwrap_or_default();
+    Ok((
+        m.max_branches.unwrap_or(16).max(1),
+        m.max_branches_total.unwrap_or(64).max(1),
+    ))
 }
 
 /// The `[history]` section.

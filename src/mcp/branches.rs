@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -19,12 +19,57 @@ pub struct Entry {
     shadow: Mutex<Option<Shadow>>,
     /// Tools run with this: files in the branch mount, commands in its sandbox.
     pub ctx: ToolContext,
+    /// Every tool call that may write in the branch holds it shared for its whole run; an
+    /// accept holds it exclusively from listing the changes to writing them, so what the
+    /// user confirmed is what the branch still holds.
+    pub busy: tokio::sync::RwLock<()>,
+    /// Set while an accept lists, confirms and writes the branch: tool calls are refused.
+    frozen: AtomicBool,
+    /// Count the branch among the session's and the process's live branches while it
+    /// exists.
+    _slots: (Slot, Slot),
 }
 
 impl Entry {
     /// The shadow, unless another call already took it.
     pub fn shadow(&self) -> MutexGuard<'_, Option<Shadow>> {
         lock(&self.shadow)
+    }
+
+    /// Whether an accept has frozen the branch.
+    pub fn frozen(&self) -> bool {
+        self.frozen.load(Ordering::SeqCst)
+    }
+
+    /// Freezes (an accept starts) or thaws (it was declined) the branch.
+    pub fn set_frozen(&self, on: bool) {
+        self.frozen.store(on, Ordering::SeqCst);
+    }
+}
+
+/// Live branches of every session of this process (the per-process cap counts these).
+static LIVE_BRANCHES: std::sync::LazyLock<Arc<AtomicUsize>> =
+    std::sync::LazyLock::new(Arc::default);
+
+/// One place among the live (or being made) branches a counter counts, given back when
+/// dropped.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    /// A place, unless `cap` are taken already.
+    fn take(counter: &Arc<AtomicUsize>, cap: usize) -> Option<Slot> {
+        counter
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < cap).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Slot(counter.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -39,6 +84,10 @@ pub struct SessionOptions {
     pub time_limit: Duration,
     /// Check edits with the project's checker (the `[lint]` section, or detection).
     pub lint: bool,
+    /// Most live branches of one session (`[mcp] max_branches`).
+    pub max_branches: usize,
+    /// Most live branches of all sessions of the process (`[mcp] max_branches_total`).
+    pub max_branches_total: usize,
 }
 
 /// All branches of one session, by id (`b1`, `b2`, …). Dropping it unmounts them all.
@@ -51,8 +100,13 @@ pub struct Branches {
     lint: Mutex<Option<Option<Arc<LintHook>>>>,
     /// Set when the session ends: no branch may be made after.
     closed: AtomicBool,
-    /// Names this session's accepts in the history (`undo_accept` undoes its own).
+    /// Names this session's accepts in the history.
     session: String,
+    /// Ids of the accepts this session made (its accepts and undos): `undo_accept` undoes
+    /// these as asked, any other only when the user confirms.
+    own: Mutex<Vec<String>>,
+    /// The session's live branches and those being made (the per-session cap counts these).
+    count: Arc<AtomicUsize>,
 }
 
 /// Numbers the sessions of this process, for their history origin.
@@ -71,6 +125,8 @@ impl Branches {
             live: Mutex::default(),
             lint: Mutex::default(),
             closed: AtomicBool::new(false),
+            own: Mutex::default(),
+            count: Arc::default(),
             session: format!(
                 "{}.{}",
                 std::process::id(),
@@ -84,9 +140,30 @@ impl Branches {
         &self.options.state
     }
 
-    /// How this session's accepts are named in the history, for `client`.
+    /// How this session's accepts are named in the history, for `client` (a name the
+    /// client chose: kept to one line of visible text and 80 characters).
     pub fn origin(&self, client: &str) -> String {
-        format!("mcp client {client} (session {})", self.session)
+        let name: String = client.chars().take(80).collect();
+        format!(
+            "mcp client {} (session {})",
+            shade_fusefs::quote::visible_line(&name),
+            self.session
+        )
+    }
+
+    /// Notes accept `id` as this session's own.
+    pub fn record_own(&self, id: &str) {
+        lock(&self.own).push(id.to_string());
+    }
+
+    /// Whether this session made accept `id`.
+    pub fn is_own(&self, id: &str) -> bool {
+        lock(&self.own).iter().any(|o| o == id)
+    }
+
+    /// This session's accepts, oldest first.
+    pub fn own_ids(&self) -> Vec<String> {
+        lock(&self.own).clone()
     }
 
     /// The real project directory.
@@ -100,6 +177,20 @@ impl Branches {
             !self.closed.load(Ordering::SeqCst),
             "the session is ending; no new branch"
         );
+        let mine = Slot::take(&self.count, self.options.max_branches).ok_or_else(|| {
+            anyhow::anyhow!(
+                "this session has {} live branches, its limit (`[mcp] max_branches` in shade's \
+                 config): accept or abort one before creating another",
+                self.options.max_branches
+            )
+        })?;
+        let all = Slot::take(&LIVE_BRANCHES, self.options.max_branches_total).ok_or_else(|| {
+            anyhow::anyhow!(
+                "this shade mcp process already has {} live branches, its limit (`[mcp] \
+                 max_branches_total` in shade's config): accept or abort one first",
+                self.options.max_branches_total
+            )
+        })?;
         let mut options = ShadowOptions::speculative(self.options.time_limit);
         options.branch.state = self.options.state.clone();
         let shadow = Shadow::create(&self.options.project, options)?;
@@ -111,6 +202,9 @@ impl Branches {
         let entry = Arc::new(Entry {
             shadow: Mutex::new(Some(shadow)),
             ctx,
+            busy: tokio::sync::RwLock::new(()),
+            frozen: AtomicBool::new(false),
+            _slots: (mine, all),
         });
         let mut live = lock(&self.live);
         if self.closed.load(Ordering::SeqCst) {

@@ -184,7 +184,8 @@ pub fn all(time_limit_secs: u64) -> Vec<Entry> {
                      of the whole project (created in milliseconds, nothing copied): read, write and edit \
                      files and run commands in it with the other tools; nothing reaches the user's files \
                      until accept_branch, and abort_branch (or the end of this session) drops it. Use one \
-                     branch per independent attempt; several can live at once."
+                     branch per independent attempt; several can live at once (up to the session's \
+                     limit, `[mcp] max_branches` in shade's config: abort or accept one to make room)."
                         .into(),
                     json!({"type": "object", "properties": {}, "additionalProperties": false}),
                     annotations("Create a branch", false, false, false),
@@ -332,7 +333,10 @@ pub fn all(time_limit_secs: u64) -> Vec<Entry> {
                      branch changed or read was changed in the project meanwhile (the paths are listed: \
                      read them again in a new branch, or abort). Ignored build output (target/, …) is \
                      not written. Call it only when the user wants the changes applied; the user is asked \
-                     to confirm where the client supports it."
+                     to confirm where the client supports it. From the start of the call the branch is \
+                     frozen: its running commands are killed and other calls on it refused, and exactly \
+                     the changes listed (and confirmed) are written — if the branch differs from that \
+                     list by then, nothing is written."
                         .into(),
                     branch_only_schema(),
                     annotations("Accept a branch into the project", false, true, false),
@@ -352,8 +356,11 @@ pub fn all(time_limit_secs: u64) -> Vec<Entry> {
                      accept of this session not undone yet. Refused, with nothing written, if the user \
                      or a later accept changed any of those paths since (they are listed); with \
                      `keep_mine` those paths are left as they are and the rest is undone. The undo is \
-                     itself recorded and can be undone by calling this again with its id. Call it only \
-                     when the user wants the changes taken back."
+                     itself recorded and can be undone by calling this again with its id. Only this \
+                     session's own accepts are undone as asked: an accept it did not make (the user's \
+                     own `shade run --accept`, another client's) is undone only if the user confirms \
+                     it when asked, and refused where the client cannot ask. Call it only when the \
+                     user wants the changes taken back."
                         .into(),
                     json!({
                         "type": "object",

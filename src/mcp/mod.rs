@@ -76,11 +76,15 @@ fn session_options(args: &McpArgs) -> anyhow::Result<SessionOptions> {
     let project = std::fs::canonicalize(&dir)
         .with_context(|| format!("project directory {}", dir.display()))?;
     anyhow::ensure!(project.is_dir(), "{} is not a directory", project.display());
+    let (max_branches, max_branches_total) =
+        crate::config::mcp_branch_caps().map_err(anyhow::Error::msg)?;
     Ok(SessionOptions {
         project,
         state,
         time_limit: Duration::from_secs(time_limit_secs(args)),
         lint: !args.no_lint,
+        max_branches,
+        max_branches_total,
     })
 }
 

@@ -217,6 +217,19 @@ impl ShadeServer {
         cancel: &CancellationToken,
     ) -> Answer {
         let entry = self.branches.get(id)?;
+        let frozen = || {
+            format!(
+                "branch {id} is being accepted: it takes no more calls (its commands were \
+                 stopped so that what the user confirms is what is written)"
+            )
+        };
+        if entry.frozen() {
+            return Err(frozen());
+        }
+        let _busy = entry.busy.read().await;
+        if entry.frozen() {
+            return Err(frozen());
+        }
         let ctx = &entry.ctx;
         if tool.name() == "diagnostics" && ctx.lint.is_none() {
             return Err(
@@ -309,11 +322,42 @@ impl ShadeServer {
         Ok(Reply::with(text, structured))
     }
 
-    /// Accept: refused on conflicts (branch kept), confirmed by the user where the client
-    /// can ask, then written atomically and the branch closed.
+    /// Accept: the branch is frozen first (its commands killed, other calls on it refused),
+    /// then listed, refused on conflicts (branch kept), confirmed by the user where the
+    /// client can ask, and exactly what was listed written atomically and the branch closed.
     async fn accept(&self, id: &str, context: &RequestContext<RoleServer>) -> Answer {
-        let changes = self.changeset(id).await?;
-        let outside = self.outside(id).await?;
+        let entry = self.branches.get(id)?;
+        if entry.frozen() {
+            return Err(format!("branch {id} is already being accepted"));
+        }
+        entry.set_frozen(true);
+        let frozen = freeze(&entry).await;
+        let answer = match frozen {
+            Ok(_guard) => self.accept_frozen(id, &entry, context).await,
+            Err(e) => Err(e),
+        };
+        // Still live (declined, refused on conflicts): it takes calls again.
+        entry.set_frozen(false);
+        answer
+    }
+
+    /// [`ShadeServer::accept`] once nothing can write in the branch any more.
+    async fn accept_frozen(
+        &self,
+        id: &str,
+        entry: &Arc<super::branches::Entry>,
+        context: &RequestContext<RoleServer>,
+    ) -> Answer {
+        let listed = entry.clone();
+        let (changes, outside, listed_state) = blocking(move || match listed.shadow().as_ref() {
+            Some(s) => {
+                let changes = s.changeset(false).changes;
+                let state = BranchState::of(s.mountpoint(), &changes);
+                Ok((changes, s.outside(), state))
+            }
+            None => Err("the branch is being accepted or aborted".to_string()),
+        })
+        .await?;
         let dropped = if outside.is_empty() {
             String::new()
         } else {
@@ -323,7 +367,6 @@ impl ShadeServer {
                 crate::outside::summary(&outside, 10).unwrap_or_default()
             )
         };
-        let entry = self.branches.get(id)?;
         let check = entry.clone();
         blocking(move || match check.shadow().as_ref() {
             Some(s) => s
@@ -335,14 +378,30 @@ impl ShadeServer {
         if !changes.is_empty() {
             confirm(id, &self.branches, &changes, context).await?;
         }
-        let entry = self.branches.remove(id).unwrap_or(entry);
+        let entry = self.branches.remove(id).unwrap_or_else(|| entry.clone());
         let Some(shadow) = entry.shadow().take() else {
             return Err("the branch is being accepted or aborted".into());
         };
         let project = self.branches.project().display().to_string();
         let origin = self.branches.origin(&client_name(context));
         let note = origin.clone();
+        let confirmed = changes.clone();
         let report = blocking(move || {
+            // What was listed (and confirmed) is exactly what is written, or nothing is.
+            let now = shadow.changeset(false).changes;
+            if now != confirmed || BranchState::of(shadow.mountpoint(), &now) != listed_state {
+                let differs = differing(&confirmed, &now);
+                shadow.abort();
+                return Err(format!(
+                    "Not accepted: the branch changed after its changes were listed{}{differs}. \
+                     Nothing was written; the branch is closed.",
+                    if confirmed.is_empty() {
+                        ""
+                    } else {
+                        " for confirmation"
+                    }
+                ));
+            }
             history::with_note(note, None, || shadow.accept(AcceptFlags::default()))
                 .map_err(|e| refusal(&e, "Nothing was written; the branch is closed"))
         })
@@ -352,6 +411,7 @@ impl ShadeServer {
             .own_accepts(&origin)
             .last()
             .map(|e| {
+                self.branches.record_own(&e.id);
                 format!(
                     "\nRecorded as accept {} (undo_accept takes it back while nobody changed \
                      those paths since).",
@@ -404,26 +464,38 @@ impl ShadeServer {
             Some(_) => return Err("invalid arguments: `keep_mine` is true or false".into()),
         };
         let origin = self.branches.origin(&client_name(context));
+        let all = undo::project_history(self.branches.state(), self.branches.project())
+            .map_err(|e| e.to_string())?;
         let id = match args.get("id") {
             Some(Value::String(id)) => id.clone(),
             None | Some(Value::Null) => {
-                let all = undo::project_history(self.branches.state(), self.branches.project())
-                    .map_err(|e| e.to_string())?;
+                let own = self.branches.own_ids();
                 all.iter()
                     .rev()
                     .find(|e| {
-                        e.origin == origin
+                        own.contains(&e.id)
                             && e.undoes.is_none()
                             && history::undone_by(&all, &e.id).is_none()
                     })
                     .map(|e| e.id.clone())
                     .ok_or(
                         "Nothing to undo: this session has no accept that is not undone \
-                            (pass `id` to undo another one).",
+                            (pass `id` to undo another one; the user is asked to confirm it).",
                     )?
             }
             Some(_) => return Err("invalid arguments: `id` is an accept id (a string)".into()),
         };
+        if !self.branches.is_own(&id) {
+            // Not this session's: the user's own accept, another client's. Only the user
+            // may let it be undone.
+            let Some(entry) = all.iter().find(|e| e.id == id) else {
+                return Err(format!(
+                    "Not undone: no accept `{}` in this project's history.",
+                    shade_fusefs::quote::visible_line(&id)
+                ));
+            };
+            confirm_foreign(entry, self.branches.project(), context).await?;
+        }
         let state = self.branches.state().clone();
         let project = self.branches.project().to_path_buf();
         let opts = UndoOptions {
@@ -449,6 +521,9 @@ impl ShadeServer {
             })
         })
         .await?;
+        if let Some(u) = &report.undo_id {
+            self.branches.record_own(u);
+        }
         let mut text = format!(
             "Undid accept {} in {}:",
             report.id,
@@ -508,6 +583,119 @@ impl ShadeServer {
     }
 }
 
+/// Freezes a branch for an accept: kills its running commands until every tool call in it
+/// has returned, then holds it exclusively (with `frozen` set, new calls are refused and
+/// calls waiting for it give up), so nothing writes in it until the guard is dropped.
+async fn freeze(
+    entry: &Arc<super::branches::Entry>,
+) -> Result<tokio::sync::RwLockWriteGuard<'_, ()>, String> {
+    loop {
+        let e = entry.clone();
+        blocking(move || {
+            if let Some(s) = e.shadow().as_ref() {
+                s.kill_commands();
+            }
+            Ok(())
+        })
+        .await?;
+        // A run_command call that was starting its command when the first kill came is
+        // killed by the next round.
+        if let Ok(g) =
+            tokio::time::timeout(std::time::Duration::from_secs(1), entry.busy.write()).await
+        {
+            return Ok(g);
+        }
+    }
+}
+
+/// Keys of the content fingerprints (random per process: a command cannot aim for a
+/// collision).
+static FINGERPRINT_KEYS: std::sync::LazyLock<std::collections::hash_map::RandomState> =
+    std::sync::LazyLock::new(std::collections::hash_map::RandomState::new);
+
+/// What each changed path of a branch holds, as the user was shown it: type, mode, size
+/// and a keyed hash of the content (a symlink's target). An accept writes only if the
+/// branch still holds exactly this.
+#[derive(Debug, PartialEq, Eq)]
+struct BranchState(Vec<(std::path::PathBuf, Option<Print>)>);
+
+/// One path's mode, size and keyed content hash.
+type Print = (u32, u64, u64);
+
+impl BranchState {
+    /// The state of `changes`' paths in the branch mounted at `mount`.
+    fn of(mount: &std::path::Path, changes: &[Change]) -> BranchState {
+        BranchState(
+            changes
+                .iter()
+                .map(|c| (c.path.clone(), fingerprint(&mount.join(&c.path))))
+                .collect(),
+        )
+    }
+}
+
+/// Mode, size and keyed content hash of `path`, never following a symlink (`None`: gone).
+fn fingerprint(path: &std::path::Path) -> Option<Print> {
+    use std::hash::{BuildHasher, Hasher};
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    let mut h = FINGERPRINT_KEYS.build_hasher();
+    if meta.file_type().is_symlink() {
+        let target = std::fs::read_link(path).ok()?;
+        h.write(std::os::unix::ffi::OsStrExt::as_bytes(target.as_os_str()));
+    } else if meta.is_file() {
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+            .ok()?;
+        let opened = f.metadata().ok()?;
+        if !opened.is_file() || opened.ino() != meta.ino() {
+            return Some((u32::MAX, 0, 0)); // swapped: never equal to a listed state
+        }
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            match f.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => h.write(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return Some((u32::MAX, 0, 1)),
+            }
+        }
+    }
+    Some((meta.mode(), meta.len(), h.finish()))
+}
+
+/// Which paths differ between what was `listed` and the branch `now` (up to ten named).
+fn differing(listed: &[Change], now: &[Change]) -> String {
+    let added: Vec<String> = now
+        .iter()
+        .filter(|c| !listed.contains(c))
+        .map(|c| c.to_string())
+        .collect();
+    let gone: Vec<String> = listed
+        .iter()
+        .filter(|c| !now.contains(c))
+        .map(|c| c.to_string())
+        .collect();
+    if added.is_empty() && gone.is_empty() {
+        return " (the contents of a listed path changed)".into();
+    }
+    let mut s = String::from(":");
+    for (what, l) in [("not listed", &added), ("listed but no longer so", &gone)] {
+        if !l.is_empty() {
+            let more = l.len().saturating_sub(10);
+            s.push_str(&format!("\n  {what}: {}", l[..l.len().min(10)].join(", ")));
+            if more > 0 {
+                s.push_str(&format!(" and {more} more"));
+            }
+        }
+    }
+    s.push('\n');
+    s
+}
+
 /// The MCP client's name as it introduced itself (for the history's origin).
 fn client_name(context: &RequestContext<RoleServer>) -> String {
     context
@@ -561,6 +749,53 @@ async fn confirm(
         Err(e) => Err(format!(
             "Not accepted: the confirmation could not be asked ({e}). Nothing was written and \
              branch {id} is kept."
+        )),
+    }
+}
+
+/// Asks the user whether accept `entry`, which this session did not make, may be undone;
+/// refused where the client cannot ask.
+async fn confirm_foreign(
+    entry: &history::Entry,
+    project: &std::path::Path,
+    context: &RequestContext<RoleServer>,
+) -> Result<(), String> {
+    let origin = shade_fusefs::quote::visible_line(&entry.origin).into_owned();
+    let asks = context
+        .client_capabilities()
+        .is_some_and(|c| c.elicitation.is_some());
+    if !asks {
+        return Err(format!(
+            "Not undone: accept {} was not made by this session (it came from {origin}); only \
+             the user may undo it (shade undo {}), and this client cannot ask them.",
+            entry.id, entry.id
+        ));
+    }
+    let message = format!(
+        "Undo accept {} in {}? This session did not make it: it came from {origin}, and \
+         changed {} path{}. Undoing puts them back as they were before it.",
+        entry.id,
+        project.display(),
+        entry.paths,
+        plural(entry.paths)
+    );
+    let schema: ElicitationSchema =
+        serde_json::from_value(serde_json::json!({"type": "object", "properties": {}}))
+            .map_err(|e| e.to_string())?;
+    let request = ElicitRequestParams::FormElicitationParams {
+        meta: None,
+        message,
+        requested_schema: schema,
+    };
+    match context.peer.create_elicitation(request).await {
+        Ok(r) if r.action == ElicitationAction::Accept => Ok(()),
+        Ok(_) => Err(format!(
+            "Not undone: the user did not confirm undoing accept {} (not made by this \
+             session). Nothing was written.",
+            entry.id
+        )),
+        Err(e) => Err(format!(
+            "Not undone: the confirmation could not be asked ({e}). Nothing was written."
         )),
     }
 }

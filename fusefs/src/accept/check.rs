@@ -11,9 +11,9 @@ use super::safe_path::{base_matches, invalid_reason, observe, rebase, Seen};
 use super::{sys, AcceptError, Conflict};
 use crate::fingerprint::Base;
 use crate::plan::{PlanOp, ReadBase};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{OsStr, OsString};
 use std::io;
-use std::ops::Bound;
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
@@ -35,9 +35,60 @@ pub enum Guard {
     Rename { from: Base, to: Base },
 }
 
+/// What earlier ops left, as a tree of path components: every question about a path and
+/// its ancestors is one walk down its components, so a plan for a chain `d` levels deep
+/// costs O(d) per op, not O(d) lookups of O(d)-long path comparisons each.
+#[derive(Default)]
+struct Planning {
+    state: Option<Planned>,
+    children: HashMap<OsString, Planning>,
+}
+
+impl Planning {
+    /// `p` is now `k`; what was planned below it is gone (replaced with it).
+    fn set(&mut self, p: &Path, k: Planned) {
+        let mut n = self;
+        for c in comps(p) {
+            n = n.children.entry(c.to_os_string()).or_default();
+        }
+        n.children.clear();
+        n.state = Some(k);
+    }
+
+    /// The planned states along `p`, outermost first: (number of components of the path
+    /// it is at — `p` itself has all of them —, state).
+    fn along(&self, p: &Path) -> Vec<(usize, Planned)> {
+        let mut out = Vec::new();
+        let mut n = self;
+        for (i, c) in comps(p).enumerate() {
+            match n.children.get(c) {
+                Some(next) => n = next,
+                None => break,
+            }
+            if let Some(k) = n.state {
+                out.push((i + 1, k));
+            }
+        }
+        out
+    }
+}
+
+/// The components of a (validated, relative) plan path.
+fn comps(p: &Path) -> impl Iterator<Item = &OsStr> {
+    p.components().filter_map(|c| match c {
+        std::path::Component::Normal(n) => Some(n),
+        _ => None,
+    })
+}
+
+/// The first `n` components of `p`.
+fn prefix(p: &Path, n: usize) -> PathBuf {
+    comps(p).take(n).collect()
+}
+
 struct Sim {
     root: RawFd,
-    planned: BTreeMap<PathBuf, Planned>,
+    planned: Planning,
     /// Earlier directory renames, (from, to), in order.
     renames: Vec<(PathBuf, PathBuf)>,
     /// Lower objects some op of the plan is based on (and checks where it saw them).
@@ -46,24 +97,23 @@ struct Sim {
 
 impl Sim {
     fn set(&mut self, p: &Path, k: Planned) {
-        // Descendants sort right after `p` (paths compare component-wise): drop that run.
-        let below: Vec<PathBuf> = self
-            .planned
-            .range::<Path, _>((Bound::Excluded(p), Bound::Unbounded))
-            .take_while(|(q, _)| q.starts_with(p))
-            .map(|(q, _)| q.clone())
-            .collect();
-        for q in below {
-            self.planned.remove(&q);
-        }
-        self.planned.insert(p.to_path_buf(), k);
+        self.planned.set(p, k);
     }
 
     /// The nearest planned state at `p` or an ancestor.
     fn nearest(&self, p: &Path) -> Option<Planned> {
-        p.ancestors()
-            .filter(|a| !a.as_os_str().is_empty())
-            .find_map(|a| self.planned.get(a).copied())
+        self.planned.along(p).last().map(|(_, k)| *k)
+    }
+
+    /// The nearest planned state at a (strict) ancestor of `p`.
+    fn nearest_above(&self, p: &Path) -> Option<Planned> {
+        let depth = comps(p).count();
+        self.planned
+            .along(p)
+            .into_iter()
+            .rev()
+            .find(|(i, _)| *i < depth)
+            .map(|(_, k)| k)
     }
 
     /// Where `p` was in lower before the earlier renames.
@@ -87,27 +137,34 @@ impl Sim {
     /// Refuse paths that go through a file or symlink (made by the plan or found in lower).
     /// Returns the blocking fingerprint found in lower, for the conflict report.
     fn parents_ok(&self, p: &Path) -> Result<Option<Seen>, AcceptError> {
-        for a in p.ancestors().skip(1).filter(|a| !a.as_os_str().is_empty()) {
-            if let Some(Planned::File | Planned::Link) = self.planned.get(a) {
-                return Err(AcceptError::Unsafe {
-                    path: p.to_path_buf(),
-                    reason: format!(
-                        "parent {} is made a file or symlink earlier in the plan",
-                        a.display()
-                    ),
-                });
-            }
+        let depth = comps(p).count();
+        let above: Vec<(usize, Planned)> = self
+            .planned
+            .along(p)
+            .into_iter()
+            .filter(|(i, _)| *i < depth)
+            .collect();
+        // Innermost first, as the ancestors were asked before.
+        if let Some((i, _)) = above
+            .iter()
+            .rev()
+            .find(|(_, k)| matches!(k, Planned::File | Planned::Link))
+        {
+            return Err(AcceptError::Unsafe {
+                path: p.to_path_buf(),
+                reason: format!(
+                    "parent {} is made a file or symlink earlier in the plan",
+                    prefix(p, *i).display()
+                ),
+            });
         }
         let mb = self.map_back(p);
         let seen = observe(self.root, &mb).map_err(|e| Self::io(&mb, e))?;
         if let Seen::Blocked { .. } = seen {
             // The plan may itself replace the blocking parent (delete the symlink, mkdir).
-            let replaced = p.ancestors().skip(1).any(|a| {
-                matches!(
-                    self.planned.get(a),
-                    Some(Planned::Mkdir | Planned::Gone | Planned::Moved)
-                )
-            });
+            let replaced = above
+                .iter()
+                .any(|(_, k)| matches!(k, Planned::Mkdir | Planned::Gone | Planned::Moved));
             if !replaced {
                 return Ok(Some(seen));
             }
@@ -162,11 +219,7 @@ impl Sim {
             return Ok(Base::Absent);
         }
         // Inside a directory the plan makes (after deleting what was there), nothing is.
-        let made = p
-            .ancestors()
-            .skip(1)
-            .filter(|a| !a.as_os_str().is_empty())
-            .find_map(|a| self.planned.get(a).copied());
+        let made = self.nearest_above(p);
         if made == Some(Planned::Mkdir) {
             return Ok(Base::Absent);
         }
@@ -307,7 +360,7 @@ pub fn preflight(
         .collect();
     let mut sim = Sim {
         root,
-        planned: BTreeMap::new(),
+        planned: Planning::default(),
         renames: Vec::new(),
         known,
     };

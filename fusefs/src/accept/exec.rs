@@ -14,7 +14,7 @@
 use super::journal::{
     journal_path, rescued_name, trash_name, xdev_tmp_name, JOp, JPath, Journal, Phase, SetAside,
 };
-use super::safe_path::{base_matches, changed_below, observe, open_dir, open_parent, rebase};
+use super::safe_path::{base_matches, changed_below, observe, open_parent, rebase, Walker};
 use super::{fault, stage, sys};
 use crate::fingerprint::{Base, Fingerprint};
 use crate::plan::Perms;
@@ -44,6 +44,8 @@ struct Exec<'a> {
     touched: BTreeSet<PathBuf>,
     /// Ops not applied because their path is no longer what the journal expects.
     set_aside: Vec<SetAside>,
+    /// The directories of the last op's walk, kept open for the next (deep chains).
+    walker: Walker,
 }
 
 /// Why an op leaves its path alone: what is there is not what the accept expected.
@@ -180,7 +182,16 @@ impl Exec<'_> {
                 base_to,
             } => self.rename_dir(*n, from.path(), to.path(), base_from, base_to),
             JOp::Delete { n, path, base } => self.delete(*n, path.path(), base),
-        }?;
+        };
+        // What the op replaced, moved or removed is opened again by the next walk.
+        match op {
+            JOp::RenameDir { from, to, .. } => {
+                self.walker.forget(from.path());
+                self.walker.forget(to.path());
+            }
+            _ => self.walker.forget(op.trash_parent().1),
+        }
+        let outcome = outcome?;
         if let Err(Skip::Changed(reason)) = outcome {
             let (n, path) = op.trash_parent();
             let kept = match op {
@@ -207,7 +218,7 @@ impl Exec<'_> {
         if sys::lstat_at(self.staging.as_raw_fd(), staged)?.is_none() {
             return Ok(Ok(())); // placed by an earlier run
         }
-        let (parent, name) = match open_parent(self.root.as_raw_fd(), path, true) {
+        let (parent, name) = match self.walker.open_parent_create(path) {
             Err(e) if blocked(&e) => return Ok(Err(parent_changed(&e))),
             r => r?,
         };
@@ -307,7 +318,7 @@ impl Exec<'_> {
         pre: &Option<Base>,
         staged: bool,
     ) -> OpResult {
-        let (parent, name) = match open_parent(self.root.as_raw_fd(), path, true) {
+        let (parent, name) = match self.walker.open_parent_create(path) {
             Err(e) if blocked(&e) => return Ok(Err(parent_changed(&e))),
             r => r?,
         };
@@ -535,6 +546,7 @@ pub fn roll_forward_locked(
             .map_err(stop(staging_path, 0))?;
         let snapshot = j.clone();
         let mut ex = Exec {
+            walker: Walker::new(root.as_raw_fd()),
             root,
             staging,
             j: &snapshot,
@@ -546,8 +558,10 @@ pub fn roll_forward_locked(
             ex.run(op).map_err(stop(root_path.join(p), done))?;
             done += 1;
         }
+        // Syncing moves nothing: the walks share their open directories.
+        let mut synced = Walker::new(ex.root.as_raw_fd());
         for d in &ex.touched {
-            match open_dir(ex.root.as_raw_fd(), d) {
+            match synced.open_dir(d) {
                 Ok(fd) => sys::fsync(&fd).map_err(stop(root_path.join(d), done))?,
                 Err(e) if is_gone(&e) => {}
                 Err(e) => return Err(stop(root_path.join(d), done)(e)),
@@ -566,6 +580,8 @@ pub fn roll_forward_locked(
 
 /// Remove every trash entry, the staging dir and then the journal.
 fn clean_up(root: &OwnedFd, j: &Journal, dir: &Path) -> io::Result<()> {
+    // Only trash (reserved names) is removed below: no directory on a walk moves.
+    let mut walker = Walker::new(root.as_raw_fd());
     for (i, op) in j.ops.iter().enumerate() {
         let (n, p) = op.trash_parent();
         // Trash left inside a directory that a later op moved has moved with it (deletes
@@ -578,7 +594,7 @@ fn clean_up(root: &OwnedFd, j: &Journal, dir: &Path) -> io::Result<()> {
                 }
             }
         }
-        let parent = match open_parent(root.as_raw_fd(), &p, false) {
+        let parent = match walker.open_parent(&p) {
             Ok((fd, _)) => fd,
             Err(e) if is_gone(&e) => continue, // an ancestor was trashed as a whole
             Err(e) => return Err(e),
@@ -614,6 +630,8 @@ fn clean_up(root: &OwnedFd, j: &Journal, dir: &Path) -> io::Result<()> {
 /// Give every directory the plan touched the times the branch showed, now that nothing
 /// more changes inside it (trash and staging are gone). Idempotent.
 fn set_dir_times(root: &OwnedFd, j: &Journal) -> io::Result<()> {
+    // Setting times moves nothing: the walks share their open directories.
+    let mut walker = Walker::new(root.as_raw_fd());
     for op in j.ops.iter().rev() {
         let JOp::Dir {
             path,
@@ -623,7 +641,7 @@ fn set_dir_times(root: &OwnedFd, j: &Journal) -> io::Result<()> {
         else {
             continue;
         };
-        match open_dir(root.as_raw_fd(), path.path()) {
+        match walker.open_dir(path.path()) {
             Ok(fd) => sys::set_times_at(fd.as_raw_fd(), OsStr::new(""), *atime, *mtime)?,
             Err(e) if is_gone(&e) => {}
             Err(e) => return Err(ctx(path.path(), e)),

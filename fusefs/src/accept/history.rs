@@ -76,10 +76,14 @@ pub fn set_origin(origin: impl Into<String>) {
     }
 }
 
+/// The origin to record, kept to one line of visible text: it comes from whoever started
+/// the accept (an MCP client's self-chosen name, a command line) and `shade log` prints it.
 fn origin() -> String {
-    NOTE.with(|n| n.borrow().as_ref().map(|(o, _)| o.clone()))
+    let o = NOTE
+        .with(|n| n.borrow().as_ref().map(|(o, _)| o.clone()))
         .or_else(|| ORIGIN.lock().ok().and_then(|g| g.clone()))
-        .unwrap_or_else(|| "shade".into())
+        .unwrap_or_else(|| "shade".into());
+    crate::quote::visible_line(&o).into_owned()
 }
 
 fn undoes() -> Option<String> {
@@ -327,6 +331,7 @@ pub fn hash_file(f: &mut std::fs::File) -> io::Result<(String, u64)> {
     let mut buf = vec![0u8; 64 * 1024];
     let mut n = 0u64;
     loop {
+        super::stage::check_cancel()?; // a huge (sparse) file: Ctrl-C stops the accept
         let k = f.read(&mut buf)?;
         if k == 0 {
             break;

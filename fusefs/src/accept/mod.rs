@@ -384,6 +384,8 @@ pub fn apply(
         .and_then(|()| j.store(&dir))
         .map_err(io_err(&dir))?;
 
+    // Until the commit point a signal (Ctrl-C) cancels the accept: nothing is written.
+    let staging_now = signals::Staging::begin();
     // Record what the plan replaces (before the commit point; a roll-back discards it).
     if history_kept(&opts.state, &root) {
         let recorded = history::record(
@@ -402,7 +404,24 @@ pub fn apply(
         }
     }
 
-    // Stage; any failure here rolls back to an untouched project.
+    // Stage; any failure here rolls back to an untouched project, and so does a signal.
+    // First: room for the files' data (holes stay holes).
+    let needed: u64 = plan
+        .iter()
+        .map(|op| match op {
+            PlanOp::WriteFile { content, .. } => stage::data_bytes(content)
+                .or_else(|_| content.metadata().map(|m| m.len()))
+                .unwrap_or(0),
+            _ => 0,
+        })
+        .sum();
+    if let Err(e) = stage::check_space(&root_fd, needed).and_then(|()| stage::check_cancel()) {
+        let e = AcceptError::Io {
+            path: root.clone(),
+            source: e,
+        };
+        return Err(roll_back_after(&root_fd, &root, &j, &dir, e));
+    }
     let files = plan
         .iter()
         .filter(|op| matches!(op, PlanOp::WriteFile { .. }))
@@ -413,6 +432,7 @@ pub fn apply(
             stage::create_dir(&root_fd, &j.staging).map_err(io_err(&root.join(&j.staging)))?;
         let mut ops = Vec::with_capacity(plan.len());
         for (n, (op, (guard, pre))) in plan.iter_mut().zip(&guards).enumerate() {
+            stage::check_cancel().map_err(io_err(&root))?;
             let created = matches!(op, PlanOp::Mkdir { .. });
             let pre = Some(*pre);
             let jop = match op {
@@ -531,6 +551,8 @@ pub fn apply(
         Ok(ops) => ops,
         Err(e) => return Err(roll_back_after(&root_fd, &root, &j, &dir, e)),
     };
+    // Past here a signal waits for the accept to finish.
+    drop(staging_now);
 
     // The commit point.
     j.ops = ops;

@@ -1,4 +1,5 @@
-//! An accept is never cut short by Ctrl-C, SIGTERM or SIGHUP.
+//! An accept is never cut short by Ctrl-C, SIGTERM or SIGHUP once past its commit point;
+//! before it (while staging) a signal cancels it and nothing is written ([`Staging`]).
 //!
 //! Blocking the signals in the accepting thread is not enough: the kernel hands a process
 //! signal to any thread that does not block it (a FUSE worker, a tokio thread), and its
@@ -18,6 +19,32 @@ static PENDING: AtomicU32 = AtomicU32::new(0);
 /// Live guards that protect an accept (not only a clean-up): they choose what the handler
 /// says.
 static ACCEPTS: AtomicUsize = AtomicUsize::new(0);
+/// Accepts staging right now (before their commit point): a signal cancels these.
+static STAGING: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether a termination signal came while deferred: an accept still staging stops and
+/// rolls back (nothing written) instead of finishing.
+pub fn cancel_requested() -> bool {
+    PENDING.load(Ordering::SeqCst) != 0
+}
+
+/// While alive, the accept is before its commit point: a signal cancels it (the handler
+/// says so) rather than waiting for it.
+pub struct Staging(());
+
+impl Staging {
+    /// Marks an accept as staging.
+    pub fn begin() -> Staging {
+        STAGING.fetch_add(1, Ordering::SeqCst);
+        Staging(())
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        STAGING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 struct Saved {
     depth: usize,
@@ -31,7 +58,9 @@ static STATE: Mutex<Saved> = Mutex::new(Saved {
 
 extern "C" fn note(sig: libc::c_int) {
     PENDING.fetch_or(1 << sig, Ordering::SeqCst);
-    let msg = if ACCEPTS.load(Ordering::SeqCst) > 0 {
+    let msg = if STAGING.load(Ordering::SeqCst) > 0 {
+        "\nshade: cancelling the accept before it writes anything\u{2026}\n"
+    } else if ACCEPTS.load(Ordering::SeqCst) > 0 {
         "\nshade: finishing the accept\u{2026} (an accept is never cut short)\n"
     } else {
         "\nshade: stopping once the branch is cleaned up\u{2026}\n"

@@ -1,0 +1,77 @@
+//! A deep directory chain (a branch makes one 2,000 deep in a second) is accepted whole and
+//! right: accept walks it keeping the directories of the last walk open, and forgets them
+//! where an op of the plan replaced or removed one (a directory turned into a file).
+#![allow(clippy::unwrap_used)]
+
+mod accept_common;
+
+use accept_common::{perms, Env};
+use shade_fusefs::accept::{apply, AcceptOptions};
+use shade_fusefs::{Base, PlanOp};
+use std::path::PathBuf;
+
+fn opts(env: &Env) -> AcceptOptions {
+    AcceptOptions {
+        force: false,
+        state: env.state.clone(),
+        reads: Vec::new(),
+        own: None,
+    }
+}
+
+fn mkdir(path: PathBuf) -> PlanOp {
+    PlanOp::Mkdir {
+        path,
+        perms: perms(0o755),
+        base: Base::Absent,
+        base_at: None,
+    }
+}
+
+#[test]
+fn a_deep_chain_is_accepted_whole() {
+    let mut env = Env::new();
+    let mut plan = Vec::new();
+    let mut p = PathBuf::new();
+    for _ in 0..1500 {
+        p.push("d");
+        plan.push(mkdir(p.clone()));
+    }
+    let leaf = p.join("leaf");
+    plan.push(env.write(leaf.to_str().unwrap(), b"x", 0o644, Base::Absent));
+    let report = apply(&env.root, plan, &opts(&env)).unwrap();
+    assert_eq!(report.created_dirs, 1500);
+    assert_eq!(std::fs::read(env.root.join(&leaf)).unwrap(), b"x");
+    env.assert_clean();
+}
+
+#[test]
+fn directories_replaced_on_the_way_are_walked_again() {
+    let mut env = Env::new();
+    std::fs::create_dir_all(env.root.join("a/b/c")).unwrap();
+    std::fs::write(env.root.join("a/b/c/old"), "old").unwrap();
+    std::fs::create_dir_all(env.root.join("x/y")).unwrap();
+    let mut plan = vec![env.write("a/b/c/new", b"new", 0o644, Base::Absent)];
+    // x/y, a directory, becomes a file; then a file beside it.
+    plan.push(PlanOp::Delete {
+        path: "x/y".into(),
+        base: env.base("x/y"),
+        base_at: None,
+    });
+    plan.push(env.write("x/y", b"file now", 0o644, Base::Absent));
+    plan.push(env.write("x/w", b"w", 0o644, Base::Absent));
+    let report = apply(&env.root, plan, &opts(&env)).unwrap();
+    assert!(report.not_applied.is_empty(), "{report:?}");
+    let names = |d: &str| {
+        let mut v: Vec<String> = std::fs::read_dir(env.root.join(d))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names("a/b/c"), ["new", "old"]);
+    assert_eq!(std::fs::read(env.root.join("x/y")).unwrap(), b"file now");
+    assert_eq!(names("x"), ["w", "y"]);
+    env.assert_clean();
+}
