@@ -459,22 +459,6 @@ pub(crate) fn note_survivors() {
     SURVIVORS.with(|s| s.set(true));
 }
 
-/// Whether a descriptor can leave a command's sandbox (`Err`: how), judged before it runs.
-/// `scoped`: abstract unix sockets are scoped to the sandbox (Landlock).
-pub(crate) fn containment(iso: &crate::sandbox::Isolation, scoped: bool) -> Result<(), String> {
-    if iso.unconfined {
-        return Err("an unconfined command ran on it".into());
-    }
-    if !crate::sandbox::allowed_sockets().is_empty() {
-        return Err("a command with an allowed socket ran on it".into());
-    }
-    // `network`: a network namespace of its own, whose abstract sockets are its own.
-    if !scoped && !iso.network {
-        return Err("a command reached host abstract sockets (no Landlock scopes)".into());
-    }
-    Ok(())
-}
-
 /// A command running on a branch mount, from [`CommandUse::begin`] to [`CommandUse::end`]:
 /// while it runs the connection is not pooled, and one whose end was not seen whole (or
 /// that could pass a descriptor out) never is.

@@ -398,7 +398,7 @@ fn run_inner(spec: &RunSpec, cancel: Option<&Cancel>) -> Result<RunOutcome> {
     let mounts = std::iter::once(&spec.mount).chain(spec.binds.iter().map(|b| &b.source));
     let used = crate::pool::CommandUse::begin(
         mounts.map(PathBuf::as_path),
-        crate::pool::containment(&spec.isolation, scoped),
+        containment(&spec.isolation, scoped),
     );
     let res = match confined {
         Some(conf) => run_confined(conf, spec, &ctl, cancel),
@@ -845,4 +845,21 @@ fn spawn(spec: &RunSpec, mode: Mode) -> Result<Spawned> {
             }
         }
     }
+}
+
+/// Whether a descriptor can leave a command's sandbox (`Err`: how), judged before it runs:
+/// a connection such a command ran on is never pooled (`pool.rs`).
+/// `scoped`: abstract unix sockets are scoped to the sandbox (Landlock).
+fn containment(iso: &Isolation, scoped: bool) -> std::result::Result<(), String> {
+    if iso.unconfined {
+        return Err("an unconfined command ran on it".into());
+    }
+    if !allowed_sockets().is_empty() {
+        return Err("a command with an allowed socket ran on it".into());
+    }
+    // `network`: a network namespace of its own, whose abstract sockets are its own.
+    if !scoped && !iso.network {
+        return Err("a command reached host abstract sockets (no Landlock scopes)".into());
+    }
+    Ok(())
 }
