@@ -176,6 +176,33 @@ const HOME_CODE: &[&str] = &[
     ".config/i3",
     ".config/sway",
     ".config/hypr",
+    // Sourced or loaded without being executable (red team round 2): cargo's env script,
+    // rc.d directories, editors' plugin trees, REPL start-up directories, build tools' init
+    // scripts, and configs that name programs to run (credential helpers, exec plugins,
+    // package indexes).
+    ".cargo/env",
+    ".bashrc.d",
+    ".profile.d",
+    ".local/share/nvim",
+    ".local/share/vim",
+    ".local/share/fish",
+    ".local/share/zsh",
+    ".ipython",
+    ".jupyter",
+    ".gradle/init.d",
+    ".gradle/init.gradle",
+    ".gradle/init.gradle.kts",
+    ".m2/extensions.xml",
+    ".config/pip",
+    ".pip",
+    ".config/uv",
+    ".config/powershell",
+    ".Rprofile",
+    ".docker/config.json",
+    ".config/containers",
+    ".kube",
+    ".aws/config",
+    ".config/gcloud",
 ];
 
 /// Agents' own directories in the home: code (settings, hooks, MCP servers, commands,
@@ -240,6 +267,20 @@ fn code_name(name: &str) -> bool {
         || n == ".envrc"
         || (n.starts_with('.') && n.ends_with("rc"))
         || n.ends_with("profile")
+        // Directories whose files a program loads or sources as such.
+        || matches!(
+            n.as_str(),
+            "startup" | "init.d" | "plugin" | "plugins" | "autoload" | "ftplugin" | "after"
+        )
+        || n.ends_with(".d")
+        // Scripts and modules: sourced, imported or loaded by name, executable or not.
+        || [
+            ".sh", ".bash", ".zsh", ".fish", ".csh", ".ksh", ".lua", ".vim", ".el", ".elc",
+            ".py", ".pyc", ".pl", ".pm", ".rb", ".js", ".mjs", ".cjs", ".ts", ".ps1",
+            ".so", ".gradle", ".kts",
+        ]
+        .iter()
+        .any(|e| n.ends_with(e))
 }
 
 impl OutsideChange {
@@ -714,6 +755,17 @@ mod tests {
             "/home/u/.local/bin/tool",
             "/etc/cron.d/x",
             "/usr/local/lib/x.so",
+            // Sourced or loaded though not executable (red team round 2).
+            "/home/u/.cargo/env",
+            "/home/u/.bashrc.d/x",
+            "/home/u/.local/share/nvim/site/plugin/x.vim",
+            "/home/u/.ipython/profile_default/startup/00.py",
+            "/home/u/.gradle/init.d/x.gradle",
+            "/home/u/.kube/config",
+            "/home/u/.aws/config",
+            "/home/u/.config/pip/pip.conf",
+            "/home/u/tools/x.sh",
+            "/home/u/.config/foo/conf.d/x.conf",
         ] {
             assert!(change(p, 0o644).runs_code(home), "{p} runs code");
         }

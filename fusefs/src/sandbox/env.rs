@@ -167,6 +167,35 @@ const ALLOW_NAMES: &[&str] = &[
     "FLUTTER_ROOT",
     "PUB_CACHE",
     "_JAVA_OPTIONS",
+    // Go's settings by name: a `GO` prefix would also let `GOOGLE_*` in.
+    "GOPATH",
+    "GOROOT",
+    "GOBIN",
+    "GOCACHE",
+    "GOMODCACHE",
+    "GOFLAGS",
+    "GOOS",
+    "GOARCH",
+    "GOARM",
+    "GOAMD64",
+    "GOPROXY",
+    "GOPRIVATE",
+    "GONOPROXY",
+    "GONOSUMDB",
+    "GOSUMDB",
+    "GOTOOLCHAIN",
+    "GOEXPERIMENT",
+    "GOWORK",
+    "GOINSECURE",
+    "GODEBUG",
+    "GOENV",
+    "GOTMPDIR",
+    "GOMAXPROCS",
+    "GOGC",
+    "GOMEMLIMIT",
+    "GO111MODULE",
+    "GOTELEMETRY",
+    "GOVCS",
 ];
 
 /// Prefixes of the variables an agent's command gets: the locale's, and the settings of
@@ -181,7 +210,6 @@ const ALLOW_PREFIXES: &[&str] = &[
     "RUSTC",
     "RUSTFLAGS",
     "RUSTDOC",
-    "GO",
     "CGO_",
     "PYTHON",
     "PIP_",
@@ -304,7 +332,8 @@ const SECRET_PREFIXES: &[&str] = &[
 /// Whether a variable looks like a secret: its name (case-insensitive) has a secret word
 /// ([`SECRET_WORDS`]) as a `_`-separated word or at a word's end, is one of
 /// [`SECRET_NAMES`] or starts with a provider's or shade's prefix ([`SECRET_PREFIXES`]); or
-/// its value is a URL with a password in it (`postgres://me:pw@db/x`, a proxy's login).
+/// its value carries a credential ([`value_has_credential`]: a URL with a login in it, a
+/// `password=`-like setting, a token list).
 pub fn is_secret(name: &OsStr, value: &OsStr) -> bool {
     let name = name.to_string_lossy().to_ascii_uppercase();
     if KEEP.contains(&name.as_str()) || name.starts_with("LC_") {
@@ -316,11 +345,39 @@ pub fn is_secret(name: &OsStr, value: &OsStr) -> bool {
             .split('_')
             .filter(|w| !w.is_empty())
             .any(|w| SECRET_WORDS.iter().any(|s| w.ends_with(s)))
-        || url_with_password(value.as_bytes())
+        || value_has_credential(value.as_bytes())
 }
 
-/// `scheme://user:password@host…` anywhere in `value`.
-fn url_with_password(value: &[u8]) -> bool {
+/// Settings in a value that carry a secret under an allowed name (red team round 2):
+/// `JAVA_TOOL_OPTIONS=-Dx.trustStorePassword=…`, `NIX_CONFIG=access-tokens = …`,
+/// `PIP_INDEX_URL=https://TOKEN@host/…`, conda's `https://host/t/TOKEN/…`.
+const CREDENTIAL_SETTINGS: &[&str] = &[
+    "password=",
+    "passwd=",
+    "pwd=",
+    "token=",
+    "secret=",
+    "apikey=",
+    "api_key=",
+    "api-key=",
+    "access-tokens",
+    "authorization:",
+    "bearer ",
+];
+
+/// Whether `value` carries a credential: a URL with a login (`scheme://user:pw@host`, or a
+/// token as the user: `https://TOKEN@host`; ssh's `git@` is not one), a conda token path
+/// (`…://host/t/TOKEN/`), or a setting from [`CREDENTIAL_SETTINGS`].
+fn value_has_credential(value: &[u8]) -> bool {
+    let lower = value.to_ascii_lowercase();
+    let has = |needle: &[u8]| lower.windows(needle.len()).any(|w| w == needle);
+    url_with_login(value)
+        || (has(b"://") && has(b"/t/"))
+        || CREDENTIAL_SETTINGS.iter().any(|s| has(s.as_bytes()))
+}
+
+/// `scheme://user[:password]@host…` anywhere in `value`, but for the user `git` alone.
+fn url_with_login(value: &[u8]) -> bool {
     let mut rest = value;
     while let Some(at) = rest.windows(3).position(|w| w == b"://") {
         let after = &rest[at + 3..];
@@ -330,7 +387,8 @@ fn url_with_password(value: &[u8]) -> bool {
             .unwrap_or(after.len());
         let authority = &after[..authority_end];
         if let Some(userinfo_end) = authority.iter().rposition(|&b| b == b'@') {
-            if authority[..userinfo_end].contains(&b':') {
+            let userinfo = &authority[..userinfo_end];
+            if !userinfo.is_empty() && userinfo != b"git" {
                 return true;
             }
         }
@@ -409,6 +467,7 @@ const HOME_CREDENTIALS: &[&str] = &[
     ".config/rclone/rclone.conf",
     // Network and database logins.
     ".netrc",
+    ".wakatime.cfg",
     ".pgpass",
     ".my.cnf",
     // Forges and package registries.
@@ -639,6 +698,34 @@ const SYSTEM_CREDENTIALS: &[&str] = &[
     "/etc/NetworkManager/system-connections",
     "/etc/wireguard",
     "/var/lib/sss",
+    // Services' keys and logins root's view still showed (red team round 2): TLS keys of
+    // certbot and others, database clients' and servers' logins, cloud-init's instance
+    // data (user-data often carries secrets), Docker's daemon key and client logins, the
+    // ssh daemon's and PAM's, IPsec's, Postfix's SASL maps.
+    "/etc/letsencrypt",
+    "/etc/pki/tls/private",
+    "/etc/pki/CA/private",
+    "/etc/mysql",
+    "/etc/postgresql-common/pg_service.conf",
+    "/var/lib/cloud",
+    "/etc/docker/key.json",
+    "/root/.docker",
+    "/etc/ipsec.secrets",
+    "/etc/ipsec.d/private",
+    "/etc/postfix/sasl_passwd",
+    "/etc/postfix/sasl_passwd.db",
+    "/etc/openvpn",
+    "/etc/ppp/chap-secrets",
+    "/etc/ppp/pap-secrets",
+    "/etc/cups/ssl",
+    "/etc/ldap.secret",
+    "/etc/pam_ldap.secret",
+    "/etc/libvirt/secrets",
+    "/var/lib/libvirt/secrets",
+    "/etc/rancher",
+    "/etc/kubernetes",
+    "/var/lib/kubelet/pki",
+    "/etc/ceph",
 ];
 
 /// `/etc/ssh`'s private host keys (`ssh_host_*_key`).
@@ -949,13 +1036,26 @@ mod tests {
     }
 
     #[test]
+    fn go_settings_by_name_not_by_prefix() {
+        assert!(allowed(OsStr::new("GOPATH")));
+        assert!(!allowed(OsStr::new("GOOGLE_APPLICATION_CREDENTIALS")));
+        assert!(!allowed(OsStr::new("GONE_WITH_THE_WIND")));
+    }
+
+    #[test]
     fn urls_with_passwords_are_secret() {
         let v = |s: &str| is_secret(OsStr::new("SOME_URL"), OsStr::new(s));
         assert!(v("postgres://me:hunter2@db.example/x"));
         assert!(v("http://user:pw@proxy:3128"));
         assert!(!v("https://example.com/a@b"));
-        assert!(!v("https://me@example.com/"));
+        assert!(v("https://me@example.com/"), "a token as the URL's user");
+        assert!(!v("ssh://git@github.com/o/r.git"));
         assert!(!v("/usr/bin:/bin"));
+        // Credentials under allowed names (red team round 2).
+        assert!(v("-Djavax.net.ssl.trustStorePassword=changeit"));
+        assert!(v("access-tokens = github.com=ghp_x"));
+        assert!(v("https://conda.example/t/tok-123/channel"));
+        assert!(!v("-Xmx2g -Dfile.encoding=UTF-8"));
     }
 
     #[test]
