@@ -15,6 +15,8 @@ use std::process::{Command, Output, Stdio};
 /// ending its servers when dropped.
 struct Served {
     fx: Fixture,
+    /// Its `shade`s run as the plain test user (who owns the fixture then).
+    plain: bool,
 }
 
 /// What a run's debug log says of its branch.
@@ -26,7 +28,19 @@ struct Via {
 
 impl Served {
     fn new() -> Served {
-        Served { fx: Fixture::new() }
+        Served {
+            fx: Fixture::new(),
+            plain: false,
+        }
+    }
+
+    /// A fixture of the plain test user's, whose `shade`s run as that user.
+    fn plain() -> Served {
+        let fx = Fixture::new();
+        common::plain::require_fuse();
+        std::fs::create_dir_all(fx.state.root()).unwrap();
+        common::plain::chown_tree(fx.tmp.path());
+        Served { fx, plain: true }
     }
 
     fn state(&self) -> PathBuf {
@@ -39,7 +53,14 @@ impl Served {
             .env("SHADE_LOG", "shade::branch_server=debug")
             .env("NO_COLOR", "1");
         // Same environment and directory, another binary.
-        let mut out = Command::new(bin);
+        let mut out = if self.plain {
+            let argv = common::plain::argv(&bin.to_string_lossy());
+            let mut c = Command::new(&argv[0]);
+            c.args(&argv[1..]);
+            c
+        } else {
+            Command::new(bin)
+        };
         for (k, v) in c.get_envs() {
             match v {
                 Some(v) => out.env(k, v),
@@ -419,6 +440,40 @@ fn a_server_that_cannot_start_leaves_the_branch_in_process() {
     assert_eq!(mounts_below(&s.state()), Vec::<String>::new());
 }
 
+/// What opening `name` beneath `dir` gives a process of the fixture's user (a user's
+/// mount is not root's to enter): "open", or the errno's name.
+fn open_beneath_as(s: &Served, dir: &std::os::fd::OwnedFd, name: &str) -> String {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let mut c = Command::new("/usr/bin/python3");
+    c.args([
+        "-c",
+        &format!(
+            "import os, errno\ntry:\n    os.open({name:?}, os.O_RDONLY, dir_fd=3)\n    \
+             print('open')\nexcept OSError as e:\n    print(errno.errorcode[e.errno])\n"
+        ),
+    ]);
+    if s.plain {
+        let (uid, gid) = common::plain::ids();
+        c.uid(uid).gid(gid);
+    }
+    let raw = dir.as_raw_fd();
+    // SAFETY: only dup2 and fcntl between fork and exec.
+    unsafe {
+        c.pre_exec(move || {
+            if raw == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0);
+            } else if libc::dup2(raw, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "{}", plain(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 /// Stands for the host socket's path in a case's flags.
 const HOST_SOCKET: &str = "@HOST_SOCKET@";
 
@@ -457,17 +512,21 @@ fn recv_fd(s: &std::os::unix::net::UnixStream) -> std::os::fd::OwnedFd {
 /// sandbox ran the command, knows it could): its connection is aborted, never pooled, and
 /// the next run gets a fresh one (red team h9/2).
 fn a_run_that_could_pass_out_a_descriptor_is_not_followed_by_its_connection(
+    s: Served,
     flags: &[&str],
     why: &str,
 ) {
-    let s = Served::new();
     s.fx.write("a.txt", "A\n");
+    if s.plain {
+        common::plain::chown_tree(&s.fx.project);
+    }
     let sock = s.fx.tmp.path().join("host.sock");
     let flags: Vec<String> = flags
         .iter()
         .map(|f| f.replace(HOST_SOCKET, &sock.to_string_lossy()))
         .collect();
     let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777)).unwrap();
     let send = format!(
         "import socket, os, array; s = socket.socket(socket.AF_UNIX); s.connect({sock:?}); \
          fd = os.open('.', os.O_PATH); \
@@ -477,7 +536,7 @@ fn a_run_that_could_pass_out_a_descriptor_is_not_followed_by_its_connection(
         .shade()
         .arg("run")
         .args(&flags)
-        .args(["--", "python3", "-c", &send])
+        .args(["--", "/usr/bin/python3", "-c", &send])
         .output()
         .unwrap();
     ok(&o1);
@@ -490,22 +549,11 @@ fn a_run_that_could_pass_out_a_descriptor_is_not_followed_by_its_connection(
     // The run is over and its branch dropped; the descriptor it sent leads nowhere now.
     let (conn, _) = listener.accept().unwrap();
     let root = recv_fd(&conn);
-    let name = std::ffi::CString::new("a.txt").unwrap();
-    // SAFETY: openat relative to a descriptor we own.
-    let fd = unsafe {
-        use std::os::fd::AsRawFd;
-        libc::openat(root.as_raw_fd(), name.as_ptr(), libc::O_RDONLY)
-    };
-    let errno = std::io::Error::last_os_error();
-    if fd >= 0 {
-        // SAFETY: the descriptor openat just gave.
-        unsafe { libc::close(fd) };
-    }
-    assert!(
-        fd < 0,
+    assert_eq!(
+        open_beneath_as(&s, &root, "a.txt"),
+        "ENOTCONN\n",
         "the passed-out descriptor still reaches a connection"
     );
-    assert_eq!(errno.raw_os_error(), Some(libc::ENOTCONN), "{errno}");
     let (o2, v2) = s.run("echo secret > n2.txt; cat a.txt");
     ok(&o2);
     assert_eq!(v2.server_pid, v1.server_pid, "the same server serves on");
@@ -519,18 +567,24 @@ fn a_run_that_could_pass_out_a_descriptor_is_not_followed_by_its_connection(
 
 #[test]
 fn a_run_with_an_allowed_socket_is_not_followed_by_its_connection() {
-    a_run_that_could_pass_out_a_descriptor_is_not_followed_by_its_connection(
-        &["--allow-socket", HOST_SOCKET],
-        "a command with an allowed socket ran on it",
-    );
+    for s in [Served::new(), Served::plain()] {
+        a_run_that_could_pass_out_a_descriptor_is_not_followed_by_its_connection(
+            s,
+            &["--allow-socket", HOST_SOCKET],
+            "a command with an allowed socket ran on it",
+        );
+    }
 }
 
 #[test]
 fn an_unconfined_run_is_not_followed_by_its_connection() {
-    a_run_that_could_pass_out_a_descriptor_is_not_followed_by_its_connection(
-        &["--unconfined"],
-        "the caller keeps it from being reused",
-    );
+    for s in [Served::new(), Served::plain()] {
+        a_run_that_could_pass_out_a_descriptor_is_not_followed_by_its_connection(
+            s,
+            &["--unconfined"],
+            "the caller keeps it from being reused",
+        );
+    }
 }
 
 #[test]
