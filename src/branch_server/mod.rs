@@ -189,10 +189,13 @@ struct Lock {
 impl Lock {
     fn take(path: &Path, wait: bool) -> std::io::Result<Lock> {
         use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        // Never through a link planted in the directory.
         let f = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(path)?;
         let op = libc::LOCK_EX | if wait { 0 } else { libc::LOCK_NB };
         // SAFETY: flock on a descriptor we own.
@@ -493,7 +496,15 @@ fn spawn_server(paths: &Paths, project: &Path, state: &Path) -> std::io::Result<
     let (ready_r, ready_w) =
         unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     let w = ready_w.as_raw_fd();
-    let log = std::fs::File::create(&paths.log)?;
+    let log = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&paths.log)?
+    };
     let mut cmd = std::process::Command::new(exe);
     cmd.arg(SUBCOMMAND)
         .arg("--project")
