@@ -194,7 +194,9 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     // One branch per process here: pooling in this process would only reset a connection,
     // then unmount it at exit. Warm connections come from the project's branch server
     // (unless reviewing: the review screen works on an in-process branch). An unconfined
-    // command has no pid namespace to end it, so its connection is never handed on.
+    // command has no pid namespace to end it, so its connection is never handed on; any
+    // other is handed on only if this process's sandbox saw it run contained and end whole
+    // (the branch tells the server so as it is dropped; the server checks again).
     shade_fusefs::set_pool_size(0);
     let branch = if args.review {
         RunBranch::Local(Box::new(Branch::create(&project, &opts)?))

@@ -15,6 +15,8 @@ use std::process::{Command, Output, Stdio};
 /// ending its servers when dropped.
 struct Served {
     fx: Fixture,
+    /// Its `shade`s run as the plain test user (who owns the fixture then).
+    plain: bool,
 }
 
 /// What a run's debug log says of its branch.
@@ -26,7 +28,19 @@ struct Via {
 
 impl Served {
     fn new() -> Served {
-        Served { fx: Fixture::new() }
+        Served {
+            fx: Fixture::new(),
+            plain: false,
+        }
+    }
+
+    /// A fixture of the plain test user's, whose `shade`s run as that user.
+    fn plain() -> Served {
+        let fx = Fixture::new();
+        common::plain::require_fuse();
+        std::fs::create_dir_all(fx.state.root()).unwrap();
+        common::plain::chown_tree(fx.tmp.path());
+        Served { fx, plain: true }
     }
 
     fn state(&self) -> PathBuf {
@@ -39,7 +53,14 @@ impl Served {
             .env("SHADE_LOG", "shade::branch_server=debug")
             .env("NO_COLOR", "1");
         // Same environment and directory, another binary.
-        let mut out = Command::new(bin);
+        let mut out = if self.plain {
+            let argv = common::plain::argv(&bin.to_string_lossy());
+            let mut c = Command::new(&argv[0]);
+            c.args(&argv[1..]);
+            c
+        } else {
+            Command::new(bin)
+        };
         for (k, v) in c.get_envs() {
             match v {
                 Some(v) => out.env(k, v),
@@ -433,4 +454,228 @@ fn a_server_that_cannot_start_leaves_the_branch_in_process() {
     assert_eq!(String::from_utf8_lossy(&o.stdout), "orig\n");
     assert!(err.contains("A made"), "{err}");
     assert_eq!(mounts_below(&s.state()), Vec::<String>::new());
+}
+
+/// What opening `name` beneath `dir` gives a process of the fixture's user (a user's
+/// mount is not root's to enter): "open", or the errno's name.
+fn open_beneath_as(s: &Served, dir: &std::os::fd::OwnedFd, name: &str) -> String {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let mut c = Command::new("/usr/bin/python3");
+    c.args([
+        "-c",
+        &format!(
+            "import os, errno\ntry:\n    os.open({name:?}, os.O_RDONLY, dir_fd=3)\n    \
+             print('open')\nexcept OSError as e:\n    print(errno.errorcode[e.errno])\n"
+        ),
+    ]);
+    if s.plain {
+        let (uid, gid) = common::plain::ids();
+        c.uid(uid).gid(gid);
+    }
+    let raw = dir.as_raw_fd();
+    // SAFETY: only dup2 and fcntl between fork and exec.
+    unsafe {
+        c.pre_exec(move || {
+            if raw == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0);
+            } else if libc::dup2(raw, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "{}", plain(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Stands for the host socket's path in a case's flags.
+const HOST_SOCKET: &str = "@HOST_SOCKET@";
+
+/// One descriptor received over `s` (SCM_RIGHTS).
+fn recv_fd(s: &std::os::unix::net::UnixStream) -> std::os::fd::OwnedFd {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let mut buf = [0u8; 16];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut control = [0u64; 8];
+    // SAFETY: a zeroed msghdr pointing at buffers that outlive the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: recvmsg into the buffers above.
+    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    assert!(n > 0, "recvmsg: {}", std::io::Error::last_os_error());
+    // SAFETY: the control buffer recvmsg filled.
+    let c = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    assert!(!c.is_null(), "no descriptor came");
+    // SAFETY: an SCM_RIGHTS message holds at least one int, a descriptor now ours.
+    unsafe {
+        assert_eq!((*c).cmsg_type, libc::SCM_RIGHTS);
+        std::os::fd::OwnedFd::from_raw_fd(std::ptr::read_unaligned(
+            libc::CMSG_DATA(c).cast::<i32>(),
+        ))
+    }
+}
+
+/// A run that passes a descriptor of its branch root to a host process, which leaves it
+/// unread in its socket's queue (no fd in `/proc`, no FUSE handle: only the client, whose
+/// sandbox ran the command, knows it could): its connection is aborted, never pooled, and
+/// the next run gets a fresh one (red team h9/2).
+fn a_run_that_could_pass_out_a_descriptor_is_not_followed_by_its_connection(
+    s: Served,
+    flags: &[&str],
+    why: &str,
+) {
+    s.fx.write("a.txt", "A\n");
+    if s.plain {
+        common::plain::chown_tree(&s.fx.project);
+    }
+    let sock = s.fx.tmp.path().join("host.sock");
+    let flags: Vec<String> = flags
+        .iter()
+        .map(|f| f.replace(HOST_SOCKET, &sock.to_string_lossy()))
+        .collect();
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let send = format!(
+        "import socket, os, array; s = socket.socket(socket.AF_UNIX); s.connect({sock:?}); \
+         fd = os.open('.', os.O_PATH); \
+         s.sendmsg([b'x'], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [fd]))])"
+    );
+    let o1 = s
+        .shade()
+        .arg("run")
+        .args(&flags)
+        .args(["--", "/usr/bin/python3", "-c", &send])
+        .output()
+        .unwrap();
+    ok(&o1);
+    let v1 = via(&o1);
+    let err1 = plain(&o1.stderr);
+    assert!(
+        err1.contains(&format!("the connection is not to be reused: {why}")),
+        "{err1}"
+    );
+    // The run is over and its branch dropped; the descriptor it sent leads nowhere now.
+    let (conn, _) = listener.accept().unwrap();
+    let root = recv_fd(&conn);
+    assert_eq!(
+        open_beneath_as(&s, &root, "a.txt"),
+        "ENOTCONN\n",
+        "the passed-out descriptor still reaches a connection"
+    );
+    let (o2, v2) = s.run("echo secret > n2.txt; cat a.txt");
+    ok(&o2);
+    assert_eq!(v2.server_pid, v1.server_pid, "the same server serves on");
+    assert!(!v2.reused, "run 2 got run 1's connection: {v2:?}");
+    assert_eq!(String::from_utf8_lossy(&o2.stdout), "A\n");
+    // A contained run's connection is still handed on.
+    let (o3, v3) = s.run("cat a.txt; test ! -e n2.txt");
+    ok(&o3);
+    assert!(v3.reused, "a contained run's connection is pooled: {v3:?}");
+}
+
+#[test]
+fn a_run_with_an_allowed_socket_is_not_followed_by_its_connection() {
+    for s in [Served::new(), Served::plain()] {
+        a_run_that_could_pass_out_a_descriptor_is_not_followed_by_its_connection(
+            s,
+            &["--allow-socket", HOST_SOCKET],
+            "a command with an allowed socket ran on it",
+        );
+    }
+}
+
+#[test]
+fn an_unconfined_run_is_not_followed_by_its_connection() {
+    for s in [Served::new(), Served::plain()] {
+        a_run_that_could_pass_out_a_descriptor_is_not_followed_by_its_connection(
+            s,
+            &["--unconfined"],
+            "the caller keeps it from being reused",
+        );
+    }
+}
+
+#[test]
+fn a_servers_directory_of_another_user_is_refused() {
+    let s = Served::new();
+    s.fx.write("file", "orig\n");
+    let (uid, gid) = common::plain::ids();
+    let dir = s.state().join("servers");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let o = s
+        .shade()
+        .args(["run", "--", "sh", "-c", "cat file; echo new > made"])
+        .output()
+        .unwrap();
+    ok(&o);
+    let err = plain(&o.stderr);
+    assert!(!err.contains("branch served by the branch server"), "{err}");
+    assert!(
+        err.contains(&format!("belongs to uid {uid}, not 0")),
+        "{err}"
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "orig\n");
+    assert!(err.contains("A made"), "{err}");
+    // Nothing made in it, nothing changed of it.
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    let m = std::fs::metadata(&dir).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!((m.uid(), m.mode() & 0o7777), (uid, 0o700));
+}
+
+#[test]
+fn a_server_socket_listened_on_by_another_user_is_refused() {
+    use std::io::BufRead;
+    let s = Served::new();
+    s.fx.write("file", "orig\n");
+    let (o1, v1) = s.run("cat file");
+    ok(&o1);
+    let sock = sockets(&s.state()).pop().unwrap();
+    stop_branch_servers(&s.state());
+    wait_until("the server to exit", 30, || !alive(v1.server_pid));
+    // Where the server listened, a socket file of root's, listened on by the plain user:
+    // only SO_PEERCRED tells.
+    let (uid, gid) = common::plain::ids();
+    let py = format!(
+        "import socket, os, sys\ns = socket.socket(socket.AF_UNIX)\ns.bind({sock:?})\n\
+         os.chmod({sock:?}, 0o600)\nos.setgid({gid})\nos.setuid({uid})\ns.listen(8)\n\
+         print('ready', flush=True)\nsys.stdin.read()\n"
+    );
+    let mut fake = Command::new("python3")
+        .args(["-c", &py])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(fake.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "ready\n");
+    let o = s
+        .shade()
+        .args(["run", "--", "sh", "-c", "cat file; echo new > made"])
+        .output()
+        .unwrap();
+    drop(fake.stdin.take());
+    fake.wait().unwrap();
+    ok(&o);
+    let err = plain(&o.stderr);
+    assert!(!err.contains("branch served by the branch server"), "{err}");
+    assert!(
+        err.contains(&format!("is served by uid {uid}, not 0")),
+        "{err}"
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "orig\n");
+    assert!(err.contains("A made"), "{err}");
 }

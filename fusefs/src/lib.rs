@@ -48,7 +48,8 @@ pub use idmap::IdShift;
 pub use plan::{Perms, PlanOp, ReadBase, RelPath};
 /// The pool of warm connections for new branches (issue 31, `pool.rs`).
 pub use pool::{
-    drain as drain_branch_pool, pool_size, pooled_count, set_pool_idle, set_pool_size, POOLED_MARK,
+    commands_left_it_reusable, drain as drain_branch_pool, pool_size, pooled_count, set_pool_idle,
+    set_pool_size, POOLED_MARK,
 };
 pub use select::Selection;
 pub use state::StateDir;

@@ -522,6 +522,22 @@ pub(crate) fn taint(mount: &Path, why: &str) {
     }
 }
 
+/// Why the connection mounted at `mount` may not serve another branch, as far as the
+/// commands this process ran on it tell (`Ok`: none ran, or every one ran contained and was
+/// seen to end whole). For a process whose branch is another's connection (a `shade run`
+/// served by the branch server): the taint lives here, where the sandbox ran, and the
+/// owner must hear it. The owner still makes its own checks (handles, `/proc`).
+pub fn commands_left_it_reusable(mount: &Path) -> Result<(), String> {
+    let Some(id) = connection_id(mount) else {
+        return Err("its connection number is unknown".into());
+    };
+    match uses().get(&id) {
+        None => Ok(()),
+        Some(u) if u.running > 0 => Err(format!("{} command(s) still run on it", u.running)),
+        Some(u) => u.tainted.clone().map_or(Ok(()), Err),
+    }
+}
+
 /// Forget what ran on connection `id` (a new mount has that number now, or it is gone).
 pub(crate) fn forget_uses(id: Option<u32>) {
     if let Some(id) = id {

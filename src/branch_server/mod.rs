@@ -69,8 +69,7 @@ struct Paths {
 impl Paths {
     fn new(project: &Path, state: &Path) -> Paths {
         use std::os::unix::ffi::OsStrExt;
-        // SAFETY: geteuid cannot fail.
-        let euid = unsafe { libc::geteuid() }.to_string();
+        let euid = euid().to_string();
         // A server mounts in its own mount namespace: a client in another one (`unshare -m`,
         // a container) could not see its mounts, so it gets a server of its own.
         let mnt_ns = std::fs::read_link("/proc/self/ns/mnt").unwrap_or_default();
@@ -92,14 +91,94 @@ impl Paths {
     }
 
     /// The servers' directory, made 0700 (only shade's user may reach a socket in it).
+    /// One of another user's is refused, never changed.
     fn make_dir(&self) -> std::io::Result<()> {
         use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&self.dir)?;
+        owned(&self.dir, false)?;
         std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
     }
+
+    /// A connection to the server listening here, if it is this user's: the directory and
+    /// socket are the effective user's with no group or other write, and the process that
+    /// listens is the effective user's (`SO_PEERCRED`). Else `PermissionDenied` (nothing is
+    /// started then): a root `shade run` with a user's state directory (`sudo -E`) must not
+    /// hand a user's process its branch, nor a user's files to a user's "server".
+    fn connect(&self) -> std::io::Result<UnixStream> {
+        owned(&self.dir, true)?;
+        owned(&self.socket, true)?;
+        let s = UnixStream::connect(&self.socket)?;
+        let uid = peer_uid(&s)?;
+        if uid != euid() {
+            return Err(denied(format!(
+                "{} is served by uid {uid}, not {}",
+                self.socket.display(),
+                euid()
+            )));
+        }
+        Ok(s)
+    }
+}
+
+/// The effective user id.
+fn euid() -> u32 {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+fn denied(msg: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::PermissionDenied, msg)
+}
+
+/// `Ok` when `path` (not followed) is the effective user's and, when `strict`, writable by
+/// nobody else.
+fn owned(path: &Path, strict: bool) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path)?;
+    if m.uid() != euid() {
+        return Err(denied(format!(
+            "{} belongs to uid {}, not {}",
+            path.display(),
+            m.uid(),
+            euid()
+        )));
+    }
+    if strict && m.mode() & 0o022 != 0 {
+        return Err(denied(format!(
+            "{} is writable by others (mode {:o})",
+            path.display(),
+            m.mode() & 0o7777
+        )));
+    }
+    Ok(())
+}
+
+/// The user id of the process at the other end of `stream` (as it was when it connected,
+/// or listened).
+fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt into a ucred of the size given.
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cred.uid)
 }
 
 /// An exclusive `flock` on a file, released when dropped.
@@ -110,10 +189,13 @@ struct Lock {
 impl Lock {
     fn take(path: &Path, wait: bool) -> std::io::Result<Lock> {
         use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        // Never through a link planted in the directory.
         let f = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(path)?;
         let op = libc::LOCK_EX | if wait { 0 } else { libc::LOCK_NB };
         // SAFETY: flock on a descriptor we own.
@@ -133,11 +215,14 @@ pub struct RemoteBranch {
     outside_dir: PathBuf,
     server_pid: u32,
     done: bool,
+    /// The caller allows the connection to serve a later branch (see `reusable`).
+    reuse: bool,
 }
 
 impl RemoteBranch {
     /// Ask the project's server for a branch, starting the server if none runs. `None`
-    /// when it cannot be had (the caller makes the branch itself).
+    /// when it cannot be had (the caller makes the branch itself). `reuse`: whether the
+    /// caller allows its connection to serve a later branch at all.
     pub fn create(project: &Path, opts: &BranchOptions, reuse: bool) -> Option<RemoteBranch> {
         // The server runs in /: a relative state directory is made absolute for it.
         let state = std::path::absolute(opts.state.root()).ok()?;
@@ -155,7 +240,6 @@ impl RemoteBranch {
             size: opts.limits.size,
             metadata: opts.limits.metadata,
             memory_budget: opts.memory_budget,
-            reuse,
         };
         // A server that was exiting as we connected closes on us: start another.
         for _ in 0..3 {
@@ -178,6 +262,7 @@ impl RemoteBranch {
                 outside_dir: PathBuf::new(),
                 server_pid: 0,
                 done: true,
+                reuse,
             };
             match b.call(&req) {
                 Ok(Reply::Created {
@@ -241,6 +326,22 @@ impl RemoteBranch {
             ));
         }
         serde_json::from_str(&answer).map_err(std::io::Error::other)
+    }
+
+    /// Whether the connection may serve a later branch, as only this process can know: the
+    /// commands ran here, in its sandbox (`CommandUse`: containment, allowed sockets,
+    /// survivors). The server pools it only on this word, after its own checks.
+    fn reusable(&self) -> bool {
+        let why = if self.reuse {
+            match shade_fusefs::commands_left_it_reusable(&self.mountpoint) {
+                Ok(()) => return true,
+                Err(why) => why,
+            }
+        } else {
+            "the caller keeps it from being reused".into()
+        };
+        tracing::debug!("branch server: the connection is not to be reused: {why}");
+        false
     }
 
     fn lost(&self, e: impl std::fmt::Display) -> std::io::Error {
@@ -317,6 +418,7 @@ impl RemoteBranch {
             include_ignored: flags.include_ignored,
             force: flags.force,
             origin: crate::command_line(),
+            reusable: self.reusable(),
         };
         let r = self.call(&req);
         self.done = true;
@@ -333,7 +435,8 @@ impl Drop for RemoteBranch {
     fn drop(&mut self) {
         if !self.done {
             // Waits for the reset, so the next `shade run` finds the connection pooled.
-            if let Err(e) = self.call(&Request::Drop) {
+            let reusable = self.reusable();
+            if let Err(e) = self.call(&Request::Drop { reusable }) {
                 tracing::debug!("dropping the served branch: {e}");
             }
         }
@@ -350,14 +453,20 @@ fn is_fuse_mount(mountpoint: &Path, dev: u64) -> bool {
 
 /// A connection to the project's server, started first if none answers.
 fn connect_or_start(paths: &Paths, project: &Path, state: &Path) -> std::io::Result<UnixStream> {
-    if let Ok(s) = UnixStream::connect(&paths.socket) {
-        return Ok(s);
+    let connected = |r: std::io::Result<UnixStream>| match r {
+        Ok(s) => Some(Ok(s)),
+        // Another user's directory, socket or server: refused, and nothing started there.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Some(Err(e)),
+        Err(_) => None,
+    };
+    if let Some(r) = connected(paths.connect()) {
+        return r;
     }
     paths.make_dir()?;
     // One starter at a time; a server ending for idleness takes the lock to remove its socket.
     let _lock = Lock::take(&paths.lock, true)?;
-    if let Ok(s) = UnixStream::connect(&paths.socket) {
-        return Ok(s);
+    if let Some(r) = connected(paths.connect()) {
+        return r;
     }
     let ready = spawn_server(paths, project, state)?;
     // The server closes its end of `ready` once it listens, or dies with it open: either
@@ -369,7 +478,7 @@ fn connect_or_start(paths: &Paths, project: &Path, state: &Path) -> std::io::Res
     };
     // SAFETY: poll on one pollfd we own.
     unsafe { libc::poll(&mut fd, 1, 10_000) };
-    UnixStream::connect(&paths.socket)
+    paths.connect()
 }
 
 /// Start the server: shade's own binary, detached (setsid, reparented to init by a double
@@ -387,7 +496,15 @@ fn spawn_server(paths: &Paths, project: &Path, state: &Path) -> std::io::Result<
     let (ready_r, ready_w) =
         unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     let w = ready_w.as_raw_fd();
-    let log = std::fs::File::create(&paths.log)?;
+    let log = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&paths.log)?
+    };
     let mut cmd = std::process::Command::new(exe);
     cmd.arg(SUBCOMMAND)
         .arg("--project")

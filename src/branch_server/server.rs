@@ -180,31 +180,11 @@ fn accept_pending(listener: &UnixListener, clients: &Arc<AtomicUsize>, ctx: &Arc
 /// Only this user's processes may ask for branches (SO_PEERCRED; the socket's directory is
 /// 0700 too).
 fn check_peer(stream: &UnixStream) -> std::io::Result<()> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: u32::MAX,
-        gid: u32::MAX,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt into a ucred of the size given.
-    let r = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: geteuid cannot fail.
-    let me = unsafe { libc::geteuid() };
-    if cred.uid != me {
+    let uid = super::peer_uid(stream)?;
+    if uid != super::euid() {
         return Err(std::io::Error::other(format!(
-            "peer pid {} is uid {}, not {me}",
-            cred.pid, cred.uid
+            "peer is uid {uid}, not {}",
+            super::euid()
         )));
     }
     Ok(())
@@ -216,7 +196,6 @@ fn client(stream: UnixStream, ctx: &Ctx) {
     let mut reader = BufReader::new(read);
     let mut writer = stream;
     let mut branch: Option<Branch> = None;
-    let mut reuse = false;
     let mut line = String::new();
     loop {
         line.clear();
@@ -225,7 +204,7 @@ fn client(stream: UnixStream, ctx: &Ctx) {
             Ok(_) => {}
         }
         let (reply, end) = match serde_json::from_str::<Request>(&line) {
-            Ok(req) => answer(req, &mut branch, &mut reuse, ctx),
+            Ok(req) => answer(req, &mut branch, ctx),
             Err(e) => (Reply::Error(format!("bad request: {e}")), true),
         };
         let mut out = match serde_json::to_vec(&reply) {
@@ -251,7 +230,7 @@ fn client(stream: UnixStream, ctx: &Ctx) {
 }
 
 /// Answer one request; `true` with it when the conversation is over.
-fn answer(req: Request, branch: &mut Option<Branch>, reuse: &mut bool, ctx: &Ctx) -> (Reply, bool) {
+fn answer(req: Request, branch: &mut Option<Branch>, ctx: &Ctx) -> (Reply, bool) {
     let flags = |include_ignored, force| AcceptFlags {
         include_ignored,
         force,
@@ -264,7 +243,6 @@ fn answer(req: Request, branch: &mut Option<Branch>, reuse: &mut bool, ctx: &Ctx
                 size,
                 metadata,
                 memory_budget,
-                reuse: r,
             },
             None,
         ) => {
@@ -302,7 +280,6 @@ fn answer(req: Request, branch: &mut Option<Branch>, reuse: &mut bool, ctx: &Ctx
                         reused = b.reused_connection(),
                         "served a branch"
                     );
-                    *reuse = r;
                     *branch = Some(b);
                     (reply, false)
                 }
@@ -354,13 +331,15 @@ fn answer(req: Request, branch: &mut Option<Branch>, reuse: &mut bool, ctx: &Ctx
                 include_ignored,
                 force,
                 origin,
+                reusable,
             },
             Some(_),
         ) => {
             let Some(b) = branch.take() else {
                 return (Reply::Error("no branch".into()), true);
             };
-            if !*reuse {
+            if !reusable {
+                tracing::info!("the client did not call its branch reusable: aborting it");
                 abort(b.mountpoint());
             }
             let _one = ACCEPTING
@@ -373,9 +352,10 @@ fn answer(req: Request, branch: &mut Option<Branch>, reuse: &mut bool, ctx: &Ctx
             };
             (r, true)
         }
-        (Request::Drop, Some(_)) => {
+        (Request::Drop { reusable }, Some(_)) => {
             if let Some(b) = branch.take() {
-                if !*reuse {
+                if !reusable {
+                    tracing::info!("the client did not call its branch reusable: aborting it");
                     abort(b.mountpoint());
                 }
                 drop(b);

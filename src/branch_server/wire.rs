@@ -33,9 +33,6 @@ pub enum Request {
         size: Option<u64>,
         metadata: Option<u64>,
         memory_budget: u64,
-        /// Whether the branch's connection may serve a later branch: not when a process of
-        /// the command may outlive it (an unconfined command has no pid namespace).
-        reuse: bool,
     },
     /// The limits the branch reached since the last ask, as the lines to print.
     LimitHits,
@@ -54,9 +51,19 @@ pub enum Request {
         include_ignored: bool,
         force: bool,
         origin: String,
+        /// See `Drop`.
+        #[serde(default)]
+        reusable: bool,
     },
-    /// Drop the branch (its connection goes back to the pool).
-    Drop,
+    /// Drop the branch.
+    Drop {
+        /// The client's word that nothing of its commands can still refer into the branch
+        /// (it ran them, so only it knows: allowed sockets, containment, survivors). Without
+        /// it (`false`, the default) the connection is aborted, never pooled; with it the
+        /// server still makes its own checks before pooling.
+        #[serde(default)]
+        reusable: bool,
+    },
 }
 
 /// The server's answer to one request.
