@@ -679,3 +679,43 @@ fn a_server_socket_listened_on_by_another_user_is_refused() {
     assert_eq!(String::from_utf8_lossy(&o.stdout), "orig\n");
     assert!(err.contains("A made"), "{err}");
 }
+
+/// A server that accepts but never answers (here: stopped) does not hang `shade run`: after
+/// the create timeout the branch is made in-process, the command runs and its result is
+/// right; the stopped server, continued, still serves the next run.
+#[test]
+fn a_server_that_does_not_answer_does_not_hang_the_run() {
+    let s = Served::new();
+    s.fx.write("file", "orig\n");
+    let (o1, v1) = s.run("cat file");
+    ok(&o1);
+    // SAFETY: kill(2) with a pid and a signal.
+    assert_eq!(
+        unsafe { libc::kill(v1.server_pid as i32, libc::SIGSTOP) },
+        0
+    );
+    let o2 = s
+        .shade()
+        .args(["run", "--", "sh", "-c", "echo new > file; cat file"])
+        .output()
+        .unwrap();
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { libc::kill(v1.server_pid as i32, libc::SIGCONT) },
+        0
+    );
+    ok(&o2);
+    let err = plain(&o2.stderr);
+    assert!(
+        err.contains("no answer in") && err.contains("the branch is made in-process"),
+        "the run did not fall back to an in-process branch:\n{err}"
+    );
+    assert_eq!(String::from_utf8_lossy(&o2.stdout), "new\n");
+    assert_eq!(s.fx.read("file"), "orig\n", "a run without --accept wrote");
+    let (o3, v3) = s.run("cat file");
+    ok(&o3);
+    assert_eq!(
+        v3.server_pid, v1.server_pid,
+        "the continued server serves again"
+    );
+}

@@ -252,6 +252,12 @@ impl RemoteBranch {
                     return None;
                 }
             };
+            // A server that accepted but never answers (stopped, wedged, dying with its
+            // socket still queued) must not hang the run: the branch is made in-process.
+            // Later calls (an accept of many files) may take as long as they need.
+            if stream.set_read_timeout(Some(CREATE_TIMEOUT)).is_err() {
+                return None;
+            }
             let Ok(reader) = stream.try_clone().map(BufReader::new) else {
                 return None;
             };
@@ -276,6 +282,16 @@ impl RemoteBranch {
                     b.outside_dir = wire::path(outside_dir);
                     b.server_pid = server_pid;
                     b.done = false;
+                    let untimed = b
+                        .conn
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .1
+                        .set_read_timeout(None);
+                    if let Err(e) = untimed {
+                        tracing::debug!("branch server: {e}; the branch is made in-process");
+                        return None;
+                    }
                     // The branch must be the server's mount, seen here: never bind a plain
                     // directory (or anything else) over the project.
                     if !is_fuse_mount(&b.mountpoint, dev) {
@@ -300,6 +316,17 @@ impl RemoteBranch {
                 Ok(other) => {
                     tracing::debug!(
                         "branch server answered {other:?}; the branch is made in-process"
+                    );
+                    return None;
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    tracing::debug!(
+                        "branch server: no answer in {CREATE_TIMEOUT:?}; the branch is made in-process"
                     );
                     return None;
                 }
@@ -553,6 +580,9 @@ fn spawn_server(paths: &Paths, project: &Path, state: &Path) -> std::io::Result<
     drop(ready_w);
     Ok(ready_r)
 }
+
+/// How long `shade run` waits for the server to hand it a branch before making one itself.
+const CREATE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Remove what servers killed without a chance to clean up left: sockets no server
 /// listens on, with their lock and log. Live servers' files stay.
