@@ -136,6 +136,13 @@ impl Chat {
                 if let Ok(b) = std::fs::read_to_string(e.path().join("branch")) {
                     own.push(b.trim().to_string());
                 }
+                // A branch on a pooled connection is mounted in that connection's first
+                // directory.
+                if let Ok(m) = std::fs::read_to_string(e.path().join("mount")) {
+                    if let Some(d) = Path::new(m.trim()).parent().and_then(Path::file_name) {
+                        own.push(d.to_string_lossy().into_owned());
+                    }
+                }
                 own.push(name);
             }
         }
@@ -163,6 +170,7 @@ impl Chat {
             .map(|d| {
                 d.flatten()
                     .filter(|e| !own.contains(&e.file_name().to_string_lossy().into_owned()))
+                    .filter(|e| !pooled(&e.path()))
                     .count()
             })
             .unwrap_or(0)
@@ -178,9 +186,12 @@ impl Chat {
         let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
         let state = self.state.display().to_string();
         assert!(
-            !mounts
-                .lines()
-                .any(|l| l.contains(&state) && !own.iter().any(|o| l.contains(o.as_str()))),
+            !mounts.lines().any(|l| {
+                let point = Path::new(l.split(' ').nth(1).unwrap_or(""));
+                l.contains(&state)
+                    && !own.iter().any(|o| l.contains(o.as_str()))
+                    && !point.parent().is_some_and(pooled)
+            }),
             "a branch is still mounted:\n{mounts}"
         );
     }

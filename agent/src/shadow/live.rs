@@ -13,6 +13,7 @@
 //!   whole session (it outlives the renewed branches); listed after each turn, never
 //!   written to the host except by the user's keep rules.
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -341,10 +342,15 @@ fn live_dir(state: &StateDir, project: &Path) -> Result<PathBuf, ShadowError> {
     Ok(dir)
 }
 
-/// `<live dir>/branch`: the id of the session's branch now (for tools and tests that tell
-/// the session's own branch from others). Best effort.
+/// `<live dir>/branch`: the id of the session's branch now, and `<live dir>/mount` its mount
+/// point — in another branch's directory when the branch took a pooled connection (for
+/// tools and tests that tell the session's own branch from others). Best effort.
 fn note_branch(dir: &Path, shadow: &Shadow) {
     let _ = std::fs::write(dir.join("branch"), format!("{}\n", shadow.id()));
+    let _ = std::fs::write(
+        dir.join("mount"),
+        shadow.mountpoint().as_os_str().as_bytes(),
+    );
 }
 
 /// One line for a refused accept.
