@@ -1,5 +1,5 @@
-//! The shell tool does not hand shade's API key, other secrets or shade's own variables to
-//! the model's commands. (Its own test binary: it sets environment variables, which must
+//! The shell tool does not hand shade's API key, other secrets, shade's own variables or
+//! any variable off its allowlist to the model's commands. (Its own test binary: it sets environment variables, which must
 //! not race with other tests.)
 #![allow(clippy::unwrap_used)]
 
@@ -13,7 +13,8 @@ async fn api_key_is_not_inherited() {
     std::env::set_var("OPENAI_API_KEY", "sk-should-not-leak");
     std::env::set_var("SHADE_TEST_MARKER", "shade-own");
     std::env::set_var("GITHUB_TOKEN", "ghp-should-not-leak");
-    std::env::set_var("PLAIN_TEST_MARKER", "visible");
+    std::env::set_var("PLAIN_TEST_MARKER", "unlisted");
+    std::env::set_var("CARGO_TEST_MARKER", "visible");
     let dir = tempfile::tempdir().unwrap();
     let ctx = ToolContext::new(Workspace::new(dir.path()).unwrap());
     let shell = ToolRegistry::standard().get("shell").unwrap();
@@ -21,9 +22,18 @@ async fn api_key_is_not_inherited() {
         .run(json!({"command": "env"}), &ctx, &CancellationToken::new())
         .await
         .unwrap();
-    assert!(out.content.contains("PLAIN_TEST_MARKER=visible"));
+    assert!(
+        out.content.contains("CARGO_TEST_MARKER=visible"),
+        "{}",
+        out.content
+    );
     assert!(out.content.contains("PATH="));
-    for leak in ["sk-should-not-leak", "ghp-should-not-leak", "shade-own"] {
+    for leak in [
+        "sk-should-not-leak",
+        "ghp-should-not-leak",
+        "shade-own",
+        "PLAIN_TEST_MARKER",
+    ] {
         assert!(!out.content.contains(leak), "{leak}: {}", out.content);
     }
 }
