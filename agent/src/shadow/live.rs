@@ -9,6 +9,13 @@
 //!   pending — nothing written, neither edit lost; the user is told in one line, the model
 //!   in the tool result; later calls go on in that branch, each accept retried, until the
 //!   user resolves it (`/accept` after reconciling, `/abort`).
+//! - **Code for the host**: a change that makes programs run code when the user works
+//!   in the project (`.git/config`, `.git/hooks/…`: a sandboxed command could set
+//!   `core.fsmonitor` for the user's next `git status`; see
+//!   [`shade_fusefs::outside::git_path_runs_code`]) is never accepted automatically: the
+//!   call is held pending like a conflict, the user is told which paths, the model in the
+//!   tool result; `/accept` writes it (after `/diff`), `/abort` drops it. The rest of git's
+//!   work (index, objects, refs) is data and accepted live.
 //! - **Outside the project**: commands' writes there land in one outside layer for the
 //!   whole session (it outlives the renewed branches); listed after each turn, never
 //!   written to the host except by the user's keep rules.
@@ -52,8 +59,10 @@ pub struct Live {
 #[derive(Default)]
 struct State {
     shadow: Option<Shadow>,
-    /// The branch holds changes whose accept was refused (a conflict).
+    /// The branch holds changes whose accept was refused (a conflict) or held (code).
     pending: bool,
+    /// The user asked for the accept (`/accept`): held changes go in too.
+    confirmed: bool,
     /// Time of each tool-call accept, for `SHADE_LIVE_TIMING`.
     accepts: Vec<Duration>,
 }
@@ -157,9 +166,17 @@ impl Live {
         let Some(shadow) = st.shadow.as_ref() else {
             return AfterCall::Nothing;
         };
-        let n = shadow.changeset(true).changes.len();
+        let changes = shadow.changeset(true);
+        let n = changes.changes.len();
         if n == 0 {
             return AfterCall::Nothing;
+        }
+        let held = held_paths(&changes);
+        if !held.is_empty() && !st.confirmed {
+            st.pending = true;
+            let line = held_line(&held, n);
+            lock(&self.notices).push(line.clone());
+            return AfterCall::Pending(line);
         }
         if let Err(e) = shadow.check_accept(FLAGS) {
             st.pending = true;
@@ -172,8 +189,12 @@ impl Live {
 
     /// `/accept` of a pending branch: the same accept, now (refused again while the
     /// conflict stands).
+    /// Changes held because they run code ([`held_paths`]) go in now: the user asked.
     pub fn accept_now(&self) -> AfterCall {
-        self.settle()
+        lock(&self.state).confirmed = true;
+        let out = self.settle();
+        lock(&self.state).confirmed = false;
+        out
     }
 
     /// `/abort`: drop the branch's changes and go on in a fresh branch.
@@ -347,6 +368,35 @@ fn note_branch(dir: &Path, shadow: &Shadow) {
     let _ = std::fs::write(dir.join("branch"), format!("{}\n", shadow.id()));
 }
 
+/// The paths of `changes` that make programs run code in the project (git's config and
+/// hooks: [`shade_fusefs::outside::git_path_runs_code`]), which no automatic accept
+/// writes. A deletion runs nothing; a directory is no file git reads.
+fn held_paths(changes: &shade_fusefs::Changeset) -> Vec<PathBuf> {
+    changes
+        .changes
+        .iter()
+        .filter(|c| c.kind != shade_fusefs::ChangeKind::Deleted && !c.is_dir)
+        .filter(|c| shade_fusefs::outside::git_path_runs_code(&c.path))
+        .map(|c| c.path.clone())
+        .collect()
+}
+
+/// One line for an accept held because it would plant code for the host.
+fn held_line(held: &[PathBuf], n: usize) -> String {
+    let paths: Vec<String> = held
+        .iter()
+        .map(|p| shade_fusefs::quote::quote_path(p).into_owned())
+        .collect();
+    format!(
+        "held, not accepted: {} makes programs run code on the host (git runs it: {}); the \
+         branch keeps its {} pending, nothing written (/diff shows them, /accept writes them, \
+         /abort drops them)",
+        if paths.len() == 1 { "a change" } else { "changes" },
+        paths.join(", "),
+        crate::tools::text::plural(n, "change"),
+    )
+}
+
 /// One line for a refused accept.
 fn refusal(e: &AcceptError, n: usize) -> String {
     match e {
@@ -456,7 +506,7 @@ impl Tool for LiveTool {
                 Ok(mut out) => {
                     out.content.push_str(&note);
                     out.display
-                        .push_str(" — not in the project yet: an accept conflict (see below)");
+                        .push_str(" — not in the project yet: held or in conflict (see below)");
                     Ok(out)
                 }
                 Err(ToolError::Failed(m)) => Err(ToolError::Failed(m + &note)),
