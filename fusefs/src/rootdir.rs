@@ -239,6 +239,24 @@ impl RootDir {
         File::from(fd).metadata()
     }
 
+    /// What `rel` itself is (a last component that is a link is not followed).
+    pub fn symlink_metadata(&self, rel: &Path) -> io::Result<std::fs::Metadata> {
+        let fd = self.open_beneath(rel, OFlags::PATH | OFlags::NOFOLLOW, Mode::empty())?;
+        File::from(fd).metadata()
+    }
+
+    /// Set the permission bits of regular file `rel` (no link followed at its end).
+    pub fn set_mode(&self, rel: &Path, mode: u32) -> io::Result<()> {
+        let fd = self.open_beneath(
+            rel,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY,
+            Mode::empty(),
+        )?;
+        let file = regular(fd)?;
+        rustix::fs::fchmod(&file, Mode::from_raw_mode(mode & 0o7777))?;
+        Ok(())
+    }
+
     /// Whether `rel` exists beneath the root (a link leading out counts as not there).
     pub fn exists(&self, rel: &Path) -> bool {
         self.metadata(rel).is_ok()

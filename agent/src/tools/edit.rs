@@ -286,8 +286,9 @@ fn compute(ws: &crate::workspace::Workspace, p: &Params) -> Result<Change, ToolE
     let current = files
         .read_at_most(ws.relative(&path), super::read_file::MAX_FILE_BYTES)
         .and_then(|b| {
-            String::from_utf8(b)
-                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not valid UTF-8"))
+            String::from_utf8(b).map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::InvalidData, "not valid UTF-8")
+            })
         })
         .map_err(|e| ToolError::Failed(format!("cannot read {shown} as text: {e}")))?;
     let expected = p.expected_replacements.unwrap_or(1);

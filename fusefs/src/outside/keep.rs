@@ -272,9 +272,7 @@ pub fn git_path_runs_code(path: &Path) -> bool {
                 || rest
                     .last()
                     .is_some_and(|f| *f == "config" || *f == "config.worktree")
-                || rest
-                    .windows(2)
-                    .any(|w| w[0] == "info" && w[1] != "exclude")
+                || rest.windows(2).any(|w| w[0] == "info" && w[1] != "exclude")
         }
         ["worktrees", _, f, ..] => f.starts_with("config") || *f == "hooks",
         rest => git_dir_file(rest),
