@@ -75,6 +75,7 @@ fn grep_of_a_huge_sparse_file_keeps_shade_memory_bounded() {
         .lock()
         .unwrap()
         .expect("the model was asked after the grep");
+    eprintln!("shade exec peak RSS after the grep: {peak} MiB");
     assert!(
         peak < 300,
         "shade's peak resident size was {peak} MiB after grepping a {} MiB file",
