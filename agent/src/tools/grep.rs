@@ -154,7 +154,7 @@ fn search(
                 Ok(_) => {}
             }
             i += 1;
-            if i % 4096 == 0 && cancel.is_cancelled() {
+            if i.is_multiple_of(4096) && cancel.is_cancelled() {
                 cancelled = true;
                 return ControlFlow::Break(());
             }

@@ -268,7 +268,7 @@ pub fn git_path_runs_code(path: &Path) -> bool {
     };
     match inner.as_slice() {
         ["modules", rest @ ..] => {
-            rest.iter().any(|n| *n == "hooks")
+            rest.contains(&"hooks")
                 || rest
                     .last()
                     .is_some_and(|f| *f == "config" || *f == "config.worktree")
