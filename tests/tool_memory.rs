@@ -85,7 +85,7 @@ fn grep_of_a_huge_sparse_file_keeps_shade_memory_bounded() {
         .requests()
         .iter()
         .filter_map(last_tool_result)
-        .last()
+        .next_back()
         .unwrap();
     assert!(result.contains("big.txt:1: needle"), "{result}");
     assert!(
