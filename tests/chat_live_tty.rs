@@ -223,6 +223,16 @@ fn live_accept_conflicting_with_a_user_edit_keeps_both() {
 #[test]
 fn live_accept_holds_git_config_that_runs_code() {
     common::require_fuse_root();
+    holds_git_config(false);
+}
+
+#[test]
+fn live_accept_holds_git_config_that_runs_code_as_plain_user() {
+    common::require_fuse_root();
+    holds_git_config(true);
+}
+
+fn holds_git_config(plain: bool) {
     let chat = Chat::new(|body: &Value| {
         match (last_real_user(body).as_str(), tool_results_since_user(body)) {
             ("stage it", 0) => Reply::tool(
@@ -245,6 +255,11 @@ fn live_accept_holds_git_config_that_runs_code() {
     git(&["init", "-q", "."]);
     git(&["add", "README"]);
     git(&["commit", "-qm", "init"]);
+    let chat = if plain {
+        chat.run_by_plain_user()
+    } else {
+        chat
+    };
     let config = read(&chat, ".git/config");
     let index = std::fs::read(chat.project.join(".git/index")).unwrap();
     let tty = chat.start(ARGS);
