@@ -249,11 +249,14 @@ impl Live {
             return AfterCall::Nothing;
         };
         let mut sel = branch.selection(changes);
+        // A change that cannot go in without a held one would be lost (it is not carried):
+        // then the whole call stays pending.
+        let mut dragged = false;
         for &i in held {
-            sel.set(i, false);
+            dragged |= sel.set(i, false).iter().any(|k| !held.contains(k));
         }
         let picked = sel.picked_count();
-        if picked == 0 || branch.check_accept_selected(FLAGS, &sel).is_err() {
+        if dragged || picked == 0 || branch.check_accept_selected(FLAGS, &sel).is_err() {
             drop(leftover);
             match Shadow::around(
                 branch,
