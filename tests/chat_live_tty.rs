@@ -214,3 +214,90 @@ fn live_accept_conflicting_with_a_user_edit_keeps_both() {
     wait_until("the session to end", 60, || !tty.alive());
     chat.assert_nothing_left();
 }
+
+/// A live turn whose sandboxed shell plants `core.fsmonitor` in the project's git config
+/// (which the user's next `git status` would run on the host) and stages a file: the
+/// staging (index) and the file's edit go into the project, the config change is held in
+/// the branch — the project's `.git/config` is unchanged, the screen names it, the model
+/// is told — and only `/accept` (after `/diff` showed it) writes it.
+#[test]
+fn live_accept_holds_git_config_that_runs_code() {
+    common::require_fuse_root();
+    holds_git_config(false);
+}
+
+#[test]
+fn live_accept_holds_git_config_that_runs_code_as_plain_user() {
+    common::require_fuse_root();
+    holds_git_config(true);
+}
+
+fn holds_git_config(plain: bool) {
+    let chat = Chat::new(|body: &Value| {
+        match (last_real_user(body).as_str(), tool_results_since_user(body)) {
+            ("stage it", 0) => Reply::tool(
+                "shell",
+                json!({"command": "echo more >> README && git add README && git config core.fsmonitor 'touch /tmp/h10-pwned; false'"}),
+            ),
+            ("stage it", _) => Reply::text("Staged."),
+            (other, _) => Reply::text(&format!("You said: {other}")),
+        }
+    });
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .args(["-c", "user.email=a@b", "-c", "user.name=a"])
+            .args(args)
+            .current_dir(&chat.project)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+    };
+    git(&["init", "-q", "."]);
+    git(&["add", "README"]);
+    git(&["commit", "-qm", "init"]);
+    let chat = if plain {
+        chat.run_by_plain_user()
+    } else {
+        chat
+    };
+    let config = read(&chat, ".git/config");
+    let index = std::fs::read(chat.project.join(".git/index")).unwrap();
+    let tty = chat.start(ARGS);
+    tty.say("stage it");
+    tty.wait_text("Staged.", 60);
+    let screen = tty.wait_text("held, not accepted", 60);
+    assert!(screen.contains(".git/config"), "{screen}");
+    wait_prompt(&tty);
+    assert_eq!(
+        read(&chat, ".git/config"),
+        config,
+        "the config was accepted live"
+    );
+    assert_eq!(read(&chat, "README"), "a project\nmore\n");
+    assert_ne!(
+        std::fs::read(chat.project.join(".git/index")).unwrap(),
+        index,
+        "the staging (index) was not accepted"
+    );
+    let results: Vec<String> = chat
+        .llm
+        .requests()
+        .iter()
+        .filter_map(last_tool_result)
+        .collect();
+    assert!(
+        results.iter().any(|r| r.contains("NOT in the project")),
+        "{results:?}"
+    );
+    tty.say("/diff");
+    tty.wait_text("fsmonitor", 60);
+    wait_prompt(&tty);
+    assert!(!read(&chat, ".git/config").contains("fsmonitor"));
+    tty.say("/accept");
+    tty.wait_text("accepted 1 change", 60);
+    wait_prompt(&tty);
+    assert!(read(&chat, ".git/config").contains("fsmonitor = \"touch /tmp/h10-pwned; false\""));
+    tty.keys(&["C-d"]);
+    wait_until("the session to end", 60, || !tty.alive());
+    chat.assert_nothing_left();
+}

@@ -82,15 +82,22 @@ impl WalkEntry<'_> {
     }
 
     /// Its content, if it is still a regular file (opened from the parent without
-    /// following a link).
+    /// following a link) of at most [`READ_LIMIT`] bytes.
     pub fn read(&self) -> io::Result<Vec<u8>> {
+        read_regular(OwnedFd::from(self.open()?), READ_LIMIT)
+    }
+
+    /// The file, opened from the parent without following a link and checked (on that
+    /// descriptor) to be a regular file: for a reader that streams it rather than holding
+    /// it whole (a command may have made it any size).
+    pub fn open(&self) -> io::Result<File> {
         let fd = rustix::fs::openat(
             self.parent,
             self.name,
             OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
             Mode::empty(),
         )?;
-        read_regular(fd)
+        regular(fd)
     }
 }
 
@@ -121,17 +128,49 @@ fn relative(rel: &Path) -> io::Result<PathBuf> {
     Ok(out)
 }
 
-fn read_regular(fd: OwnedFd) -> io::Result<Vec<u8>> {
-    let mut file = File::from(fd);
-    let meta = file.metadata()?;
-    if !meta.is_file() {
+/// The most [`RootDir::read`] holds in memory: a command in the branch may make a file of
+/// any size (a sparse one costs it nothing), and shade's own process has no memory limit.
+/// A caller that may meet larger files streams them ([`RootDir::open_file`]) or asks for
+/// less ([`RootDir::read_at_most`]).
+pub const READ_LIMIT: u64 = 64 << 20;
+
+/// The most an ignore file may hold to count (git itself skips huge pattern files): the
+/// walk reads one in every directory.
+const IGNORE_FILE_LIMIT: u64 = 1 << 20;
+
+/// `fd` as a file, if it is a regular one (checked on the descriptor).
+fn regular(fd: OwnedFd) -> io::Result<File> {
+    let file = File::from(fd);
+    if !file.metadata()?.is_file() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "not a regular file",
         ));
     }
-    let mut out = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0).min(1 << 24));
-    file.read_to_end(&mut out)?;
+    Ok(file)
+}
+
+/// The error for a file over `max` bytes.
+fn too_large(max: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::FileTooLarge,
+        format!("larger than {max} bytes; not read whole"),
+    )
+}
+
+/// The content of regular file `fd`, refused if over `max` bytes: the size is checked on
+/// the descriptor and the read stops after `max + 1` bytes (the file may grow meanwhile).
+fn read_regular(fd: OwnedFd, max: u64) -> io::Result<Vec<u8>> {
+    let file = regular(fd)?;
+    let len = file.metadata()?.len();
+    if len > max {
+        return Err(too_large(max));
+    }
+    let mut out = Vec::with_capacity(usize::try_from(len).unwrap_or(0).min(1 << 24));
+    file.take(max.saturating_add(1)).read_to_end(&mut out)?;
+    if out.len() as u64 > max {
+        return Err(too_large(max));
+    }
     Ok(out)
 }
 
@@ -200,20 +239,50 @@ impl RootDir {
         File::from(fd).metadata()
     }
 
+    /// What `rel` itself is (a last component that is a link is not followed).
+    pub fn symlink_metadata(&self, rel: &Path) -> io::Result<std::fs::Metadata> {
+        let fd = self.open_beneath(rel, OFlags::PATH | OFlags::NOFOLLOW, Mode::empty())?;
+        File::from(fd).metadata()
+    }
+
+    /// Set the permission bits of regular file `rel` (no link followed at its end).
+    pub fn set_mode(&self, rel: &Path, mode: u32) -> io::Result<()> {
+        let fd = self.open_beneath(
+            rel,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY,
+            Mode::empty(),
+        )?;
+        let file = regular(fd)?;
+        rustix::fs::fchmod(&file, Mode::from_raw_mode(mode & 0o7777))?;
+        Ok(())
+    }
+
     /// Whether `rel` exists beneath the root (a link leading out counts as not there).
     pub fn exists(&self, rel: &Path) -> bool {
         self.metadata(rel).is_ok()
     }
 
     /// The content of regular file `rel` (a device, socket or pipe is refused, and its
-    /// opening never blocks).
+    /// opening never blocks), refused (`FileTooLarge`) over [`READ_LIMIT`] bytes.
     pub fn read(&self, rel: &Path) -> io::Result<Vec<u8>> {
+        self.read_at_most(rel, READ_LIMIT)
+    }
+
+    /// [`RootDir::read`] refused over `max` bytes (checked and read on one descriptor, so
+    /// a file swapped or grown after a size check is not read whole either).
+    pub fn read_at_most(&self, rel: &Path, max: u64) -> io::Result<Vec<u8>> {
+        read_regular(self.open_file(rel)?, max)
+    }
+
+    /// Regular file `rel`, opened for reading (never blocking on a FIFO), for a reader
+    /// that streams it.
+    pub fn open_file(&self, rel: &Path) -> io::Result<OwnedFd> {
         let fd = self.open_beneath(
             rel,
             OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
             Mode::empty(),
         )?;
-        read_regular(fd)
+        regular(fd).map(OwnedFd::from)
     }
 
     /// [`RootDir::read`] as UTF-8 text.
@@ -421,7 +490,7 @@ fn matcher(dir: BorrowedFd<'_>, file: &Path, rel_dir: &Path) -> Option<Gitignore
         beneath(),
     )
     .ok()?;
-    let bytes = read_regular(fd).ok()?;
+    let bytes = read_regular(fd, IGNORE_FILE_LIMIT).ok()?;
     let text = String::from_utf8_lossy(&bytes);
     let mut b = GitignoreBuilder::new(virtual_path(rel_dir));
     for line in text.lines() {

@@ -9,6 +9,13 @@
 //!   pending — nothing written, neither edit lost; the user is told in one line, the model
 //!   in the tool result; later calls go on in that branch, each accept retried, until the
 //!   user resolves it (`/accept` after reconciling, `/abort`).
+//! - **Code for the host**: a change that makes programs run code when the user works
+//!   in the project (`.git/config`, `.git/hooks/…`: a sandboxed command could set
+//!   `core.fsmonitor` for the user's next `git status`; see
+//!   [`shade_fusefs::outside::git_path_runs_code`]) is never accepted automatically: the
+//!   call is held pending like a conflict, the user is told which paths, the model in the
+//!   tool result; `/accept` writes it (after `/diff`), `/abort` drops it. The rest of git's
+//!   work (index, objects, refs) is data and accepted live.
 //! - **Outside the project**: commands' writes there land in one outside layer for the
 //!   whole session (it outlives the renewed branches); listed after each turn, never
 //!   written to the host except by the user's keep rules.
@@ -53,8 +60,10 @@ pub struct Live {
 #[derive(Default)]
 struct State {
     shadow: Option<Shadow>,
-    /// The branch holds changes whose accept was refused (a conflict).
+    /// The branch holds changes whose accept was refused (a conflict) or held (code).
     pending: bool,
+    /// The user asked for the accept (`/accept`): held changes go in too.
+    confirmed: bool,
     /// Time of each tool-call accept, for `SHADE_LIVE_TIMING`.
     accepts: Vec<Duration>,
 }
@@ -158,9 +167,14 @@ impl Live {
         let Some(shadow) = st.shadow.as_ref() else {
             return AfterCall::Nothing;
         };
-        let n = shadow.changeset(true).changes.len();
+        let changes = shadow.changeset(true);
+        let n = changes.changes.len();
         if n == 0 {
             return AfterCall::Nothing;
+        }
+        let held = held_changes(&changes);
+        if !held.is_empty() && !st.confirmed {
+            return self.accept_holding(&mut st, changes, &held);
         }
         if let Err(e) = shadow.check_accept(FLAGS) {
             st.pending = true;
@@ -173,8 +187,12 @@ impl Live {
 
     /// `/accept` of a pending branch: the same accept, now (refused again while the
     /// conflict stands).
+    /// Changes held because they run code ([`held_paths`]) go in now: the user asked.
     pub fn accept_now(&self) -> AfterCall {
-        self.settle()
+        lock(&self.state).confirmed = true;
+        let out = self.settle();
+        lock(&self.state).confirmed = false;
+        out
     }
 
     /// `/abort`: drop the branch's changes and go on in a fresh branch.
@@ -191,6 +209,97 @@ impl Live {
         st.pending = false;
         self.renew(&mut st);
         n
+    }
+
+    /// A call whose changes include code for the host ([`held_changes`]): the rest is
+    /// accepted (the engine's selected accept), the held files are carried into the
+    /// renewed branch, pending, for `/diff`, `/accept`, `/abort`. Whatever cannot be carried
+    /// (not a small regular file) or a refused accept keeps the whole branch pending.
+    fn accept_holding(
+        &self,
+        st: &mut State,
+        changes: shade_fusefs::Changeset,
+        held: &[usize],
+    ) -> AfterCall {
+        let n = changes.changes.len();
+        let paths: Vec<PathBuf> = held
+            .iter()
+            .map(|&i| changes.changes[i].path.clone())
+            .collect();
+        let line = held_line(&paths, n);
+        let hold_all = |st: &mut State| {
+            st.pending = true;
+            lock(&self.notices).push(line.clone());
+            AfterCall::Pending(line.clone())
+        };
+        let Some(copies) = st
+            .shadow
+            .as_ref()
+            .and_then(|s| carry(s.mountpoint(), &paths))
+        else {
+            return hold_all(st);
+        };
+        let Some(shadow) = st.shadow.take() else {
+            return AfterCall::Nothing;
+        };
+        if let Some(origin) = lock(&self.origin).clone() {
+            shade_fusefs::accept::history::set_origin(origin);
+        }
+        let Some((branch, leftover)) = shadow.into_branch() else {
+            self.renew(st);
+            return AfterCall::Nothing;
+        };
+        let mut sel = branch.selection(changes);
+        // A change that cannot go in without a held one would be lost (it is not carried):
+        // then the whole call stays pending.
+        let mut dragged = false;
+        for &i in held {
+            dragged |= sel.set(i, false).iter().any(|k| !held.contains(k));
+        }
+        let picked = sel.picked_count();
+        if dragged || picked == 0 || branch.check_accept_selected(FLAGS, &sel).is_err() {
+            drop(leftover);
+            match Shadow::around(
+                branch,
+                self.project.clone(),
+                self.options.clone(),
+                Some(self.dir.join("outside")),
+            ) {
+                Ok(s) => st.shadow = Some(s),
+                Err(e) => {
+                    lock(&self.notices).push(format!("cannot keep the branch: {e}"));
+                    self.renew(st);
+                }
+            }
+            return hold_all(st);
+        }
+        let started = Instant::now();
+        let accepted = branch.accept_selected(FLAGS, &sel);
+        drop(leftover);
+        st.accepts.push(started.elapsed());
+        self.renew(st);
+        let planted = st
+            .shadow
+            .as_ref()
+            .map(|s| plant(s.mountpoint(), &copies))
+            .unwrap_or_else(|| Err(std::io::Error::other("no branch")));
+        if let Err(e) = &planted {
+            lock(&self.notices).push(format!(
+                "the held changes could not be kept in the new branch ({e}); they were dropped, \
+                 nothing of them written to the project"
+            ));
+        } else {
+            st.pending = true;
+        }
+        let line = match accepted {
+            Ok(_) => format!(
+                "{} accepted; {line}",
+                crate::tools::text::plural(picked, "change")
+            ),
+            Err(e) => format!("the accept of the rest failed ({e}); {line}"),
+        };
+        lock(&self.notices).push(line.clone());
+        AfterCall::Pending(line)
     }
 
     fn accept_locked(&self, st: &mut State, n: usize) -> AfterCall {
@@ -353,6 +462,78 @@ fn note_branch(dir: &Path, shadow: &Shadow) {
     );
 }
 
+/// The changes (indices) of `changes` that make programs run code in the project (git's
+/// config and hooks: [`shade_fusefs::outside::git_path_runs_code`]), which no automatic
+/// accept writes. A deletion runs nothing; a directory is no file git reads.
+fn held_changes(changes: &shade_fusefs::Changeset) -> Vec<usize> {
+    changes
+        .changes
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.kind != shade_fusefs::ChangeKind::Deleted && !c.is_dir)
+        .filter(|(_, c)| shade_fusefs::outside::git_path_runs_code(&c.path))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// The most of one held file carried into the next branch (git's config and hooks are
+/// small; anything larger keeps the whole call pending instead).
+const CARRY_MAX: u64 = 1 << 20;
+
+/// A held file as the branch has it: path, content, permission bits.
+type Carried = (PathBuf, Vec<u8>, u32);
+
+/// The held `paths` read out of the branch at `mount` (beneath its descriptor), or None
+/// if one is not a regular file of at most [`CARRY_MAX`] bytes (a link, a directory).
+fn carry(mount: &Path, paths: &[PathBuf]) -> Option<Vec<Carried>> {
+    use std::os::unix::fs::PermissionsExt;
+    let files = shade_fusefs::rootdir::RootDir::open(mount).ok()?;
+    paths
+        .iter()
+        .map(|p| {
+            let meta = files.symlink_metadata(p).ok()?;
+            if !meta.is_file() {
+                return None;
+            }
+            let bytes = files.read_at_most(p, CARRY_MAX).ok()?;
+            Some((p.clone(), bytes, meta.permissions().mode() & 0o7777))
+        })
+        .collect()
+}
+
+/// Write `copies` into the branch at `mount` (beneath its descriptor), modes included.
+fn plant(mount: &Path, copies: &[Carried]) -> std::io::Result<()> {
+    let files = shade_fusefs::rootdir::RootDir::open(mount)?;
+    for (path, bytes, mode) in copies {
+        if let Some(dir) = path.parent() {
+            files.create_dir_all(dir)?;
+        }
+        files.write(path, bytes)?;
+        files.set_mode(path, *mode)?;
+    }
+    Ok(())
+}
+
+/// One line for an accept held because it would plant code for the host.
+fn held_line(held: &[PathBuf], n: usize) -> String {
+    let paths: Vec<String> = held
+        .iter()
+        .map(|p| shade_fusefs::quote::quote_path(p).into_owned())
+        .collect();
+    format!(
+        "held, not accepted: {} makes programs run code on the host (git runs it: {}); the \
+         branch keeps its {} pending, nothing written (/diff shows them, /accept writes them, \
+         /abort drops them)",
+        if paths.len() == 1 {
+            "a change"
+        } else {
+            "changes"
+        },
+        paths.join(", "),
+        crate::tools::text::plural(n, "change"),
+    )
+}
+
 /// One line for a refused accept.
 fn refusal(e: &AcceptError, n: usize) -> String {
     match e {
@@ -462,7 +643,7 @@ impl Tool for LiveTool {
                 Ok(mut out) => {
                     out.content.push_str(&note);
                     out.display
-                        .push_str(" — not in the project yet: an accept conflict (see below)");
+                        .push_str(" — not in the project yet: held or in conflict (see below)");
                     Ok(out)
                 }
                 Err(ToolError::Failed(m)) => Err(ToolError::Failed(m + &note)),

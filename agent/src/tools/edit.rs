@@ -282,8 +282,14 @@ fn compute(ws: &crate::workspace::Workspace, p: &Params) -> Result<Change, ToolE
     if !meta.is_some_and(|m| m.is_file()) {
         return Err(ToolError::Failed(format!("{shown} is not a regular file")));
     }
+    // No larger than read_file shows: the edit holds the file twice over.
     let current = files
-        .read_to_string(ws.relative(&path))
+        .read_at_most(ws.relative(&path), super::read_file::MAX_FILE_BYTES)
+        .and_then(|b| {
+            String::from_utf8(b).map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::InvalidData, "not valid UTF-8")
+            })
+        })
         .map_err(|e| ToolError::Failed(format!("cannot read {shown} as text: {e}")))?;
     let expected = p.expected_replacements.unwrap_or(1);
     if expected == 0 {

@@ -96,8 +96,9 @@ fn read(ws: &crate::workspace::Workspace, p: Params) -> Result<ToolOutput, ToolE
             meta.len()
         )));
     }
+    // Bounded on the descriptor it reads: the file may have grown or been swapped since.
     let bytes = files
-        .read(rel)
+        .read_at_most(rel, MAX_FILE_BYTES)
         .map_err(|e| ToolError::Failed(format!("cannot read {shown}: {e}")))?;
     if looks_binary(&bytes) {
         return Ok(ToolOutput {

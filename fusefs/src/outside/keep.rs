@@ -283,6 +283,43 @@ fn code_name(name: &str) -> bool {
         .any(|e| n.ends_with(e))
 }
 
+/// Whether `path` (any path; for a project, relative to it) is a file of a git directory
+/// that makes git run programs: `config` and `config.worktree` (`core.fsmonitor`,
+/// `core.hooksPath`, aliases, filters), `hooks/`, `info/` but `info/exclude` (attributes
+/// name filter drivers), the same in `modules/**` (submodules' git directories) and a
+/// linked worktree's `worktrees/*/config*`, and a `.git` that is not a directory (a
+/// `gitdir:` file may point git anywhere). Everything else in `.git` (index, objects,
+/// refs, logs, HEAD, COMMIT_EDITMSG) is data. The one list for the project (live accepts
+/// hold these) and outside writes (flagged, kept only when named).
+pub fn git_path_runs_code(path: &Path) -> bool {
+    let names: Vec<&std::ffi::OsStr> = path.components().map(|c| c.as_os_str()).collect();
+    let Some(at) = names.iter().position(|n| *n == ".git") else {
+        return false;
+    };
+    let inner: Vec<&str> = names[at + 1..]
+        .iter()
+        .map(|n| n.to_str().unwrap_or("\u{fffd}"))
+        .collect();
+    let git_dir_file = |rest: &[&str]| match rest {
+        [] => true,
+        [f] => *f == "config" || *f == "config.worktree",
+        ["info", "exclude"] => false,
+        ["hooks" | "info", ..] => true,
+        _ => false,
+    };
+    match inner.as_slice() {
+        ["modules", rest @ ..] => {
+            rest.contains(&"hooks")
+                || rest
+                    .last()
+                    .is_some_and(|f| *f == "config" || *f == "config.worktree")
+                || rest.windows(2).any(|w| w[0] == "info" && w[1] != "exclude")
+        }
+        ["worktrees", _, f, ..] => f.starts_with("config") || *f == "hooks",
+        rest => git_dir_file(rest),
+    }
+}
+
 impl OutsideChange {
     /// Whether keeping this change could make a program run code the branch chose: a
     /// start-up or config file of a shell, an agent, an editor, git or ssh, a hook, an
@@ -308,11 +345,7 @@ impl OutsideChange {
         } else if SYSTEM_CODE.iter().any(|d| p.starts_with(d)) {
             return true;
         }
-        let in_git = p.components().any(|c| c.as_os_str() == ".git");
-        if in_git
-            && p.components()
-                .any(|c| matches!(c.as_os_str().to_str(), Some("hooks" | "config")))
-        {
+        if git_path_runs_code(p) {
             return true;
         }
         p.components()
@@ -782,5 +815,37 @@ mod tests {
         let mut gone = change("/home/u/.bashrc", 0o644);
         gone.kind = OutsideKind::Deleted;
         assert!(!gone.runs_code(home));
+    }
+
+    #[test]
+    fn git_code_is_told_from_git_data() {
+        for p in [
+            ".git/config",
+            ".git/config.worktree",
+            ".git/hooks/pre-commit",
+            ".git/info/attributes",
+            ".git/modules/sub/config",
+            ".git/modules/a/modules/b/hooks/post-checkout",
+            ".git/worktrees/w/config.worktree",
+            "sub/.git/config",
+            ".git",
+        ] {
+            assert!(git_path_runs_code(Path::new(p)), "{p} runs code");
+        }
+        for p in [
+            ".git/index",
+            ".git/objects/ab/cdef",
+            ".git/refs/heads/main",
+            ".git/logs/HEAD",
+            ".git/HEAD",
+            ".git/COMMIT_EDITMSG",
+            ".git/info/exclude",
+            ".git/modules/sub/index",
+            ".git/modules/sub/info/exclude",
+            "config",
+            "src/hooks/x.rs",
+        ] {
+            assert!(!git_path_runs_code(Path::new(p)), "{p} is data");
+        }
     }
 }

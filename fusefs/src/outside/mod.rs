@@ -17,7 +17,7 @@
 mod keep;
 mod show;
 
-pub use keep::{set_standing_rules, KeepError, KeepReport, OutsideConflict};
+pub use keep::{git_path_runs_code, set_standing_rules, KeepError, KeepReport, OutsideConflict};
 pub use show::{display_path, home_dir};
 
 use serde::{Deserialize, Serialize};
