@@ -682,8 +682,9 @@ pub(crate) fn live_summary(live: &shade_agent::shadow::Live) -> Option<String> {
     if live.pending() {
         let n = live.with_shadow(|s| s.map_or(0, |s| s.changeset(true).changes.len()));
         lines.push(format!(
-            "the session's branch holds {} not in the project (an accept conflict): /diff shows \
-             them, /accept retries, /abort drops them",
+            "the session's branch holds {} not in the project (an accept conflict, or a change \
+             that runs code, held for you): /diff shows them, /accept writes them, /abort drops \
+             them",
             shade_agent::tools::text::plural(n, "change")
         ));
     }
@@ -717,7 +718,7 @@ pub(crate) fn close_live(live: &shade_agent::shadow::Live) {
         ));
         let saved = std::fs::write(&path, &diff).is_ok();
         eprintln!(
-            "shade: dropped the session's branch with {} never accepted (a conflict){}:",
+            "shade: dropped the session's branch with {} never accepted (a conflict, or held because it runs code){}:",
             shade_agent::tools::text::plural(changes.changes.len(), "change"),
             if saved {
                 format!("; its diff is in {}", path.display())
