@@ -244,7 +244,9 @@ pub(crate) fn take(key: &Key) -> Option<Conn> {
         c.discard();
     }
     match found {
-        Some(c) if c.alive() => {
+        // A namespace made while the connection idled holds a copy that would serve the
+        // new branch too.
+        Some(c) if c.alive() && c.id.is_some_and(|id| copy_of_mount(id).is_none()) => {
             let _ = std::fs::remove_file(c.dir.join(POOLED_MARK));
             Some(c)
         }
@@ -567,8 +569,44 @@ impl Conn {
         if !scan {
             return None;
         }
-        holder_of(id).map(|pid| format!("process {pid} still refers into it"))
+        holder_of(id)
+            .map(|pid| format!("process {pid} still refers into it"))
+            .or_else(|| {
+                copy_of_mount(id)
+                    .map(|pid| format!("process {pid}'s mount namespace has a copy of it"))
+            })
     }
+}
+
+/// A process whose mount namespace holds a mount of device (0, `minor`) other than the
+/// connection's own one in ours: a namespace made (`unshare -m`, a container, a service
+/// with private mounts) while the branch was mounted keeps a copy that would serve the next
+/// branch. One `mountinfo` read per namespace.
+fn copy_of_mount(minor: u32) -> Option<i32> {
+    let ours = std::fs::read_link("/proc/self/ns/mnt").ok();
+    let dev = format!("0:{minor}");
+    let count = |pid: i32| -> usize {
+        std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+            .map(|m| {
+                m.lines()
+                    .filter(|l| l.split(' ').nth(2) == Some(dev.as_str()))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let mut seen = std::collections::HashSet::new();
+    let dir = std::fs::read_dir("/proc").ok()?;
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .find(|&pid| {
+            let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/mnt")) else {
+                return false;
+            };
+            if !seen.insert(ns.clone()) {
+                return false;
+            }
+            let allowed = usize::from(Some(&ns) == ours.as_ref());
+            count(pid) > allowed
+        })
 }
 
 /// A live process (ours too) with an fd, cwd, root or mapping on the file system with
