@@ -580,7 +580,12 @@ fn run_all(
                     turns,
                     replay_answered: stats.answered.load(Ordering::Relaxed),
                     replay_missed: stats.missed.load(Ordering::Relaxed),
-                    leftover_mounts: fuse_mounts(work).saturating_sub(before),
+                    // A leak, not the warm connections the session's dropped branches
+                    // left in the pool (by design; let go here).
+                    leftover_mounts: {
+                        shade_fusefs::drain_branch_pool();
+                        fuse_mounts(work).saturating_sub(before)
+                    },
                     unrecorded_speculation: stats.unrecorded_speculation.load(Ordering::Relaxed),
                     tokens: routed.used(),
                     profile: job.profile.clone(),
