@@ -17,6 +17,18 @@ struct Served {
     fx: Fixture,
     /// Its `shade`s run as the plain test user (who owns the fixture then).
     plain: bool,
+    /// One test of this file at a time: a command running in another test's sandbox holds
+    /// copies of every mount that existed when it started (its stage's mount namespace), so
+    /// the server rightly does not reuse a connection then — and these tests watch reuse.
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// What a run's debug log says of its branch.
@@ -28,19 +40,26 @@ struct Via {
 
 impl Served {
     fn new() -> Served {
+        let serial = serial();
         Served {
             fx: Fixture::new(),
             plain: false,
+            _serial: serial,
         }
     }
 
     /// A fixture of the plain test user's, whose `shade`s run as that user.
     fn plain() -> Served {
+        let serial = serial();
         let fx = Fixture::new();
         common::plain::require_fuse();
         std::fs::create_dir_all(fx.state.root()).unwrap();
         common::plain::chown_tree(fx.tmp.path());
-        Served { fx, plain: true }
+        Served {
+            fx,
+            plain: true,
+            _serial: serial,
+        }
     }
 
     fn state(&self) -> PathBuf {
@@ -583,7 +602,9 @@ fn a_run_that_could_pass_out_a_descriptor_is_not_followed_by_its_connection(
 
 #[test]
 fn a_run_with_an_allowed_socket_is_not_followed_by_its_connection() {
-    for s in [Served::new(), Served::plain()] {
+    // One after the other: each fixture holds this file's serial lock.
+    for make in [Served::new as fn() -> Served, Served::plain] {
+        let s = make();
         a_run_that_could_pass_out_a_descriptor_is_not_followed_by_its_connection(
             s,
             &["--allow-socket", HOST_SOCKET],
@@ -594,7 +615,9 @@ fn a_run_with_an_allowed_socket_is_not_followed_by_its_connection() {
 
 #[test]
 fn an_unconfined_run_is_not_followed_by_its_connection() {
-    for s in [Served::new(), Served::plain()] {
+    // One after the other: each fixture holds this file's serial lock.
+    for make in [Served::new as fn() -> Served, Served::plain] {
+        let s = make();
         a_run_that_could_pass_out_a_descriptor_is_not_followed_by_its_connection(
             s,
             &["--unconfined"],
