@@ -300,23 +300,47 @@ pub fn git_path_runs_code(path: &Path) -> bool {
         .iter()
         .map(|n| n.to_str().unwrap_or("\u{fffd}"))
         .collect();
-    let git_dir_file = |rest: &[&str]| match rest {
-        [] => true,
-        [f] => *f == "config" || *f == "config.worktree",
-        ["info", "exclude"] => false,
-        ["hooks" | "info", ..] => true,
-        _ => false,
-    };
-    match inner.as_slice() {
-        ["modules", rest @ ..] => {
-            rest.contains(&"hooks")
-                || rest
-                    .last()
-                    .is_some_and(|f| *f == "config" || *f == "config.worktree")
-                || rest.windows(2).any(|w| w[0] == "info" && w[1] != "exclude")
+    !git_data(&inner)
+}
+
+/// Whether a path inside a git directory (its components below it) is plain data that git
+/// never runs or follows to other places: objects, refs, logs, the index, the heads and
+/// messages of operations, `info/exclude` — also in a submodule's or a worktree's git
+/// directory. Everything else (config, hooks, `commondir`, `info/attributes`, a sequencer's
+/// or rebase's todo with its `exec` lines, a `.git` that is a file) is held, a list of data
+/// rather than of dangers (red team round 3 found `commondir` pointing git at a config the
+/// branch wrote).
+fn git_data(rest: &[&str]) -> bool {
+    const FILES: &[&str] = &[
+        "index",
+        "HEAD",
+        "ORIG_HEAD",
+        "FETCH_HEAD",
+        "MERGE_HEAD",
+        "MERGE_MSG",
+        "MERGE_MODE",
+        "AUTO_MERGE",
+        "CHERRY_PICK_HEAD",
+        "REVERT_HEAD",
+        "BISECT_LOG",
+        "COMMIT_EDITMSG",
+        "TAG_EDITMSG",
+        "packed-refs",
+        "description",
+        "shallow",
+        "gc.log",
+    ];
+    match rest {
+        [] => false,
+        ["objects" | "refs" | "logs", ..] => true,
+        ["info", "exclude" | "refs"] => true,
+        ["modules", name, inner @ ..] if !name.is_empty() => {
+            // Submodules nest: modules/a/modules/b/...
+            git_data(inner)
         }
-        ["worktrees", _, f, ..] => f.starts_with("config") || *f == "hooks",
-        rest => git_dir_file(rest),
+        ["worktrees", _, inner @ ..] => git_data(inner),
+        [f] => FILES.contains(f) || (f.ends_with(".lock") && FILES.contains(&&f[..f.len() - 5])),
+        _ => false,
     }
 }
 
@@ -829,6 +853,12 @@ mod tests {
             ".git/worktrees/w/config.worktree",
             "sub/.git/config",
             ".git",
+            // Red team round 3: git follows these to a config or runs their lines.
+            ".git/commondir",
+            ".git/modules/sub/commondir",
+            ".git/worktrees/w/commondir",
+            ".git/rebase-merge/git-rebase-todo",
+            ".git/sequencer/todo",
         ] {
             assert!(git_path_runs_code(Path::new(p)), "{p} runs code");
         }
@@ -842,6 +872,9 @@ mod tests {
             ".git/info/exclude",
             ".git/modules/sub/index",
             ".git/modules/sub/info/exclude",
+            ".git/packed-refs",
+            ".git/index.lock",
+            ".git/worktrees/w/HEAD",
             "config",
             "src/hooks/x.rs",
         ] {
