@@ -23,9 +23,20 @@ shade_bin=$(realpath "$shade_bin")
 
 work=$(mktemp -d /var/tmp/shade-integrity.XXXXXX)
 chmod 755 "$work"
-# Logs stay for a look when something failed.
-trap 'if (($?)); then echo "integrity: logs kept in $work" >&2; else rm -rf "$work"; fi' EXIT
 export SHADE_STATE_DIR=$work/state
+# `shade run` starts a branch server that keeps warm connections mounted until it idles out:
+# removing its socket ends it (it unmounts them and exits); wait, bounded, for the mounts.
+end_servers() {
+    rm -f "$SHADE_STATE_DIR"/servers/*.sock
+    for _ in $(seq 200); do
+        grep -q " $work/" /proc/mounts || return 0
+        sleep 0.1
+    done
+    echo "integrity: mounts still below $work:" >&2
+    grep " $work/" /proc/mounts >&2 || true
+}
+# Logs stay for a look when something failed.
+trap 'rc=$?; end_servers; if ((rc)); then echo "integrity: logs kept in $work" >&2; else rm -rf "$work"; fi' EXIT
 
 # fsx's operation mix: everything fsx-rs can do, hole punching and posix_fallocate
 # included. fsx-rs 0.3.2 draws operation sizes from `opsize.min` (default 0) up, and a
