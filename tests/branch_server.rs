@@ -31,6 +31,25 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Every process in a mount namespace other than ours, with its command line: a copy of a
+/// connection's mount there keeps the server from reusing the connection.
+fn other_mount_namespaces() -> String {
+    let ours = std::fs::read_link("/proc/self/ns/mnt").ok();
+    let mut out = String::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let p = e.path();
+        let Ok(ns) = std::fs::read_link(p.join("ns/mnt")) else {
+            continue;
+        };
+        if Some(&ns) != ours.as_ref() {
+            let cmd = std::fs::read(p.join("cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            out.push_str(&format!("{} {} {cmd}\n", p.display(), ns.display()));
+        }
+    }
+    out
+}
+
 /// What a run's debug log says of its branch.
 #[derive(Debug, PartialEq)]
 struct Via {
@@ -69,7 +88,10 @@ impl Served {
     fn shade_with(&self, bin: &Path) -> Command {
         let mut c = self.fx.shade();
         c.env_remove("SHADE_BRANCH_SERVER")
-            .env("SHADE_LOG", "shade::branch_server=debug")
+            .env(
+                "SHADE_LOG",
+                "shade::branch_server=debug,shade_fusefs::pool=debug",
+            )
             .env("NO_COLOR", "1");
         // Same environment and directory, another binary.
         let mut out = if self.plain {
@@ -111,14 +133,40 @@ impl Served {
     /// still be going away. Panics when no run reused one.
     fn run_reused(&self, script: &str) -> (Output, Via) {
         let mut seen = Vec::new();
-        for _ in 0..5 {
+        for _ in 0..8 {
             let (o, v) = self.run(script);
             if v.reused {
                 return (o, v);
             }
-            seen.push(v);
+            let why: Vec<String> = plain(&o.stderr)
+                .lines()
+                .filter(|l| l.contains("not pooling") || l.contains("not to be reused"))
+                .map(str::to_string)
+                .collect();
+            seen.push(format!("{v:?} {why:?}"));
+            std::thread::sleep(std::time::Duration::from_millis(300));
         }
-        panic!("no run reused a connection: {seen:?}");
+        panic!(
+            "no run reused a connection: {seen:#?}\nthe servers' logs:\n{}\n\
+             processes in other mount namespaces:\n{}",
+            self.server_logs(),
+            other_mount_namespaces()
+        );
+    }
+
+    /// What the fixture's branch servers logged (why a connection was not pooled).
+    fn server_logs(&self) -> String {
+        let mut out = String::new();
+        if let Ok(d) = std::fs::read_dir(self.state().join("servers")) {
+            for e in d
+                .flatten()
+                .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+            {
+                let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                out.push_str(&format!("== {}\n{text}", e.path().display()));
+            }
+        }
+        out
     }
 
     /// The project's file systems entries (without .git), with mode, size and content.

@@ -562,7 +562,7 @@ impl Conn {
                 return Some(why.clone());
             }
         }
-        let handles = overlay.open_handles();
+        let handles = settled_handles(overlay, id);
         if handles > 0 {
             return Some(format!("{handles} open file handle(s)"));
         }
@@ -575,6 +575,30 @@ impl Conn {
                 copy_of_mount(id)
                     .map(|pid| format!("process {pid}'s mount namespace has a copy of it"))
             })
+    }
+}
+
+/// How long a file's last close may take to reach us as RELEASE: the kernel sends it in
+/// the background, so a command that has just exited may still count as holding a handle.
+const RELEASE_IN_FLIGHT: Duration = Duration::from_millis(500);
+
+/// The handles `overlay` still has open once those whose RELEASE is in flight have arrived:
+/// with no process referring into connection `id`, open handles are releases on their way
+/// and are waited for (at most [`RELEASE_IN_FLIGHT`]); with one, they are counted at once.
+/// Without this wait a connection was not pooled whenever the daemon had not yet read the
+/// RELEASE of the command's last file (often on a loaded machine).
+fn settled_handles(overlay: &Overlay, id: u32) -> usize {
+    let handles = overlay.open_handles();
+    if handles == 0 || holder_of(id).is_some() {
+        return handles;
+    }
+    let start = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(2));
+        let now = overlay.open_handles();
+        if now == 0 || start.elapsed() >= RELEASE_IN_FLIGHT {
+            return now;
+        }
     }
 }
 
