@@ -259,18 +259,7 @@ impl Live {
         let picked = sel.picked_count();
         if dragged || picked == 0 || branch.check_accept_selected(FLAGS, &sel).is_err() {
             drop(leftover);
-            match Shadow::around(
-                branch,
-                self.project.clone(),
-                self.options.clone(),
-                Some(self.dir.join("outside")),
-            ) {
-                Ok(s) => st.shadow = Some(s),
-                Err(e) => {
-                    lock(&self.notices).push(format!("cannot keep the branch: {e}"));
-                    self.renew(st);
-                }
-            }
+            self.keep(st, branch);
             return hold_all(st);
         }
         let started = Instant::now();
@@ -339,18 +328,7 @@ impl Live {
                 let line = refusal(&e, n);
                 lock(&self.notices).push(line.clone());
                 st.pending = true;
-                match Shadow::around(
-                    branch,
-                    self.project.clone(),
-                    self.options.clone(),
-                    Some(self.dir.join("outside")),
-                ) {
-                    Ok(s) => st.shadow = Some(s),
-                    Err(e) => {
-                        lock(&self.notices).push(format!("cannot keep the branch: {e}"));
-                        self.renew(st);
-                    }
-                }
+                self.keep(st, branch);
                 AfterCall::Pending(line)
             }
             Err(e) => {
@@ -365,6 +343,23 @@ impl Live {
         };
         st.accepts.push(started.elapsed());
         out
+    }
+
+    /// Keep `branch` as the session's (pending) branch, wrapped again for tools; when that
+    /// fails the session goes on in a fresh branch and says so.
+    fn keep(&self, st: &mut State, branch: shade_fusefs::Branch) {
+        match Shadow::around(
+            branch,
+            self.project.clone(),
+            self.options.clone(),
+            Some(self.dir.join("outside")),
+        ) {
+            Ok(s) => st.shadow = Some(s),
+            Err(e) => {
+                lock(&self.notices).push(format!("cannot keep the branch: {e}"));
+                self.renew(st);
+            }
+        }
     }
 
     /// A fresh branch of the project (sharing the outside layer).
