@@ -251,6 +251,58 @@ fn a_branch_unmounts_while_another_namespace_holds_a_copy() {
         String::from_utf8_lossy(&after.stderr).trim()
     );
 }
+/// A mount namespace made while a branch is mounted and then kept by a bind mount of its
+/// nsfs file, with no process in it (red team round 3): the pool's copy check looked only
+/// at processes' namespaces, handed the connection to the next branch, and `nsenter
+/// --mount=FILE` read that branch's files through the copy. Root only (binding an nsfs
+/// file needs it); the check now asks the kernel's list of namespaces.
+#[test]
+fn a_namespace_kept_without_a_process_never_sees_the_next_branch() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test binds an nsfs file: run it as root"
+    );
+    let fx = open_fixture();
+    fx.write("f.txt", "f\n");
+    let b1 = fx.branch();
+    let mnt1 = b1.mountpoint().to_path_buf();
+    let nsf = fx.tmp.path().join("ns");
+    fs::write(&nsf, "").unwrap();
+    let made = Command::new("unshare")
+        .args(["-m", "--propagation", "private"])
+        .arg(format!("--mount={}", nsf.display()))
+        .arg("true")
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", out(&made));
+    let through_copy = |p: &Path| {
+        Command::new("nsenter")
+            .arg(format!("--mount={}", nsf.display()))
+            .arg("cat")
+            .arg(p)
+            .output()
+            .unwrap()
+    };
+    assert_eq!(
+        through_copy(&mnt1.join("f.txt")).stdout,
+        b"f\n",
+        "no copy was made"
+    );
+    drop(b1);
+    let b2 = fx.branch();
+    fs::write(b2.mountpoint().join("s.txt"), "b2-secret\n").unwrap();
+    let seen = [mnt1.join("s.txt"), b2.mountpoint().join("s.txt")].map(|p| through_copy(&p));
+    drop(b2);
+    let _ = Command::new("umount").arg(&nsf).status();
+    for o in seen {
+        assert!(
+            !String::from_utf8_lossy(&o.stdout).contains("b2-secret"),
+            "the kept namespace reads the next branch: {}",
+            out(&o)
+        );
+    }
+}
+
 /// Everything `ls -l`, `stat` and `getfattr` show of a tree, by path.
 #[derive(Debug, PartialEq, Eq, Clone)]
 struct Seen {
