@@ -604,6 +604,7 @@ pub(crate) fn build(
     let mut stage = match conf.root_base {
         Some(_) => Some(RootStage {
             at: super::cstring(&stage_place())?,
+            foreign: super::outside::branch_mounts(),
             ..RootStage::default()
         }),
         None => None,
