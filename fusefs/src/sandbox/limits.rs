@@ -525,7 +525,8 @@ mod tests {
         assert_eq!(
             d,
             "processes 512, /tmp 512 MiB, /dev/shm 512 MiB, branch contents 1 GiB, \
-             branch metadata 64 MiB, outside layer 1 GiB, memory 4 GiB, time 300 s"
+             branch metadata 64 MiB, outside layer 1 GiB, memory 4 GiB, time 300 s, \
+             cpu weight 10, nice 19, scheduler idle"
         );
         assert!(Limits::RUN.describe().contains("as the system's"));
     }
