@@ -209,6 +209,20 @@ fn cpu_priority(who: Who) {
     assert_eq!(said(&o, "nice"), ["3"], "{who:?}\n{}", show(&o));
     assert_eq!(said(&o, "policy"), ["3"], "{who:?}\n{}", show(&o));
     assert_eq!(said(&o, "renice"), ["EACCES"], "{who:?}\n{}", show(&o));
+
+    // `shade run`'s defaults: nice 5, SCHED_BATCH, as root weight 100 (v1: 1024 shares).
+    let o = e.run_python("", CPU_PROBE);
+    assert_eq!(said(&o, "nice"), ["5"], "{who:?}\n{}", show(&o));
+    assert_eq!(said(&o, "policy"), ["3"], "{who:?}\n{}", show(&o));
+    if who == Who::Root {
+        let cg = said(&o, "cgroup_cpu");
+        assert!(
+            cg.iter()
+                .any(|c| c == "cpu.shares=1024" || c == "cpu.weight=100"),
+            "{cg:?}\n{}",
+            show(&o)
+        );
+    }
 }
 
 /// SysV shared memory, message queues and semaphores, and POSIX message queues, in the
