@@ -246,6 +246,8 @@ pub struct LimitsConfig {
     pub nice: Option<u8>,
     /// Their scheduling policy: "normal" (shade's own), "batch" or "idle".
     pub scheduler: Option<String>,
+    /// Files each of its processes may have open (`RLIMIT_NOFILE`); 0: shade's own.
+    pub open_files: Option<u64>,
 }
 
 /// A size in the config: a number of bytes or a string such as "512MiB" or "unlimited".
@@ -308,6 +310,9 @@ impl LimitsConfig {
                 return Err(format!("nice: {n} is not between 0 and 19"));
             }
             l.nice = Some(n);
+        }
+        if let Some(n) = self.open_files {
+            l.open_files = (n > 0).then_some(n);
         }
         if let Some(s) = &self.scheduler {
             l.scheduler = shade_fusefs::sandbox::Scheduler::parse(s.trim()).ok_or_else(|| {
@@ -653,6 +658,8 @@ mod tests {
         assert_eq!(spec.cpu_weight, Some(50));
         assert_eq!(spec.nice, Limits::SPECULATION.nice);
         assert_eq!(spec.scheduler, shade_fusefs::sandbox::Scheduler::Batch);
+        assert_eq!(spec.open_files, Some(8192));
+        assert_eq!(run.open_files, None);
         for bad in ["nice = 20", "cpu_weight = 10001", "scheduler = \"fifo\""] {
             std::fs::write(&path, format!("[sandbox.run]\n{bad}\n")).unwrap();
             assert!(sandbox_limits(Some(path.clone())).is_err(), "{bad}");

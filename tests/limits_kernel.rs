@@ -1,7 +1,7 @@
 //! What a command takes of the kernel beyond processes and memory is bounded too: its CPU
 //! priority (niceness, scheduling policy, and as root its cgroup's CPU weight), which it
-//! cannot raise back, and its IPC namespace's SysV IPC and POSIX message queue limits,
-//! set from its memory limit, which it cannot raise either. Each is checked from inside
+//! cannot raise back, its IPC namespace's SysV IPC and POSIX message queue limits, set
+//! from its memory limit, which it cannot raise either, and its open files. Each is checked from inside
 //! the command, through the real binary (`shade run`), as root and as the plain user
 //! (`shadetest`, made by scripts/setup.sh).
 //!
@@ -306,6 +306,53 @@ fn ipc_bounded(who: Who) {
         );
     }
     assert_eq!(said(&o, "shmall_after"), [(mib256 / 4096).to_string()]);
+}
+
+/// Its processes' open files: `RLIMIT_NOFILE` at `open_files`, which it cannot raise; an
+/// open past it gets EMFILE.
+fn open_files_bounded(who: Who) {
+    let e = env(who);
+    let o = e.run_python(
+        "[sandbox.run]\nopen_files = 64\n",
+        r#"
+import errno, os, resource
+print("nofile", *resource.getrlimit(resource.RLIMIT_NOFILE))
+try:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (65, 65))
+    print("raise allowed")
+except (OSError, ValueError):
+    print("raise refused")
+fds, err = [], "none"
+while len(fds) < 100000:
+    try:
+        fds.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError as e:
+        err = errno.errorcode[e.errno]
+        break
+print("opened", len(fds), err)
+"#,
+    );
+    let lim = said(&o, "nofile");
+    assert_eq!(lim[1], "64", "{who:?}: the hard limit\n{}", show(&o));
+    assert_eq!(said(&o, "raise"), ["refused"], "{who:?}\n{}", show(&o));
+    let opened = said(&o, "opened");
+    assert_eq!(opened[1], "EMFILE", "{who:?}\n{}", show(&o));
+    assert!(
+        opened[0].parse::<u32>().unwrap() < 64,
+        "{who:?}: {} files open under a limit of 64\n{}",
+        opened[0],
+        show(&o)
+    );
+}
+
+#[test]
+fn open_files_bounded_as_root() {
+    open_files_bounded(Who::Root);
+}
+
+#[test]
+fn open_files_bounded_as_plain_user() {
+    open_files_bounded(Who::Plain);
 }
 
 #[test]

@@ -890,6 +890,7 @@ pub(crate) fn build(
         )
     });
     let cpu = super::limits::CpuPriority::of(&iso.limits);
+    let open_files = iso.limits.open_files;
     let ipc = super::ipc::IpcPlan::new(&iso.limits, conf.root_userns());
     // SAFETY: only async-signal-safe system calls on data prepared before the fork.
     unsafe {
@@ -897,6 +898,9 @@ pub(crate) fn build(
             let _fds = (&filters, &status);
             // First, while nothing has been unshared: inherited by bwrap and the command.
             cpu.apply()?;
+            if let Some(n) = open_files {
+                super::limits::set_open_files(n)?;
+            }
             if own_session {
                 child::detach_from_terminal()?;
             } else {

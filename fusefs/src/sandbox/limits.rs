@@ -53,6 +53,11 @@ pub struct Limits {
     pub nice: Option<u8>,
     /// The scheduling policy every process of the command starts with (see [`Scheduler`]).
     pub scheduler: Scheduler,
+    /// Files (and pipes, sockets, memfds…) each of its processes may have open: its
+    /// `RLIMIT_NOFILE` hard limit, root or plain user (never above shade's own). `None`:
+    /// shade's own limits. What a command pins in pipe buffers, socket buffers and memfds
+    /// grows with it.
+    pub open_files: Option<u64>,
 }
 
 /// The CPU scheduling policy of a command's processes (sched(7)).
@@ -116,6 +121,7 @@ impl Limits {
         cpu_weight: Some(10),
         nice: Some(19),
         scheduler: Scheduler::Idle,
+        open_files: Some(8192),
     };
 
     /// What `shade run` gets unless the config says otherwise: nothing below the system's
@@ -135,6 +141,7 @@ impl Limits {
         cpu_weight: Some(100),
         nice: Some(5),
         scheduler: Scheduler::Batch,
+        open_files: None,
     };
 
     /// The speculation limits in force (the config's, see [`configure`]).
@@ -161,7 +168,8 @@ impl Limits {
         let size = |s: Option<u64>, none: &str| s.map_or(none.to_string(), format_size);
         format!(
             "processes {}, /tmp {}, /dev/shm {}, branch contents {}, branch metadata {}, \
-             outside layer {}, memory {}, time {}, cpu weight {}, nice {}, scheduler {}",
+             outside layer {}, memory {}, time {}, cpu weight {}, nice {}, scheduler {}, \
+             open files {}",
             self.max_processes
                 .map_or("as the system's".to_string(), |n| n.to_string()),
             size(self.tmp_size, "half of RAM"),
@@ -177,6 +185,8 @@ impl Limits {
             self.nice
                 .map_or("as shade's".to_string(), |n| n.to_string()),
             self.scheduler.name(),
+            self.open_files
+                .map_or("as shade's".to_string(), |n| n.to_string()),
         )
     }
 }
@@ -364,6 +374,29 @@ impl CpuPriority {
     }
 }
 
+/// `RLIMIT_NOFILE` of the calling process (and what it execs) to at most `n` open files:
+/// the hard limit `n` (or shade's own, if lower), the soft one no higher. Lowering a hard
+/// limit is always allowed; raising it again needs CAP_SYS_RESOURCE in the host's
+/// namespace, which no command has. Async-signal-safe.
+pub(crate) fn set_open_files(n: u64) -> std::io::Result<()> {
+    // SAFETY: getrlimit(2)/setrlimit(2) with valid structs.
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let hard = lim.rlim_max.min(n);
+        let new = libc::rlimit {
+            rlim_cur: lim.rlim_cur.min(hard),
+            rlim_max: hard,
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &new) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// `RLIMIT_AS` of the calling process (and what it execs) to `bytes`: a plain user's memory
 /// limit, set last in bwrap's pre-exec hook. Async-signal-safe.
 pub(crate) fn set_address_space(bytes: u64) -> std::io::Result<()> {
@@ -526,7 +559,7 @@ mod tests {
             d,
             "processes 512, /tmp 512 MiB, /dev/shm 512 MiB, branch contents 1 GiB, \
              branch metadata 64 MiB, outside layer 1 GiB, memory 4 GiB, time 300 s, \
-             cpu weight 10, nice 19, scheduler idle"
+             cpu weight 10, nice 19, scheduler idle, open files 8192"
         );
         assert!(Limits::RUN.describe().contains("as the system's"));
     }
