@@ -107,8 +107,10 @@ impl Scheduler {
 
 impl Limits {
     /// What a command nobody asked for gets (speculation, `shade mcp`) unless the config
-    /// says otherwise: a laptop survives it, and gets the CPU only when the user's work
-    /// leaves it idle (weight 10, nice 19, `SCHED_IDLE`).
+    /// says otherwise: a laptop survives it, and it yields the CPU to the user's own work
+    /// (weight 50, nice 10, `SCHED_BATCH`). Not `SCHED_IDLE`: `shade mcp`'s commands and
+    /// the linters share this table, and an MCP client waits on its command as on any
+    /// foreground one; at idle priority a busy machine starved them for minutes.
     pub const SPECULATION: Limits = Limits {
         max_processes: Some(512),
         tmp_size: Some(512 << 20),
@@ -118,9 +120,9 @@ impl Limits {
         time_limit: Some(Duration::from_secs(300)),
         outside_size: Some(1 << 30),
         memory: Some(4 << 30),
-        cpu_weight: Some(10),
-        nice: Some(19),
-        scheduler: Scheduler::Idle,
+        cpu_weight: Some(50),
+        nice: Some(10),
+        scheduler: Scheduler::Batch,
         open_files: Some(8192),
     };
 
