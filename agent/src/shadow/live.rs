@@ -245,7 +245,7 @@ impl Live {
         let Some(copies) = st
             .shadow
             .as_ref()
-            .and_then(|s| carry(s.mountpoint(), &paths))
+            .and_then(|s| carry(s.mountpoint(), held.iter().map(|&i| &changes.changes[i])))
         else {
             return hold_all(st);
         };
@@ -688,31 +688,44 @@ impl Holds<'_> {
 /// small; anything larger keeps the whole call pending instead).
 const CARRY_MAX: u64 = 1 << 20;
 
-/// A held file as the branch has it: path, content, permission bits.
-type Carried = (PathBuf, Vec<u8>, u32);
+/// A held file as the branch has it: path, content (None: a new directory), permission
+/// bits.
+type Carried = (PathBuf, Option<Vec<u8>>, u32);
 
-/// The held `paths` read out of the branch at `mount` (beneath its descriptor), or None
-/// if one is not a regular file of at most [`CARRY_MAX`] bytes (a link, a directory).
-fn carry(mount: &Path, paths: &[PathBuf]) -> Option<Vec<Carried>> {
+/// The `held` changes read out of the branch at `mount` (beneath its descriptor), or None
+/// if one is neither a regular file of at most [`CARRY_MAX`] bytes nor a directory made
+/// in the branch (a link, a deletion, a directory renamed with what it holds).
+fn carry<'c>(
+    mount: &Path,
+    held: impl Iterator<Item = &'c shade_fusefs::Change>,
+) -> Option<Vec<Carried>> {
     use std::os::unix::fs::PermissionsExt;
     let files = shade_fusefs::rootdir::RootDir::open(mount).ok()?;
-    paths
-        .iter()
-        .map(|p| {
-            let meta = files.symlink_metadata(p).ok()?;
-            if !meta.is_file() {
-                return None;
-            }
-            let bytes = files.read_at_most(p, CARRY_MAX).ok()?;
-            Some((p.clone(), bytes, meta.permissions().mode() & 0o7777))
-        })
-        .collect()
+    held.map(|c| {
+        let p = &c.path;
+        let meta = files.symlink_metadata(p).ok()?;
+        let mode = meta.permissions().mode() & 0o7777;
+        if meta.is_dir() && c.kind == shade_fusefs::ChangeKind::Added {
+            return Some((p.clone(), None, mode));
+        }
+        if !meta.is_file() || c.kind == shade_fusefs::ChangeKind::Deleted {
+            return None;
+        }
+        let bytes = files.read_at_most(p, CARRY_MAX).ok()?;
+        Some((p.clone(), Some(bytes), mode))
+    })
+    .collect()
 }
 
-/// Write `copies` into the branch at `mount` (beneath its descriptor), modes included.
+/// Write `copies` into the branch at `mount` (beneath its descriptor), files' modes
+/// included.
 fn plant(mount: &Path, copies: &[Carried]) -> std::io::Result<()> {
     let files = shade_fusefs::rootdir::RootDir::open(mount)?;
     for (path, bytes, mode) in copies {
+        let Some(bytes) = bytes else {
+            files.create_dir_all(path)?;
+            continue;
+        };
         if let Some(dir) = path.parent() {
             files.create_dir_all(dir)?;
         }
@@ -724,16 +737,21 @@ fn plant(mount: &Path, copies: &[Carried]) -> std::io::Result<()> {
 
 /// One line for an accept held by [`held_changes`].
 fn held_line(held: &[PathBuf], n: usize) -> String {
-    let paths: Vec<String> = held
+    const SHOWN: usize = 8;
+    let mut paths: Vec<String> = held
         .iter()
+        .take(SHOWN)
         .map(|p| shade_fusefs::quote::quote_path(p).into_owned())
         .collect();
+    if held.len() > SHOWN {
+        paths.push(format!("{} more", held.len() - SHOWN));
+    }
     format!(
         "held, not accepted: {} could make programs on the host run code or write where the \
          branch chose (git's config, hooks, repository shape, links: {}); the branch keeps \
          its {} pending, nothing written (/diff shows them, /accept writes them, /abort drops \
          them)",
-        if paths.len() == 1 {
+        if held.len() == 1 {
             "a change"
         } else {
             "changes"
@@ -884,10 +902,20 @@ mod tests {
     /// A git directory's skeleton at `dir` ("" for the root).
     fn git_dir(root: &Path, dir: &str) {
         let d = root.join(dir);
-        let at = |rel: &str| d.join(rel).strip_prefix(root).unwrap().display().to_string();
+        let at = |rel: &str| {
+            d.join(rel)
+                .strip_prefix(root)
+                .unwrap()
+                .display()
+                .to_string()
+        };
         write(root, &at("HEAD"), "ref: refs/heads/main\n");
         write(root, &at("config"), "[core]\n\tbare = false\n");
-        write(root, &at("refs/heads/main"), &format!("{}\n", "a".repeat(40)));
+        write(
+            root,
+            &at("refs/heads/main"),
+            &format!("{}\n", "a".repeat(40)),
+        );
         write(root, &at("objects/aa/bb"), "blob");
     }
 
