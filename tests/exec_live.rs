@@ -457,6 +457,36 @@ fn live_holds_a_replace_ref_as_plain_user() {
     replace_ref(true);
 }
 
+/// Route 5's kin: an index marking the edited file assume-unchanged (or skip-worktree), so
+/// that `git status` skips it: the index is held, the edit goes in and shows.
+fn index_mark(plain: bool) {
+    let h = Held::new(
+        plain,
+        "true",
+        &["echo 'evil' >> src/m.c && git update-index --assume-unchanged src/m.c && git update-index --skip-worktree notes.txt"],
+    );
+    let err = h.exec();
+    assert!(
+        err.contains("held, not accepted") && err.contains(".git/index"),
+        "{err}"
+    );
+    assert_eq!(h.read("src/m.c"), "x\nevil\n", "{err}");
+    let status = h.git("", &["status", "--porcelain"]);
+    assert!(status.contains("src/m.c"), "the edit is hidden: {status}");
+}
+
+#[test]
+fn live_holds_an_index_that_hides_an_edit() {
+    common::require_fuse_root();
+    index_mark(false);
+}
+
+#[test]
+fn live_holds_an_index_that_hides_an_edit_as_plain_user() {
+    common::require_fuse_root();
+    index_mark(true);
+}
+
 /// Ordinary work goes in live, git's included: an edit, staged and committed.
 fn ordinary_work(plain: bool) {
     let h = Held::new(

@@ -170,6 +170,13 @@ impl Live {
         let Some(shadow) = st.shadow.as_ref() else {
             return AfterCall::Nothing;
         };
+        if shadow.changeset(true).changes.is_empty() {
+            return AfterCall::Nothing;
+        }
+        // What is checked must be what is accepted: nothing may write in the branch between
+        // (a command left in the background could put a link where a file was checked).
+        // The accept would kill them anyway.
+        shadow.kill_commands();
         let changes = shadow.changeset(true);
         let n = changes.changes.len();
         if n == 0 {
@@ -477,7 +484,8 @@ fn note_branch(dir: &Path, shadow: &Shadow) {
 /// - under a directory named `.git` or with git-dir shape after the call
 ///   ([`shade_fusefs::outside::git_dir_shape`], as git's discovery tests it, anywhere in
 ///   the project): what is not data (config, hooks, `refs/replace/`…), a `HEAD` that is
-///   not a valid ref, a `packed-refs` naming replace refs; and the making of a new git-dir
+///   not a valid ref, a `packed-refs` naming replace refs, an index that newly marks a file
+///   assume-unchanged or skip-worktree; and the making of a new git-dir
 ///   shape (its `HEAD`, `objects`, `refs`, `commondir`, or the directory renamed in);
 /// - a `.git` that is not a directory (a `gitdir:` file);
 /// - the deletion (or renaming away) of a git directory or of its `HEAD`, `objects`,
@@ -509,6 +517,9 @@ fn held_changes(
 /// Most entries a renamed directory may hold for [`held_changes`] to check them one by one;
 /// a bigger one is held whole.
 const WALK_MAX: usize = 200_000;
+
+/// Most bytes of a git index read to check it; a bigger one is held.
+const INDEX_MAX: u64 = 512 << 20;
 
 /// Most bytes of a `HEAD` or `packed-refs` read to check it; a bigger one is held.
 const REFS_MAX: u64 = 64 << 20;
@@ -641,6 +652,9 @@ impl Holds<'_> {
             {
                 return true;
             }
+            if rest == ["index"] && self.index_hides(path) {
+                return true;
+            }
             if rest.last() == Some(&"packed-refs")
                 && bad(self.branch.read_at_most(path, REFS_MAX), &|b: &[u8]| {
                     !b.windows(13).any(|w| w == b"refs/replace/")
@@ -650,6 +664,22 @@ impl Holds<'_> {
             }
         }
         false
+    }
+
+    /// Whether the git index at `path` marks a file assume-unchanged or skip-worktree that
+    /// the project's index there did not (`git status` and `git diff` would not show that
+    /// file's edits), or cannot be read.
+    fn index_hides(&self, path: &Path) -> bool {
+        let read = |tree: &shade_fusefs::rootdir::RootDir| {
+            tree.read_at_most(path, INDEX_MAX)
+                .ok()
+                .and_then(|b| shade_fusefs::outside::git_index_hidden(&b))
+        };
+        let Some(now) = read(self.branch) else {
+            return true;
+        };
+        let before = read(self.project).unwrap_or_default();
+        now.iter().any(|p| !before.contains(p))
     }
 
     /// A directory renamed from `old` to `new`: itself, then every path beneath it under
@@ -966,7 +996,12 @@ mod tests {
     fn plain_edits_and_git_data_go_in_live() {
         let t = Trees::new();
         write(t.a(), "notes.txt", "two\n");
-        write(t.a(), ".git/index", "DIRC");
+        // An empty version-2 index (header, no entries, checksum).
+        write(
+            t.a(),
+            ".git/index",
+            &format!("DIRC\0\0\0\x02\0\0\0\0{}", "\0".repeat(20)),
+        );
         write(t.a(), ".git/objects/cc/dd", "blob");
         write(
             t.a(),

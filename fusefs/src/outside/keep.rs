@@ -390,6 +390,79 @@ pub fn git_head_valid(content: &[u8]) -> bool {
     matches!(line.len(), 40 | 64) && line.iter().all(u8::is_ascii_hexdigit)
 }
 
+/// The paths a git index (`content`) marks assume-unchanged or skip-worktree, or None if it
+/// is not an index this reads (versions 2 to 4, SHA-1 or SHA-256 ids). Why: with such a
+/// mark `git status` and `git diff` skip the file, so a branch that sets one hides its edit
+/// from the user as a replace ref does (red team round 4); a caller holds an index that
+/// marks a path the project's did not.
+pub fn git_index_hidden(content: &[u8]) -> Option<std::collections::BTreeSet<Vec<u8>>> {
+    [20, 32]
+        .into_iter()
+        .find_map(|hash| index_hidden(content, hash))
+}
+
+fn index_hidden(b: &[u8], hash: usize) -> Option<std::collections::BTreeSet<Vec<u8>>> {
+    let u32_at = |at: usize| -> Option<u32> {
+        Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    };
+    let u16_at = |at: usize| -> Option<u16> {
+        Some(u16::from_be_bytes(b.get(at..at + 2)?.try_into().ok()?))
+    };
+    if b.get(..4)? != b"DIRC" {
+        return None;
+    }
+    let version = u32_at(4)?;
+    if !(2..=4).contains(&version) {
+        return None;
+    }
+    let count = u32_at(8)?;
+    let mut at = 12usize;
+    let mut hidden = std::collections::BTreeSet::new();
+    let mut name: Vec<u8> = Vec::new();
+    for _ in 0..count {
+        let start = at;
+        let flags = u16_at(at + 40 + hash)?;
+        at += 40 + hash + 2;
+        let mut extended = 0u16;
+        if flags & 0x4000 != 0 {
+            if version < 3 {
+                return None;
+            }
+            extended = u16_at(at)?;
+            at += 2;
+        }
+        if version == 4 {
+            // The name: drop N bytes of the previous one, then a NUL-ended suffix.
+            let mut c = *b.get(at)?;
+            at += 1;
+            let mut strip = usize::from(c & 127);
+            while c & 128 != 0 {
+                c = *b.get(at)?;
+                at += 1;
+                strip = strip.checked_add(1)?.checked_mul(128)? + usize::from(c & 127);
+            }
+            let end = at + b.get(at..)?.iter().position(|&x| x == 0)?;
+            name.truncate(name.len().checked_sub(strip)?);
+            name.extend_from_slice(&b[at..end]);
+            at = end + 1;
+        } else {
+            let end = at + b.get(at..)?.iter().position(|&x| x == 0)?;
+            name = b[at..end].to_vec();
+            // Entries are padded with 1 to 8 NULs to a multiple of 8 bytes.
+            at = start + ((end - start + 8) & !7);
+        }
+        let len = usize::from(flags & 0x0fff);
+        if (len < 0x0fff && len != name.len()) || name.is_empty() {
+            return None;
+        }
+        if flags & 0x8000 != 0 || extended & 0x4000 != 0 {
+            hidden.insert(name.clone());
+        }
+    }
+    // Extensions and the trailing checksum follow.
+    (b.len() >= at + hash).then_some(hidden)
+}
+
 impl OutsideChange {
     /// Whether keeping this change could make a program run code the branch chose: a
     /// start-up or config file of a shell, an agent, an editor, git or ssh, a hook, an
@@ -938,6 +1011,47 @@ mod tests {
         ] {
             assert!(!git_path_runs_code(Path::new(p)), "{p} is data");
         }
+    }
+
+    /// Indexes as real git writes them (versions 2, 3, 4; SHA-1 and SHA-256): the marks
+    /// that hide a file from `git status` are read, an index without them has none.
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn index_marks_that_hide_edits_are_read() {
+        for (format, version) in [
+            ("sha1", "2"),
+            ("sha1", "4"),
+            ("sha256", "2"),
+            ("sha256", "4"),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let git = |args: &[&str]| {
+                let o = std::process::Command::new("git")
+                    .args(args)
+                    .current_dir(dir.path())
+                    .output()
+                    .unwrap();
+                assert!(o.status.success(), "git {args:?}: {o:?}");
+            };
+            git(&["init", "-q", &format!("--object-format={format}"), "."]);
+            for f in ["a.txt", "dir/b.txt", "dir/c.txt", "z"] {
+                std::fs::create_dir_all(dir.path().join(f).parent().unwrap()).unwrap();
+                std::fs::write(dir.path().join(f), f).unwrap();
+            }
+            git(&["add", "."]);
+            git(&["update-index", "--index-version", version]);
+            let index = || std::fs::read(dir.path().join(".git/index")).unwrap();
+            let none = git_index_hidden(&index()).unwrap();
+            assert!(none.is_empty(), "{format} v{version}: {none:?}");
+            git(&["update-index", "--assume-unchanged", "dir/b.txt"]);
+            git(&["update-index", "--skip-worktree", "z"]);
+            let hidden = git_index_hidden(&index()).unwrap();
+            let want: std::collections::BTreeSet<Vec<u8>> =
+                [b"dir/b.txt".to_vec(), b"z".to_vec()].into();
+            assert_eq!(hidden, want, "{format} v{version}");
+        }
+        assert!(git_index_hidden(b"DIRC\0\0\0\x02\0\0\0\x05junk").is_none());
+        assert!(git_index_hidden(b"not an index").is_none());
     }
 
     #[test]
