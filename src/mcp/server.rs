@@ -349,15 +349,17 @@ impl ShadeServer {
         context: &RequestContext<RoleServer>,
     ) -> Answer {
         let listed = entry.clone();
-        let (changes, outside, listed_state) = blocking(move || match listed.shadow().as_ref() {
-            Some(s) => {
-                let changes = s.changeset(false).changes;
-                let state = BranchState::of(s.mountpoint(), &changes);
-                Ok((changes, s.outside(), state))
-            }
-            None => Err("the branch is being accepted or aborted".to_string()),
-        })
-        .await?;
+        let (changes, outside, listed_state, listing) =
+            blocking(move || match listed.shadow().as_ref() {
+                Some(s) => {
+                    let changes = s.changeset(false).changes;
+                    let state = BranchState::of(s.mountpoint(), &changes);
+                    let listing = lines_with_links(&changes, s.mountpoint());
+                    Ok((changes, s.outside(), state, listing))
+                }
+                None => Err("the branch is being accepted or aborted".to_string()),
+            })
+            .await?;
         let dropped = if outside.is_empty() {
             String::new()
         } else {
@@ -376,7 +378,7 @@ impl ShadeServer {
         })
         .await?;
         if !changes.is_empty() {
-            confirm(id, &self.branches, &changes, context).await?;
+            confirm(id, &self.branches, &changes, &listing, context).await?;
         }
         let entry = self.branches.remove(id).unwrap_or_else(|| entry.clone());
         let Some(shadow) = entry.shadow().take() else {
@@ -712,6 +714,7 @@ async fn confirm(
     id: &str,
     branches: &Branches,
     changes: &[Change],
+    listing: &str,
     context: &RequestContext<RoleServer>,
 ) -> Result<(), String> {
     let asks = context
@@ -725,7 +728,7 @@ async fn confirm(
         branches.project().display(),
         changes.len(),
         plural(changes.len()),
-        lines(changes)
+        listing
     );
     let schema: ElicitationSchema =
         serde_json::from_value(serde_json::json!({"type": "object", "properties": {}}))
@@ -845,6 +848,30 @@ fn lines(changes: &[Change]) -> String {
     changes
         .iter()
         .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// [`lines`] with each symbolic link's target (`-> target`), read in the branch at
+/// `mount` without following anything: the user confirms where a link points, not only
+/// that a path changed (a link at `.git/logs/HEAD` makes git write anywhere).
+fn lines_with_links(changes: &[Change], mount: &std::path::Path) -> String {
+    let files = shade_fusefs::rootdir::RootDir::open(mount).ok();
+    changes
+        .iter()
+        .map(|c| {
+            let target = files
+                .as_ref()
+                .filter(|_| c.kind != shade_fusefs::ChangeKind::Deleted)
+                .and_then(|f| f.read_link(&c.path).ok());
+            match target {
+                Some(t) => format!(
+                    "{c} -> {}",
+                    shade_fusefs::quote::quote_path(&t).into_owned()
+                ),
+                None => c.to_string(),
+            }
+        })
         .collect::<Vec<_>>()
         .join("\n")
 }
