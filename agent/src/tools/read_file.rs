@@ -142,8 +142,19 @@ fn read(ws: &crate::workspace::Workspace, p: Params) -> Result<ToolOutput, ToolE
     let mut ends_with_newline = false;
     let mut line = Vec::new();
     loop {
+        if total >= window_end {
+            // Past the window only the number of lines is wanted.
+            let (rest, newline) = count_lines(&mut reader)
+                .map_err(|e| ToolError::Failed(format!("cannot read {shown}: {e}")))?;
+            if rest > 0 {
+                total += rest;
+                ends_with_newline = newline;
+            }
+            break;
+        }
         line.clear();
-        let Some(newline) = next_line(&mut reader, &mut line, LINE_HOLD)
+        let hold = if total < start { 0 } else { LINE_HOLD };
+        let Some(newline) = next_line(&mut reader, &mut line, hold)
             .map_err(|e| ToolError::Failed(format!("cannot read {shown}: {e}")))?
         else {
             break;
@@ -216,6 +227,25 @@ fn read(ws: &crate::workspace::Workspace, p: Params) -> Result<ToolOutput, ToolE
 /// The most of one line held: enough for [`MAX_LINE_CHARS`] characters of any width (and
 /// a `\r`); a longer line is cut anyway.
 const LINE_HOLD: usize = MAX_LINE_CHARS * 4 + 1;
+
+/// The lines left in `r` (a last one without `\n` counts), and whether the last ended
+/// with `\n`.
+fn count_lines(r: &mut impl BufRead) -> std::io::Result<(usize, bool)> {
+    let (mut lines, mut last) = (0usize, None);
+    loop {
+        let buf = r.fill_buf()?;
+        let Some(&end) = buf.last() else {
+            return Ok((
+                lines + usize::from(last.is_some_and(|b| b != b'\n')),
+                last == Some(b'\n'),
+            ));
+        };
+        lines += buf.iter().filter(|&&b| b == b'\n').count();
+        last = Some(end);
+        let n = buf.len();
+        r.consume(n);
+    }
+}
 
 /// Read one line of `r` into `out` without its `\n`, keeping at most `max + 1` bytes of it
 /// (one more than `max` tells a cut line; the rest is read past, not held). `None` at the
