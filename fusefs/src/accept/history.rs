@@ -12,7 +12,7 @@
 //! older entry is *evicted* (its contents dropped, its record kept so `shade log` can say
 //! it can no longer be undone), never one whose journal is still live.
 
-use super::safe_path::{open_dir, open_parent, rebase};
+use super::safe_path::{rebase, Walker};
 use super::sys;
 use crate::plan::{PlanOp, Timestamp};
 use serde::{Deserialize, Serialize};
@@ -425,7 +425,17 @@ fn is_gone(e: &io::Error) -> bool {
 /// What is at `path` beneath `root` now (never following a symlink); a file's content is
 /// put in `store` when given, else only hashed.
 pub fn read_state(root: RawFd, path: &Path, store: Option<&mut Objects>) -> io::Result<State> {
-    let (parent, name) = match open_parent(root, path, false) {
+    read_state_in(&mut Walker::new(root), path, store)
+}
+
+/// [`read_state`] by `walker`, which keeps the directories of its last walk open (many
+/// paths of a deep chain cost one walk, not one each).
+fn read_state_in(
+    walker: &mut Walker,
+    path: &Path,
+    store: Option<&mut Objects>,
+) -> io::Result<State> {
+    let (parent, name) = match walker.open_parent(path) {
         Ok(p) => p,
         Err(e) if is_gone(&e) => return Ok(State::Absent),
         Err(e) => return Err(e),
@@ -485,10 +495,19 @@ fn state_at(dir: RawFd, name: &OsStr, store: Option<&mut Objects>) -> io::Result
 pub fn read_tree(
     root: RawFd,
     path: &Path,
+    store: Option<&mut Objects>,
+) -> io::Result<Vec<(PathBuf, State)>> {
+    read_tree_in(&mut Walker::new(root), path, store)
+}
+
+/// [`read_tree`] by `walker` (see [`read_state_in`]).
+fn read_tree_in(
+    walker: &mut Walker,
+    path: &Path,
     mut store: Option<&mut Objects>,
 ) -> io::Result<Vec<(PathBuf, State)>> {
     let mut out = Vec::new();
-    let dir = match open_dir(root, path) {
+    let dir = match walker.open_dir(path) {
         Ok(d) => d,
         Err(e) if is_gone(&e) => return Ok(out),
         Err(e) => return Err(e),
@@ -521,7 +540,8 @@ pub fn read_tree(
 /// A symbolic run of a plan over the states of the paths it touches, recording each
 /// touched path's state before the plan (where it was then) and after it.
 struct Capture<'a> {
-    root: RawFd,
+    /// Looks in the project, keeping the directories of its last walk open.
+    walker: Walker,
     store: &'a mut Objects,
     /// Before-states, by path before the plan.
     before: BTreeMap<PathBuf, State>,
@@ -562,7 +582,7 @@ impl Capture<'_> {
         let s = match self.before.get(&orig) {
             Some(s) => s.clone(),
             None => {
-                let s = read_state(self.root, &orig, Some(self.store))?;
+                let s = read_state_in(&mut self.walker, &orig, Some(self.store))?;
                 self.before.insert(orig, s.clone());
                 s
             }
@@ -578,7 +598,7 @@ impl Capture<'_> {
             return Ok(());
         }
         let orig = self.map_back(p);
-        for (q, s) in read_tree(self.root, &orig, Some(self.store))? {
+        for (q, s) in read_tree_in(&mut self.walker, &orig, Some(self.store))? {
             let at = rebase(&q, &orig, p).unwrap_or(q.clone());
             if !self.cur.contains_key(&at) {
                 self.cur.insert(at.clone(), s.clone());
@@ -757,7 +777,7 @@ pub fn record(
     let _lock = lock(history)?;
     let mut store = Objects::open(history)?;
     let mut cap = Capture {
-        root: root_fd,
+        walker: Walker::new(root_fd),
         store: &mut store,
         before: BTreeMap::new(),
         cur: BTreeMap::new(),
