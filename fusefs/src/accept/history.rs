@@ -422,6 +422,41 @@ fn is_gone(e: &io::Error) -> bool {
     )
 }
 
+/// Looks up many paths beneath one root, keeping the directories of the last walk open:
+/// the paths of a chain `d` deep cost one walk, not one each (a walk per path is
+/// quadratic in the depth, and a branch makes a chain 2,000 deep in a second).
+pub struct Lookup {
+    walker: Walker,
+}
+
+impl Lookup {
+    /// Lookups beneath `root` (which must outlive it).
+    pub fn new(root: RawFd) -> Lookup {
+        Lookup {
+            walker: Walker::new(root),
+        }
+    }
+
+    /// As [`observe`].
+    pub fn observe(&mut self, path: &Path) -> io::Result<crate::fingerprint::Base> {
+        Ok(self.walker.observe(path)?.base())
+    }
+
+    /// As [`read_state`].
+    pub fn read_state(&mut self, path: &Path, store: Option<&mut Objects>) -> io::Result<State> {
+        read_state_in(&mut self.walker, path, store)
+    }
+
+    /// As [`read_tree`].
+    pub fn read_tree(
+        &mut self,
+        path: &Path,
+        store: Option<&mut Objects>,
+    ) -> io::Result<Vec<(PathBuf, State)>> {
+        read_tree_in(&mut self.walker, path, store)
+    }
+}
+
 /// What is at `path` beneath `root` now (never following a symlink); a file's content is
 /// put in `store` when given, else only hashed.
 pub fn read_state(root: RawFd, path: &Path, store: Option<&mut Objects>) -> io::Result<State> {
