@@ -269,7 +269,9 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
     let mut look = history::Lookup::new(root);
     for (p, (_, after)) in &changes {
         let base = look.observe(p).map_err(|e| io(p.display(), e))?;
-        let s = look.read_state(p, None).map_err(|e| io(p.display(), e))?;
+        let s = look
+            .read_state_as(p, after)
+            .map_err(|e| io(p.display(), e))?;
         let again = look.observe(p).map_err(|e| io(p.display(), e))?;
         bases.insert(p.clone(), base);
         if base != again {

@@ -324,8 +324,76 @@ fn hex(d: &[u8]) -> String {
     d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Hash a whole file from its start.
+/// Blocks of the sparse content hash ([`hash_file`]): a block all zeros (a hole, or
+/// zeros written) is left out of it.
+const BLOCK: u64 = 64 << 10;
+
+/// Marks a content hash of the sparse form. Records made before it have the plain SHA-256
+/// of the whole content (64 hex digits): they are still compared (and undone) by that
+/// form ([`Lookup::read_state_as`]), and their objects keep their names.
+const SPARSE_PREFIX: &str = "z1-";
+
+/// Whether `sha256` (a recorded content hash) is of the plain form, over every byte.
+pub fn plain_hash(sha256: &str) -> bool {
+    !sha256.starts_with(SPARSE_PREFIX)
+}
+
+/// The content hash of `f` and its size, with `each` given every block that is not all
+/// zeros (offset, bytes). SHA-256 over a header, the size and each such block with its
+/// index: the same for the same content whatever its holes (file systems place them at
+/// different granularity), and a hole costs nothing (the data regions come from
+/// `SEEK_DATA`/`SEEK_HOLE`; a command in a branch may make a file of any apparent size).
+fn sparse_hash(
+    f: &mut std::fs::File,
+    mut each: impl FnMut(u64, &[u8]) -> io::Result<()>,
+) -> io::Result<(String, u64)> {
+    use std::os::unix::fs::FileExt;
+    let len = f.metadata()?.len();
+    let regions = super::stage::data_regions(f)?.unwrap_or_else(|| vec![(0, len)]);
+    let mut h = Sha256::new();
+    h.update(b"shade sparse content v1\0");
+    h.update(len.to_le_bytes());
+    let mut buf = vec![0u8; BLOCK as usize];
+    // The next block not yet looked at (regions may share a block at their edges).
+    let mut next = 0u64;
+    for (start, n) in regions {
+        let first = (start / BLOCK).max(next);
+        let end = start.saturating_add(n).min(len);
+        let last = end.div_ceil(BLOCK);
+        for b in first..last {
+            super::stage::check_cancel()?; // Ctrl-C stops the accept
+            let at = b * BLOCK;
+            let want = usize::try_from(BLOCK.min(len - at)).unwrap_or(0);
+            let mut got = 0;
+            while got < want {
+                match f.read_at(&mut buf[got..want], at + got as u64) {
+                    Ok(0) => break, // shrank meanwhile: zeros from here
+                    Ok(k) => got += k,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            buf[got..want].fill(0);
+            let block = &buf[..want];
+            if block.iter().any(|&x| x != 0) {
+                h.update(b.to_le_bytes());
+                h.update(block);
+                each(at, block)?;
+            }
+        }
+        next = next.max(last);
+    }
+    Ok((format!("{SPARSE_PREFIX}{}", hex(&h.finalize())), len))
+}
+
+/// The content hash of a file (its sparse form: see [`sparse_hash`]) and its size.
 pub fn hash_file(f: &mut std::fs::File) -> io::Result<(String, u64)> {
+    sparse_hash(f, |_, _| Ok(()))
+}
+
+/// The plain form of a file's content hash (SHA-256 of every byte from its start), as
+/// records made before the sparse form have it.
+pub fn plain_hash_file(f: &mut std::fs::File) -> io::Result<(String, u64)> {
     f.seek(SeekFrom::Start(0))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 64 * 1024];
@@ -360,32 +428,24 @@ impl Objects {
     /// Copy `f` (from its start) into the store; its hash and size. Not synced: the caller
     /// syncs the store's file system once before recording the entry.
     pub fn put(&mut self, f: &mut std::fs::File) -> io::Result<(String, u64)> {
-        f.seek(SeekFrom::Start(0))?;
+        use std::os::unix::fs::FileExt;
         self.seq += 1;
         let tmp = self
             .dir
             .join(format!(".tmp-{}-{}", std::process::id(), self.seq));
-        let mut out = std::fs::File::create(&tmp)?;
-        let mut h = Sha256::new();
-        let mut buf = vec![0u8; 64 * 1024];
-        let mut n = 0u64;
-        let res = (|| -> io::Result<()> {
-            loop {
-                let k = f.read(&mut buf)?;
-                if k == 0 {
-                    return Ok(());
-                }
-                h.update(&buf[..k]);
-                out.write_all(&buf[..k])?;
-                n += k as u64;
-            }
-        })();
+        let out = std::fs::File::create(&tmp)?;
+        // Only the blocks that are not all zeros are written: the stored copy is as sparse
+        // as the content allows, whatever the size it claims.
+        let res = sparse_hash(f, |at, block| out.write_all_at(block, at))
+            .and_then(|(sum, n)| out.set_len(n).map(|()| (sum, n)));
         drop(out);
-        if let Err(e) = res {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-        let sum = hex(&h.finalize());
+        let (sum, n) = match res {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
         let dst = self.dir.join(&sum);
         if dst.exists() {
             std::fs::remove_file(&tmp)?;
@@ -445,6 +505,19 @@ impl Lookup {
     /// As [`read_state`].
     pub fn read_state(&mut self, path: &Path, store: Option<&mut Objects>) -> io::Result<State> {
         read_state_in(&mut self.walker, path, store)
+    }
+
+    /// As [`Lookup::read_state`], a file's content hash in the form `like` (a recorded
+    /// state) has it: a record made before the sparse form is compared by the plain one.
+    pub fn read_state_as(&mut self, path: &Path, like: &State) -> io::Result<State> {
+        let mut now = self.read_state(path, None)?;
+        let plain = matches!(like, State::File { sha256, .. } if plain_hash(sha256));
+        if let (true, State::File { sha256, .. }) = (plain, &mut now) {
+            let (parent, name) = self.walker.open_parent(path)?;
+            let mut f = sys::open_file_at(parent.as_raw_fd(), &name)?;
+            *sha256 = plain_hash_file(&mut f)?.0;
+        }
+        Ok(now)
     }
 
     /// As [`read_tree`].
