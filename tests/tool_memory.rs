@@ -192,4 +192,5 @@ async fn parallel_reads_of_many_short_lines_keep_mcp_memory_bounded() {
         "shade mcp's peak resident size grew from {before} to {after} MiB"
     );
     client.cancel().await.unwrap();
+    common::assert_no_shade_mounts(&fx.state);
 }
