@@ -25,6 +25,16 @@ use tokio_util::sync::CancellationToken;
 use super::branches::Branches;
 use super::catalog::{self, Action};
 
+/// Agent tools that run in shade's own process (all but `run_command` and `diagnostics`,
+/// whose commands run sandboxed under their own limits) in flight at once, over every session of the process.
+/// Each call is bounded in what it reads and holds; this bounds how many there are, since a
+/// client may send any number at once (8 parallel reads of a file of empty lines once took
+/// shade to 2.5 GiB). A call past it waits its turn (and may be cancelled meanwhile).
+pub const IN_PROCESS_TOOLS_MAX: usize = 4;
+
+static IN_PROCESS_TOOLS: tokio::sync::Semaphore =
+    tokio::sync::Semaphore::const_new(IN_PROCESS_TOOLS_MAX);
+
 /// The handler of one MCP session (one client).
 #[derive(Clone)]
 pub struct ShadeServer {
@@ -226,6 +236,14 @@ impl ShadeServer {
         if entry.frozen() {
             return Err(frozen());
         }
+        // Taken before the branch's lock, so a call waiting for its turn holds up no accept.
+        let _turn = match tool.name() {
+            "shell" | "diagnostics" => None,
+            _ => tokio::select! {
+                permit = IN_PROCESS_TOOLS.acquire() => permit.ok(),
+                () = cancel.cancelled() => return Err("cancelled".into()),
+            },
+        };
         let _busy = entry.busy.read().await;
         if entry.frozen() {
             return Err(frozen());
