@@ -278,3 +278,56 @@ fn the_projects_toolchain_never_runs_on_the_host_as_plain_user() {
     common::plain::require_fuse();
     route_is_closed(Who::Plain);
 }
+
+/// `shade lint`'s checker runs the project's code on an edit nobody accepted: as root and
+/// as a plain user, it writes nothing outside the branch (a plain user's sandbox once bound
+/// the host's `/` read-write: a `build.rs` in the patch could write `~/.bashrc`).
+fn checker_writes_stay_in_the_branch(who: Who) {
+    let s = setup(who);
+    let target = s.marker.parent().unwrap().join("written");
+    std::fs::create_dir_all(s.home.join(".config/shade")).unwrap();
+    std::fs::write(
+        s.home.join(".config/shade/config.toml"),
+        format!(
+            "[lint]\ncommand = [\"sh\", \"-c\", \"echo x > {t}; echo x > $HOME/.bashrc; \
+             echo ran > {share}/checker-ran\"]\n",
+            t = target.display(),
+            share = s.share.display()
+        ),
+    )
+    .unwrap();
+    if who == Who::Plain {
+        chown_tree(&s.home);
+    }
+    let o = s
+        .shade(&["lint", "--cold", "--checker", "command"])
+        .output()
+        .unwrap();
+    assert!(
+        s.share.join("checker-ran").exists(),
+        "the checker did not run: {}",
+        out(&o)
+    );
+    assert!(
+        !target.exists(),
+        "the checker wrote on the host ({who:?}): {}",
+        out(&o)
+    );
+    assert!(
+        !s.home.join(".bashrc").exists(),
+        "the checker wrote the home ({who:?}): {}",
+        out(&o)
+    );
+    assert!(no_mounts(&s.state), "a mount was left behind");
+}
+
+#[test]
+fn checker_writes_stay_in_the_branch_as_root() {
+    checker_writes_stay_in_the_branch(Who::Root);
+}
+
+#[test]
+fn checker_writes_stay_in_the_branch_as_plain_user() {
+    common::plain::require_fuse();
+    checker_writes_stay_in_the_branch(Who::Plain);
+}
