@@ -483,6 +483,7 @@ const HOME_CREDENTIALS: &[&str] = &[
     ".cargo/credentials.toml",
     ".gem/credentials",
     ".m2/settings-security.xml",
+    ".nuget/NuGet/NuGet.Config",
     // Other agents' logins.
     ".claude/.credentials.json",
     ".codex/auth.json",
