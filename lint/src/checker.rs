@@ -6,7 +6,7 @@ use super::diag::Severity;
 use super::exec::on_path;
 use super::parse::Format;
 use serde::Deserialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Default time budget of the post-edit diagnostics.
 pub const DEFAULT_BUDGET: std::time::Duration = std::time::Duration::from_secs(4);
@@ -397,37 +397,13 @@ pub fn build(project: &Path, cfg: &LintConfig, name: &str) -> Result<Checker, De
 /// `<project>/target` for a target directory configured outside the project. A project
 /// that is a member of a larger workspace is refused: cargo would build the whole
 /// workspace into the workspace's target/, outside the project and so outside the branch.
-fn cargo_target_dir(project: &Path) -> Result<Option<std::path::PathBuf>, DetectError> {
-    // Reads the manifests only (`--no-deps`: no resolution, no lock file written).
-    let mut cmd = std::process::Command::new("cargo");
-    // Not the user's terminal, nor any fd of ours (see sandbox::detach_from_terminal).
-    // SAFETY: the hook makes only async-signal-safe system calls.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| {
-            shade_fusefs::sandbox::detach_from_terminal()?;
-            shade_fusefs::sandbox::cloexec_inherited_fds();
-            Ok(())
-        });
-    }
-    let out = cmd
-        .args(["metadata", "--no-deps", "--format-version=1", "--offline"])
-        .current_dir(project)
-        .env_remove("CARGO_TARGET_DIR")
-        .env_remove("CARGO_BUILD_TARGET_DIR")
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output();
-    // A manifest cargo cannot read: let the check itself report it.
-    let Some(meta) = out
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
-    else {
-        return Ok(None);
-    };
-    let path = |k: &str| meta[k].as_str().map(std::path::PathBuf::from);
-    if let Some(root) = path("workspace_root").filter(|r| r != project) {
+///
+/// Found by reading the manifests and cargo's configuration files as cargo does, running
+/// nothing: this is decided on the host, and any program run here in the project would be
+/// the project's to choose (rustup's `cargo` obeys the project's `rust-toolchain.toml`,
+/// whose `path` names any directory; cargo itself obeys `.cargo/config.toml`).
+fn cargo_target_dir(project: &Path) -> Result<Option<PathBuf>, DetectError> {
+    if let Some(root) = cargo_workspace_root(project).filter(|r| r != project) {
         return Err(DetectError::Unavailable(format!(
             "cargo: {} is a member of the cargo workspace at {}, which builds into its own \
              target/ outside this directory; lint the workspace (-C {})",
@@ -436,16 +412,99 @@ fn cargo_target_dir(project: &Path) -> Result<Option<std::path::PathBuf>, Detect
             root.display()
         )));
     }
-    Ok(match path("target_directory") {
+    Ok(match configured_target_dir(project) {
         Some(t) if !lexical(&t).starts_with(project) => Some(project.join("target")),
         _ => None,
     })
 }
 
+/// A TOML file's table, or `None` when it is missing or unreadable (cargo, run in the
+/// sandbox, then reports what is wrong with it).
+fn toml_table(path: &Path) -> Option<toml::Table> {
+    // A regular file only: a FIFO planted under the name would block shade.
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() < 16 << 20) {
+        return None;
+    }
+    let text = std::fs::read_to_string(path).ok()?;
+    text.parse::<toml::Table>().ok()
+}
+
+/// The workspace root cargo would use for the package at `project`: the project itself
+/// when its manifest has `[workspace]`, the directory `package.workspace` names, else the
+/// nearest ancestor whose manifest has `[workspace]` and does not `exclude` the project
+/// (cargo's own search). `None`: no workspace, or a manifest that cannot be read.
+fn cargo_workspace_root(project: &Path) -> Option<PathBuf> {
+    let manifest = toml_table(&project.join("Cargo.toml"))?;
+    if manifest.contains_key("workspace") {
+        return Some(project.to_path_buf());
+    }
+    if let Some(ws) = manifest
+        .get("package")
+        .and_then(|p| p.get("workspace"))
+        .and_then(|w| w.as_str())
+    {
+        return Some(lexical(&project.join(ws)));
+    }
+    for dir in project.ancestors().skip(1) {
+        let Some(root) = toml_table(&dir.join("Cargo.toml")) else {
+            continue;
+        };
+        let Some(ws) = root.get("workspace") else {
+            continue;
+        };
+        let excluded = ws
+            .get("exclude")
+            .and_then(|e| e.as_array())
+            .is_some_and(|list| {
+                list.iter()
+                    .filter_map(|e| e.as_str())
+                    .any(|e| project.starts_with(lexical(&dir.join(e))))
+            });
+        if !excluded {
+            return Some(dir.to_path_buf());
+        }
+    }
+    None
+}
+
+/// `build.target-dir` as cargo run in `project` reads it from its configuration files:
+/// `.cargo/config.toml` (or the older `.cargo/config`) in the project and each directory
+/// above it, nearest first, then `$CARGO_HOME/config.toml`; a relative path is relative to
+/// the directory holding that `.cargo`. The environment's `CARGO_TARGET_DIR` and
+/// `CARGO_BUILD_TARGET_DIR` are not passed to the checker (see exec's `UNSET`).
+fn configured_target_dir(project: &Path) -> Option<PathBuf> {
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    let mut dirs: Vec<PathBuf> = project.ancestors().map(|d| d.join(".cargo")).collect();
+    if let Some(home) = cargo_home.filter(|h| !dirs.contains(h)) {
+        dirs.push(home);
+    }
+    for dot_cargo in dirs {
+        // Cargo reads `config` when both are there.
+        let file = ["config", "config.toml"]
+            .iter()
+            .map(|f| dot_cargo.join(f))
+            .find(|f| f.is_file());
+        let Some(config) = file.and_then(|f| toml_table(&f)) else {
+            continue;
+        };
+        if let Some(t) = config
+            .get("build")
+            .and_then(|b| b.get("target-dir"))
+            .and_then(|t| t.as_str())
+        {
+            let base = dot_cargo.parent().unwrap_or(Path::new("/"));
+            return Some(lexical(&base.join(t)));
+        }
+    }
+    None
+}
+
 /// `p` with `.` and `..` resolved by name (cargo reports a configured `../x` unresolved).
-fn lexical(p: &Path) -> std::path::PathBuf {
+fn lexical(p: &Path) -> PathBuf {
     use std::path::Component;
-    let mut out = std::path::PathBuf::new();
+    let mut out = PathBuf::new();
     for c in p.components() {
         match c {
             Component::ParentDir => {
@@ -569,5 +628,65 @@ mod tests {
             choose(empty.path(), &LintConfig::default(), None),
             Err(DetectError::NoneFound(_))
         ));
+    }
+
+    /// The target directory and the workspace root come from the files, as cargo reads
+    /// them, with nothing run: a configuration nearer the project wins, a relative path is
+    /// relative to the directory holding `.cargo`, a workspace above claims the project
+    /// unless it excludes it.
+    #[test]
+    fn cargo_layout_is_read_from_the_files() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let top = std::fs::canonicalize(d.path()).expect("canonical");
+        let project = top.join("ws/p");
+        std::fs::create_dir_all(project.join("src")).expect("mkdir");
+        let manifest = "[package]\nname = \"p\"\nversion = \"0.1.0\"\n";
+        std::fs::write(project.join("Cargo.toml"), manifest).expect("write");
+        assert_eq!(cargo_target_dir(&project), Ok(None));
+        // A target directory configured above, relative to the directory holding .cargo.
+        std::fs::create_dir_all(top.join(".cargo")).expect("mkdir");
+        std::fs::write(
+            top.join(".cargo/config.toml"),
+            "[build]\ntarget-dir = \"out\"\n",
+        )
+        .expect("write");
+        assert_eq!(configured_target_dir(&project), Some(top.join("out")));
+        assert_eq!(cargo_target_dir(&project), Ok(Some(project.join("target"))));
+        // The project's own configuration wins: a directory inside the project is cargo's.
+        std::fs::create_dir_all(project.join(".cargo")).expect("mkdir");
+        std::fs::write(
+            project.join(".cargo/config.toml"),
+            "[build]\ntarget-dir = \"t2\"\n",
+        )
+        .expect("write");
+        assert_eq!(cargo_target_dir(&project), Ok(None));
+        // A workspace above claims the project...
+        std::fs::write(
+            top.join("ws/Cargo.toml"),
+            "[workspace]\nmembers = [\"p\"]\n",
+        )
+        .expect("write");
+        assert!(matches!(
+            cargo_target_dir(&project),
+            Err(DetectError::Unavailable(m)) if m.contains("is a member of the cargo workspace")
+        ));
+        // ... unless it excludes it; the project's own `[workspace]` makes it a root.
+        std::fs::write(
+            top.join("ws/Cargo.toml"),
+            "[workspace]\nexclude = [\"p\"]\n",
+        )
+        .expect("write");
+        assert_eq!(cargo_workspace_root(&project), None);
+        std::fs::write(
+            top.join("ws/Cargo.toml"),
+            "[workspace]\nmembers = [\"p\"]\n",
+        )
+        .expect("write");
+        std::fs::write(
+            project.join("Cargo.toml"),
+            format!("{manifest}[workspace]\n"),
+        )
+        .expect("write");
+        assert_eq!(cargo_workspace_root(&project), Some(project.clone()));
     }
 }

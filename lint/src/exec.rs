@@ -168,9 +168,18 @@ pub fn command(
     );
     spec.env = UNSET.iter().map(|k| (k.into(), None)).collect();
     spec.isolation = confine.isolation;
+    // The rest of the file system read-only whoever runs it ([`READ_ONLY_REST`]).
+    spec.isolation.read_only = READ_ONLY_REST;
     spec.binds = confine.binds.clone();
     shade_fusefs::sandbox::command(&spec).map_err(|e| std::io::Error::other(e.to_string()))
 }
+
+/// A checker runs the project's code (build scripts, proc macros, plugins) on an edit
+/// nobody accepted: nothing outside the branch is its to write. Root's sandbox without an
+/// outside layer was read-only already (root's view); a plain user's bound the host's `/`
+/// read-write, so a `build.rs` in a patch given to `shade lint` could write the user's
+/// `~/.bashrc`.
+const READ_ONLY_REST: bool = true;
 
 /// Variables never passed to a checker: `CARGO_TARGET_DIR` would send the branch's build
 /// output out of the branch (into the user's own target directory).
@@ -198,6 +207,8 @@ pub fn run(
         argv.iter().map(Into::into).collect(),
     );
     spec.output = Streams::Capture { cap: CAPTURE_CAP };
+    // An agent session's runner sets its own sandbox over this; `shade lint`'s runs keep it.
+    spec.isolation.read_only = READ_ONLY_REST;
     spec.timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
     spec.env = UNSET
         .iter()
