@@ -561,7 +561,7 @@ mod tests {
             d,
             "processes 512, /tmp 512 MiB, /dev/shm 512 MiB, branch contents 1 GiB, \
              branch metadata 64 MiB, outside layer 1 GiB, memory 4 GiB, time 300 s, \
-             cpu weight 10, nice 19, scheduler idle, open files 8192"
+             cpu weight 50, nice 10, scheduler batch, open files 8192"
         );
         assert!(Limits::RUN.describe().contains("as the system's"));
     }
