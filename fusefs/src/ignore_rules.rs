@@ -23,6 +23,11 @@ impl IgnoreRules {
         }
     }
 
+    /// No rules: nothing is ignored.
+    pub fn empty() -> IgnoreRules {
+        IgnoreRules { matcher: None }
+    }
+
     /// Whether `rel` (or any of its parent directories) is ignored.
     pub fn is_ignored(&self, rel: &Path, is_dir: bool) -> bool {
         match &self.matcher {

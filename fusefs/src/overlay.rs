@@ -108,6 +108,17 @@ impl Overlay {
         }
     }
 
+    /// The branch's own state without what serving it on a connection added (handles,
+    /// cached lower descriptors and listings, the watch, the notifier): a branch that lets
+    /// its connection go keeps only this (`attach.rs`).
+    pub fn into_parts(self) -> (Lower, Store, IgnoreRules, Tree) {
+        let tree = self
+            .tree
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner);
+        (self.lower, self.store, self.ignore, tree)
+    }
+
     pub fn tree(&self) -> MutexGuard<'_, Tree> {
         self.tree.lock().unwrap_or_else(PoisonError::into_inner)
     }

@@ -64,6 +64,7 @@ impl Conn {
     ) -> Conn {
         let notifier = session.notifier();
         let id = connection_id(&mountpoint);
+        dir_use(&dir, Some(true), None);
         // A number an earlier, gone connection had: what ran on that one is no concern.
         forget_uses(id);
         Conn {
@@ -154,15 +155,51 @@ impl Conn {
         }
     }
 
-    /// Teardown and remove its state directory.
-    fn discard(self) {
+    /// Teardown, and remove its state directory unless a live branch's state is in it (the
+    /// branch removes it then).
+    pub fn discard(self) {
         let dir = self.dir.clone();
         let id = self.id;
         self.teardown();
         forget_uses(id);
-        if let Err(e) = std::fs::remove_dir_all(&dir) {
-            tracing::warn!("removing pooled connection {}: {e}", dir.display());
+        if !dir_use(&dir, Some(false), None) {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::warn!("removing pooled connection {}: {e}", dir.display());
+            }
         }
+    }
+}
+
+/// Who uses a state directory: a mounted connection (its `mnt`), a live branch (its
+/// store, outside layer), or both — a branch's directory hosts the connection mounted for
+/// it, which outlives the branch in the pool, and a branch that let its connection go
+/// (`Branch::detach`) outlives the connection. Whoever goes last removes the directory.
+#[derive(Default, Clone, Copy)]
+struct DirUse {
+    conn: bool,
+    branch: bool,
+}
+
+static DIRS: Mutex<Option<std::collections::HashMap<PathBuf, DirUse>>> = Mutex::new(None);
+
+/// Note that a connection (`conn`) or a branch (`branch`) starts or stops using `dir`;
+/// returns whether anything still uses it afterwards.
+pub(crate) fn dir_use(dir: &Path, conn: Option<bool>, branch: Option<bool>) -> bool {
+    let mut all = DIRS.lock().unwrap_or_else(PoisonError::into_inner);
+    let all = all.get_or_insert_with(Default::default);
+    let mut u = all.get(dir).copied().unwrap_or_default();
+    if let Some(c) = conn {
+        u.conn = c;
+    }
+    if let Some(b) = branch {
+        u.branch = b;
+    }
+    if u.conn || u.branch {
+        all.insert(dir.to_path_buf(), u);
+        true
+    } else {
+        all.remove(dir);
+        false
     }
 }
 
@@ -259,14 +296,20 @@ pub(crate) fn take(key: &Key) -> Option<Conn> {
 }
 
 /// Give a parked connection back, or tear it down when pooling is off or the pool full.
-pub(crate) fn give(mut conn: Conn) {
-    let size = pool_size();
-    if size == 0 || !conn.alive() {
+pub(crate) fn give(conn: Conn) {
+    if let Some(why) = conn.unreusable(&conn.current.get(), true) {
+        tracing::debug!("not pooling {}: {why}", conn.mountpoint.display());
         conn.discard();
         return;
     }
-    if let Some(why) = conn.unreusable(&conn.current.get(), true) {
-        tracing::debug!("not pooling {}: {why}", conn.mountpoint.display());
+    give_checked(conn);
+}
+
+/// [`give`] of a connection whose caller just made the checks ([`Conn::busy`],
+/// [`Conn::unsafe_to_pool`]) and parked it: `Branch::detach` scans `/proc` once, not twice.
+pub(crate) fn give_checked(mut conn: Conn) {
+    let size = pool_size();
+    if size == 0 || !conn.alive() {
         conn.discard();
         return;
     }
@@ -548,6 +591,37 @@ pub(crate) fn forget_uses(id: Option<u32>) {
 }
 
 impl Conn {
+    /// Why the connection is in use now (`None`: it is not): a command runs on it, a
+    /// handle is open, or a live process refers into it (`/proc`). A branch whose
+    /// connection is in use keeps it (`Branch::detach`).
+    pub fn busy(&self, overlay: &Overlay) -> Option<String> {
+        let Some(id) = self.id else {
+            return Some("its connection number is unknown".into());
+        };
+        if let Some(u) = uses().get(&id) {
+            if u.running > 0 {
+                return Some(format!("{} command(s) still run on it", u.running));
+            }
+        }
+        let handles = settled_handles(overlay, id);
+        if handles > 0 {
+            return Some(format!("{handles} open file handle(s)"));
+        }
+        holder_of(id).map(|pid| format!("process {pid} still refers into it"))
+    }
+
+    /// Why a connection not [`Conn::busy`] may still not serve another branch: a command
+    /// on it may have left a reference shade cannot see (tainted), or another mount
+    /// namespace has a copy of the mount. Such a connection is torn down (aborted), which
+    /// ends every such reference too.
+    pub fn unsafe_to_pool(&self) -> Option<String> {
+        let id = self.id?;
+        if let Some(why) = uses().get(&id).and_then(|u| u.tainted.clone()) {
+            return Some(why);
+        }
+        copy_of_mount(id).map(|pid| format!("process {pid}'s mount namespace has a copy of it"))
+    }
+
     /// Why the connection may not serve another branch (`None`: it may): see above.
     /// `scan`: look through `/proc` too (a few milliseconds).
     pub fn unreusable(&self, overlay: &Overlay, scan: bool) -> Option<String> {
