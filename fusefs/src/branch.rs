@@ -221,6 +221,17 @@ fn state_inside(project: &Path, state: &StateDir) -> Result<Option<PathBuf>, Bra
 impl Branch {
     /// Create and mount a new branch of `project`.
     pub fn create(project: &Path, opts: &BranchOptions) -> Result<Branch, BranchError> {
+        Branch::make(project, opts, false)
+    }
+
+    /// Create a branch that holds no connection yet ([`Branch::detach`]ed from the start):
+    /// no mount, thread or `/proc` look until [`Branch::attach`]. For a holder of many
+    /// branches that are made ahead of use (`shade mcp`, the scale bench).
+    pub fn create_detached(project: &Path, opts: &BranchOptions) -> Result<Branch, BranchError> {
+        Branch::make(project, opts, true)
+    }
+
+    fn make(project: &Path, opts: &BranchOptions, detached: bool) -> Result<Branch, BranchError> {
         raise_fd_limit();
         keep_big_buffers_unresident();
         let project = std::fs::canonicalize(project).map_err(|source| BranchError::Project {
@@ -319,6 +330,41 @@ impl Branch {
             passthrough: crate::passthrough::wanted(),
             euid,
         };
+        if detached {
+            let root_dev = lower
+                .stat(Path::new(""))
+                .ok()
+                .flatten()
+                .map_or(0, |st| st.st_dev);
+            let ignore = IgnoreRules::load(&project);
+            let tree = crate::tree::Tree::new(root_dev);
+            let overlay = Arc::new(Overlay::with_tree(lower, store, ignore, None, tree));
+            overlay.tree().forget_kernel();
+            let own = match opts.id_shift {
+                Some(s) if is_shade_mount(&project) => {
+                    // SAFETY: geteuid/getegid cannot fail.
+                    let (u, g) = unsafe { (libc::geteuid(), libc::getegid()) };
+                    Some((s.show(u), s.show(g)))
+                }
+                _ => None,
+            };
+            let mountpoint = dir.join("detached");
+            live_mounts().insert(mountpoint.clone(), vec![dir.clone()]);
+            return Ok(Branch {
+                id,
+                project,
+                dir,
+                mountpoint,
+                state: opts.state.clone(),
+                overlay,
+                conn: None,
+                parked: None,
+                warm: std::sync::Mutex::new(None),
+                own,
+                key,
+                detached: true,
+            });
+        }
         let pooled = (crate::pool::pool_size() > 0 && !key.passthrough)
             .then(|| crate::pool::take(&key))
             .flatten();

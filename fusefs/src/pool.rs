@@ -18,6 +18,7 @@ use crate::fs::Current;
 use crate::overlay::Overlay;
 use crate::reset::Reset;
 use fuser::{BackgroundSession, Notifier};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -603,11 +604,11 @@ impl Conn {
                 return Some(format!("{} command(s) still run on it", u.running));
             }
         }
-        let handles = settled_handles(overlay, id);
+        let handles = settled_handles(overlay, id, &self.mountpoint);
         if handles > 0 {
             return Some(format!("{handles} open file handle(s)"));
         }
-        holder_of(id).map(|pid| format!("process {pid} still refers into it"))
+        referred_into(id, &self.mountpoint)
     }
 
     /// Why a connection not [`Conn::busy`] may still not serve another branch: a command
@@ -636,19 +637,16 @@ impl Conn {
                 return Some(why.clone());
             }
         }
-        let handles = settled_handles(overlay, id);
+        let handles = settled_handles(overlay, id, &self.mountpoint);
         if handles > 0 {
             return Some(format!("{handles} open file handle(s)"));
         }
         if !scan {
             return None;
         }
-        holder_of(id)
-            .map(|pid| format!("process {pid} still refers into it"))
-            .or_else(|| {
-                copy_of_mount(id)
-                    .map(|pid| format!("process {pid}'s mount namespace has a copy of it"))
-            })
+        referred_into(id, &self.mountpoint).or_else(|| {
+            copy_of_mount(id).map(|pid| format!("process {pid}'s mount namespace has a copy of it"))
+        })
     }
 }
 
@@ -661,9 +659,9 @@ const RELEASE_IN_FLIGHT: Duration = Duration::from_millis(500);
 /// and are waited for (at most [`RELEASE_IN_FLIGHT`]); with one, they are counted at once.
 /// Without this wait a connection was not pooled whenever the daemon had not yet read the
 /// RELEASE of the command's last file (often on a loaded machine).
-fn settled_handles(overlay: &Overlay, id: u32) -> usize {
+fn settled_handles(overlay: &Overlay, id: u32, mountpoint: &Path) -> usize {
     let handles = overlay.open_handles();
-    if handles == 0 || holder_of(id).is_some() {
+    if handles == 0 || referred_into(id, mountpoint).is_some() {
         return handles;
     }
     let start = Instant::now();
@@ -705,6 +703,43 @@ fn copy_of_mount(minor: u32) -> Option<i32> {
             let allowed = usize::from(Some(&ns) == ours.as_ref());
             count(pid) > allowed
         })
+}
+
+/// Why something may still refer into connection `id` mounted at `mountpoint` (`None`:
+/// nothing does). As root, the kernel's count of references to the mount answers in one
+/// call (`mount_in_use`): every open file (O_PATH ones, mappings and descriptors queued in
+/// a socket included), cwd and root on it holds one — more than the `/proc` scan sees, at
+/// a fraction of its cost (which grows with every process's descriptors, this holder's
+/// own ten thousand memory files included). Without the privilege, the `/proc` scan.
+fn referred_into(id: u32, mountpoint: &Path) -> Option<String> {
+    match mount_in_use(mountpoint) {
+        Some(true) => Some("something still refers into it (the mount is busy)".into()),
+        Some(false) => None,
+        None => holder_of(id).map(|pid| format!("process {pid} still refers into it")),
+    }
+}
+
+/// Whether the mount at `mountpoint` has references beyond its place in the mount tree,
+/// from `umount2(MNT_EXPIRE)`: `EBUSY` if it has; if not, `EAGAIN` and the mount is marked
+/// expired — the mark is cleared at once by taking and dropping a reference (an O_PATH
+/// open), as any use of the mount clears it, so that no later `MNT_EXPIRE` unmounts it.
+/// `None` where the call is not permitted (not root) or says nothing.
+fn mount_in_use(mountpoint: &Path) -> Option<bool> {
+    match nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_EXPIRE) {
+        Err(nix::errno::Errno::EBUSY) => Some(true),
+        Err(nix::errno::Errno::EAGAIN) => {
+            let cleared = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+                .open(mountpoint);
+            drop(cleared);
+            Some(false)
+        }
+        // It was marked already and is unmounted now: nothing can refer into it through
+        // this mount; the connection fails the pool's liveness check and is torn down.
+        Ok(()) => Some(false),
+        Err(_) => None,
+    }
 }
 
 /// A live process (ours too) with an fd, cwd, root or mapping on the file system with

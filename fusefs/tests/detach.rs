@@ -141,7 +141,9 @@ fn make_changes(m: &Path, tag: &str) {
 }
 
 /// Two branches of one project take turns on connections; each sees only its own changes.
-fn two_branches_take_turns(tmp: &Path, pool: usize) {
+/// Returns whether they took turns on one connection (the pool may refuse a connection
+/// that another mount namespace copied meanwhile: other tests' sandboxes on this machine).
+fn two_branches_take_turns(tmp: &Path, pool: usize) -> bool {
     shade_fusefs::set_pool_size(pool);
     let p = project(tmp);
     let native = view(&p);
@@ -169,13 +171,7 @@ fn two_branches_take_turns(tmp: &Path, pool: usize) {
     // changes of its own to the same names.
     let mut b2 = Branch::create(&p, &opts(&state)).unwrap();
     let m2 = b2.mountpoint().to_path_buf();
-    if pool > 0 {
-        assert!(
-            b2.reused_connection(),
-            "branch 2 takes branch 1's connection"
-        );
-        assert_eq!(m2, m1);
-    }
+    let mut turns = b2.reused_connection() && m2 == m1;
     assert_eq!(view(&m2), native, "nothing of branch 1 in branch 2");
     make_changes(&m2, "two");
     let v2 = view(&m2);
@@ -184,9 +180,7 @@ fn two_branches_take_turns(tmp: &Path, pool: usize) {
     // Branch 1 again: on branch 2's connection (pooled), or a new mount.
     b1.attach().unwrap();
     let m1 = b1.mountpoint().to_path_buf();
-    if pool > 0 {
-        assert_eq!(m1, m2, "branch 1 takes the connection branch 2 let go");
-    }
+    turns &= m1 == m2;
     assert_eq!(view(&m1), v1, "branch 1 sees exactly its own changes");
     assert_eq!(
         own_numbers(&m1, owned),
@@ -242,6 +236,18 @@ fn two_branches_take_turns(tmp: &Path, pool: usize) {
         .map(|e| e.unwrap().path())
         .collect();
     assert!(left.is_empty(), "state left: {left:?}");
+    turns
+}
+
+/// [`two_branches_take_turns`] until the two took turns on one connection (at most 5 tries).
+fn take_turns_on_one_connection(tmp: &Path) {
+    for i in 0..5 {
+        if two_branches_take_turns(&tmp.join(format!("try{i}")), 2) {
+            return;
+        }
+        eprintln!("try {i}: the connection was not pooled (a copy in another namespace?)");
+    }
+    panic!("in 5 tries the two branches never took turns on one connection");
 }
 
 #[test]
@@ -252,7 +258,7 @@ fn a_reattached_branch_sees_its_own_changes_on_a_pooled_connection() {
         .prefix("shade-detach-")
         .tempdir_in("/var/tmp")
         .unwrap();
-    two_branches_take_turns(tmp.path(), 2);
+    take_turns_on_one_connection(tmp.path());
 }
 
 #[test]
@@ -263,7 +269,7 @@ fn a_reattached_branch_sees_its_own_changes_without_a_pool() {
         .prefix("shade-detach-")
         .tempdir_in("/var/tmp")
         .unwrap();
-    two_branches_take_turns(tmp.path(), 0);
+    assert!(!two_branches_take_turns(tmp.path(), 0));
     shade_fusefs::set_pool_size(2);
 }
 
@@ -313,7 +319,15 @@ fn many_detached_branches_hold_no_threads_or_descriptors() {
     let (threads0, fds0) = (count("/proc/self/task"), count("/proc/self/fd"));
     let mut all = Vec::new();
     for i in 0..60 {
-        let mut b = Branch::create(&p, &opts(&state)).unwrap();
+        // Half made attached, half made detached and attached to write.
+        let mut b = if i % 2 == 0 {
+            Branch::create(&p, &opts(&state)).unwrap()
+        } else {
+            let mut b = Branch::create_detached(&p, &opts(&state)).unwrap();
+            assert!(b.is_detached());
+            b.attach().unwrap();
+            b
+        };
         fs::write(
             b.mountpoint().join(format!("new-{i}.txt")),
             format!("{i}\n"),
@@ -380,8 +394,9 @@ fn helper_detach_as_plain_user() {
         .prefix("shade-detach-user-")
         .tempdir_in("/var/tmp")
         .unwrap();
-    two_branches_take_turns(&tmp.path().join("pooled"), 2);
-    two_branches_take_turns(&tmp.path().join("unpooled"), 0);
+    take_turns_on_one_connection(&tmp.path().join("pooled"));
+    assert!(!two_branches_take_turns(&tmp.path().join("unpooled"), 0));
+    shade_fusefs::set_pool_size(2);
     println!("detach-as-user-ok");
 }
 

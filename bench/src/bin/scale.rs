@@ -1,6 +1,7 @@
 //! How many live branches one process holds (issue 31, scale; `bench/scale.sh`): branches of
-//! one project are made one after another, each gets a small change through its mount and
-//! is detached (`Branch::detach`: it lets its FUSE connection go while idle). At each
+//! one project are made one after another (`Branch::create_detached`: "create"), each is
+//! attached ("first attach": a connection from the pool), gets a small change through its
+//! mount and is detached (`Branch::detach`: it lets its FUSE connection go while idle). At each
 //! checkpoint the holder's RSS, threads and descriptors, the kernel's slab and shmem (from
 //! /proc/meminfo, machine-wide: a delta, noisy), and the creation times of the branches made
 //! since the last checkpoint are recorded; then 100 of the live branches are attached and
@@ -21,6 +22,8 @@ struct Point {
     create_p50_ms: f64,
     create_p99_ms: f64,
     detach_p50_ms: f64,
+    first_attach_p50_ms: f64,
+    first_attach_p99_ms: f64,
     rss_kib: u64,
     kernel_kib: i64,
     per_branch_kib: f64,
@@ -158,12 +161,16 @@ fn main() -> anyhow::Result<()> {
     let mut branches: Vec<Branch> = Vec::with_capacity(max);
     let mut create: Vec<f64> = Vec::new();
     let mut detach: Vec<f64> = Vec::new();
+    let mut ready: Vec<f64> = Vec::new();
     let mut points = Vec::new();
     let started = Instant::now();
     for i in 0..max {
         let t = Instant::now();
-        let mut b = Branch::create(&project, &opts)?;
+        let mut b = Branch::create_detached(&project, &opts)?;
         create.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        b.attach()?;
+        ready.push(t.elapsed().as_secs_f64() * 1e3);
         std::fs::write(
             b.mountpoint().join(format!("scale-{i}.txt")),
             format!("branch {i}\n"),
@@ -182,6 +189,8 @@ fn main() -> anyhow::Result<()> {
                 create_p50_ms: pct(&mut create, 0.5),
                 create_p99_ms: pct(&mut create, 0.99),
                 detach_p50_ms: pct(&mut detach, 0.5),
+                first_attach_p50_ms: pct(&mut ready, 0.5),
+                first_attach_p99_ms: pct(&mut ready, 0.99),
                 rss_kib: rss,
                 kernel_kib: kern - kern0,
                 per_branch_kib: ((rss as i64 - rss0 as i64) + (kern - kern0)) as f64 / n as f64,
@@ -191,14 +200,17 @@ fn main() -> anyhow::Result<()> {
             };
             create.clear();
             detach.clear();
+            ready.clear();
             concurrent_status(&mut branches, concurrent, &mut p)?;
             eprintln!(
-                "{n} branches ({:.0} s): create p50 {:.2} ms p99 {:.2} ms, detach p50 {:.2} ms, \
+                "{n} branches ({:.0} s): create p50 {:.2} ms p99 {:.2} ms, first attach p50 {:.2} p99 {:.2}, detach p50 {:.2} ms, \
                  rss {} KiB, kernel +{} KiB, {:.1} KiB/branch, threads {}, fds {}, \
                  {concurrent}× git status {:.0} ms ({} errors), attach p50 {:.2} ms",
                 started.elapsed().as_secs_f64(),
                 p.create_p50_ms,
                 p.create_p99_ms,
+                p.first_attach_p50_ms,
+                p.first_attach_p99_ms,
                 p.detach_p50_ms,
                 p.rss_kib,
                 p.kernel_kib,
@@ -213,7 +225,13 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let live_attached = branches.iter().filter(|b| !b.is_detached()).count();
-    let md = table(&points, (rss0, threads0, fds0), pool, live_attached, concurrent);
+    let md = table(
+        &points,
+        (rss0, threads0, fds0),
+        pool,
+        live_attached,
+        concurrent,
+    );
     std::fs::write(out.with_extension("md"), &md)?;
     std::fs::write(out.with_extension("svg"), svg(&points))?;
     print!("{md}");
@@ -242,16 +260,21 @@ fn table(
     );
     let _ = writeln!(
         s,
-        "| live branches | create p50 ms | create p99 ms | detach p50 ms | holder RSS KiB | kernel Δ KiB (slab+shmem) | KiB per branch (all in) | threads | fds | {concurrent}× git status wall ms | git status/s | errors | attach p50 ms |"
+        "| live branches | create p50 ms | create p99 ms | first attach p50 / p99 ms | detach p50 ms | holder RSS KiB | kernel Δ KiB (slab+shmem) | KiB per branch (all in) | threads | fds | {concurrent}× git status wall ms | git status/s | errors | attach p50 ms |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(
+        s,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
     for p in points {
         let _ = writeln!(
             s,
-            "| {} | {:.2} | {:.2} | {:.2} | {} | {} | {:.1} | {} | {} | {:.0} | {:.0} | {} | {:.2} |",
+            "| {} | {:.2} | {:.2} | {:.2} / {:.2} | {:.2} | {} | {} | {:.1} | {} | {} | {:.0} | {:.0} | {} | {:.2} |",
             p.branches,
             p.create_p50_ms,
             p.create_p99_ms,
+            p.first_attach_p50_ms,
+            p.first_attach_p99_ms,
             p.detach_p50_ms,
             p.rss_kib,
             p.kernel_kib,
