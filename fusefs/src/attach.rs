@@ -37,9 +37,10 @@ impl Tree {
     /// connection's parked overlay, `Overlay::successor`): lower files kept open for
     /// unlinked inodes go with it.
     pub(crate) fn forget_kernel(&mut self) {
-        self.orphans.clear();
-        self.inodes.clear();
-        self.path_ino.clear();
+        // Replaced, not cleared: a cleared table keeps its capacity.
+        self.orphans = Default::default();
+        self.inodes = Default::default();
+        self.path_ino = Default::default();
     }
 
     /// Take `kernel` (the inode table a connection's kernel holds now: a parked overlay's,

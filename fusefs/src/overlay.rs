@@ -100,7 +100,8 @@ impl Overlay {
             tree: Mutex::new(tree),
             handles: Mutex::new(FxHashMap::default()),
             next_fh: AtomicU64::new(1),
-            lower_fds: Mutex::new(lru::LruCache::new(
+            // `sparse`: no table until used (a detached branch never uses it).
+            lower_fds: Mutex::new(lru::LruCache::sparse(
                 std::num::NonZeroUsize::new(LOWER_FD_CACHE).unwrap_or(std::num::NonZeroUsize::MIN),
             )),
             listings: Mutex::new(FxHashMap::default()),
