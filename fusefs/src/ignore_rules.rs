@@ -15,10 +15,13 @@ pub(crate) struct IgnoreRules {
 /// What identifies the two files' versions: (size, mtime, ctime, inode) of each.
 type Version = [Option<(u64, i64, i64, u64)>; 2];
 
+/// The last load: the project, its files' versions, the matcher made of them.
+type Loaded = (PathBuf, Version, Option<Arc<Gitignore>>);
+
 impl IgnoreRules {
     pub fn load(root: &Path) -> IgnoreRules {
         use std::os::unix::fs::MetadataExt;
-        static LAST: Mutex<Option<(PathBuf, Version, Option<Arc<Gitignore>>)>> = Mutex::new(None);
+        static LAST: Mutex<Option<Loaded>> = Mutex::new(None);
         let files = [root.join(".gitignore"), root.join(".git/info/exclude")];
         let version: Version = files.clone().map(|f| {
             std::fs::metadata(f).ok().filter(|m| m.is_file()).map(|m| {

@@ -612,15 +612,15 @@ impl Conn {
     }
 
     /// Why a connection not [`Conn::busy`] may still not serve another branch: a command
-    /// on it may have left a reference shade cannot see (tainted), or another mount
-    /// namespace has a copy of the mount. Such a connection is torn down (aborted), which
-    /// ends every such reference too.
+    /// on it may have left a reference shade cannot see (tainted). Such a connection is
+    /// torn down (aborted), which ends every such reference too. A copy of the mount in
+    /// another namespace is not looked for here: [`take`] looks before any branch is served
+    /// (a namespace made while the connection idles must be caught there anyway), and the
+    /// look reads every other namespace's mount table — with other sandboxes' overlay
+    /// mounts, most of a detach's cost on this machine.
     pub fn unsafe_to_pool(&self) -> Option<String> {
         let id = self.id?;
-        if let Some(why) = uses().get(&id).and_then(|u| u.tainted.clone()) {
-            return Some(why);
-        }
-        copy_of_mount(id).map(|pid| format!("process {pid}'s mount namespace has a copy of it"))
+        uses().get(&id).and_then(|u| u.tainted.clone())
     }
 
     /// Why the connection may not serve another branch (`None`: it may): see above.

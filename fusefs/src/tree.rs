@@ -114,10 +114,12 @@ const MAX_DEVS: usize = 1 << (63 - LOWER_INO_BITS);
 static NEXT_BRANCH_INO: std::sync::atomic::AtomicU64 =
     std::sync::atomic::AtomicU64::new(BRANCH_INOS | 2);
 
+/// A device table shared by trees (see `Tree::devs`).
+type Devs = Arc<std::sync::Mutex<Vec<u64>>>;
+
 /// The device table of every tree whose root is on `root_dev` (index 0 is that device).
-fn shared_devs(root_dev: u64) -> Arc<std::sync::Mutex<Vec<u64>>> {
-    static ALL: std::sync::Mutex<Option<FxHashMap<u64, Arc<std::sync::Mutex<Vec<u64>>>>>> =
-        std::sync::Mutex::new(None);
+fn shared_devs(root_dev: u64) -> Devs {
+    static ALL: std::sync::Mutex<Option<FxHashMap<u64, Devs>>> = std::sync::Mutex::new(None);
     let mut all = ALL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);

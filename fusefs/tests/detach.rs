@@ -289,7 +289,8 @@ fn a_branch_something_refers_into_stays_attached() {
     fs::write(m.join("a.txt"), "mine\n").unwrap();
     let held = fs::File::open(m.join("d")).unwrap();
     let why = b.detach().unwrap_err();
-    // (A copy of the mount in another namespace would not keep it attached: it is aborted.)
+    // (A copy of the mount in another namespace would not keep it attached: the pool does
+    // not hand such a connection to any branch.)
     assert!(why.contains("refers into it"), "{why}");
     assert!(!b.is_detached());
     assert_eq!(fs::read_to_string(m.join("a.txt")).unwrap(), "mine\n");

@@ -30,6 +30,8 @@ struct Point {
     threads: usize,
     fds: usize,
     status_per_s: f64,
+    threads_attached: usize,
+    fds_attached: usize,
     status_errors: usize,
     status_wall_ms: f64,
     attach_p50_ms: f64,
@@ -49,6 +51,32 @@ fn meminfo(key: &str) -> i64 {
 /// (memfd contents), KiB.
 fn kernel_kib() -> i64 {
     meminfo("Slab:") + meminfo("Shmem:")
+}
+
+/// Object sizes from /proc/slabinfo (bytes), 0 where unknown.
+fn slab_size(cache: &str) -> u64 {
+    std::fs::read_to_string("/proc/slabinfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(cache))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// What an idle branch costs the kernel by count, in KiB: its content's memfd (a shmem
+/// inode, a dentry, a file, one page) and its state directory (the directory, `store/`,
+/// `owner`: three inodes and dentries of the state directory's file system; ext4 assumed).
+/// The machine-wide /proc/meminfo delta is measured too, but other processes move it by
+/// more than a branch costs.
+fn kernel_est_kib() -> f64 {
+    let (shmem, dentry, filp, ext4) = (
+        slab_size("shmem_inode_cache"),
+        slab_size("dentry"),
+        slab_size("filp"),
+        slab_size("ext4_inode_cache"),
+    );
+    (shmem + dentry + filp + 4096 + 3 * (ext4 + dentry)) as f64 / 1024.0
 }
 
 fn rss_kib() -> u64 {
@@ -91,6 +119,8 @@ fn concurrent_status(branches: &mut [Branch], n: usize, p: &mut Point) -> anyhow
         attach.push(t.elapsed().as_secs_f64() * 1e3);
         mounts.push(branches[i].mountpoint().to_path_buf());
     }
+    p.threads_attached = count("/proc/self/task");
+    p.fds_attached = count("/proc/self/fd");
     let t = Instant::now();
     let children: Vec<_> = mounts
         .iter()
@@ -237,10 +267,14 @@ fn main() -> anyhow::Result<()> {
     print!("{md}");
     let t = Instant::now();
     drop(branches);
-    eprintln!(
-        "dropping {max} branches took {:.1} s",
+    let dropped = format!(
+        "\nDropping the {max} branches took {:.1} s (mostly removing their state directories).\n",
         t.elapsed().as_secs_f64()
     );
+    eprint!("{dropped}");
+    let mut md = md;
+    md.push_str(&dropped);
+    std::fs::write(out.with_extension("md"), &md)?;
     shade_fusefs::drain_branch_pool();
     Ok(())
 }
@@ -260,7 +294,7 @@ fn table(
     );
     let _ = writeln!(
         s,
-        "| live branches | create p50 ms | create p99 ms | first attach p50 / p99 ms | detach p50 ms | holder RSS KiB | kernel Δ KiB (slab+shmem) | KiB per branch (all in) | threads | fds | {concurrent}× git status wall ms | git status/s | errors | attach p50 ms |"
+        "| live branches | create p50 ms | create p99 ms | first attach p50 / p99 ms | detach p50 ms | holder RSS KiB | kernel Δ KiB (slab+shmem) | KiB per branch (all in) | threads | fds | threads / fds with {concurrent} attached | {concurrent}× git status wall ms | git status/s | errors | attach p50 ms |"
     );
     let _ = writeln!(
         s,
@@ -269,7 +303,7 @@ fn table(
     for p in points {
         let _ = writeln!(
             s,
-            "| {} | {:.2} | {:.2} | {:.2} / {:.2} | {:.2} | {} | {} | {:.1} | {} | {} | {:.0} | {:.0} | {} | {:.2} |",
+            "| {} | {:.2} | {:.2} | {:.2} / {:.2} | {:.2} | {} | {} | {:.1} | {} | {} | {} / {} | {:.0} | {:.0} | {} | {:.2} |",
             p.branches,
             p.create_p50_ms,
             p.create_p99_ms,
@@ -281,6 +315,8 @@ fn table(
             p.per_branch_kib,
             p.threads,
             p.fds,
+            p.threads_attached,
+            p.fds_attached,
             p.status_wall_ms,
             p.status_per_s,
             p.status_errors,
