@@ -255,13 +255,25 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let live_attached = branches.iter().filter(|b| !b.is_detached()).count();
-    let md = table(
+    let mut md = table(
         &points,
         (rss0, threads0, fds0),
         pool,
         live_attached,
         concurrent,
     );
+    if let Some(last) = points.last() {
+        let holder = (last.rss_kib as f64 - rss0 as f64) / last.branches as f64;
+        let kernel = kernel_est_kib();
+        let _ = writeln!(
+            md,
+            "\nAt {} branches: holder RSS {holder:.1} KiB per branch (measured), kernel {kernel:.1} KiB \
+             per branch (by count: one memfd with one page, three state-directory inodes and \
+             dentries, object sizes from /proc/slabinfo) = {:.1} KiB all in.",
+            last.branches,
+            holder + kernel
+        );
+    }
     std::fs::write(out.with_extension("md"), &md)?;
     std::fs::write(out.with_extension("svg"), svg(&points))?;
     print!("{md}");
@@ -272,7 +284,6 @@ fn main() -> anyhow::Result<()> {
         t.elapsed().as_secs_f64()
     );
     eprint!("{dropped}");
-    let mut md = md;
     md.push_str(&dropped);
     std::fs::write(out.with_extension("md"), &md)?;
     shade_fusefs::drain_branch_pool();
@@ -298,7 +309,7 @@ fn table(
     );
     let _ = writeln!(
         s,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for p in points {
         let _ = writeln!(
