@@ -239,6 +239,15 @@ pub struct LimitsConfig {
     /// As root, its processes together (a cgroup); as a plain user, each process's address
     /// space (`RLIMIT_AS`).
     pub memory: Option<Size>,
+    /// The command's CPU weight as root (its cgroup's `cpu.weight`, 1–10000, 100 a plain
+    /// process's; 0: no cpu controller setting).
+    pub cpu_weight: Option<u32>,
+    /// The niceness (0–19) its processes start with and cannot lower.
+    pub nice: Option<u8>,
+    /// Their scheduling policy: "normal" (shade's own), "batch" or "idle".
+    pub scheduler: Option<String>,
+    /// Files each of its processes may have open (`RLIMIT_NOFILE`); 0: shade's own.
+    pub open_files: Option<u64>,
 }
 
 /// A size in the config: a number of bytes or a string such as "512MiB" or "unlimited".
@@ -289,6 +298,26 @@ impl LimitsConfig {
         }
         if let Some(secs) = self.time_limit_secs {
             l.time_limit = (secs > 0).then(|| Duration::from_secs(secs));
+        }
+        if let Some(w) = self.cpu_weight {
+            if w > 10_000 {
+                return Err(format!("cpu_weight: {w} is not between 0 and 10000"));
+            }
+            l.cpu_weight = (w > 0).then_some(w);
+        }
+        if let Some(n) = self.nice {
+            if n > 19 {
+                return Err(format!("nice: {n} is not between 0 and 19"));
+            }
+            l.nice = Some(n);
+        }
+        if let Some(n) = self.open_files {
+            l.open_files = (n > 0).then_some(n);
+        }
+        if let Some(s) = &self.scheduler {
+            l.scheduler = shade_fusefs::sandbox::Scheduler::parse(s.trim()).ok_or_else(|| {
+                format!("scheduler: {s:?} is not \"normal\", \"batch\" or \"idle\"")
+            })?;
         }
         Ok(l)
     }
@@ -613,7 +642,28 @@ mod tests {
         let err = sandbox_limits(Some(path.clone())).unwrap_err();
         assert!(err.contains("[sandbox.run] tmp_size"), "{err}");
         std::fs::write(&path, "[sandbox.run]\nmax_procs = 3\n").unwrap();
-        assert!(sandbox_limits(Some(path)).is_err());
+        assert!(sandbox_limits(Some(path.clone())).is_err());
+
+        // The CPU share: weight, niceness and policy per mode; out of range is refused.
+        std::fs::write(
+            &path,
+            "[sandbox.run]\ncpu_weight = 0\nnice = 0\nscheduler = \"normal\"\n\
+             [sandbox.speculation]\ncpu_weight = 50\nscheduler = \"batch\"\n",
+        )
+        .unwrap();
+        let (run, spec) = sandbox_limits(Some(path.clone())).unwrap();
+        assert_eq!(run.cpu_weight, None);
+        assert_eq!(run.nice, Some(0));
+        assert_eq!(run.scheduler, shade_fusefs::sandbox::Scheduler::Normal);
+        assert_eq!(spec.cpu_weight, Some(50));
+        assert_eq!(spec.nice, Limits::SPECULATION.nice);
+        assert_eq!(spec.scheduler, shade_fusefs::sandbox::Scheduler::Batch);
+        assert_eq!(spec.open_files, Some(8192));
+        assert_eq!(run.open_files, None);
+        for bad in ["nice = 20", "cpu_weight = 10001", "scheduler = \"fifo\""] {
+            std::fs::write(&path, format!("[sandbox.run]\n{bad}\n")).unwrap();
+            assert!(sandbox_limits(Some(path.clone())).is_err(), "{bad}");
+        }
         // No file: the built-in limits.
         let none = sandbox_limits(Some(dir.path().join("absent.toml")));
         assert!(

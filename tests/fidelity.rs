@@ -17,6 +17,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// A fixture whose project (and its parents) other users can reach, like a checkout.
+/// This file's tests one at a time: some make mount namespaces or watch the pool, and a
+/// namespace made by one test (an `unshare`, an unconfined or plain user's command) copies
+/// every branch mounted then, the other tests' too; the pool rightly refuses to hand a
+/// connection on while such a copy exists.
+static NAMESPACES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn namespaces_alone() -> std::sync::MutexGuard<'static, ()> {
+    NAMESPACES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn open_fixture() -> Fixture {
     let fx = Fixture::new();
     for p in [fx.tmp.path(), &fx.project] {
@@ -79,6 +91,7 @@ const AS_NOBODY: &str = "setpriv --reuid=nobody --regid=nogroup --clear-groups";
 
 #[test]
 fn other_users_in_the_command_get_what_a_real_directory_gives() {
+    let _alone = namespaces_alone();
     let fx = open_fixture();
     fx.write("pub.txt", "public\n");
     fx.write("secret.txt", "secret\n");
@@ -107,6 +120,7 @@ fn other_users_in_the_command_get_what_a_real_directory_gives() {
 
 #[test]
 fn users_outside_the_command_cannot_reach_the_branch() {
+    let _alone = namespaces_alone();
     let fx = open_fixture();
     fx.write("pub.txt", "public\n");
     let mut child = fx
@@ -146,6 +160,7 @@ fn users_outside_the_command_cannot_reach_the_branch() {
 
 #[test]
 fn setuid_and_setgid_are_dropped_as_a_local_file_system_drops_them() {
+    let _alone = namespaces_alone();
     let fx = open_fixture();
     for f in [
         "low-write",
@@ -191,6 +206,7 @@ fn setuid_and_setgid_are_dropped_as_a_local_file_system_drops_them() {
 
 #[test]
 fn hole_punching_frees_a_range_and_keeps_the_size() {
+    let _alone = namespaces_alone();
     let fx = open_fixture();
     fs::write(fx.project.join("low.bin"), "abcdefgh".repeat(4096)).unwrap();
     let script = "yes 0123456789 | head -c 40000 > new.bin; \
@@ -207,6 +223,7 @@ fn hole_punching_frees_a_range_and_keeps_the_size() {
 /// the copy must be dead, not serving a dropped branch.
 #[test]
 fn a_branch_unmounts_while_another_namespace_holds_a_copy() {
+    let _alone = namespaces_alone();
     let fx = open_fixture();
     fx.write("f.txt", "f\n");
     let b = fx.branch();
@@ -251,6 +268,94 @@ fn a_branch_unmounts_while_another_namespace_holds_a_copy() {
         String::from_utf8_lossy(&after.stderr).trim()
     );
 }
+/// A mount namespace made while a branch is mounted and then kept by a bind mount of its
+/// nsfs file, with no process in it (red team round 3): the pool's copy check looked only
+/// at processes' namespaces, handed the connection to the next branch, and `nsenter
+/// --mount=FILE` read that branch's files through the copy. Root only (binding an nsfs
+/// file needs it); the check now asks the kernel's list of namespaces.
+#[test]
+fn a_namespace_kept_without_a_process_never_sees_the_next_branch() {
+    let _alone = namespaces_alone();
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test binds an nsfs file: run it as root"
+    );
+    let fx = open_fixture();
+    fx.write("f.txt", "f\n");
+    let b1 = fx.branch();
+    let mnt1 = b1.mountpoint().to_path_buf();
+    let nsf = fx.tmp.path().join("ns");
+    fs::write(&nsf, "").unwrap();
+    let made = Command::new("unshare")
+        .args(["-m", "--propagation", "private"])
+        .arg(format!("--mount={}", nsf.display()))
+        .arg("true")
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", out(&made));
+    let through_copy = |p: &Path| {
+        Command::new("nsenter")
+            .arg(format!("--mount={}", nsf.display()))
+            .arg("cat")
+            .arg(p)
+            .output()
+            .unwrap()
+    };
+    assert_eq!(
+        through_copy(&mnt1.join("f.txt")).stdout,
+        b"f\n",
+        "no copy was made"
+    );
+    drop(b1);
+    let b2 = fx.branch();
+    fs::write(b2.mountpoint().join("s.txt"), "b2-secret\n").unwrap();
+    let seen = [mnt1.join("s.txt"), b2.mountpoint().join("s.txt")].map(|p| through_copy(&p));
+    drop(b2);
+    let _ = Command::new("umount").arg(&nsf).status();
+    for o in seen {
+        assert!(
+            !String::from_utf8_lossy(&o.stdout).contains("b2-secret"),
+            "the kept namespace reads the next branch: {}",
+            out(&o)
+        );
+    }
+}
+
+/// A sandboxed command's stage (a mount namespace made while other branches were mounted)
+/// keeps no copy of their mounts: the pool hands a branch's connection on while another
+/// command runs. Before, every root command's stage held copies of every branch mounted
+/// when it started, and no connection mounted then was reused until it ended.
+#[test]
+fn a_running_command_does_not_keep_other_branches_from_the_pool() {
+    let _alone = namespaces_alone();
+    assert!(nix::unistd::geteuid().is_root(), "run this test as root");
+    let fx = open_fixture();
+    fx.write("f.txt", "f\n");
+    let b1 = fx.branch();
+    let flag = fx.tmp.path().join("started");
+    let mut cmd = fx
+        .shade()
+        .current_dir(&fx.project)
+        .args(["run", "--", "sh", "-c"])
+        .arg(format!("touch {}; sleep 30", flag.display()))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::wait_until("the command to start", 60, || flag.exists());
+    drop(b1);
+    let b2 = fx.branch();
+    let reused = b2.reused_connection();
+    drop(b2);
+    let _ = cmd.kill();
+    let _ = cmd.wait();
+    assert!(
+        reused,
+        "the running command's stage kept the first branch's connection from the pool"
+    );
+}
+
 /// Everything `ls -l`, `stat` and `getfattr` show of a tree, by path.
 #[derive(Debug, PartialEq, Eq, Clone)]
 struct Seen {
@@ -359,6 +464,7 @@ fn differences(a: &BTreeMap<PathBuf, Seen>, b: &BTreeMap<PathBuf, Seen>) -> Vec<
 /// directory modes and creates a fifo and a socket.
 #[test]
 fn accept_gives_the_tree_the_command_gives_a_plain_directory() {
+    let _alone = namespaces_alone();
     let fx = open_fixture();
     fx.write("a.txt", "a\n");
     fx.write("keep.txt", "k\n");
@@ -494,6 +600,7 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 /// user changes those, the branch must show it as it does for unrenamed paths.
 #[test]
 fn lower_changes_show_through_a_directory_renamed_in_the_branch() {
+    let _alone = namespaces_alone();
     let fx = open_fixture();
     fx.write("d2/f", "v1");
     fx.write("d2/gone", "g");
@@ -540,6 +647,7 @@ fn lower_changes_show_through_a_directory_renamed_in_the_branch() {
 /// mount namespace, whatever the machine's own, and runs shade there as nobody.
 #[test]
 fn a_user_mounts_through_fusermount3() {
+    let _alone = namespaces_alone();
     let fx = open_fixture();
     fx.write("f.txt", "from lower\n");
     let home = fx.tmp.path().join("home");

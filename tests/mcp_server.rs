@@ -1238,3 +1238,33 @@ async fn a_client_name_cannot_forge_log_lines() {
     assert!(log.contains("mcp client x^J0000-forged"), "{log}");
     assert_no_shade_mounts(&fx.state);
 }
+
+/// The accept confirmation shows where a symbolic link the branch made points (a link at
+/// `.git/logs/HEAD` makes git append to any file), not only that the path changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_confirmation_shows_link_targets() {
+    let fx = Fixture::new();
+    fx.write("notes.txt", "one\n");
+    let client = connect(&fx, Some(ElicitationAction::Decline), &["--no-lint"]).await;
+    let b = branch(&client).await;
+    let out = ok(
+        &client,
+        "run_command",
+        json!({"branch": b, "command": "ln -s /root/.bashrc rc && echo two > notes.txt"}),
+    )
+    .await;
+    assert!(out.starts_with("Exit code: 0"), "{out}");
+    let (err, text) = call(&client, "accept_branch", json!({"branch": b})).await;
+    assert!(err && text.contains("declined"), "{text}");
+    let asked = client.service().asked.lock().unwrap().clone();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert!(asked[0].contains("A rc -> /root/.bashrc"), "{asked:?}");
+    assert!(
+        asked[0].contains("M notes.txt\n") || asked[0].ends_with("M notes.txt"),
+        "{asked:?}"
+    );
+    assert!(std::fs::symlink_metadata(fx.project.join("rc")).is_err());
+    ok(&client, "abort_branch", json!({"branch": b})).await;
+    disconnect(client).await;
+    assert_no_shade_mounts(&fx.state);
+}

@@ -2,7 +2,8 @@
 //! the branch nothing): shade's own process — which has no memory limit — must not read it
 //! whole. The real `shade exec` greps a 1000 MiB sparse file through its branch; its peak
 //! resident size (`VmHWM`, read from /proc while it runs) stays far below the file's size,
-//! and the result says how much of the file was searched. Needs root and /dev/fuse.
+//! and the result says how much of the file was searched (up to the hole, which reads as
+//! NULs). Needs root and /dev/fuse.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -88,8 +89,108 @@ fn grep_of_a_huge_sparse_file_keeps_shade_memory_bounded() {
         .next_back()
         .unwrap();
     assert!(result.contains("big.txt:1: needle"), "{result}");
+    assert!(result.contains("only up to a NUL byte"), "{result}");
+}
+
+/// Calls tool `name` of `shade mcp`; (is_error, its text).
+async fn mcp_call(
+    client: &rmcp::service::Peer<rmcp::RoleClient>,
+    name: &str,
+    args: Value,
+) -> (bool, String) {
+    let Value::Object(args) = args else {
+        panic!("arguments must be an object")
+    };
+    let params = rmcp::model::CallToolRequestParams::new(name.to_string()).with_arguments(args);
+    let result = client.call_tool(params).await.unwrap();
+    let text = result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect::<Vec<_>>()
+        .join("\n");
+    (result.is_error == Some(true), text)
+}
+
+/// The red team's route: a file of empty lines (4 M lines here; the red team's 20 M took 8
+/// calls to 2.5 GiB), and parallel read_file and edit calls on it from one client. Each
+/// call holds only the lines it shows, and in-process calls in flight are capped: `shade
+/// mcp`'s peak resident size grows by less than 8 lists of the file's lines (8 x 64 MiB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_reads_of_many_short_lines_keep_mcp_memory_bounded() {
+    use rmcp::ServiceExt;
+    let fx = common::Fixture::new();
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_shade"));
+    cmd.args(["mcp", "--no-lint"])
+        .current_dir(&fx.project)
+        .env("SHADE_STATE_DIR", fx.state.root());
+    let transport = rmcp::transport::TokioChildProcess::new(cmd).unwrap();
+    let pid = transport.id().unwrap();
+    let client = ().serve(transport).await.unwrap();
+    let (err, text) = mcp_call(client.peer(), "create_branch", json!({})).await;
+    assert!(!err, "{text}");
+    let id = text
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .trim_end_matches(|c: char| !c.is_alphanumeric())
+        .to_string();
+    let make = "head -c 4000000 /dev/zero | tr '\\0' '\\n' > nl.txt && ls -l nl.txt";
+    let (err, text) = mcp_call(
+        client.peer(),
+        "run_command",
+        json!({"branch": id, "command": make}),
+    )
+    .await;
+    assert!(!err && text.contains("4000000"), "{text}");
+    let before = peak_mib(pid);
+    let spawn = |name: &'static str, args: Value| {
+        let peer = client.peer().clone();
+        tokio::spawn(async move { mcp_call(&peer, name, args).await })
+    };
+    let reads: Vec<_> = (0..8)
+        .map(|_| {
+            spawn(
+                "read_file",
+                json!({"branch": id, "path": "nl.txt", "limit": 1}),
+            )
+        })
+        .collect();
+    // An old_string that is not in the file: edit's rule repair looks line by line.
+    let edits: Vec<_> = (0..2)
+        .map(|_| {
+            spawn(
+                "edit",
+                json!({"branch": id, "path": "nl.txt", "old_string": "  x  \n", "new_string": "y\n"}),
+            )
+        })
+        .collect();
+    let mut read_answers = Vec::new();
+    for r in reads {
+        read_answers.push(r.await.unwrap());
+    }
+    let mut edit_answers = Vec::new();
+    for e in edits {
+        edit_answers.push(e.await.unwrap());
+    }
+    let (reads, edits) = (read_answers, edit_answers);
+    let after = peak_mib(pid);
+    eprintln!("shade mcp peak RSS: {before} MiB -> {after} MiB over 8 reads and 2 edits");
+    for (err, text) in &reads {
+        assert!(!err, "{text}");
+        assert!(
+            text.contains("showing lines 1-1 of 4000000 total lines"),
+            "{text}"
+        );
+    }
+    for (err, text) in &edits {
+        assert!(err, "{text}");
+        assert!(text.contains("not found"), "{text}");
+    }
     assert!(
-        result.contains("Searched only the first 64 MiB"),
-        "{result}"
+        after.saturating_sub(before) < 100,
+        "shade mcp's peak resident size grew from {before} to {after} MiB"
     );
+    client.cancel().await.unwrap();
+    common::assert_no_shade_mounts(&fx.state);
 }

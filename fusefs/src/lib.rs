@@ -17,6 +17,7 @@ mod fusermount;
 pub mod idmap;
 mod ignore_rules;
 mod lower;
+mod mntns;
 mod node;
 pub mod outside;
 mod overlay;

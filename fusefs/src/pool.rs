@@ -644,9 +644,7 @@ impl Conn {
         if !scan {
             return None;
         }
-        referred_into(id, &self.mountpoint).or_else(|| {
-            copy_of_mount(id).map(|pid| format!("process {pid}'s mount namespace has a copy of it"))
-        })
+        referred_into(id, &self.mountpoint).or_else(|| copy_of_mount(id))
     }
 }
 
@@ -674,11 +672,25 @@ fn settled_handles(overlay: &Overlay, id: u32, mountpoint: &Path) -> usize {
     }
 }
 
-/// A process whose mount namespace holds a mount of device (0, `minor`) other than the
-/// connection's own one in ours: a namespace made (`unshare -m`, a container, a service
+/// A mount namespace that holds a mount of device (0, `minor`) other than the connection's
+/// own one in ours, said in words: a namespace made (`unshare -m`, a container, a service
 /// with private mounts) while the branch was mounted keeps a copy that would serve the next
-/// branch. One `mountinfo` read per namespace.
-fn copy_of_mount(minor: u32) -> Option<i32> {
+/// branch. Asked of the kernel's list of namespaces where it answers (root, Linux 6.11+:
+/// also one kept only by a bind mount of its nsfs file), else of the processes' ones.
+fn copy_of_mount(minor: u32) -> Option<String> {
+    if let Some(found) = crate::mntns::mounts_of(minor) {
+        return found
+            .into_iter()
+            .find(|&(_, n, ours)| n > usize::from(ours))
+            .map(|(ns, n, _)| format!("mount namespace {ns} holds {n} mount(s) of it"));
+    }
+    copy_in_a_process_namespace(minor)
+        .map(|pid| format!("process {pid}'s mount namespace has a copy of it"))
+}
+
+/// [`copy_of_mount`] from `/proc` (not root, or a kernel before 6.11): the namespaces of
+/// the processes we may look at; one without a process in it is not seen.
+fn copy_in_a_process_namespace(minor: u32) -> Option<i32> {
     let ours = std::fs::read_link("/proc/self/ns/mnt").ok();
     let dev = format!("0:{minor}");
     let count = |pid: i32| -> usize {

@@ -245,6 +245,15 @@ impl RootDir {
         File::from(fd).metadata()
     }
 
+    /// The target of symbolic link `rel` (read from its parent's descriptor, never
+    /// followed): to show the user where a link points before it is accepted.
+    pub fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
+        let rel = relative(rel)?;
+        let (dir, name) = self.parent_of(&rel)?;
+        let target = rustix::fs::readlinkat(&dir, name, Vec::new())?;
+        Ok(PathBuf::from(OsStr::from_bytes(target.as_bytes())))
+    }
+
     /// Set the permission bits of regular file `rel` (no link followed at its end).
     pub fn set_mode(&self, rel: &Path, mode: u32) -> io::Result<()> {
         let fd = self.open_beneath(

@@ -22,6 +22,7 @@ mod cgroup;
 mod child;
 pub mod env;
 mod ids;
+mod ipc;
 mod limits;
 mod outside;
 mod procs;
@@ -53,7 +54,9 @@ pub use cancel::Cancel;
 pub use capture::{Captured, Tee};
 pub use cgroup::memory_enforcement;
 pub use child::{cloexec_inherited_fds, detach_from_terminal};
-pub use limits::{configure as configure_limits, limits_helper, Limits, LIMITS_HELPER_ARG};
+pub use limits::{
+    configure as configure_limits, limits_helper, Limits, Scheduler, LIMITS_HELPER_ARG,
+};
 
 pub use crate::budget::LimitHit;
 use child::{ChildPlan, Mode};
@@ -723,8 +726,11 @@ fn process_cgroup(conf: &Confinement, spec: &RunSpec) -> Option<limits::Cgroup> 
     if !conf.root_userns() {
         return None;
     }
-    let (cgroup, missing) = limits::Cgroup::create(l.max_processes, l.memory);
+    let (cgroup, missing) = limits::Cgroup::create(l.max_processes, l.memory, l.cpu_weight);
     if let Some(m) = missing {
+        if m.cpu {
+            cgroup::warn_cpu_unset(&m.why);
+        }
         for (lost, what) in [(m.processes, "process"), (m.memory, "memory")] {
             if lost && spec.foreground {
                 eprintln!(

@@ -265,10 +265,14 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
     // the engine checks again under the project's lock (any write since changes it).
     let mut bases: BTreeMap<PathBuf, Base> = BTreeMap::new();
     let mut conflicts: BTreeMap<PathBuf, String> = BTreeMap::new();
+    // One walker for every lookup: the paths of a deep chain cost one walk, not one each.
+    let mut look = history::Lookup::new(root);
     for (p, (_, after)) in &changes {
-        let base = history::observe(root, p).map_err(|e| io(p.display(), e))?;
-        let s = history::read_state(root, p, None).map_err(|e| io(p.display(), e))?;
-        let again = history::observe(root, p).map_err(|e| io(p.display(), e))?;
+        let base = look.observe(p).map_err(|e| io(p.display(), e))?;
+        let s = look
+            .read_state_as(p, after)
+            .map_err(|e| io(p.display(), e))?;
+        let again = look.observe(p).map_err(|e| io(p.display(), e))?;
         bases.insert(p.clone(), base);
         if base != again {
             conflicts.insert(p.clone(), "being changed right now".into());
@@ -291,13 +295,21 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
         now.present() && (!before.present() || before.is_dir() != now.is_dir())
     };
     // A directory the undo removes must hold nothing the accept did not leave there.
+    // Only the outermost of nested ones is read: its tree holds theirs (`changes` is in
+    // path order, so what lies below a directory follows it), and reading each level of a
+    // deep chain again would be quadratic in its depth.
     let mut reads = Vec::new();
+    let mut read_below: Option<&PathBuf> = None;
     for (p, (before, _)) in &changes {
         let n = &now[p];
         if conflicts.contains_key(p) || !n.is_dir() || !deletes(before, n) {
             continue;
         }
-        let tree = history::read_tree(root, p, None).map_err(|e| io(p.display(), e))?;
+        if read_below.is_some_and(|q| p.starts_with(q)) {
+            continue;
+        }
+        read_below = Some(p);
+        let tree = look.read_tree(p, None).map_err(|e| io(p.display(), e))?;
         for (q, s) in tree {
             let known = changes.get(&q).is_some_and(|(_, a)| a.present());
             if !known {
@@ -306,7 +318,7 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
                     .or_insert_with(|| format!("{} created since the accept", s.kind()));
             }
         }
-        if let Base::Present(fp) = history::observe(root, p).map_err(|e| io(p.display(), e))? {
+        if let Base::Present(fp) = look.observe(p).map_err(|e| io(p.display(), e))? {
             reads.push(ReadBase {
                 path: p.clone(),
                 seen: fp,

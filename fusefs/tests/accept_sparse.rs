@@ -118,3 +118,78 @@ fn files_needing_more_room_than_is_free_are_refused_before_writing() {
         .collect();
     assert_eq!(left, ["keep"], "the project changed");
 }
+
+/// Bytes this thread has read so far (`rchar`): the work done, counted by the kernel.
+fn thread_read() -> u64 {
+    let io = std::fs::read_to_string("/proc/thread-self/io").unwrap();
+    let line = io.lines().find(|l| l.starts_with("rchar:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// History hashes and stores a sparse file by its data: replacing a 1 GiB sparse file
+/// with another reads a few blocks (each was read whole, holes and all: 2 GiB), the
+/// stored before-content is as sparse, and undo puts it back exactly.
+#[test]
+fn history_of_a_sparse_file_costs_its_data_not_its_size() {
+    const LEN: u64 = 1 << 30;
+    let env = Env::new();
+    {
+        let mut f = std::fs::File::create(env.root.join("big")).unwrap();
+        f.write_all(b"old").unwrap();
+        f.seek(SeekFrom::Start(LEN / 2)).unwrap();
+        f.write_all(b"tail").unwrap();
+        f.set_len(LEN).unwrap();
+    }
+    let base = Base::observe(&env.root.join("big")).unwrap();
+    let content = sparse(&env, "new", LEN, &[(0, b"new")]);
+    let plan = vec![PlanOp::WriteFile {
+        path: "big".into(),
+        content,
+        perms: perms(0o644),
+        base,
+        base_at: None,
+    }];
+    let before = thread_read();
+    apply(&env.root, plan, &opts(&env)).unwrap();
+    let read = thread_read() - before;
+    eprintln!("accept over a {LEN}-byte sparse file read {read} bytes");
+    assert!(read < 32 << 20, "accept read {read} bytes");
+    let objects = env.state.history();
+    let stored: u64 = walkdir(&objects);
+    assert!(stored < 16 << 20, "history holds {stored} bytes of blocks");
+    let before = thread_read();
+    shade_fusefs::undo::undo(
+        &env.state,
+        &env.root,
+        None,
+        &shade_fusefs::undo::UndoOptions::default(),
+    )
+    .unwrap();
+    let read = thread_read() - before;
+    eprintln!("its undo read {read} bytes");
+    assert!(read < 32 << 20, "undo read {read} bytes");
+    let f = std::fs::File::open(env.root.join("big")).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), LEN);
+    assert!(f.metadata().unwrap().blocks() * 512 < 4 << 20);
+    let mut b = [0u8; 4];
+    f.read_exact_at(&mut b[..3], 0).unwrap();
+    assert_eq!(&b[..3], b"old");
+    f.read_exact_at(&mut b, LEN / 2).unwrap();
+    assert_eq!(&b, b"tail");
+    env.assert_clean();
+}
+
+/// Bytes allocated (blocks) under `dir`.
+fn walkdir(dir: &std::path::Path) -> u64 {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let m = e.metadata().unwrap();
+        n += if m.is_dir() {
+            walkdir(&e.path())
+        } else {
+            m.blocks() * 512
+        };
+    }
+    n
+}

@@ -25,6 +25,16 @@ use tokio_util::sync::CancellationToken;
 use super::branches::Branches;
 use super::catalog::{self, Action};
 
+/// Agent tools that run in shade's own process (all but `run_command` and `diagnostics`,
+/// whose commands run sandboxed under their own limits) in flight at once, over every session of the process.
+/// Each call is bounded in what it reads and holds; this bounds how many there are, since a
+/// client may send any number at once (8 parallel reads of a file of empty lines once took
+/// shade to 2.5 GiB). A call past it waits its turn (and may be cancelled meanwhile).
+pub const IN_PROCESS_TOOLS_MAX: usize = 4;
+
+static IN_PROCESS_TOOLS: tokio::sync::Semaphore =
+    tokio::sync::Semaphore::const_new(IN_PROCESS_TOOLS_MAX);
+
 /// The handler of one MCP session (one client).
 #[derive(Clone)]
 pub struct ShadeServer {
@@ -226,6 +236,14 @@ impl ShadeServer {
         if entry.frozen() {
             return Err(frozen());
         }
+        // Taken before the branch's lock, so a call waiting for its turn holds up no accept.
+        let _turn = match tool.name() {
+            "shell" | "diagnostics" => None,
+            _ => tokio::select! {
+                permit = IN_PROCESS_TOOLS.acquire() => permit.ok(),
+                () = cancel.cancelled() => return Err("cancelled".into()),
+            },
+        };
         let _busy = entry.busy.read().await;
         if entry.frozen() {
             return Err(frozen());
@@ -349,15 +367,17 @@ impl ShadeServer {
         context: &RequestContext<RoleServer>,
     ) -> Answer {
         let listed = entry.clone();
-        let (changes, outside, listed_state) = blocking(move || match listed.shadow().as_ref() {
-            Some(s) => {
-                let changes = s.changeset(false).changes;
-                let state = BranchState::of(s.mountpoint(), &changes);
-                Ok((changes, s.outside(), state))
-            }
-            None => Err("the branch is being accepted or aborted".to_string()),
-        })
-        .await?;
+        let (changes, outside, listed_state, listing) =
+            blocking(move || match listed.shadow().as_ref() {
+                Some(s) => {
+                    let changes = s.changeset(false).changes;
+                    let state = BranchState::of(s.mountpoint(), &changes);
+                    let listing = lines_with_links(&changes, s.mountpoint());
+                    Ok((changes, s.outside(), state, listing))
+                }
+                None => Err("the branch is being accepted or aborted".to_string()),
+            })
+            .await?;
         let dropped = if outside.is_empty() {
             String::new()
         } else {
@@ -376,7 +396,7 @@ impl ShadeServer {
         })
         .await?;
         if !changes.is_empty() {
-            confirm(id, &self.branches, &changes, context).await?;
+            confirm(id, &self.branches, &changes, &listing, context).await?;
         }
         let entry = self.branches.remove(id).unwrap_or_else(|| entry.clone());
         let Some(shadow) = entry.shadow().take() else {
@@ -712,6 +732,7 @@ async fn confirm(
     id: &str,
     branches: &Branches,
     changes: &[Change],
+    listing: &str,
     context: &RequestContext<RoleServer>,
 ) -> Result<(), String> {
     let asks = context
@@ -725,7 +746,7 @@ async fn confirm(
         branches.project().display(),
         changes.len(),
         plural(changes.len()),
-        lines(changes)
+        listing
     );
     let schema: ElicitationSchema =
         serde_json::from_value(serde_json::json!({"type": "object", "properties": {}}))
@@ -845,6 +866,30 @@ fn lines(changes: &[Change]) -> String {
     changes
         .iter()
         .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// [`lines`] with each symbolic link's target (`-> target`), read in the branch at
+/// `mount` without following anything: the user confirms where a link points, not only
+/// that a path changed (a link at `.git/logs/HEAD` makes git write anywhere).
+fn lines_with_links(changes: &[Change], mount: &std::path::Path) -> String {
+    let files = shade_fusefs::rootdir::RootDir::open(mount).ok();
+    changes
+        .iter()
+        .map(|c| {
+            let target = files
+                .as_ref()
+                .filter(|_| c.kind != shade_fusefs::ChangeKind::Deleted)
+                .and_then(|f| f.read_link(&c.path).ok());
+            match target {
+                Some(t) => format!(
+                    "{c} -> {}",
+                    shade_fusefs::quote::quote_path(&t).into_owned()
+                ),
+                None => c.to_string(),
+            }
+        })
         .collect::<Vec<_>>()
         .join("\n")
 }

@@ -9,17 +9,20 @@
 //!   pending — nothing written, neither edit lost; the user is told in one line, the model
 //!   in the tool result; later calls go on in that branch, each accept retried, until the
 //!   user resolves it (`/accept` after reconciling, `/abort`).
-//! - **Code for the host**: a change that makes programs run code when the user works
-//!   in the project (`.git/config`, `.git/hooks/…`: a sandboxed command could set
-//!   `core.fsmonitor` for the user's next `git status`; see
-//!   [`shade_fusefs::outside::git_path_runs_code`]) is never accepted automatically: the
-//!   call is held pending like a conflict, the user is told which paths, the model in the
-//!   tool result; `/accept` writes it (after `/diff`), `/abort` drops it. The rest of git's
-//!   work (index, objects, refs) is data and accepted live.
+//! - **Code for the host**: a change that could make programs run code or write where the
+//!   branch chose when the user works in the project (`.git/config`, `.git/hooks/…`: a
+//!   sandboxed command could set `core.fsmonitor` for the user's next `git status`; a
+//!   bare-repository shape anywhere in the project; a symbolic link; see [`held_changes`])
+//!   is never accepted automatically: it is held pending like a conflict, the user is told
+//!   which paths, the model in the tool result; `/accept` writes it (after `/diff`),
+//!   `/abort` drops it. What is accepted live is an allowlist over the whole change set:
+//!   regular files and directories, and in git directories only git's data (index,
+//!   objects, refs, logs, a valid `HEAD`).
 //! - **Outside the project**: commands' writes there land in one outside layer for the
 //!   whole session (it outlives the renewed branches); listed after each turn, never
 //!   written to the host except by the user's keep rules.
 
+use std::collections::HashMap;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -167,12 +170,26 @@ impl Live {
         let Some(shadow) = st.shadow.as_ref() else {
             return AfterCall::Nothing;
         };
+        if shadow.changeset(true).changes.is_empty() {
+            return AfterCall::Nothing;
+        }
+        // What is checked must be what is accepted: nothing may write in the branch between
+        // (a command left in the background could put a link where a file was checked).
+        // The accept would kill them anyway.
+        shadow.kill_commands();
         let changes = shadow.changeset(true);
         let n = changes.changes.len();
         if n == 0 {
             return AfterCall::Nothing;
         }
-        let held = held_changes(&changes);
+        let held = match (
+            shade_fusefs::rootdir::RootDir::open(shadow.mountpoint()),
+            shade_fusefs::rootdir::RootDir::open(&self.project),
+        ) {
+            (Ok(branch), Ok(project)) => held_changes(&changes, &branch, &project),
+            // Nothing can be vouched for: all of it waits for the user.
+            _ => (0..n).collect(),
+        };
         if !held.is_empty() && !st.confirmed {
             return self.accept_holding(&mut st, changes, &held);
         }
@@ -187,7 +204,7 @@ impl Live {
 
     /// `/accept` of a pending branch: the same accept, now (refused again while the
     /// conflict stands).
-    /// Changes held because they run code ([`held_paths`]) go in now: the user asked.
+    /// Changes held ([`held_changes`]) go in now: the user asked.
     pub fn accept_now(&self) -> AfterCall {
         lock(&self.state).confirmed = true;
         let out = self.settle();
@@ -235,7 +252,7 @@ impl Live {
         let Some(copies) = st
             .shadow
             .as_ref()
-            .and_then(|s| carry(s.mountpoint(), &paths))
+            .and_then(|s| carry(s.mountpoint(), held.iter().map(|&i| &changes.changes[i])))
         else {
             return hold_all(st);
         };
@@ -259,18 +276,7 @@ impl Live {
         let picked = sel.picked_count();
         if dragged || picked == 0 || branch.check_accept_selected(FLAGS, &sel).is_err() {
             drop(leftover);
-            match Shadow::around(
-                branch,
-                self.project.clone(),
-                self.options.clone(),
-                Some(self.dir.join("outside")),
-            ) {
-                Ok(s) => st.shadow = Some(s),
-                Err(e) => {
-                    lock(&self.notices).push(format!("cannot keep the branch: {e}"));
-                    self.renew(st);
-                }
-            }
+            self.keep(st, branch);
             return hold_all(st);
         }
         let started = Instant::now();
@@ -339,18 +345,7 @@ impl Live {
                 let line = refusal(&e, n);
                 lock(&self.notices).push(line.clone());
                 st.pending = true;
-                match Shadow::around(
-                    branch,
-                    self.project.clone(),
-                    self.options.clone(),
-                    Some(self.dir.join("outside")),
-                ) {
-                    Ok(s) => st.shadow = Some(s),
-                    Err(e) => {
-                        lock(&self.notices).push(format!("cannot keep the branch: {e}"));
-                        self.renew(st);
-                    }
-                }
+                self.keep(st, branch);
                 AfterCall::Pending(line)
             }
             Err(e) => {
@@ -365,6 +360,23 @@ impl Live {
         };
         st.accepts.push(started.elapsed());
         out
+    }
+
+    /// Keep `branch` as the session's (pending) branch, wrapped again for tools; when that
+    /// fails the session goes on in a fresh branch and says so.
+    fn keep(&self, st: &mut State, branch: shade_fusefs::Branch) {
+        match Shadow::around(
+            branch,
+            self.project.clone(),
+            self.options.clone(),
+            Some(self.dir.join("outside")),
+        ) {
+            Ok(s) => st.shadow = Some(s),
+            Err(e) => {
+                lock(&self.notices).push(format!("cannot keep the branch: {e}"));
+                self.renew(st);
+            }
+        }
     }
 
     /// A fresh branch of the project (sharing the outside layer).
@@ -462,49 +474,288 @@ fn note_branch(dir: &Path, shadow: &Shadow) {
     );
 }
 
-/// The changes (indices) of `changes` that make programs run code in the project (git's
-/// config and hooks: [`shade_fusefs::outside::git_path_runs_code`]), which no automatic
-/// accept writes. A deletion runs nothing; a directory is no file git reads.
-fn held_changes(changes: &shade_fusefs::Changeset) -> Vec<usize> {
+/// The changes (indices) of `changes` that no automatic accept writes, decided over the
+/// whole change set against the branch as the call left it (`branch`) and the project as
+/// it is (`project`). An allowlist: a change goes in live only if it is a regular file or a
+/// directory, and, inside anything git could take for a git directory, plain data
+/// ([`shade_fusefs::outside::git_data`]). Held (red team rounds 3 and 4):
+/// - a symbolic link, FIFO, socket or device, new or changed (a link at `.git/logs/HEAD`
+///   makes git append to any host file);
+/// - under a directory named `.git` or with git-dir shape after the call
+///   ([`shade_fusefs::outside::git_dir_shape`], as git's discovery tests it, anywhere in
+///   the project): what is not data (config, hooks, `refs/replace/`…), a `HEAD` that is
+///   not a valid ref, a `packed-refs` naming replace refs, an index that newly marks a file
+///   assume-unchanged or skip-worktree; and the making of a new git-dir
+///   shape (its `HEAD`, `objects`, `refs`, `commondir`, or the directory renamed in);
+/// - a `.git` that is not a directory (a `gitdir:` file);
+/// - the deletion (or renaming away) of a git directory or of its `HEAD`, `objects`,
+///   `refs`, `commondir` (git would then take the next directory up, which the branch may
+///   have shaped);
+/// - a directory renamed: every path beneath it, under its new name and its old one,
+///   goes through the same rules (one `R` change stands for them all); one too big to walk
+///   is held whole.
+fn held_changes(
+    changes: &shade_fusefs::Changeset,
+    branch: &shade_fusefs::rootdir::RootDir,
+    project: &shade_fusefs::rootdir::RootDir,
+) -> Vec<usize> {
+    let mut holds = Holds {
+        branch,
+        project,
+        after: HashMap::new(),
+        before: HashMap::new(),
+    };
     changes
         .changes
         .iter()
         .enumerate()
-        .filter(|(_, c)| c.kind != shade_fusefs::ChangeKind::Deleted && !c.is_dir)
-        .filter(|(_, c)| shade_fusefs::outside::git_path_runs_code(&c.path))
+        .filter(|(_, c)| holds.held(c))
         .map(|(i, _)| i)
         .collect()
+}
+
+/// Most entries a renamed directory may hold for [`held_changes`] to check them one by one;
+/// a bigger one is held whole.
+const WALK_MAX: usize = 200_000;
+
+/// Most bytes of a git index read to check it; a bigger one is held.
+const INDEX_MAX: u64 = 512 << 20;
+
+/// Most bytes of a `HEAD` or `packed-refs` read to check it; a bigger one is held.
+const REFS_MAX: u64 = 64 << 20;
+
+/// [`held_changes`]' view of the branch (after) and the project (before), with the
+/// git-dir shapes found so far.
+struct Holds<'a> {
+    branch: &'a shade_fusefs::rootdir::RootDir,
+    project: &'a shade_fusefs::rootdir::RootDir,
+    after: HashMap<PathBuf, bool>,
+    before: HashMap<PathBuf, bool>,
+}
+
+/// What makes a directory a git directory: a new one of these in a git-dir shape is its
+/// making, a deleted one its unmaking.
+fn git_dir_sign(name: &str) -> bool {
+    use shade_fusefs::outside::{GIT_DIR_COMMONDIR, GIT_DIR_HEAD, GIT_DIR_STORES};
+    name == GIT_DIR_HEAD || name == GIT_DIR_COMMONDIR || GIT_DIR_STORES.contains(&name)
+}
+
+/// `path`'s components below `dir` as text (a name that is not UTF-8 matches no rule).
+fn rest_below<'p>(path: &'p Path, dir: &Path) -> Vec<&'p str> {
+    path.strip_prefix(dir)
+        .map(|r| {
+            r.components()
+                .map(|c| c.as_os_str().to_str().unwrap_or("\u{fffd}"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn named_dot_git(path: &Path) -> bool {
+    path.file_name().is_some_and(|n| n == ".git")
+}
+
+impl Holds<'_> {
+    fn held(&mut self, c: &shade_fusefs::Change) -> bool {
+        use shade_fusefs::ChangeKind;
+        match c.kind {
+            ChangeKind::Deleted => self.deletion_held(&c.path),
+            ChangeKind::Renamed => {
+                if c.old_path.as_deref().is_some_and(|o| self.deletion_held(o)) {
+                    return true;
+                }
+                if c.is_dir {
+                    self.renamed_dir_held(&c.path, c.old_path.as_deref())
+                } else {
+                    self.write_held(&c.path)
+                }
+            }
+            ChangeKind::Added | ChangeKind::Modified => self.write_held(&c.path),
+        }
+    }
+
+    /// Whether directory `dir` has git-dir shape in the branch (`after`) or the project.
+    fn shaped(&mut self, dir: &Path, after: bool) -> bool {
+        let (cache, tree) = if after {
+            (&mut self.after, self.branch)
+        } else {
+            (&mut self.before, self.project)
+        };
+        *cache.entry(dir.to_path_buf()).or_insert_with(|| {
+            shade_fusefs::outside::git_dir_shape(|n| tree.symlink_metadata(&dir.join(n)).is_ok())
+        })
+    }
+
+    /// Whether `dir` has git-dir shape after the call but had none before.
+    fn newly_shaped(&mut self, dir: &Path) -> bool {
+        self.shaped(dir, true) && !self.shaped(dir, false)
+    }
+
+    /// The directories above `path` (nearest first, the project root last) that git may
+    /// take for a git directory: named `.git`, or with git-dir shape (after the call, or
+    /// before it for `before`).
+    fn git_dirs_above(&mut self, path: &Path, after: bool) -> Vec<PathBuf> {
+        path.ancestors()
+            .skip(1)
+            .map(Path::to_path_buf)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .filter(|d| named_dot_git(d) || self.shaped(d, after))
+            .collect()
+    }
+
+    /// `path` gone (deleted, or the old name of a rename).
+    fn deletion_held(&mut self, path: &Path) -> bool {
+        if named_dot_git(path) || self.shaped(path, false) {
+            return true;
+        }
+        self.git_dirs_above(path, false)
+            .iter()
+            .any(|g| matches!(rest_below(path, g).as_slice(), [n] if git_dir_sign(n)))
+    }
+
+    /// `path` as the branch has it now (added, changed, or the new name of a rename).
+    fn write_held(&mut self, path: &Path) -> bool {
+        let Ok(meta) = self.branch.symlink_metadata(path) else {
+            // Gone again, or unreadable: nothing to vouch for.
+            return true;
+        };
+        let ft = meta.file_type();
+        if !(ft.is_file() || ft.is_dir()) {
+            return true;
+        }
+        if named_dot_git(path) && !ft.is_dir() {
+            return true;
+        }
+        if ft.is_dir() && self.newly_shaped(path) {
+            return true;
+        }
+        for g in self.git_dirs_above(path, true) {
+            let rest = rest_below(path, &g);
+            if rest.first().is_some_and(|n| git_dir_sign(n)) && self.newly_shaped(&g) {
+                return true;
+            }
+            if !ft.is_file() {
+                continue;
+            }
+            if !shade_fusefs::outside::git_data(&rest) {
+                return true;
+            }
+            let bad = |bytes: std::io::Result<Vec<u8>>, ok: &dyn Fn(&[u8]) -> bool| {
+                bytes.map(|b| !ok(&b)).unwrap_or(true)
+            };
+            if rest == [shade_fusefs::outside::GIT_DIR_HEAD]
+                && bad(
+                    self.branch.read_at_most(path, REFS_MAX),
+                    &shade_fusefs::outside::git_head_valid,
+                )
+            {
+                return true;
+            }
+            if rest == ["index"] && self.index_hides(path) {
+                return true;
+            }
+            if rest.last() == Some(&"packed-refs")
+                && bad(self.branch.read_at_most(path, REFS_MAX), &|b: &[u8]| {
+                    !b.windows(13).any(|w| w == b"refs/replace/")
+                })
+            {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Whether the git index at `path` marks a file assume-unchanged or skip-worktree that
+    /// the project's index there did not (`git status` and `git diff` would not show that
+    /// file's edits), or cannot be read.
+    fn index_hides(&self, path: &Path) -> bool {
+        let read = |tree: &shade_fusefs::rootdir::RootDir| {
+            tree.read_at_most(path, INDEX_MAX)
+                .ok()
+                .and_then(|b| shade_fusefs::outside::git_index_hidden(&b))
+        };
+        let Some(now) = read(self.branch) else {
+            return true;
+        };
+        let before = read(self.project).unwrap_or_default();
+        now.iter().any(|p| !before.contains(p))
+    }
+
+    /// A directory renamed from `old` to `new`: itself, then every path beneath it under
+    /// both names.
+    fn renamed_dir_held(&mut self, new: &Path, old: Option<&Path>) -> bool {
+        if self.write_held(new) {
+            return true;
+        }
+        let mut dirs = vec![PathBuf::new()];
+        let mut seen = 0usize;
+        while let Some(rel) = dirs.pop() {
+            let Ok(entries) = self.branch.read_dir(&new.join(&rel)) else {
+                return true;
+            };
+            for e in entries {
+                seen += 1;
+                if seen > WALK_MAX {
+                    return true;
+                }
+                let rel = rel.join(&e.name);
+                if old.is_some_and(|o| self.deletion_held(&o.join(&rel)))
+                    || self.write_held(&new.join(&rel))
+                {
+                    return true;
+                }
+                if e.kind == shade_fusefs::rootdir::Kind::Dir {
+                    dirs.push(rel);
+                }
+            }
+        }
+        false
+    }
 }
 
 /// The most of one held file carried into the next branch (git's config and hooks are
 /// small; anything larger keeps the whole call pending instead).
 const CARRY_MAX: u64 = 1 << 20;
 
-/// A held file as the branch has it: path, content, permission bits.
-type Carried = (PathBuf, Vec<u8>, u32);
+/// A held file as the branch has it: path, content (None: a new directory), permission
+/// bits.
+type Carried = (PathBuf, Option<Vec<u8>>, u32);
 
-/// The held `paths` read out of the branch at `mount` (beneath its descriptor), or None
-/// if one is not a regular file of at most [`CARRY_MAX`] bytes (a link, a directory).
-fn carry(mount: &Path, paths: &[PathBuf]) -> Option<Vec<Carried>> {
+/// The `held` changes read out of the branch at `mount` (beneath its descriptor), or None
+/// if one is neither a regular file of at most [`CARRY_MAX`] bytes nor a directory made
+/// in the branch (a link, a deletion, a directory renamed with what it holds).
+fn carry<'c>(
+    mount: &Path,
+    held: impl Iterator<Item = &'c shade_fusefs::Change>,
+) -> Option<Vec<Carried>> {
     use std::os::unix::fs::PermissionsExt;
     let files = shade_fusefs::rootdir::RootDir::open(mount).ok()?;
-    paths
-        .iter()
-        .map(|p| {
-            let meta = files.symlink_metadata(p).ok()?;
-            if !meta.is_file() {
-                return None;
-            }
-            let bytes = files.read_at_most(p, CARRY_MAX).ok()?;
-            Some((p.clone(), bytes, meta.permissions().mode() & 0o7777))
-        })
-        .collect()
+    held.map(|c| {
+        let p = &c.path;
+        let meta = files.symlink_metadata(p).ok()?;
+        let mode = meta.permissions().mode() & 0o7777;
+        if meta.is_dir() && c.kind == shade_fusefs::ChangeKind::Added {
+            return Some((p.clone(), None, mode));
+        }
+        if !meta.is_file() || c.kind == shade_fusefs::ChangeKind::Deleted {
+            return None;
+        }
+        let bytes = files.read_at_most(p, CARRY_MAX).ok()?;
+        Some((p.clone(), Some(bytes), mode))
+    })
+    .collect()
 }
 
-/// Write `copies` into the branch at `mount` (beneath its descriptor), modes included.
+/// Write `copies` into the branch at `mount` (beneath its descriptor), files' modes
+/// included.
 fn plant(mount: &Path, copies: &[Carried]) -> std::io::Result<()> {
     let files = shade_fusefs::rootdir::RootDir::open(mount)?;
     for (path, bytes, mode) in copies {
+        let Some(bytes) = bytes else {
+            files.create_dir_all(path)?;
+            continue;
+        };
         if let Some(dir) = path.parent() {
             files.create_dir_all(dir)?;
         }
@@ -514,17 +765,23 @@ fn plant(mount: &Path, copies: &[Carried]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// One line for an accept held because it would plant code for the host.
+/// One line for an accept held by [`held_changes`].
 fn held_line(held: &[PathBuf], n: usize) -> String {
-    let paths: Vec<String> = held
+    const SHOWN: usize = 8;
+    let mut paths: Vec<String> = held
         .iter()
+        .take(SHOWN)
         .map(|p| shade_fusefs::quote::quote_path(p).into_owned())
         .collect();
+    if held.len() > SHOWN {
+        paths.push(format!("{} more", held.len() - SHOWN));
+    }
     format!(
-        "held, not accepted: {} makes programs run code on the host (git runs it: {}); the \
-         branch keeps its {} pending, nothing written (/diff shows them, /accept writes them, \
-         /abort drops them)",
-        if paths.len() == 1 {
+        "held, not accepted: {} could make programs on the host run code or write where the \
+         branch chose (git's config, hooks, repository shape, links: {}); the branch keeps \
+         its {} pending, nothing written (/diff shows them, /accept writes them, /abort drops \
+         them)",
+        if held.len() == 1 {
             "a change"
         } else {
             "changes"
@@ -650,5 +907,271 @@ impl Tool for LiveTool {
                 Err(e) => Err(e),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use shade_fusefs::rootdir::RootDir;
+    use shade_fusefs::{Change, ChangeKind, Changeset};
+
+    /// A project (before) and the branch after a call (after), as two trees.
+    struct Trees {
+        before: tempfile::TempDir,
+        after: tempfile::TempDir,
+    }
+
+    fn write(root: &Path, rel: &str, content: &str) {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+
+    /// A git directory's skeleton at `dir` ("" for the root).
+    fn git_dir(root: &Path, dir: &str) {
+        let d = root.join(dir);
+        let at = |rel: &str| {
+            d.join(rel)
+                .strip_prefix(root)
+                .unwrap()
+                .display()
+                .to_string()
+        };
+        write(root, &at("HEAD"), "ref: refs/heads/main\n");
+        write(root, &at("config"), "[core]\n\tbare = false\n");
+        write(
+            root,
+            &at("refs/heads/main"),
+            &format!("{}\n", "a".repeat(40)),
+        );
+        write(root, &at("objects/aa/bb"), "blob");
+    }
+
+    impl Trees {
+        /// Both trees: a project with `.git` and `notes.txt`.
+        fn new() -> Trees {
+            let t = Trees {
+                before: tempfile::tempdir().unwrap(),
+                after: tempfile::tempdir().unwrap(),
+            };
+            for root in [t.before.path(), t.after.path()] {
+                git_dir(root, ".git");
+                write(root, "notes.txt", "one\n");
+                write(root, "src/m.c", "x\n");
+            }
+            t
+        }
+
+        fn a(&self) -> &Path {
+            self.after.path()
+        }
+
+        /// The indices [`held_changes`] holds of `changes`.
+        fn held(&self, changes: Vec<Change>) -> Vec<usize> {
+            let set = Changeset { changes };
+            held_changes(
+                &set,
+                &RootDir::open(self.after.path()).unwrap(),
+                &RootDir::open(self.before.path()).unwrap(),
+            )
+        }
+    }
+
+    fn ch(kind: ChangeKind, path: &str) -> Change {
+        Change::new(kind, PathBuf::from(path), None, false)
+    }
+
+    fn renamed_dir(from: &str, to: &str) -> Change {
+        Change::new(
+            ChangeKind::Renamed,
+            PathBuf::from(to),
+            Some(PathBuf::from(from)),
+            true,
+        )
+    }
+
+    #[test]
+    fn plain_edits_and_git_data_go_in_live() {
+        let t = Trees::new();
+        write(t.a(), "notes.txt", "two\n");
+        // An empty version-2 index (header, no entries, checksum).
+        write(
+            t.a(),
+            ".git/index",
+            &format!("DIRC\0\0\0\x02\0\0\0\0{}", "\0".repeat(20)),
+        );
+        write(t.a(), ".git/objects/cc/dd", "blob");
+        write(
+            t.a(),
+            ".git/refs/heads/main",
+            &format!("{}\n", "b".repeat(40)),
+        );
+        write(t.a(), ".git/logs/HEAD", "log\n");
+        write(t.a(), ".git/HEAD", "ref: refs/heads/other\n");
+        write(t.a(), "new/dir/file.rs", "fn main() {}\n");
+        std::fs::rename(t.a().join("src"), t.a().join("lib")).unwrap();
+        let held = t.held(vec![
+            ch(ChangeKind::Modified, "notes.txt"),
+            ch(ChangeKind::Added, ".git/index"),
+            ch(ChangeKind::Added, ".git/objects/cc/dd"),
+            ch(ChangeKind::Modified, ".git/refs/heads/main"),
+            ch(ChangeKind::Added, ".git/logs/HEAD"),
+            ch(ChangeKind::Modified, ".git/HEAD"),
+            ch(ChangeKind::Added, "new/dir/file.rs"),
+            renamed_dir("src", "lib"),
+        ]);
+        assert!(held.is_empty(), "{held:?}");
+    }
+
+    /// Round 4, route 1: `.git/HEAD` made invalid and a bare-repository shape at the root
+    /// (or in `src/`) with its own config.
+    #[test]
+    fn a_bare_repository_shape_and_a_broken_head_are_held() {
+        let t = Trees::new();
+        write(t.a(), ".git/HEAD", "tidy: 1\n");
+        git_dir(t.a(), "");
+        write(t.a(), "index", "DIRC");
+        let held = t.held(vec![
+            ch(ChangeKind::Modified, ".git/HEAD"),
+            ch(ChangeKind::Added, "HEAD"),
+            ch(ChangeKind::Added, "config"),
+            ch(ChangeKind::Added, "objects/aa/bb"),
+            ch(ChangeKind::Added, "refs/heads/main"),
+        ]);
+        assert_eq!(held, vec![0, 1, 2, 3, 4]);
+
+        let t = Trees::new();
+        git_dir(t.a(), "src");
+        write(t.a(), "notes.txt", "two\n");
+        let held = t.held(vec![
+            ch(ChangeKind::Modified, "notes.txt"),
+            ch(ChangeKind::Added, "src/HEAD"),
+            ch(ChangeKind::Added, "src/config"),
+            ch(ChangeKind::Added, "src/objects/aa/bb"),
+            ch(ChangeKind::Added, "src/refs/heads/main"),
+        ]);
+        assert_eq!(held, vec![1, 2, 3, 4]);
+        // A linked-worktree shape (HEAD and commondir) too.
+        let t = Trees::new();
+        write(t.a(), "w/HEAD", "ref: refs/heads/main\n");
+        write(t.a(), "w/commondir", "../.cache\n");
+        let held = t.held(vec![
+            ch(ChangeKind::Added, "w/HEAD"),
+            ch(ChangeKind::Added, "w/commondir"),
+        ]);
+        assert_eq!(held, vec![0, 1]);
+        // A `.git` file (gitdir:).
+        let t = Trees::new();
+        write(t.a(), "sub/.git", "gitdir: ../elsewhere\n");
+        assert_eq!(t.held(vec![ch(ChangeKind::Added, "sub/.git")]), vec![0]);
+    }
+
+    /// Round 4, route 2: a directory renamed is one change; what it carries is checked.
+    #[test]
+    fn a_directory_renamed_into_or_out_of_git_is_checked_beneath() {
+        let t = Trees::new();
+        git_dir(t.before.path(), ".cache/g");
+        std::fs::rename(t.a().join(".git"), t.a().join(".cache_old")).unwrap();
+        git_dir(t.a(), ".git");
+        write(t.a(), ".git/config", "[core]\n\tfsmonitor = \"id\"\n");
+        let held = t.held(vec![
+            renamed_dir(".git", ".cache_old"),
+            renamed_dir(".cache/g", ".git"),
+        ]);
+        assert_eq!(held, vec![0, 1]);
+
+        let t = Trees::new();
+        write(t.before.path(), "tools/pre-commit", "#!/bin/sh\nid\n");
+        write(t.a(), ".git/hooks/pre-commit", "#!/bin/sh\nid\n");
+        assert_eq!(t.held(vec![renamed_dir("tools", ".git/hooks")]), vec![0]);
+        // Deep below the renamed directory.
+        let t = Trees::new();
+        write(t.a(), "x/a/b/.git/hooks/post-checkout", "#!/bin/sh\n");
+        assert_eq!(t.held(vec![renamed_dir("y", "x")]), vec![0]);
+        // A plain tree renamed goes in.
+        let t = Trees::new();
+        write(t.a(), "lib2/a/b.rs", "x\n");
+        assert!(t.held(vec![renamed_dir("lib", "lib2")]).is_empty());
+    }
+
+    /// Round 4, route 4: a link at a data path, and links anywhere.
+    #[test]
+    fn links_are_held_wherever_they_are() {
+        let t = Trees::new();
+        std::fs::create_dir_all(t.a().join(".git/logs")).unwrap();
+        std::os::unix::fs::symlink("/root/.bashrc", t.a().join(".git/logs/HEAD")).unwrap();
+        std::os::unix::fs::symlink("notes.txt", t.a().join("link")).unwrap();
+        write(
+            t.a(),
+            ".git/refs/heads/x;id>M;",
+            &format!("{}\n", "a".repeat(40)),
+        );
+        write(t.a(), ".git/HEAD", "ref: refs/heads/x;id>M;\n");
+        let held = t.held(vec![
+            ch(ChangeKind::Added, ".git/logs/HEAD"),
+            ch(ChangeKind::Added, "link"),
+            ch(ChangeKind::Added, ".git/refs/heads/x;id>M;"),
+            ch(ChangeKind::Modified, ".git/HEAD"),
+        ]);
+        assert_eq!(held, vec![0, 1]);
+        // A link carried in by a renamed directory.
+        let t = Trees::new();
+        std::fs::create_dir_all(t.a().join("d")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", t.a().join("d/l")).unwrap();
+        assert_eq!(t.held(vec![renamed_dir("e", "d")]), vec![0]);
+    }
+
+    /// Round 4, route 5: replace refs (loose or packed) and their kin.
+    #[test]
+    fn replace_refs_grafts_and_alternates_are_held() {
+        let t = Trees::new();
+        let sha = "c".repeat(40);
+        write(
+            t.a(),
+            &format!(".git/refs/replace/{sha}"),
+            &format!("{sha}\n"),
+        );
+        write(
+            t.a(),
+            ".git/packed-refs",
+            &format!("# pack-refs with: peeled\n{sha} refs/replace/{sha}\n"),
+        );
+        write(t.a(), ".git/info/grafts", "x\n");
+        write(t.a(), ".git/shallow", "x\n");
+        write(t.a(), ".git/objects/info/alternates", "/tmp/x\n");
+        let held = t.held(vec![
+            ch(ChangeKind::Added, &format!(".git/refs/replace/{sha}")),
+            ch(ChangeKind::Added, ".git/packed-refs"),
+            ch(ChangeKind::Added, ".git/info/grafts"),
+            ch(ChangeKind::Added, ".git/shallow"),
+            ch(ChangeKind::Added, ".git/objects/info/alternates"),
+        ]);
+        assert_eq!(held, vec![0, 1, 2, 3, 4]);
+        let t = Trees::new();
+        write(
+            t.a(),
+            ".git/packed-refs",
+            &format!("{} refs/heads/main\n", "d".repeat(40)),
+        );
+        assert!(t
+            .held(vec![ch(ChangeKind::Added, ".git/packed-refs")])
+            .is_empty());
+    }
+
+    /// Unmaking a git directory (git would go on to the next one up) is held.
+    #[test]
+    fn deleting_a_git_directory_or_its_signs_is_held() {
+        let t = Trees::new();
+        std::fs::remove_file(t.a().join(".git/HEAD")).unwrap();
+        std::fs::remove_file(t.a().join(".git/objects/aa/bb")).unwrap();
+        let held = t.held(vec![
+            ch(ChangeKind::Deleted, ".git/HEAD"),
+            ch(ChangeKind::Deleted, ".git/objects/aa/bb"),
+            ch(ChangeKind::Deleted, "notes.txt"),
+            Change::new(ChangeKind::Deleted, PathBuf::from(".git"), None, true),
+        ]);
+        assert_eq!(held, vec![0, 3]);
     }
 }

@@ -192,8 +192,14 @@ fn rule_repair(ws: &crate::workspace::Workspace, p: &Params) -> Repair {
     };
     let expected = p.expected_replacements.unwrap_or(1);
     let current = match ws.resolve(&p.path).map(|path| {
-        ws.files()
-            .and_then(|f| f.read_to_string(ws.relative(&path)))
+        ws.files().and_then(|f| {
+            f.read_at_most(ws.relative(&path), super::read_file::MAX_FILE_BYTES)
+                .and_then(|b| {
+                    String::from_utf8(b).map_err(|e| {
+                        std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string())
+                    })
+                })
+        })
     }) {
         Ok(Ok(current)) => current,
         _ => return Repair::AsGiven(Err(error)),
@@ -309,6 +315,17 @@ fn compute(ws: &crate::workspace::Workspace, p: &Params) -> Result<Change, ToolE
         }
         .into());
     }
+    // The result is worked out in memory: a short old_string found millions of times
+    // (a file of empty lines) times a long new_string would be any size.
+    let new_len = (current.len() - found * p.old_string.len())
+        .saturating_add(found.saturating_mul(p.new_string.len()));
+    if new_len as u64 > super::read_file::MAX_FILE_BYTES {
+        return Err(ToolError::Failed(format!(
+            "the edit would make {shown} {new_len} bytes, more than the {} an edit writes; \
+             use shell to make it",
+            super::read_file::MAX_FILE_BYTES
+        )));
+    }
     let new = current.replace(&p.old_string, &p.new_string);
     Ok(Change {
         path,
@@ -355,4 +372,31 @@ fn apply(ws: &crate::workspace::Workspace, p: Params) -> Result<ToolOutput, Tool
         display.push_str(", repaired");
     }
     Ok(ToolOutput { content, display })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A one-byte old_string found a million times, times a long new_string: refused
+    /// before the result is made, not written.
+    #[test]
+    fn an_edit_cannot_multiply_a_file() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("f.txt"), "\n".repeat(1 << 20)).unwrap();
+        let ws = crate::workspace::Workspace::new(t.path()).unwrap();
+        let p = Params {
+            path: "f.txt".into(),
+            old_string: "\n".into(),
+            new_string: "y".repeat(64),
+            expected_replacements: Some(1 << 20),
+        };
+        let err = compute(&ws, &p).err().unwrap();
+        assert!(err.to_string().contains("more than the"), "{err}");
+        assert_eq!(
+            std::fs::metadata(t.path().join("f.txt")).unwrap().len(),
+            1 << 20
+        );
+    }
 }

@@ -89,6 +89,10 @@ pub fn edit_by_rule(current: &str, old: &str, new: &str, expected: usize) -> Opt
     None
 }
 
+/// The most line comparisons one rule makes: an `old_string` of many lines against a file of
+/// many similar ones is their product; past it the rule gives up (no repair).
+const COMPARE_MAX: usize = 50_000_000;
+
 /// Match `old` line by line under `norm`; the matched lines of the file become the new
 /// `old_string` and `new` is re-indented by the difference in indentation.
 fn by_lines(current: &str, old: &str, new: &str, expected: usize, norm: Norm) -> Option<EditFix> {
@@ -97,42 +101,56 @@ fn by_lines(current: &str, old: &str, new: &str, expected: usize, norm: Norm) ->
         return None;
     }
     let keep_last_newline = old.ends_with('\n');
-    let lines: Vec<(usize, &str)> = current
-        .split_inclusive('\n')
-        .scan(0usize, |at, l| {
-            let start = *at;
-            *at += l.len();
-            Some((start, l))
-        })
-        .collect();
     fn bare(l: &str) -> &str {
         l.trim_end_matches('\n').trim_end_matches('\r')
     }
-    let mut regions = Vec::new();
-    let mut i = 0;
-    while i + want.len() <= lines.len() {
-        let fits = want
-            .iter()
-            .zip(&lines[i..])
-            .all(|(w, (_, l))| norm(bare(w)) == norm(bare(l)));
-        if !fits {
-            i += 1;
-            continue;
+    // Streamed over the file's lines, holding no list of them nor of the places found (a
+    // file of empty lines is millions of lines): the first place found, and how many.
+    let at = |l: &str| l.as_ptr() as usize - current.as_ptr() as usize;
+    let mut lines = current.split_inclusive('\n');
+    let mut found: Option<&str> = None;
+    let mut count = 0usize;
+    let mut compared = 0usize;
+    loop {
+        let mut window = lines.clone();
+        let mut last = None;
+        let fits = want.iter().all(|w| {
+            compared += 1;
+            match window.next() {
+                Some(l) if norm(bare(w)) == norm(bare(l)) => {
+                    last = Some(l);
+                    true
+                }
+                _ => false,
+            }
+        });
+        if compared > COMPARE_MAX {
+            return None;
         }
-        let (start, _) = lines[i];
-        let (last_start, last) = lines[i + want.len() - 1];
-        let end = if keep_last_newline {
-            last_start + last.len()
-        } else {
-            last_start + bare(last).len()
-        };
-        regions.push(&current[start..end]);
-        i += want.len();
+        match (fits, last, lines.clone().next()) {
+            (true, Some(last), Some(first)) => {
+                let start = at(first);
+                let end = if keep_last_newline {
+                    at(last) + last.len()
+                } else {
+                    at(last) + bare(last).len()
+                };
+                let region = &current[start..end];
+                count += 1;
+                if count > expected || found.is_some_and(|f| f != region) {
+                    return None;
+                }
+                found = Some(region);
+                lines = window;
+            }
+            _ => {
+                if lines.next().is_none() {
+                    break;
+                }
+            }
+        }
     }
-    if regions.len() != expected || regions.iter().any(|r| *r != regions[0]) {
-        return None;
-    }
-    let found = regions[0].to_string();
+    let found = found.filter(|_| count == expected)?.to_string();
     if found == old || current.matches(found.as_str()).count() != expected {
         return None;
     }

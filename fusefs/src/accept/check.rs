@@ -7,7 +7,7 @@
 //! either way, so a `Present` base may match at the literal or the pre-rename place), and a
 //! path the plan itself deleted or created earlier is not compared with lower again.
 
-use super::safe_path::{base_matches, invalid_reason, observe, rebase, Seen};
+use super::safe_path::{base_matches, invalid_reason, rebase, Seen, Walker};
 use super::{sys, AcceptError, Conflict};
 use crate::fingerprint::Base;
 use crate::plan::{PlanOp, ReadBase};
@@ -88,6 +88,9 @@ fn prefix(p: &Path, n: usize) -> PathBuf {
 
 struct Sim {
     root: RawFd,
+    /// Lookups in the project keep the directories of the last one open: a plan for a
+    /// chain `d` levels deep opens each level once, not once per op below it.
+    walker: std::cell::RefCell<Walker>,
     planned: Planning,
     /// Earlier directory renames, (from, to), in order.
     renames: Vec<(PathBuf, PathBuf)>,
@@ -96,6 +99,11 @@ struct Sim {
 }
 
 impl Sim {
+    /// What is at `p` in the project (never following a symlink).
+    fn observe(&self, p: &Path) -> io::Result<Seen> {
+        self.walker.borrow_mut().observe(p)
+    }
+
     fn set(&mut self, p: &Path, k: Planned) {
         self.planned.set(p, k);
     }
@@ -159,7 +167,7 @@ impl Sim {
             });
         }
         let mb = self.map_back(p);
-        let seen = observe(self.root, &mb).map_err(|e| Self::io(&mb, e))?;
+        let seen = self.observe(&mb).map_err(|e| Self::io(&mb, e))?;
         if let Seen::Blocked { .. } = seen {
             // The plan may itself replace the blocking parent (delete the symlink, mkdir).
             let replaced = above
@@ -174,14 +182,12 @@ impl Sim {
 
     /// Whether `base` still holds for `p`, and what was found there.
     fn holds(&self, p: &Path, base: &Base) -> Result<(bool, Base), AcceptError> {
-        let lit = observe(self.root, p).map_err(|e| Self::io(p, e))?.base();
+        let lit = self.observe(p).map_err(|e| Self::io(p, e))?.base();
         let mb = self.map_back(p);
         let mapped = if mb == p {
             lit
         } else {
-            observe(self.root, &mb)
-                .map_err(|e| Self::io(&mb, e))?
-                .base()
+            self.observe(&mb).map_err(|e| Self::io(&mb, e))?.base()
         };
         let found = if matches!(mapped, Base::Present(_)) {
             mapped
@@ -209,7 +215,7 @@ impl Sim {
 
     /// Whether `base` still holds where it was observed (`at`, before any op runs).
     fn holds_at(&self, at: &Path, base: &Base) -> Result<(bool, Base), AcceptError> {
-        let now = observe(self.root, at).map_err(|e| Self::io(at, e))?.base();
+        let now = self.observe(at).map_err(|e| Self::io(at, e))?.base();
         Ok((base_matches(base, &now), now))
     }
 
@@ -224,9 +230,7 @@ impl Sim {
             return Ok(Base::Absent);
         }
         let mb = self.map_back(p);
-        Ok(observe(self.root, &mb)
-            .map_err(|e| Self::io(&mb, e))?
-            .base())
+        Ok(self.observe(&mb).map_err(|e| Self::io(&mb, e))?.base())
     }
 }
 
@@ -237,7 +241,7 @@ impl Sim {
         let st = if p.as_os_str().is_empty() {
             sys::lstat_at(self.root, std::ffi::OsStr::new("."))
         } else {
-            let (dir, name) = super::safe_path::open_parent(self.root, p, false).ok()?;
+            let (dir, name) = self.walker.borrow_mut().open_parent(p).ok()?;
             sys::lstat_at(dir.as_raw_fd(), &name)
         };
         st.ok().flatten().map(|st| (st.st_uid, st.st_gid))
@@ -360,6 +364,7 @@ pub fn preflight(
         .collect();
     let mut sim = Sim {
         root,
+        walker: std::cell::RefCell::new(Walker::new(root)),
         planned: Planning::default(),
         renames: Vec::new(),
         known,
@@ -477,7 +482,7 @@ pub fn preflight(
                 // The project root's own listing.
                 Seen::Base(sys::fstat(root).map_err(|e| Sim::io(&r.path, e))?)
             } else {
-                observe(root, &r.path).map_err(|e| Sim::io(&r.path, e))?
+                sim.observe(&r.path).map_err(|e| Sim::io(&r.path, e))?
             };
             let now = match seen {
                 Seen::Blocked { at } => Base::Present(at),

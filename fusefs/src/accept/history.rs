@@ -12,7 +12,7 @@
 //! older entry is *evicted* (its contents dropped, its record kept so `shade log` can say
 //! it can no longer be undone), never one whose journal is still live.
 
-use super::safe_path::{open_dir, open_parent, rebase};
+use super::safe_path::{rebase, Walker};
 use super::sys;
 use crate::plan::{PlanOp, Timestamp};
 use serde::{Deserialize, Serialize};
@@ -324,8 +324,76 @@ fn hex(d: &[u8]) -> String {
     d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Hash a whole file from its start.
+/// Blocks of the sparse content hash ([`hash_file`]): a block all zeros (a hole, or
+/// zeros written) is left out of it.
+const BLOCK: u64 = 64 << 10;
+
+/// Marks a content hash of the sparse form. Records made before it have the plain SHA-256
+/// of the whole content (64 hex digits): they are still compared (and undone) by that
+/// form ([`Lookup::read_state_as`]), and their objects keep their names.
+const SPARSE_PREFIX: &str = "z1-";
+
+/// Whether `sha256` (a recorded content hash) is of the plain form, over every byte.
+pub fn plain_hash(sha256: &str) -> bool {
+    !sha256.starts_with(SPARSE_PREFIX)
+}
+
+/// The content hash of `f` and its size, with `each` given every block that is not all
+/// zeros (offset, bytes). SHA-256 over a header, the size and each such block with its
+/// index: the same for the same content whatever its holes (file systems place them at
+/// different granularity), and a hole costs nothing (the data regions come from
+/// `SEEK_DATA`/`SEEK_HOLE`; a command in a branch may make a file of any apparent size).
+fn sparse_hash(
+    f: &mut std::fs::File,
+    mut each: impl FnMut(u64, &[u8]) -> io::Result<()>,
+) -> io::Result<(String, u64)> {
+    use std::os::unix::fs::FileExt;
+    let len = f.metadata()?.len();
+    let regions = super::stage::data_regions(f)?.unwrap_or_else(|| vec![(0, len)]);
+    let mut h = Sha256::new();
+    h.update(b"shade sparse content v1\0");
+    h.update(len.to_le_bytes());
+    let mut buf = vec![0u8; BLOCK as usize];
+    // The next block not yet looked at (regions may share a block at their edges).
+    let mut next = 0u64;
+    for (start, n) in regions {
+        let first = (start / BLOCK).max(next);
+        let end = start.saturating_add(n).min(len);
+        let last = end.div_ceil(BLOCK);
+        for b in first..last {
+            super::stage::check_cancel()?; // Ctrl-C stops the accept
+            let at = b * BLOCK;
+            let want = usize::try_from(BLOCK.min(len - at)).unwrap_or(0);
+            let mut got = 0;
+            while got < want {
+                match f.read_at(&mut buf[got..want], at + got as u64) {
+                    Ok(0) => break, // shrank meanwhile: zeros from here
+                    Ok(k) => got += k,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            buf[got..want].fill(0);
+            let block = &buf[..want];
+            if block.iter().any(|&x| x != 0) {
+                h.update(b.to_le_bytes());
+                h.update(block);
+                each(at, block)?;
+            }
+        }
+        next = next.max(last);
+    }
+    Ok((format!("{SPARSE_PREFIX}{}", hex(&h.finalize())), len))
+}
+
+/// The content hash of a file (its sparse form: see [`sparse_hash`]) and its size.
 pub fn hash_file(f: &mut std::fs::File) -> io::Result<(String, u64)> {
+    sparse_hash(f, |_, _| Ok(()))
+}
+
+/// The plain form of a file's content hash (SHA-256 of every byte from its start), as
+/// records made before the sparse form have it.
+pub fn plain_hash_file(f: &mut std::fs::File) -> io::Result<(String, u64)> {
     f.seek(SeekFrom::Start(0))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 64 * 1024];
@@ -360,32 +428,24 @@ impl Objects {
     /// Copy `f` (from its start) into the store; its hash and size. Not synced: the caller
     /// syncs the store's file system once before recording the entry.
     pub fn put(&mut self, f: &mut std::fs::File) -> io::Result<(String, u64)> {
-        f.seek(SeekFrom::Start(0))?;
+        use std::os::unix::fs::FileExt;
         self.seq += 1;
         let tmp = self
             .dir
             .join(format!(".tmp-{}-{}", std::process::id(), self.seq));
-        let mut out = std::fs::File::create(&tmp)?;
-        let mut h = Sha256::new();
-        let mut buf = vec![0u8; 64 * 1024];
-        let mut n = 0u64;
-        let res = (|| -> io::Result<()> {
-            loop {
-                let k = f.read(&mut buf)?;
-                if k == 0 {
-                    return Ok(());
-                }
-                h.update(&buf[..k]);
-                out.write_all(&buf[..k])?;
-                n += k as u64;
-            }
-        })();
+        let out = std::fs::File::create(&tmp)?;
+        // Only the blocks that are not all zeros are written: the stored copy is as sparse
+        // as the content allows, whatever the size it claims.
+        let res = sparse_hash(f, |at, block| out.write_all_at(block, at))
+            .and_then(|(sum, n)| out.set_len(n).map(|()| (sum, n)));
         drop(out);
-        if let Err(e) = res {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-        let sum = hex(&h.finalize());
+        let (sum, n) = match res {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
         let dst = self.dir.join(&sum);
         if dst.exists() {
             std::fs::remove_file(&tmp)?;
@@ -422,10 +482,68 @@ fn is_gone(e: &io::Error) -> bool {
     )
 }
 
+/// Looks up many paths beneath one root, keeping the directories of the last walk open:
+/// the paths of a chain `d` deep cost one walk, not one each (a walk per path is
+/// quadratic in the depth, and a branch makes a chain 2,000 deep in a second).
+pub struct Lookup {
+    walker: Walker,
+}
+
+impl Lookup {
+    /// Lookups beneath `root` (which must outlive it).
+    pub fn new(root: RawFd) -> Lookup {
+        Lookup {
+            walker: Walker::new(root),
+        }
+    }
+
+    /// As [`observe`].
+    pub fn observe(&mut self, path: &Path) -> io::Result<crate::fingerprint::Base> {
+        Ok(self.walker.observe(path)?.base())
+    }
+
+    /// As [`read_state`].
+    pub fn read_state(&mut self, path: &Path, store: Option<&mut Objects>) -> io::Result<State> {
+        read_state_in(&mut self.walker, path, store)
+    }
+
+    /// As [`Lookup::read_state`], a file's content hash in the form `like` (a recorded
+    /// state) has it: a record made before the sparse form is compared by the plain one.
+    pub fn read_state_as(&mut self, path: &Path, like: &State) -> io::Result<State> {
+        let mut now = self.read_state(path, None)?;
+        let plain = matches!(like, State::File { sha256, .. } if plain_hash(sha256));
+        if let (true, State::File { sha256, .. }) = (plain, &mut now) {
+            let (parent, name) = self.walker.open_parent(path)?;
+            let mut f = sys::open_file_at(parent.as_raw_fd(), &name)?;
+            *sha256 = plain_hash_file(&mut f)?.0;
+        }
+        Ok(now)
+    }
+
+    /// As [`read_tree`].
+    pub fn read_tree(
+        &mut self,
+        path: &Path,
+        store: Option<&mut Objects>,
+    ) -> io::Result<Vec<(PathBuf, State)>> {
+        read_tree_in(&mut self.walker, path, store)
+    }
+}
+
 /// What is at `path` beneath `root` now (never following a symlink); a file's content is
 /// put in `store` when given, else only hashed.
 pub fn read_state(root: RawFd, path: &Path, store: Option<&mut Objects>) -> io::Result<State> {
-    let (parent, name) = match open_parent(root, path, false) {
+    read_state_in(&mut Walker::new(root), path, store)
+}
+
+/// [`read_state`] by `walker`, which keeps the directories of its last walk open (many
+/// paths of a deep chain cost one walk, not one each).
+fn read_state_in(
+    walker: &mut Walker,
+    path: &Path,
+    store: Option<&mut Objects>,
+) -> io::Result<State> {
+    let (parent, name) = match walker.open_parent(path) {
         Ok(p) => p,
         Err(e) if is_gone(&e) => return Ok(State::Absent),
         Err(e) => return Err(e),
@@ -485,10 +603,19 @@ fn state_at(dir: RawFd, name: &OsStr, store: Option<&mut Objects>) -> io::Result
 pub fn read_tree(
     root: RawFd,
     path: &Path,
+    store: Option<&mut Objects>,
+) -> io::Result<Vec<(PathBuf, State)>> {
+    read_tree_in(&mut Walker::new(root), path, store)
+}
+
+/// [`read_tree`] by `walker` (see [`read_state_in`]).
+fn read_tree_in(
+    walker: &mut Walker,
+    path: &Path,
     mut store: Option<&mut Objects>,
 ) -> io::Result<Vec<(PathBuf, State)>> {
     let mut out = Vec::new();
-    let dir = match open_dir(root, path) {
+    let dir = match walker.open_dir(path) {
         Ok(d) => d,
         Err(e) if is_gone(&e) => return Ok(out),
         Err(e) => return Err(e),
@@ -521,7 +648,8 @@ pub fn read_tree(
 /// A symbolic run of a plan over the states of the paths it touches, recording each
 /// touched path's state before the plan (where it was then) and after it.
 struct Capture<'a> {
-    root: RawFd,
+    /// Looks in the project, keeping the directories of its last walk open.
+    walker: Walker,
     store: &'a mut Objects,
     /// Before-states, by path before the plan.
     before: BTreeMap<PathBuf, State>,
@@ -562,7 +690,7 @@ impl Capture<'_> {
         let s = match self.before.get(&orig) {
             Some(s) => s.clone(),
             None => {
-                let s = read_state(self.root, &orig, Some(self.store))?;
+                let s = read_state_in(&mut self.walker, &orig, Some(self.store))?;
                 self.before.insert(orig, s.clone());
                 s
             }
@@ -578,7 +706,7 @@ impl Capture<'_> {
             return Ok(());
         }
         let orig = self.map_back(p);
-        for (q, s) in read_tree(self.root, &orig, Some(self.store))? {
+        for (q, s) in read_tree_in(&mut self.walker, &orig, Some(self.store))? {
             let at = rebase(&q, &orig, p).unwrap_or(q.clone());
             if !self.cur.contains_key(&at) {
                 self.cur.insert(at.clone(), s.clone());
@@ -757,7 +885,7 @@ pub fn record(
     let _lock = lock(history)?;
     let mut store = Objects::open(history)?;
     let mut cap = Capture {
-        root: root_fd,
+        walker: Walker::new(root_fd),
         store: &mut store,
         before: BTreeMap::new(),
         cur: BTreeMap::new(),

@@ -27,6 +27,7 @@ mod sys;
 pub use fault::{FAIL_AT_STEP_ENV, KILL_AT_STEP_ENV, RUN_AT_STEP_ENV};
 pub use recover::{drop_journal, recover, RecoverReport};
 pub use signals::DeferSignals;
+pub use sys::dirs_opened;
 
 /// Whether process `pid` is alive (not gone, not a zombie): owners of branches and journals.
 pub fn process_alive(pid: i32) -> bool {

@@ -174,6 +174,47 @@ impl Walker {
         Ok((self.walk(&parents)?, name.to_os_string()))
     }
 
+    /// As [`observe`], walking only what the last walk did not.
+    pub fn observe(&mut self, path: &Path) -> io::Result<Seen> {
+        let (parents, name) = split(path);
+        let same = self
+            .chain
+            .iter()
+            .zip(&parents)
+            .take_while(|((have, _), want)| have.as_os_str() == **want)
+            .count();
+        self.chain.truncate(same);
+        for comp in &parents[same..] {
+            let at = self.at();
+            match sys::open_dir_at(at, comp) {
+                Ok(fd) => self.chain.push((comp.to_os_string(), fd)),
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                    return Ok(Seen::Base(Base::Absent))
+                }
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) => {
+                    return Ok(match sys::lstat_at(at, comp)? {
+                        Some(st) => Seen::Blocked {
+                            at: Fingerprint::from_stat(&st),
+                        },
+                        None => Seen::Base(Base::Absent),
+                    });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Seen::Base(match sys::lstat_at(self.at(), name)? {
+            Some(st) => Base::Present(Fingerprint::from_stat(&st)),
+            None => Base::Absent,
+        }))
+    }
+
+    /// The directory the last walk ended in.
+    fn at(&self) -> RawFd {
+        self.chain
+            .last()
+            .map_or(self.root, |(_, fd)| fd.as_raw_fd())
+    }
+
     /// As [`open_dir`].
     pub fn open_dir(&mut self, path: &Path) -> io::Result<OwnedFd> {
         let comps: Vec<&OsStr> = path

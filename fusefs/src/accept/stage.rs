@@ -66,7 +66,7 @@ pub fn check_cancel() -> io::Result<()> {
 /// The data regions of `f` (offset, length): its holes left out, so a sparse file is not
 /// written out in full (`truncate -s 1T` in a branch costs nothing there and must cost
 /// nothing in the project). `None` where the file system cannot say (then all is data).
-fn data_regions(f: &File) -> io::Result<Option<Vec<(u64, u64)>>> {
+pub(super) fn data_regions(f: &File) -> io::Result<Option<Vec<(u64, u64)>>> {
     let len = f.metadata()?.len();
     let fd = f.as_raw_fd();
     let mut regions = Vec::new();

@@ -23,6 +23,17 @@ fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
+thread_local! {
+    /// Directories [`open_dir_at`] opened on this thread (accept runs on its caller's).
+    static DIRS_OPENED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Directories opened by accept's walks on this thread so far: the work a walk did, for
+/// tests that bound it (a walk per op from the root is quadratic in a chain's depth).
+pub fn dirs_opened() -> u64 {
+    DIRS_OPENED.with(std::cell::Cell::get)
+}
+
 /// Retry a call interrupted by a signal.
 fn retry(mut f: impl FnMut() -> libc::c_int) -> io::Result<libc::c_int> {
     loop {
@@ -50,6 +61,7 @@ pub fn open_dir_path(path: &std::path::Path) -> io::Result<OwnedFd> {
 
 /// Open the directory `name` inside `dir`, refusing a symlink (ELOOP) or a non-directory (ENOTDIR).
 pub fn open_dir_at(dir: RawFd, name: &OsStr) -> io::Result<OwnedFd> {
+    DIRS_OPENED.with(|n| n.set(n.get() + 1));
     let c = cstr(name)?;
     let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
     // SAFETY: valid dirfd and C string.

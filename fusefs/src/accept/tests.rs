@@ -186,3 +186,52 @@ fn a_version_1_journal_is_finished_without_overwriting_what_changed_after_it() {
     assert_eq!(std::fs::read_to_string(kept).unwrap(), "new edited\n");
     assert_eq!(std::fs::read_dir(state.journals()).unwrap().count(), 0);
 }
+
+/// The sparse content hash depends on the content only (holes or written zeros alike),
+/// and a record made before it (plain SHA-256 of every byte) is still compared by its own
+/// form, so an old history entry still sees an unchanged file as unchanged.
+#[test]
+fn content_hashes_are_by_content_and_old_records_still_compare() {
+    use super::history::{self, Lookup, State};
+    use sha2::{Digest, Sha256};
+    use std::io::{Seek, SeekFrom, Write};
+    let d = tempfile::tempdir().unwrap();
+    let mut holey = std::fs::File::create(d.path().join("holey")).unwrap();
+    holey.write_all(b"abc").unwrap();
+    holey.seek(SeekFrom::Start(300_000)).unwrap();
+    holey.write_all(b"xyz").unwrap();
+    holey.set_len(1 << 20).unwrap();
+    let mut flat = vec![0u8; 1 << 20];
+    flat[..3].copy_from_slice(b"abc");
+    flat[300_000..300_003].copy_from_slice(b"xyz");
+    std::fs::write(d.path().join("flat"), &flat).unwrap();
+    let hash = |name: &str| {
+        let mut f = std::fs::File::open(d.path().join(name)).unwrap();
+        history::hash_file(&mut f).unwrap()
+    };
+    assert_eq!(hash("holey"), hash("flat"));
+    assert!(!history::plain_hash(&hash("holey").0));
+    flat[5] = 1;
+    std::fs::write(d.path().join("other"), &flat).unwrap();
+    assert_ne!(hash("other").0, hash("flat").0);
+    // A state as an old record has it: the plain SHA-256.
+    let plain: String = Sha256::digest(std::fs::read(d.path().join("holey")).unwrap())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let root = history::open_root(d.path()).unwrap();
+    let mut look = Lookup::new(root.as_raw_fd());
+    let now = look.read_state(Path::new("holey"), None).unwrap();
+    let State::File { sha256, .. } = &now else {
+        panic!("{now:?}")
+    };
+    assert!(!history::plain_hash(sha256));
+    let mut old = now.clone();
+    if let State::File { sha256, .. } = &mut old {
+        *sha256 = plain.clone();
+    }
+    assert!(!old.same_as(&now), "forms differ");
+    let as_old = look.read_state_as(Path::new("holey"), &old).unwrap();
+    assert!(old.same_as(&as_old), "{old:?} vs {as_old:?}");
+    assert!(now.same_as(&look.read_state_as(Path::new("holey"), &now).unwrap()));
+}

@@ -309,8 +309,13 @@ pub fn git_path_runs_code(path: &Path) -> bool {
 /// directory. Everything else (config, hooks, `commondir`, `info/attributes`, a sequencer's
 /// or rebase's todo with its `exec` lines, a `.git` that is a file) is held, a list of data
 /// rather than of dangers (red team round 3 found `commondir` pointing git at a config the
-/// branch wrote).
-fn git_data(rest: &[&str]) -> bool {
+/// branch wrote). Not data either, though under `objects/` or `refs/` (red team round 4):
+/// `refs/replace/` and `info/grafts` (they swap commits, so `git status`, `diff` and `log`
+/// hide an edit), `shallow` (cuts history), `objects/info/alternates` and
+/// `http-alternates` (objects from elsewhere). A path is data by name only: the caller
+/// checks it is a regular file (a link at `logs/HEAD` makes git append to any file), and a
+/// `HEAD` with [`git_head_valid`].
+pub fn git_data(rest: &[&str]) -> bool {
     const FILES: &[&str] = &[
         "index",
         "HEAD",
@@ -327,11 +332,12 @@ fn git_data(rest: &[&str]) -> bool {
         "TAG_EDITMSG",
         "packed-refs",
         "description",
-        "shallow",
         "gc.log",
     ];
     match rest {
         [] => false,
+        ["refs", "replace", ..] => false,
+        ["objects", "info", f] if f.contains("alternates") => false,
         ["objects" | "refs" | "logs", ..] => true,
         ["info", "exclude" | "refs"] => true,
         ["modules", name, inner @ ..] if !name.is_empty() => {
@@ -342,6 +348,119 @@ fn git_data(rest: &[&str]) -> bool {
         [f] => FILES.contains(f) || (f.ends_with(".lock") && FILES.contains(&&f[..f.len() - 5])),
         _ => false,
     }
+}
+
+/// The entries whose presence makes git take a directory for a git directory (setup.c's
+/// `is_git_directory`: a valid `HEAD`, and `objects/` and `refs/` — or a `commondir` that
+/// names where they are). A directory holding [`GIT_DIR_HEAD`] and either
+/// [`GIT_DIR_COMMONDIR`] or both of [`GIT_DIR_STORES`] has git-dir shape.
+pub const GIT_DIR_HEAD: &str = "HEAD";
+/// See [`GIT_DIR_HEAD`]: a linked worktree's or a submodule's git directory names its
+/// common directory here.
+pub const GIT_DIR_COMMONDIR: &str = "commondir";
+/// See [`GIT_DIR_HEAD`]: the object store and the refs.
+pub const GIT_DIR_STORES: [&str; 2] = ["objects", "refs"];
+
+/// Whether a directory whose entries are told by `has` has git-dir shape, as git's
+/// discovery tests it — more widely (any `HEAD`, valid or not, of any type), so that
+/// nothing git could take for a repository is missed. Why: git uses such a directory as
+/// a (bare) repository when it meets it, with its `config` and `hooks` — anywhere in a
+/// project, not only at `.git` (red team round 4).
+pub fn git_dir_shape(has: impl Fn(&str) -> bool) -> bool {
+    has(GIT_DIR_HEAD) && (has(GIT_DIR_COMMONDIR) || GIT_DIR_STORES.iter().all(|s| has(s)))
+}
+
+/// Whether `content` is a `HEAD` git accepts and follows only into the refs: a symbolic
+/// ref `ref: refs/…` (one line, a ref name with no control characters, spaces or `..`)
+/// or an object id (40 or 64 hex digits), each with an optional final newline. Why: a
+/// `HEAD` git refuses turns its directory into a non-repository, and git's discovery then
+/// goes on to the parent directory, which a branch may have shaped as a bare repository
+/// (red team round 4).
+pub fn git_head_valid(content: &[u8]) -> bool {
+    let line = content.strip_suffix(b"\n").unwrap_or(content);
+    if let Some(name) = line.strip_prefix(b"ref: refs/") {
+        return !name.is_empty()
+            && !name.windows(2).any(|w| w == b"..")
+            && name.iter().all(|&b| {
+                b > b' '
+                    && b != 0x7f
+                    && !matches!(b, b'~' | b'^' | b':' | b'?' | b'*' | b'[' | b'\\')
+            });
+    }
+    matches!(line.len(), 40 | 64) && line.iter().all(u8::is_ascii_hexdigit)
+}
+
+/// The paths a git index (`content`) marks assume-unchanged or skip-worktree, or None if it
+/// is not an index this reads (versions 2 to 4, SHA-1 or SHA-256 ids). Why: with such a
+/// mark `git status` and `git diff` skip the file, so a branch that sets one hides its edit
+/// from the user as a replace ref does (red team round 4); a caller holds an index that
+/// marks a path the project's did not.
+pub fn git_index_hidden(content: &[u8]) -> Option<std::collections::BTreeSet<Vec<u8>>> {
+    [20, 32]
+        .into_iter()
+        .find_map(|hash| index_hidden(content, hash))
+}
+
+fn index_hidden(b: &[u8], hash: usize) -> Option<std::collections::BTreeSet<Vec<u8>>> {
+    let u32_at = |at: usize| -> Option<u32> {
+        Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    };
+    let u16_at = |at: usize| -> Option<u16> {
+        Some(u16::from_be_bytes(b.get(at..at + 2)?.try_into().ok()?))
+    };
+    if b.get(..4)? != b"DIRC" {
+        return None;
+    }
+    let version = u32_at(4)?;
+    if !(2..=4).contains(&version) {
+        return None;
+    }
+    let count = u32_at(8)?;
+    let mut at = 12usize;
+    let mut hidden = std::collections::BTreeSet::new();
+    let mut name: Vec<u8> = Vec::new();
+    for _ in 0..count {
+        let start = at;
+        let flags = u16_at(at + 40 + hash)?;
+        at += 40 + hash + 2;
+        let mut extended = 0u16;
+        if flags & 0x4000 != 0 {
+            if version < 3 {
+                return None;
+            }
+            extended = u16_at(at)?;
+            at += 2;
+        }
+        if version == 4 {
+            // The name: drop N bytes of the previous one, then a NUL-ended suffix.
+            let mut c = *b.get(at)?;
+            at += 1;
+            let mut strip = usize::from(c & 127);
+            while c & 128 != 0 {
+                c = *b.get(at)?;
+                at += 1;
+                strip = strip.checked_add(1)?.checked_mul(128)? + usize::from(c & 127);
+            }
+            let end = at + b.get(at..)?.iter().position(|&x| x == 0)?;
+            name.truncate(name.len().checked_sub(strip)?);
+            name.extend_from_slice(&b[at..end]);
+            at = end + 1;
+        } else {
+            let end = at + b.get(at..)?.iter().position(|&x| x == 0)?;
+            name = b[at..end].to_vec();
+            // Entries are padded with 1 to 8 NULs to a multiple of 8 bytes.
+            at = start + ((end - start + 8) & !7);
+        }
+        let len = usize::from(flags & 0x0fff);
+        if (len < 0x0fff && len != name.len()) || name.is_empty() {
+            return None;
+        }
+        if flags & 0x8000 != 0 || extended & 0x4000 != 0 {
+            hidden.insert(name.clone());
+        }
+    }
+    // Extensions and the trailing checksum follow.
+    (b.len() >= at + hash).then_some(hidden)
 }
 
 impl OutsideChange {
@@ -859,6 +978,14 @@ mod tests {
             ".git/worktrees/w/commondir",
             ".git/rebase-merge/git-rebase-todo",
             ".git/sequencer/todo",
+            // Red team round 4: they hide commits or fetch objects from elsewhere.
+            ".git/refs/replace/0123456789012345678901234567890123456789",
+            ".git/modules/sub/refs/replace/x",
+            ".git/info/grafts",
+            ".git/shallow",
+            ".git/shallow.lock",
+            ".git/objects/info/alternates",
+            ".git/objects/info/http-alternates",
         ] {
             assert!(git_path_runs_code(Path::new(p)), "{p} runs code");
         }
@@ -877,8 +1004,93 @@ mod tests {
             ".git/worktrees/w/HEAD",
             "config",
             "src/hooks/x.rs",
+            ".git/objects/info/packs",
+            ".git/objects/info/commit-graph",
+            ".git/refs/heads/replace",
+            ".git/logs/refs/replace/x",
         ] {
             assert!(!git_path_runs_code(Path::new(p)), "{p} is data");
+        }
+    }
+
+    /// Indexes as real git writes them (versions 2, 3, 4; SHA-1 and SHA-256): the marks
+    /// that hide a file from `git status` are read, an index without them has none.
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn index_marks_that_hide_edits_are_read() {
+        for (format, version) in [
+            ("sha1", "2"),
+            ("sha1", "4"),
+            ("sha256", "2"),
+            ("sha256", "4"),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let git = |args: &[&str]| {
+                let o = std::process::Command::new("git")
+                    .args(args)
+                    .current_dir(dir.path())
+                    .output()
+                    .unwrap();
+                assert!(o.status.success(), "git {args:?}: {o:?}");
+            };
+            git(&["init", "-q", &format!("--object-format={format}"), "."]);
+            for f in ["a.txt", "dir/b.txt", "dir/c.txt", "z"] {
+                std::fs::create_dir_all(dir.path().join(f).parent().unwrap()).unwrap();
+                std::fs::write(dir.path().join(f), f).unwrap();
+            }
+            git(&["add", "."]);
+            git(&["update-index", "--index-version", version]);
+            let index = || std::fs::read(dir.path().join(".git/index")).unwrap();
+            let none = git_index_hidden(&index()).unwrap();
+            assert!(none.is_empty(), "{format} v{version}: {none:?}");
+            git(&["update-index", "--assume-unchanged", "dir/b.txt"]);
+            git(&["update-index", "--skip-worktree", "z"]);
+            let hidden = git_index_hidden(&index()).unwrap();
+            let want: std::collections::BTreeSet<Vec<u8>> =
+                [b"dir/b.txt".to_vec(), b"z".to_vec()].into();
+            assert_eq!(hidden, want, "{format} v{version}");
+        }
+        assert!(git_index_hidden(b"DIRC\0\0\0\x02\0\0\0\x05junk").is_none());
+        assert!(git_index_hidden(b"not an index").is_none());
+    }
+
+    #[test]
+    fn git_dir_shape_is_what_git_discovery_accepts_or_more() {
+        let shape = |names: &[&str]| git_dir_shape(|n| names.contains(&n));
+        assert!(shape(&["HEAD", "objects", "refs"]));
+        assert!(shape(&["HEAD", "objects", "refs", "config", "index"]));
+        // A linked worktree's or a submodule's git directory.
+        assert!(shape(&["HEAD", "commondir"]));
+        assert!(!shape(&["objects", "refs", "config"]));
+        assert!(!shape(&["HEAD", "objects"]));
+        assert!(!shape(&["HEAD", "refs", "logs"]));
+        assert!(!shape(&["HEAD", "src", "README"]));
+    }
+
+    #[test]
+    fn a_valid_git_head_is_a_ref_or_an_object_id() {
+        for ok in [
+            &b"ref: refs/heads/main\n"[..],
+            b"ref: refs/heads/main",
+            b"ref: refs/heads/x;id>M;\n",
+            b"0123456789abcdef0123456789abcdef01234567\n",
+            b"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        ] {
+            assert!(git_head_valid(ok), "{}", String::from_utf8_lossy(ok));
+        }
+        for bad in [
+            &b"tidy: 1\n"[..],
+            b"",
+            b"ref: refs/",
+            b"ref: heads/main\n",
+            b"ref: refs/heads/main\nmore\n",
+            b"ref: refs/../config\n",
+            b"ref: refs/heads/a b\n",
+            b"ref: refs/heads/main\n\n",
+            b"0123456789abcdef0123456789abcdef0123456\n",
+            b"0123456789abcdef0123456789abcdef0123456g\n",
+        ] {
+            assert!(!git_head_valid(bad), "{}", String::from_utf8_lossy(bad));
         }
     }
 }

@@ -9,7 +9,8 @@
 //!   namespace only, minus CAP_SYS_ADMIN: nothing counts on the host's namespaces.
 //! - a PID namespace with a fresh `/proc` (shade and every outside process invisible), torn
 //!   down with everything in it when the command ends or shade dies (`--die-with-parent`);
-//! - a minimal `/dev` (no disks), a private `/dev/shm`, a private IPC namespace, `/sys`
+//! - a minimal `/dev` (no disks), a private `/dev/shm`, a private IPC namespace with its
+//!   SysV IPC and POSIX message queue limits set from the memory limit (see ipc.rs), `/sys`
 //!   read-only, shade's state directories hidden under an empty tmpfs;
 //! - a seccomp allowlist (unlisted calls ENOSYS; mount, namespaces, kernel keyrings, bpf,
 //!   io_uring, module loading, terminal injection, file handles, … EPERM: see `seccomp`)
@@ -248,6 +249,9 @@ struct Layout<'a> {
     shm_source: Option<PathBuf>,
     /// The branch's outside layer, in place of the host's `/`.
     outside: Option<&'a Outside>,
+    /// bwrap starts in the command's IPC namespace already (made with its limits in the
+    /// pre-exec hook, see ipc.rs): no `--unshare-ipc`.
+    own_ipc: bool,
 }
 
 impl Layout<'_> {
@@ -265,6 +269,7 @@ impl Layout<'_> {
             tmp_source: None,
             shm_source: None,
             outside: None,
+            own_ipc: false,
         }
     }
 }
@@ -281,12 +286,10 @@ impl Confinement {
         cwd: &Path,
     ) -> Result<(Command, Vec<OwnedFd>)> {
         let mut cmd = Command::new(&self.bwrap);
-        cmd.args([
-            "--die-with-parent",
-            "--unshare-pid",
-            "--unshare-ipc",
-            "--unshare-cgroup-try",
-        ]);
+        cmd.args(["--die-with-parent", "--unshare-pid", "--unshare-cgroup-try"]);
+        if !layout.own_ipc {
+            cmd.arg("--unshare-ipc");
+        }
         if self.userns.is_none() {
             cmd.arg("--unshare-user");
         } else {
@@ -604,6 +607,7 @@ pub(crate) fn build(
     let mut stage = match conf.root_base {
         Some(_) => Some(RootStage {
             at: super::cstring(&stage_place())?,
+            foreign: super::outside::branch_mounts(),
             ..RootStage::default()
         }),
         None => None,
@@ -794,6 +798,7 @@ pub(crate) fn build(
         tmp_source,
         shm_source,
         outside: outside.as_ref(),
+        own_ipc: true,
     };
     let argv: Vec<OsString> = match helper.filter(|_| hand_tty) {
         Some(h) => [h.as_os_str().to_os_string(), FOREGROUND_HELPER_ARG.into()]
@@ -885,10 +890,18 @@ pub(crate) fn build(
             super::ids::userns_limits(false),
         )
     });
+    let cpu = super::limits::CpuPriority::of(&iso.limits);
+    let open_files = iso.limits.open_files;
+    let ipc = super::ipc::IpcPlan::new(&iso.limits, conf.root_userns());
     // SAFETY: only async-signal-safe system calls on data prepared before the fork.
     unsafe {
         cmd.pre_exec(move || {
             let _fds = (&filters, &status);
+            // First, while nothing has been unshared: inherited by bwrap and the command.
+            cpu.apply()?;
+            if let Some(n) = open_files {
+                super::limits::set_open_files(n)?;
+            }
             if own_session {
                 child::detach_from_terminal()?;
             } else {
@@ -909,6 +922,8 @@ pub(crate) fn build(
                 stage.enter(ns)?;
             }
             enter(userns, scope, &inherit, &keep_open)?;
+            // In the namespace bwrap starts in, with its capabilities there.
+            ipc.enter()?;
             match address_space {
                 Some(bytes) => super::limits::set_address_space(bytes),
                 None => Ok(()),

@@ -1,5 +1,5 @@
-//! The cgroup that holds one command as root: its process limit (the pids controller) and
-//! its memory limit (the memory controller), made before the command starts, entered by
+//! The cgroup that holds one command as root: its process limit (the pids controller), its
+//! memory limit (the memory controller) and its CPU share (the cpu controller's weight), made before the command starts, entered by
 //! its bwrap right before exec (so everything it starts is counted from its first fork),
 //! emptied and removed after it.
 //!
@@ -17,6 +17,11 @@
 //! the writer, so they count against the memory limit as well as their own size. Swap
 //! counts too (`memory.memsw.limit_in_bytes` in v1, `memory.swap.max` 0 in v2): the limit
 //! is of memory and swap together.
+//!
+//! The CPU share: the cgroup's weight (`cpu.weight` in v2, `cpu.shares` in v1) is what all
+//! the command's processes together weigh against their siblings, shade's own processes
+//! and the host's other work at that level: a command that starts a hundred busy
+//! processes gets, at the default weight, what one busy plain process would.
 
 use std::fs;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -44,6 +49,7 @@ static SEQ: AtomicU64 = AtomicU64::new(0);
 enum Controller {
     Pids,
     Memory,
+    Cpu,
 }
 
 impl Controller {
@@ -51,6 +57,7 @@ impl Controller {
         match self {
             Controller::Pids => "pids",
             Controller::Memory => "memory",
+            Controller::Cpu => "cpu",
         }
     }
 }
@@ -69,6 +76,7 @@ pub(crate) struct Cgroup {
     parts: Vec<Part>,
     max: Option<u32>,
     memory: Option<u64>,
+    cpu_weight: Option<u32>,
 }
 
 /// What [`Cgroup::create`] could not have, and why (the caller warns).
@@ -77,17 +85,21 @@ pub(crate) struct Missing {
     pub processes: bool,
     /// Whether the memory limit is missing.
     pub memory: bool,
+    /// Whether the CPU weight is missing.
+    pub cpu: bool,
     /// Why, for the warning.
     pub why: String,
 }
 
 impl Cgroup {
-    /// A new cgroup allowing `max` processes and `memory` bytes to the command (`None`: no
-    /// such limit). Whatever could not be had is said in [`Missing`]; `None` when nothing
-    /// at all was wanted or had.
+    /// A new cgroup allowing `max` processes and `memory` bytes to the command, and giving
+    /// it `cpu_weight` (v2's scale, see `Limits::cpu_weight`; `None`: no such limit or
+    /// setting). Whatever could not be had is said in [`Missing`]; `None` when nothing at
+    /// all was wanted or had.
     pub(crate) fn create(
         max: Option<u32>,
         memory: Option<u64>,
+        cpu_weight: Option<u32>,
     ) -> (Option<Cgroup>, Option<Missing>) {
         let mut wanted: Vec<Controller> = Vec::new();
         if max.is_some() {
@@ -95,6 +107,9 @@ impl Cgroup {
         }
         if memory.is_some() {
             wanted.push(Controller::Memory);
+        }
+        if cpu_weight.is_some() {
+            wanted.push(Controller::Cpu);
         }
         if wanted.is_empty() {
             return (None, None);
@@ -110,6 +125,7 @@ impl Cgroup {
             parts: Vec::new(),
             max,
             memory,
+            cpu_weight: cpu_weight.map(|w| w.clamp(1, 10_000)),
         };
         let mut why: Vec<String> = Vec::new();
         // cgroup v2 first: one directory for every controller it has.
@@ -145,9 +161,10 @@ impl Cgroup {
         let missing = Missing {
             processes: max.is_some() && !cg.has(Controller::Pids),
             memory: memory.is_some() && !cg.has(Controller::Memory),
+            cpu: cpu_weight.is_some() && !cg.has(Controller::Cpu),
             why: why.join("; "),
         };
-        let missing = (missing.processes || missing.memory).then_some(missing);
+        let missing = (missing.processes || missing.memory || missing.cpu).then_some(missing);
         let cg = (!cg.parts.is_empty()).then_some(cg);
         (cg, missing)
     }
@@ -185,6 +202,14 @@ impl Cgroup {
                             // The OOM killer ends the command (a parent's setting is
                             // inherited: a disabled one would leave it hanging).
                             fs::write(dir.join("memory.oom_control"), "0")?;
+                        }
+                    }
+                    Controller::Cpu => {
+                        let weight = self.cpu_weight.unwrap_or(100);
+                        if v2 {
+                            fs::write(dir.join("cpu.weight"), weight.to_string())?;
+                        } else {
+                            fs::write(dir.join("cpu.shares"), v1_shares(weight).to_string())?;
                         }
                     }
                 }
@@ -249,6 +274,8 @@ impl Cgroup {
                             out.extend(self.memory.map(LimitHit::Memory));
                         }
                     }
+                    // A share, not a limit: nothing is ever refused.
+                    Controller::Cpu => {}
                 }
             }
         }
@@ -310,6 +337,20 @@ fn sweep(parent: &Path) {
         if !Path::new("/proc").join(pid.to_string()).exists() {
             let _ = fs::remove_dir(e.path());
         }
+    }
+}
+
+/// cgroup v1's `cpu.shares` for v2's `cpu.weight` (1024 is v1's default as 100 is v2's;
+/// the kernel takes 2 at least).
+fn v1_shares(weight: u32) -> u64 {
+    (u64::from(weight) * 1024 / 100).max(2)
+}
+
+/// Says once per process that the CPU weight could not be set here, and why.
+pub(crate) fn warn_cpu_unset(why: &str) {
+    static WARNED: OnceLock<()> = OnceLock::new();
+    if WARNED.set(()).is_ok() {
+        tracing::warn!("the commands' CPU weight is not set here: {why}");
     }
 }
 
@@ -486,5 +527,13 @@ mod tests {
         assert_eq!(count(&f, "max"), 0);
         fs::write(&f, "max 7\n").unwrap();
         assert_eq!(count(&f, "max"), 7);
+    }
+
+    #[test]
+    fn v1_shares_scale_from_v2_weights() {
+        assert_eq!(v1_shares(100), 1024);
+        assert_eq!(v1_shares(10), 102);
+        assert_eq!(v1_shares(1), 10);
+        assert_eq!(v1_shares(10_000), 102_400);
     }
 }

@@ -114,7 +114,8 @@ pub(crate) fn userns_limits(shared: bool) -> Vec<NsLimit> {
             "max_fanotify_marks",
             (host("max_fanotify_marks", 8192) / 4).max(1024),
         ),
-        ("max_user_namespaces", if shared { namespaces } else { 2 }),
+        // bwrap's, and the one that owns the command's IPC namespace (see ipc.rs).
+        ("max_user_namespaces", if shared { namespaces } else { 3 }),
         ("max_mnt_namespaces", namespaces),
         ("max_pid_namespaces", namespaces),
         ("max_ipc_namespaces", namespaces),

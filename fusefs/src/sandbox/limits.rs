@@ -43,11 +43,74 @@ pub struct Limits {
     /// plain user, who has no cgroup of their own, `RLIMIT_AS` of each of its processes:
     /// together at most this times the process limit (see [`rlimits`]).
     pub memory: Option<u64>,
+    /// The command's share of the CPU as root: its cgroup's weight (cgroup v2's
+    /// `cpu.weight`, 1–10000, 100 being a plain process's; v1's `cpu.shares` is 1024 × this
+    /// / 100). All its processes together weigh this much against the host's other work,
+    /// however many it starts. `None`: no cpu controller setting (the system's default).
+    pub cpu_weight: Option<u32>,
+    /// The niceness (0–19) every process of the command starts with, root or plain user;
+    /// it cannot lower it again (`RLIMIT_NICE` 0, no CAP_SYS_NICE). `None`: shade's own.
+    pub nice: Option<u8>,
+    /// The scheduling policy every process of the command starts with (see [`Scheduler`]).
+    pub scheduler: Scheduler,
+    /// Files (and pipes, sockets, memfds…) each of its processes may have open: its
+    /// `RLIMIT_NOFILE` hard limit, root or plain user (never above shade's own). `None`:
+    /// shade's own limits. What a command pins in pipe buffers, socket buffers and memfds
+    /// grows with it.
+    pub open_files: Option<u64>,
+}
+
+/// The CPU scheduling policy of a command's processes (sched(7)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scheduler {
+    /// Left as shade's own (normally `SCHED_OTHER`).
+    #[default]
+    Normal,
+    /// `SCHED_BATCH`: a CPU-bound workload, never preempting an interactive task on
+    /// wake-up. The command may switch back to `SCHED_OTHER` (the kernel allows it to anyone;
+    /// its niceness stays).
+    Batch,
+    /// `SCHED_IDLE`: runs only when nothing else wants the CPU (weight below nice 19). The
+    /// command cannot leave it (the kernel asks for the right to lower niceness to 20 −
+    /// `RLIMIT_NICE`, and that limit is 0).
+    Idle,
+}
+
+impl Scheduler {
+    /// The policy's name in the config and in `shade doctor`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scheduler::Normal => "normal",
+            Scheduler::Batch => "batch",
+            Scheduler::Idle => "idle",
+        }
+    }
+
+    /// [`Scheduler::name`] read back.
+    pub fn parse(text: &str) -> Option<Scheduler> {
+        match text {
+            "normal" => Some(Scheduler::Normal),
+            "batch" => Some(Scheduler::Batch),
+            "idle" => Some(Scheduler::Idle),
+            _ => None,
+        }
+    }
+
+    fn policy(self) -> Option<libc::c_int> {
+        match self {
+            Scheduler::Normal => None,
+            Scheduler::Batch => Some(libc::SCHED_BATCH),
+            Scheduler::Idle => Some(libc::SCHED_IDLE),
+        }
+    }
 }
 
 impl Limits {
     /// What a command nobody asked for gets (speculation, `shade mcp`) unless the config
-    /// says otherwise: a laptop survives it.
+    /// says otherwise: a laptop survives it, and it yields the CPU to the user's own work
+    /// (weight 50, nice 10, `SCHED_BATCH`). Not `SCHED_IDLE`: `shade mcp`'s commands and
+    /// the linters share this table, and an MCP client waits on its command as on any
+    /// foreground one; at idle priority a busy machine starved them for minutes.
     pub const SPECULATION: Limits = Limits {
         max_processes: Some(512),
         tmp_size: Some(512 << 20),
@@ -57,11 +120,17 @@ impl Limits {
         time_limit: Some(Duration::from_secs(300)),
         outside_size: Some(1 << 30),
         memory: Some(4 << 30),
+        cpu_weight: Some(50),
+        nice: Some(10),
+        scheduler: Scheduler::Batch,
+        open_files: Some(8192),
     };
 
     /// What `shade run` gets unless the config says otherwise: nothing below the system's
     /// own limits but the branch's metadata budget and memory (16 GiB: a build fits, a
-    /// runaway command does not take the machine).
+    /// runaway command does not take the machine), and a CPU share a little below the
+    /// user's own programs (one plain process's weight for the whole command as root; nice
+    /// 5 and `SCHED_BATCH` for each process).
     pub const RUN: Limits = Limits {
         max_processes: None,
         tmp_size: None,
@@ -71,6 +140,10 @@ impl Limits {
         time_limit: None,
         outside_size: None,
         memory: Some(16 << 30),
+        cpu_weight: Some(100),
+        nice: Some(5),
+        scheduler: Scheduler::Batch,
+        open_files: None,
     };
 
     /// The speculation limits in force (the config's, see [`configure`]).
@@ -97,7 +170,8 @@ impl Limits {
         let size = |s: Option<u64>, none: &str| s.map_or(none.to_string(), format_size);
         format!(
             "processes {}, /tmp {}, /dev/shm {}, branch contents {}, branch metadata {}, \
-             outside layer {}, memory {}, time {}",
+             outside layer {}, memory {}, time {}, cpu weight {}, nice {}, scheduler {}, \
+             open files {}",
             self.max_processes
                 .map_or("as the system's".to_string(), |n| n.to_string()),
             size(self.tmp_size, "half of RAM"),
@@ -108,6 +182,13 @@ impl Limits {
             size(self.memory, "unlimited"),
             self.time_limit
                 .map_or("unlimited".to_string(), |d| format!("{} s", d.as_secs())),
+            self.cpu_weight
+                .map_or("as the system's".to_string(), |w| w.to_string()),
+            self.nice
+                .map_or("as shade's".to_string(), |n| n.to_string()),
+            self.scheduler.name(),
+            self.open_files
+                .map_or("as shade's".to_string(), |n| n.to_string()),
         )
     }
 }
@@ -238,6 +319,84 @@ pub(crate) fn rlimits(limits: &Limits, root: bool) -> Rlimits {
         nproc: limits.max_processes.map(|n| n.saturating_add(1)),
         address_space: limits.memory.map(|m| m.max(super::cgroup::MIN_MEMORY)),
     }
+}
+
+/// A command's CPU priority, set on bwrap in its pre-exec hook (so on everything it starts):
+/// its niceness and scheduling policy (`Limits::nice`, `Limits::scheduler`), and
+/// `RLIMIT_NICE` and `RLIMIT_RTPRIO` 0 (soft and hard), so that it can never lower its
+/// niceness, leave `SCHED_IDLE` or take a real-time policy: without CAP_SYS_NICE in the
+/// host's namespace (no command has it, root's included) the kernel allows only what those
+/// limits allow, and raising a hard limit needs CAP_SYS_RESOURCE there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CpuPriority {
+    nice: Option<libc::c_int>,
+    policy: Option<libc::c_int>,
+}
+
+impl CpuPriority {
+    /// What `limits` asks for.
+    pub(crate) fn of(limits: &Limits) -> CpuPriority {
+        CpuPriority {
+            nice: limits.nice.map(|n| libc::c_int::from(n.min(19))),
+            policy: limits.scheduler.policy(),
+        }
+    }
+
+    /// Applies it to the calling process. Async-signal-safe (raw system calls only).
+    pub(crate) fn apply(&self) -> std::io::Result<()> {
+        let err = || Err(std::io::Error::last_os_error());
+        // SAFETY: plain system calls on stack data.
+        unsafe {
+            if let Some(nice) = self.nice {
+                // Never lower it: a shade started nicer than asked stays as nice.
+                *libc::__errno_location() = 0;
+                let now = libc::getpriority(libc::PRIO_PROCESS, 0);
+                let known = !(now == -1 && *libc::__errno_location() != 0);
+                if (!known || now < nice) && libc::setpriority(libc::PRIO_PROCESS, 0, nice) != 0 {
+                    return err();
+                }
+            }
+            if let Some(policy) = self.policy {
+                let param = libc::sched_param { sched_priority: 0 };
+                if libc::sched_setscheduler(0, policy, &param) != 0 {
+                    return err();
+                }
+            }
+            let zero = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            if libc::setrlimit(libc::RLIMIT_NICE, &zero) != 0
+                || libc::setrlimit(libc::RLIMIT_RTPRIO, &zero) != 0
+            {
+                return err();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `RLIMIT_NOFILE` of the calling process (and what it execs) to at most `n` open files:
+/// the hard limit `n` (or shade's own, if lower), the soft one no higher. Lowering a hard
+/// limit is always allowed; raising it again needs CAP_SYS_RESOURCE in the host's
+/// namespace, which no command has. Async-signal-safe.
+pub(crate) fn set_open_files(n: u64) -> std::io::Result<()> {
+    // SAFETY: getrlimit(2)/setrlimit(2) with valid structs.
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let hard = lim.rlim_max.min(n);
+        let new = libc::rlimit {
+            rlim_cur: lim.rlim_cur.min(hard),
+            rlim_max: hard,
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &new) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// `RLIMIT_AS` of the calling process (and what it execs) to `bytes`: a plain user's memory
@@ -401,7 +560,8 @@ mod tests {
         assert_eq!(
             d,
             "processes 512, /tmp 512 MiB, /dev/shm 512 MiB, branch contents 1 GiB, \
-             branch metadata 64 MiB, outside layer 1 GiB, memory 4 GiB, time 300 s"
+             branch metadata 64 MiB, outside layer 1 GiB, memory 4 GiB, time 300 s, \
+             cpu weight 10, nice 19, scheduler idle, open files 8192"
         );
         assert!(Limits::RUN.describe().contains("as the system's"));
     }

@@ -1007,6 +1007,32 @@ pub(crate) struct RootStage {
     /// very socket checked, idmapped so that the sandbox's root may connect where host
     /// root may.
     pub sockets: Vec<super::sockets::StagedSocket>,
+    /// Every branch mount in shade's namespace when the command was planned
+    /// ([`branch_mounts`]), detached in the stage once its binds are made: the stage lives
+    /// as long as the command, and a copy of another branch's mount there would keep the
+    /// pool from handing that branch's connection on (it cannot tell a stage's copy from a
+    /// copy someone could still read through).
+    pub foreign: Vec<CString>,
+}
+
+/// The mount points of every shade branch (a FUSE mount whose source is `shade:…`) in our
+/// mount namespace now.
+pub(crate) fn branch_mounts() -> Vec<CString> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    info.lines()
+        .filter_map(|l| {
+            let (head, tail) = l.split_once(" - ")?;
+            let mut t = tail.split(' ');
+            let (fstype, source) = (t.next()?, t.next()?);
+            let fuse = fstype == "fuse" || fstype.starts_with("fuse.");
+            if !fuse || !source.starts_with("shade:") {
+                return None;
+            }
+            CString::new(unescape(head.split(' ').nth(4)?)).ok()
+        })
+        .collect()
 }
 
 impl RootStage {
@@ -1092,6 +1118,11 @@ impl RootStage {
             for sock in &self.sockets {
                 // One swapped since the check is not bound: its file stays empty.
                 sock.bind(Some(userns));
+            }
+            // The stage's own binds are copies of their own: the host's branch mounts are
+            // not needed here any more (an error only leaves a copy the pool sees).
+            for m in &self.foreign {
+                libc::umount2(m.as_ptr(), libc::MNT_DETACH);
             }
         }
         Ok(())

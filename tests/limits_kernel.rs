@@ -1,0 +1,376 @@
+//! What a command takes of the kernel beyond processes and memory is bounded too: its CPU
+//! priority (niceness, scheduling policy, and as root its cgroup's CPU weight), which it
+//! cannot raise back, its IPC namespace's SysV IPC and POSIX message queue limits, set
+//! from its memory limit, which it cannot raise either, and its open files. Each is checked from inside
+//! the command, through the real binary (`shade run`), as root and as the plain user
+//! (`shadetest`, made by scripts/setup.sh).
+//!
+//! Needs root (to become the plain user), /dev/fuse usable by the plain user, bubblewrap
+//! and python3; fails loudly where something is missing.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::describe as show;
+use common::plain::{copy_of as plain_copy, ids as plain_ids, PLAIN};
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+const PYTHON: &str = "/usr/bin/python3";
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Who {
+    Root,
+    Plain,
+}
+
+/// A project and a state directory owned by the test's user, under /var/tmp.
+struct Env {
+    who: Who,
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    project: PathBuf,
+    state: PathBuf,
+}
+
+fn env(who: Who) -> Env {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "these tests run as root (they also become the plain user {PLAIN})"
+    );
+    assert!(
+        std::path::Path::new(PYTHON).exists(),
+        "{PYTHON} is missing: run scripts/setup.sh"
+    );
+    let tmp = tempfile::Builder::new()
+        .prefix("shade-limk-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let root = tmp.path().canonicalize().unwrap();
+    let (project, state) = (root.join("project"), root.join("state"));
+    for d in [&project, &state] {
+        std::fs::create_dir(d).unwrap();
+    }
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    if who == Who::Plain {
+        common::plain::require_fuse();
+        let (uid, gid) = plain_ids();
+        for p in [&root, &project, &state] {
+            std::os::unix::fs::chown(p, Some(uid), Some(gid)).unwrap();
+        }
+    }
+    Env {
+        who,
+        _tmp: tmp,
+        root,
+        project,
+        state,
+    }
+}
+
+impl Env {
+    /// `shade run -- python3 -c script` as this test's user, with `config` as its config.
+    fn run_python(&self, config: &str, script: &str) -> Output {
+        let cfg = self.root.join("config.toml");
+        std::fs::write(&cfg, config).unwrap();
+        std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let bin = env!("CARGO_BIN_EXE_shade");
+        let mut c = match self.who {
+            Who::Root => Command::new(bin),
+            Who::Plain => {
+                let mut c = Command::new("/usr/bin/setpriv");
+                c.args([
+                    &format!("--reuid={PLAIN}"),
+                    &format!("--regid={PLAIN}"),
+                    "--init-groups",
+                    "--",
+                ])
+                .arg(plain_copy(bin));
+                c.env("HOME", format!("/home/{PLAIN}"));
+                c
+            }
+        };
+        let out = c
+            .env("SHADE_STATE_DIR", &self.state)
+            .env("SHADE_CONFIG", &cfg)
+            .env_remove("CARGO_TARGET_DIR")
+            .current_dir(&self.project)
+            .stdin(Stdio::null())
+            .args(["run", "--", PYTHON, "-c", script])
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{:?}: the command did not run to its end\n{}",
+            self.who,
+            show(&out)
+        );
+        out
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        common::stop_branch_servers(&self.state);
+    }
+}
+
+/// The `key value…` line the command printed, as words after the key.
+fn said(o: &Output, key: &str) -> Vec<String> {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .find_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next() == Some(key)).then(|| w.map(str::to_string).collect())
+        })
+        .unwrap_or_else(|| panic!("the command did not say {key:?}\n{}", show(o)))
+}
+
+/// Reads its niceness and policy from /proc/self/stat, then tries to take more: renice to
+/// 0, switch to SCHED_OTHER, raise RLIMIT_NICE. As root, finds its cpu cgroup (the
+/// `shade-*` directory whose cgroup.procs lists it, seen through the host's /sys) and
+/// reads its weight.
+const CPU_PROBE: &str = r#"
+import errno, os, resource
+stat = open("/proc/self/stat").read()
+f = stat[stat.rindex(")") + 2:].split()
+print("nice", f[16])
+print("policy", f[38])
+def attempt(name, fn):
+    try:
+        fn()
+        print(name, "allowed")
+    except OSError as e:
+        print(name, errno.errorcode[e.errno])
+    except ValueError:
+        print(name, "refused")
+attempt("renice", lambda: os.setpriority(os.PRIO_PROCESS, 0, 0))
+attempt("sched_other", lambda: os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0)))
+attempt("sched_fifo", lambda: os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1)))
+attempt("raise_rlimit_nice", lambda: resource.setrlimit(resource.RLIMIT_NICE, (20, 20)))
+print("rlimit_nice", *resource.getrlimit(resource.RLIMIT_NICE))
+me = str(os.getpid())
+found = []
+for top in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+    for d, subdirs, files in os.walk(top):
+        if os.path.basename(d).startswith("shade-"):
+            try:
+                procs = open(d + "/cgroup.procs").read().split()
+            except OSError:
+                continue
+            if me in procs:
+                for name in ("cpu.weight", "cpu.shares"):
+                    if name in files:
+                        found.append(name + "=" + open(d + "/" + name).read().strip())
+print("cgroup_cpu", *(found or ["none"]))
+"#;
+
+fn cpu_priority(who: Who) {
+    let e = env(who);
+    let o = e.run_python(
+        "[sandbox.run]\ncpu_weight = 30\nnice = 7\nscheduler = \"idle\"\n",
+        CPU_PROBE,
+    );
+    assert_eq!(said(&o, "nice"), ["7"], "{who:?}: niceness\n{}", show(&o));
+    // SCHED_IDLE is 5.
+    assert_eq!(said(&o, "policy"), ["5"], "{who:?}: policy\n{}", show(&o));
+    assert_eq!(said(&o, "renice"), ["EACCES"], "{who:?}\n{}", show(&o));
+    assert_eq!(said(&o, "sched_other"), ["EPERM"], "{who:?}\n{}", show(&o));
+    assert_eq!(said(&o, "sched_fifo"), ["EPERM"], "{who:?}\n{}", show(&o));
+    // Python turns setrlimit's EPERM into ValueError.
+    assert_eq!(
+        said(&o, "raise_rlimit_nice"),
+        ["refused"],
+        "{who:?}\n{}",
+        show(&o)
+    );
+    assert_eq!(said(&o, "rlimit_nice"), ["0", "0"], "{who:?}\n{}", show(&o));
+    let cg = said(&o, "cgroup_cpu");
+    match who {
+        // Weight 30 of v2's 100: v1's shares are 1024 × 30 / 100.
+        Who::Root => assert!(
+            cg.iter()
+                .any(|c| c == "cpu.shares=307" || c == "cpu.weight=30"),
+            "the command's cgroup has no CPU weight of 30: {cg:?}\n{}",
+            show(&o)
+        ),
+        Who::Plain => assert_eq!(cg, ["none"], "{}", show(&o)),
+    }
+
+    // A batch run: SCHED_BATCH (3), from which SCHED_OTHER is allowed (the same weight),
+    // but never a lower niceness.
+    let o = e.run_python(
+        "[sandbox.run]\nnice = 3\nscheduler = \"batch\"\n",
+        CPU_PROBE,
+    );
+    assert_eq!(said(&o, "nice"), ["3"], "{who:?}\n{}", show(&o));
+    assert_eq!(said(&o, "policy"), ["3"], "{who:?}\n{}", show(&o));
+    assert_eq!(said(&o, "renice"), ["EACCES"], "{who:?}\n{}", show(&o));
+
+    // `shade run`'s defaults: nice 5, SCHED_BATCH, as root weight 100 (v1: 1024 shares).
+    let o = e.run_python("", CPU_PROBE);
+    assert_eq!(said(&o, "nice"), ["5"], "{who:?}\n{}", show(&o));
+    assert_eq!(said(&o, "policy"), ["3"], "{who:?}\n{}", show(&o));
+    if who == Who::Root {
+        let cg = said(&o, "cgroup_cpu");
+        assert!(
+            cg.iter()
+                .any(|c| c == "cpu.shares=1024" || c == "cpu.weight=100"),
+            "{cg:?}\n{}",
+            show(&o)
+        );
+    }
+}
+
+/// SysV shared memory, message queues and semaphores, and POSIX message queues, in the
+/// command's IPC namespace (a 256 MiB memory limit): a segment past the memory limit is
+/// refused (EINVAL), segments past it in all too (ENOSPC), queues past an eighth of it,
+/// and writing the limits fails.
+const IPC_PROBE: &str = r#"
+import ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmget.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]
+IPC_CREAT = 0o1000
+def res(r):
+    return "ok" if r >= 0 else errno.errorcode[ctypes.get_errno()]
+def sysctl(name):
+    return open("/proc/sys/" + name).read().split()
+print("shmmax", *sysctl("kernel/shmmax"))
+print("shmall", *sysctl("kernel/shmall"))
+print("msgmni", *sysctl("kernel/msgmni"))
+print("sem", *sysctl("kernel/sem"))
+print("queues_max", *sysctl("fs/mqueue/queues_max"))
+print("shm_big", res(libc.shmget(0, 1 << 30, IPC_CREAT | 0o600)))
+print("shm_first", res(libc.shmget(0, 200 << 20, IPC_CREAT | 0o600)))
+print("shm_second", res(libc.shmget(0, 200 << 20, IPC_CREAT | 0o600)))
+n, err = 0, "none"
+while n < 40000:
+    r = libc.msgget(0, IPC_CREAT | 0o600)
+    if r < 0:
+        err = errno.errorcode[ctypes.get_errno()]
+        break
+    n += 1
+print("msg_queues", n, err)
+print("sem_big", res(libc.semget(0, 30000, IPC_CREAT | 0o600)))
+for name in ("kernel/shmall", "kernel/msgmni", "kernel/sem", "fs/mqueue/queues_max"):
+    try:
+        with open("/proc/sys/" + name, "w") as f:
+            f.write("1000000\n")
+        print("write_" + name.split("/")[-1], "allowed")
+    except OSError as e:
+        print("write_" + name.split("/")[-1], errno.errorcode[e.errno])
+print("shmall_after", *sysctl("kernel/shmall"))
+"#;
+
+fn ipc_bounded(who: Who) {
+    let e = env(who);
+    let o = e.run_python("[sandbox.run]\nmemory = \"256MiB\"\n", IPC_PROBE);
+    let mib256 = 256u64 << 20;
+    assert_eq!(said(&o, "shmmax"), [mib256.to_string()], "{}", show(&o));
+    assert_eq!(
+        said(&o, "shmall"),
+        [(mib256 / 4096).to_string()],
+        "{}",
+        show(&o)
+    );
+    assert_eq!(said(&o, "shm_big"), ["EINVAL"], "{who:?}\n{}", show(&o));
+    assert_eq!(said(&o, "shm_first"), ["ok"], "{who:?}\n{}", show(&o));
+    assert_eq!(
+        said(&o, "shm_second"),
+        ["ENOSPC"],
+        "{who:?}: 400 MiB of SysV shared memory under a 256 MiB limit\n{}",
+        show(&o)
+    );
+    // An eighth of 256 MiB, in queues of 16 KiB of text and 16384 headers of 64 bytes.
+    let queues = (32u64 << 20) / (16384 * 65);
+    assert_eq!(said(&o, "msgmni"), [queues.to_string()], "{}", show(&o));
+    assert_eq!(
+        said(&o, "msg_queues"),
+        [queues.to_string(), "ENOSPC".to_string()],
+        "{who:?}\n{}",
+        show(&o)
+    );
+    assert_eq!(said(&o, "sem_big"), ["EINVAL"], "{who:?}\n{}", show(&o));
+    // POSIX message queues: the kernel's 256 (an eighth of 256 MiB holds more); their
+    // bytes are RLIMIT_MSGQUEUE's, per user.
+    assert_eq!(said(&o, "queues_max"), ["256"], "{}", show(&o));
+    for name in ["shmall", "msgmni", "sem", "queues_max"] {
+        assert_eq!(
+            said(&o, &format!("write_{name}")),
+            ["EROFS"],
+            "{who:?}: the command could write {name}\n{}",
+            show(&o)
+        );
+    }
+    assert_eq!(said(&o, "shmall_after"), [(mib256 / 4096).to_string()]);
+}
+
+/// Its processes' open files: `RLIMIT_NOFILE` at `open_files`, which it cannot raise; an
+/// open past it gets EMFILE.
+fn open_files_bounded(who: Who) {
+    let e = env(who);
+    let o = e.run_python(
+        "[sandbox.run]\nopen_files = 64\n",
+        r#"
+import errno, os, resource
+print("nofile", *resource.getrlimit(resource.RLIMIT_NOFILE))
+try:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (65, 65))
+    print("raise allowed")
+except (OSError, ValueError):
+    print("raise refused")
+fds, err = [], "none"
+while len(fds) < 100000:
+    try:
+        fds.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError as e:
+        err = errno.errorcode[e.errno]
+        break
+print("opened", len(fds), err)
+"#,
+    );
+    let lim = said(&o, "nofile");
+    assert_eq!(lim[1], "64", "{who:?}: the hard limit\n{}", show(&o));
+    assert_eq!(said(&o, "raise"), ["refused"], "{who:?}\n{}", show(&o));
+    let opened = said(&o, "opened");
+    assert_eq!(opened[1], "EMFILE", "{who:?}\n{}", show(&o));
+    assert!(
+        opened[0].parse::<u32>().unwrap() < 64,
+        "{who:?}: {} files open under a limit of 64\n{}",
+        opened[0],
+        show(&o)
+    );
+}
+
+#[test]
+fn open_files_bounded_as_root() {
+    open_files_bounded(Who::Root);
+}
+
+#[test]
+fn open_files_bounded_as_plain_user() {
+    open_files_bounded(Who::Plain);
+}
+
+#[test]
+fn cpu_priority_as_root() {
+    cpu_priority(Who::Root);
+}
+
+#[test]
+fn cpu_priority_as_plain_user() {
+    cpu_priority(Who::Plain);
+}
+
+#[test]
+fn ipc_bounded_as_root() {
+    ipc_bounded(Who::Root);
+}
+
+#[test]
+fn ipc_bounded_as_plain_user() {
+    ipc_bounded(Who::Plain);
+}
