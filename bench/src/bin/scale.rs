@@ -337,9 +337,14 @@ fn table(
     s
 }
 
+/// A series: its name and how to read it from a point.
+type Series = (&'static str, Box<dyn Fn(&Point) -> f64>);
+/// A panel: its title and its series.
+type Panel = (&'static str, Vec<Series>);
+
 /// Four panels over a log axis of live branches.
 fn svg(points: &[Point]) -> String {
-    let panels: [(&str, Vec<(&str, Box<dyn Fn(&Point) -> f64>)>); 4] = [
+    let panels: [Panel; 4] = [
         (
             "creation ms (p50, p99)",
             vec![
