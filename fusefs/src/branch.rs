@@ -179,6 +179,11 @@ pub struct Branch {
     warm: std::sync::Mutex<Option<crate::warm::Warm>>,
     /// shade's ids as the project shows them, when it is a shifted branch (see `create`).
     own: Option<(u32, u32)>,
+    /// What a connection serving this branch is mounted with (`attach` takes one).
+    key: crate::pool::Key,
+    /// The branch let its connection go while idle ([`Branch::detach`]): it holds no
+    /// mount, descriptor or thread until [`Branch::attach`].
+    detached: bool,
 }
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -216,6 +221,17 @@ fn state_inside(project: &Path, state: &StateDir) -> Result<Option<PathBuf>, Bra
 impl Branch {
     /// Create and mount a new branch of `project`.
     pub fn create(project: &Path, opts: &BranchOptions) -> Result<Branch, BranchError> {
+        Branch::make(project, opts, false)
+    }
+
+    /// Create a branch that holds no connection yet ([`Branch::detach`]ed from the start):
+    /// no mount, thread or `/proc` look until [`Branch::attach`]. For a holder of many
+    /// branches that are made ahead of use (`shade mcp`, the scale bench).
+    pub fn create_detached(project: &Path, opts: &BranchOptions) -> Result<Branch, BranchError> {
+        Branch::make(project, opts, true)
+    }
+
+    fn make(project: &Path, opts: &BranchOptions, detached: bool) -> Result<Branch, BranchError> {
         raise_fd_limit();
         keep_big_buffers_unresident();
         let project = std::fs::canonicalize(project).map_err(|source| BranchError::Project {
@@ -285,8 +301,12 @@ impl Branch {
         // users outside the command away from it. The command reaches the branch through
         // its bind mount over the project's path, which needs no path through here.
         mk(&dir, 0o700)?;
+        crate::pool::dir_use(&dir, None, Some(true));
         mk(&store_dir, 0o700)?;
-        mk(&mountpoint, 0o755)?;
+        if !detached {
+            // A detached branch mounts in a directory of its own when it attaches.
+            mk(&mountpoint, 0o755)?;
+        }
         let owner = dir.join("owner");
         std::fs::write(
             &owner,
@@ -313,6 +333,41 @@ impl Branch {
             passthrough: crate::passthrough::wanted(),
             euid,
         };
+        if detached {
+            let root_dev = lower
+                .stat(Path::new(""))
+                .ok()
+                .flatten()
+                .map_or(0, |st| st.st_dev);
+            let ignore = IgnoreRules::load(&project);
+            let tree = crate::tree::Tree::new(root_dev);
+            let overlay = Arc::new(Overlay::with_tree(lower, store, ignore, None, tree));
+            overlay.tree().forget_kernel();
+            let own = match opts.id_shift {
+                Some(s) if is_shade_mount(&project) => {
+                    // SAFETY: geteuid/getegid cannot fail.
+                    let (u, g) = unsafe { (libc::geteuid(), libc::getegid()) };
+                    Some((s.show(u), s.show(g)))
+                }
+                _ => None,
+            };
+            let mountpoint = dir.join("detached");
+            live_mounts().insert(mountpoint.clone(), vec![dir.clone()]);
+            return Ok(Branch {
+                id,
+                project,
+                dir,
+                mountpoint,
+                state: opts.state.clone(),
+                overlay,
+                conn: None,
+                parked: None,
+                warm: std::sync::Mutex::new(None),
+                own,
+                key,
+                detached: true,
+            });
+        }
         let pooled = (crate::pool::pool_size() > 0 && !key.passthrough)
             .then(|| crate::pool::take(&key))
             .flatten();
@@ -323,6 +378,7 @@ impl Branch {
                     (id, project, dir),
                     (lower, store),
                     opts,
+                    key,
                 ))
             }
             None => (lower, store),
@@ -339,38 +395,7 @@ impl Branch {
             }
             s => (s, None),
         };
-        let mut config = Config::default();
-        config.mount_options = vec![
-            MountOption::FSName(format!("shade:{id}")),
-            MountOption::Subtype("shade".into()),
-            MountOption::DefaultPermissions,
-            MountOption::Dev,
-            MountOption::Suid,
-        ];
-        config.acl = if opts.allow_other {
-            SessionACL::All
-        } else {
-            SessionACL::Owner
-        };
-        config.n_threads = Some(opts.threads.max(1));
-        config.clone_fd = opts.threads > 1;
-        let current = Arc::new(crate::fs::Current::new(overlay.clone()));
-        let fs = ShadeFs {
-            current: current.clone(),
-            passthrough: (crate::passthrough::wanted() && overlay.caching())
-                .then(crate::passthrough::Passthrough::default),
-            shift,
-        };
-        let session = fuser::Session::new(fs, &mountpoint, &config)
-            .and_then(|s| s.spawn())
-            .map_err(|source| {
-                let _ = std::fs::remove_dir_all(&dir);
-                BranchError::Mount {
-                    path: mountpoint.clone(),
-                    source,
-                }
-            })?;
-        let conn = crate::pool::Conn::new(session, current, mountpoint.clone(), dir.clone(), key);
+        let conn = mount_conn(&key, &id, &dir, shift, &overlay)?;
         conn.serve(&overlay);
         raise_readahead(&mountpoint);
         live_mounts().insert(mountpoint.clone(), vec![dir.clone()]);
@@ -385,6 +410,8 @@ impl Branch {
             parked: None,
             warm: std::sync::Mutex::new(None),
             own,
+            key,
+            detached: false,
         })
     }
 
@@ -396,6 +423,7 @@ impl Branch {
         (id, project, dir): (String, PathBuf, PathBuf),
         (lower, store): (Lower, Store),
         opts: &BranchOptions,
+        key: crate::pool::Key,
     ) -> Branch {
         let tree = conn.unpark();
         let watch = conn.current.get().watch.clone();
@@ -437,12 +465,176 @@ impl Branch {
             parked: None,
             warm: std::sync::Mutex::new(None),
             own,
+            key,
+            detached: false,
         }
     }
 
     /// Whether this branch is served by a connection an earlier branch used (the pool).
     pub fn reused_connection(&self) -> bool {
         self.conn.as_ref().is_some_and(|c| c.served > 0)
+    }
+
+    /// Let the branch's FUSE connection go while nothing uses it (issue 31, scale): an idle
+    /// branch then holds no mount, thread or descriptor — only its changes, store and
+    /// reads — and ten thousand of them fit in one process. The connection goes back to
+    /// the pool (or is unmounted) exactly as when a branch is dropped, after the same
+    /// checks (`pool.rs`: no command running or tainted, no open handle, no process
+    /// referring into the mount, no copy of it in another namespace); if any fails the
+    /// branch stays attached and the reason is returned. [`Branch::attach`] (or
+    /// [`Branch::mountpoint_attached`]) takes a connection again; the mount point may differ.
+    pub fn detach(&mut self) -> Result<(), String> {
+        if self.detached {
+            return Ok(());
+        }
+        let Some(conn) = self.conn.as_ref() else {
+            return Err("the branch is unmounted".into());
+        };
+        if let Some(why) = conn.busy(&self.overlay) {
+            return Err(why);
+        }
+        let unsafe_to_pool = conn.unsafe_to_pool();
+        if let Some(mut w) = self
+            .warm
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            w.stop();
+        }
+        let Some(conn) = self.conn.take() else {
+            return Err("the branch is unmounted".into());
+        };
+        let pooling = crate::pool::pool_size() > 0 && !conn.key.passthrough;
+        let make = match (&unsafe_to_pool, pooling) {
+            (None, true) => self.parked_overlay(&conn).ok(),
+            _ => None,
+        };
+        live_mounts().remove(&self.mountpoint);
+        match make {
+            Some(make) => {
+                let _reset = conn.park(&self.overlay, make);
+                crate::pool::give_checked(conn);
+            }
+            None => {
+                // Unmounted (aborted): the kernel forgets everything of it, and whatever
+                // still referred into it gets errors.
+                if let Some(why) = &unsafe_to_pool {
+                    tracing::debug!("detaching {} without pooling: {why}", self.id);
+                }
+                conn.discard();
+            }
+        }
+        let stand_in = Arc::new(empty_overlay_like(&self.overlay));
+        self.overlay = detached_overlay(std::mem::replace(&mut self.overlay, stand_in));
+        self.overlay.tree().forget_kernel();
+        // A path that does not exist: `mnt` may be the mount of the connection this branch
+        // was first mounted with, which serves other branches now.
+        self.mountpoint = self.dir.join("detached");
+        live_mounts().insert(self.mountpoint.clone(), vec![self.dir.clone()]);
+        self.detached = true;
+        Ok(())
+    }
+
+    /// Whether the branch holds no connection now ([`Branch::detach`]).
+    pub fn is_detached(&self) -> bool {
+        self.detached
+    }
+
+    /// Take a FUSE connection again after [`Branch::detach`]: a pooled one of the project
+    /// (its kernel caches of the unchanged project stay warm) or a new mount. The kernel
+    /// is made to show exactly this branch (`attach.rs`): nothing of the connection's
+    /// previous branches, every change of this one. Afterwards [`Branch::mountpoint`] is
+    /// where it is mounted now. Does nothing on an attached branch.
+    pub fn attach(&mut self) -> Result<(), BranchError> {
+        if !self.detached {
+            return Ok(());
+        }
+        let pooled = (crate::pool::pool_size() > 0 && !self.key.passthrough)
+            .then(|| crate::pool::take(&self.key))
+            .flatten();
+        let (lower, store, ignore, mut tree) = take_parts(&mut self.overlay)?;
+        let (conn, kernel) = match pooled {
+            Some(conn) => {
+                let kernel = conn.unpark();
+                (Some(conn), kernel)
+            }
+            None => {
+                let dev = lower
+                    .stat(Path::new(""))
+                    .ok()
+                    .flatten()
+                    .map_or(0, |st| st.st_dev);
+                (None, crate::tree::Tree::new(dev))
+            }
+        };
+        let reset = tree.adopt(kernel, &lower);
+        let (conn, overlay) = match conn {
+            Some(conn) => {
+                let watch = conn.current.get().watch.clone();
+                let overlay = Arc::new(Overlay::with_tree(lower, store, ignore, watch, tree));
+                conn.serve(&overlay);
+                reset.send(&conn.notifier);
+                if let Some(w) = &overlay.watch {
+                    w.sync();
+                }
+                (conn, overlay)
+            }
+            None => {
+                let cache = std::env::var_os("SHADE_KERNEL_CACHE").is_none_or(|v| v != "0");
+                let watch = cache
+                    .then(|| crate::watch::LowerWatch::new(lower.root()))
+                    .flatten();
+                let overlay = Arc::new(Overlay::with_tree(lower, store, ignore, watch, tree));
+                let cid = format!(
+                    "{}-c{}",
+                    std::process::id(),
+                    COUNTER.fetch_add(1, Ordering::Relaxed)
+                );
+                let cdir = self.state.branches().join(&cid);
+                let made = make_conn_dir(&cdir, &self.project);
+                let shift = if self.own.is_some() {
+                    None
+                } else {
+                    self.key.shift
+                };
+                let conn = made.and_then(|()| mount_conn(&self.key, &cid, &cdir, shift, &overlay));
+                let conn = match conn {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // Keep the branch whole and detached: its parts go back.
+                        self.overlay = detached_overlay(overlay);
+                        self.overlay.tree().forget_kernel();
+                        return Err(e);
+                    }
+                };
+                conn.serve(&overlay);
+                raise_readahead(&conn.mountpoint);
+                (conn, overlay)
+            }
+        };
+        live_mounts().remove(&self.mountpoint);
+        self.mountpoint = conn.mountpoint.clone();
+        live_mounts().insert(
+            self.mountpoint.clone(),
+            vec![self.dir.clone(), conn.dir.clone()],
+        );
+        tracing::debug!(
+            branch = %self.id,
+            connection = %conn.dir.display(),
+            notifications = reset.len(),
+            "a detached branch took a connection again"
+        );
+        self.overlay = overlay;
+        self.conn = Some(conn);
+        self.detached = false;
+        Ok(())
+    }
+
+    /// [`Branch::attach`], then where the branch is mounted.
+    pub fn mountpoint_attached(&mut self) -> Result<PathBuf, BranchError> {
+        self.attach()?;
+        Ok(self.mountpoint.clone())
     }
 
     /// Start walking the branch's directories in the background (`warm.rs`), so that
@@ -530,8 +722,13 @@ impl Branch {
 
     /// Stop serving the mount (processes using it get errors from now on).
     pub fn unmount(&mut self) {
-        // The outside layer's overlays first: the branch's directory is removed next.
-        crate::sandbox::release_outside(&self.outside_dir());
+        // The outside layer's overlays first: the branch's directory is removed next. (None
+        // can be mounted under a directory that does not exist: a branch no command ran in
+        // skips reading the mount table, which 10,000 dropped branches felt.)
+        let outside = self.outside_dir();
+        if std::fs::symlink_metadata(&outside).is_ok() {
+            crate::sandbox::release_outside(&outside);
+        }
         if let Some(mut w) = self
             .warm
             .get_mut()
@@ -562,7 +759,7 @@ impl Branch {
                 Err(e) => tracing::debug!("not pooling {}: {e}", self.mountpoint.display()),
             }
         }
-        conn.teardown();
+        conn.discard();
     }
 
     /// What a parked connection serves until a branch takes it: the unchanged project,
@@ -748,15 +945,16 @@ impl Drop for Branch {
     fn drop(&mut self) {
         self.unmount();
         let parked = self.parked.take();
-        let removed = match &parked {
-            // The connection's directory (this was its first branch) stays with the pool:
-            // only the branch's own parts go.
-            Some((conn, _)) if conn.dir == self.dir => ["store", "outside"]
+        let removed = if crate::pool::dir_use(&self.dir, None, Some(false)) {
+            // A connection mounted in the branch's directory (this was its first branch)
+            // lives on in the pool or serves another branch: only the branch's own parts go.
+            ["store", "outside"]
                 .iter()
                 .map(|p| self.dir.join(p))
                 .filter(|p| p.exists())
-                .try_for_each(std::fs::remove_dir_all),
-            _ => std::fs::remove_dir_all(&self.dir),
+                .try_for_each(std::fs::remove_dir_all)
+        } else {
+            std::fs::remove_dir_all(&self.dir)
         };
         if let Err(e) = removed {
             tracing::warn!("removing branch store {}: {e}", self.dir.display());
@@ -769,6 +967,139 @@ impl Drop for Branch {
             crate::pool::give(conn);
         }
     }
+}
+
+/// An overlay of the same project with nothing in it, to stand in for a moment while a
+/// branch's own is taken apart.
+fn empty_overlay_like(o: &Overlay) -> Overlay {
+    let none = BranchLimits {
+        size: Some(0),
+        metadata: Some(0),
+    };
+    let store = Store::new(PathBuf::new(), 0, Arc::new(Budget::new(none)));
+    Overlay::with_tree(
+        o.lower.clone(),
+        store,
+        IgnoreRules::empty(),
+        None,
+        crate::tree::Tree::new(0),
+    )
+}
+
+/// `o` as a detached branch keeps it: its own parts only (no handles, cached lower
+/// descriptors, listings, watch or notifier). If something still holds the served overlay
+/// (a request in flight the instant the connection passed on), it is kept as it is and
+/// taken apart on the next attach.
+fn detached_overlay(mut o: Arc<Overlay>) -> Arc<Overlay> {
+    for _ in 0..200 {
+        match Arc::try_unwrap(o) {
+            Ok(ov) => {
+                let (lower, store, ignore, tree) = ov.into_parts();
+                return Arc::new(Overlay::with_tree(lower, store, ignore, None, tree));
+            }
+            Err(back) => {
+                o = back;
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    }
+    o
+}
+
+/// The parts of a detached branch's overlay, to build the served one from.
+fn take_parts(
+    o: &mut Arc<Overlay>,
+) -> Result<(Lower, Store, IgnoreRules, crate::tree::Tree), BranchError> {
+    let stand_in = Arc::new(empty_overlay_like(o));
+    let mine = std::mem::replace(o, stand_in);
+    let mut mine = mine;
+    for _ in 0..1000 {
+        match Arc::try_unwrap(mine) {
+            Ok(ov) => return Ok(ov.into_parts()),
+            Err(back) => {
+                mine = back;
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    }
+    let path = mine.lower.root().to_path_buf();
+    *o = mine;
+    Err(BranchError::State {
+        path,
+        source: std::io::Error::other("the branch's overlay is still in use"),
+    })
+}
+
+/// A connection's own state directory (for a detached branch that takes a new mount): an
+/// owner file, so `cleanup_stale` finds it after a crash, and the mount point.
+fn make_conn_dir(dir: &Path, project: &Path) -> Result<(), BranchError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let err = |p: &Path| {
+        let p = p.to_path_buf();
+        move |source| BranchError::State { path: p, source }
+    };
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dir)
+        .map_err(err(dir))?;
+    std::fs::DirBuilder::new()
+        .mode(0o755)
+        .create(dir.join("mnt"))
+        .map_err(err(dir))?;
+    std::fs::write(
+        dir.join("owner"),
+        format!("{}\n{}\n", std::process::id(), project.display()),
+    )
+    .map_err(err(dir))
+}
+
+/// Mount a new FUSE connection at `dir/mnt` serving `overlay`, with `key`'s options.
+fn mount_conn(
+    key: &crate::pool::Key,
+    id: &str,
+    dir: &Path,
+    shift: Option<crate::idmap::IdShift>,
+    overlay: &Arc<Overlay>,
+) -> Result<crate::pool::Conn, BranchError> {
+    let mountpoint = dir.join("mnt");
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(format!("shade:{id}")),
+        MountOption::Subtype("shade".into()),
+        MountOption::DefaultPermissions,
+        MountOption::Dev,
+        MountOption::Suid,
+    ];
+    config.acl = if key.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(key.threads.max(1));
+    config.clone_fd = key.threads > 1;
+    let current = Arc::new(crate::fs::Current::new(overlay.clone()));
+    let fs = ShadeFs {
+        current: current.clone(),
+        passthrough: (key.passthrough && overlay.caching())
+            .then(crate::passthrough::Passthrough::default),
+        shift,
+    };
+    let session = fuser::Session::new(fs, &mountpoint, &config)
+        .and_then(|s| s.spawn())
+        .map_err(|source| {
+            let _ = std::fs::remove_dir_all(dir);
+            BranchError::Mount {
+                path: mountpoint.clone(),
+                source,
+            }
+        })?;
+    Ok(crate::pool::Conn::new(
+        session,
+        current,
+        mountpoint,
+        dir.to_path_buf(),
+        key.clone(),
+    ))
 }
 
 /// Every branch this process has mounted and not yet dropped: mount point → state directory.

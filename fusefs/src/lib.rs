@@ -6,6 +6,7 @@
 //! dropping the branch aborts it.
 
 pub mod accept;
+mod attach;
 mod branch;
 pub mod budget;
 mod changeset;

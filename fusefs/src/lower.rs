@@ -12,9 +12,12 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 /// The lower directory of a branch.
+#[derive(Clone)]
 pub(crate) struct Lower {
     root: PathBuf,
-    fd: OwnedFd,
+    /// Shared by every branch of the same project directory in this process (`shared_root`):
+    /// ten thousand branches of one project hold one descriptor, not ten thousand.
+    fd: std::sync::Arc<OwnedFd>,
     /// shade's state directory when it lies inside the project (relative to the root): the
     /// branch neither shows nor reads it. Its branch mount points are under it, so reading
     /// it through lower would make the FUSE server wait on its own mount (a deadlock), and
@@ -37,6 +40,36 @@ fn cpath(rel: &Path) -> io::Result<CString> {
         bytes
     };
     CString::new(bytes).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// The descriptor of `root` that branches of it share: the one already open if it is still
+/// the directory `fresh` (just opened) is and that directory is not deleted, else `fresh`.
+/// The fresh one is closed when an open one is shared, so a branch still reads exactly the
+/// directory that was at the path when it was created.
+fn shared_root(root: &Path, fresh: OwnedFd) -> io::Result<std::sync::Arc<OwnedFd>> {
+    use std::sync::{Arc, Mutex, PoisonError, Weak};
+    type Roots = Vec<(PathBuf, (u64, u64), Weak<OwnedFd>)>;
+    static ROOTS: Mutex<Roots> = Mutex::new(Vec::new());
+    let id = |fd: &OwnedFd| -> io::Result<((u64, u64), u64)> {
+        // SAFETY: fstat into a zeroed struct, read only on success.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+        Ok(((st.st_dev, st.st_ino), st.st_nlink))
+    };
+    let (want, _) = id(&fresh)?;
+    let mut roots = ROOTS.lock().unwrap_or_else(PoisonError::into_inner);
+    roots.retain(|(_, _, w)| w.strong_count() > 0);
+    let open = roots
+        .iter()
+        .filter(|(p, i, _)| p == root && *i == want)
+        .find_map(|(_, _, w)| w.upgrade())
+        .filter(|fd| id(fd).is_ok_and(|(_, nlink)| nlink > 0));
+    if let Some(fd) = open {
+        return Ok(fd);
+    }
+    let fd = Arc::new(fresh);
+    roots.push((root.to_path_buf(), want, Arc::downgrade(&fd)));
+    Ok(fd)
 }
 
 fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
@@ -63,7 +96,7 @@ impl Lower {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         Ok(Lower {
             root: root.to_path_buf(),
-            fd,
+            fd: shared_root(root, fd)?,
             hidden: None,
         })
     }

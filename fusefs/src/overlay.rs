@@ -100,12 +100,24 @@ impl Overlay {
             tree: Mutex::new(tree),
             handles: Mutex::new(FxHashMap::default()),
             next_fh: AtomicU64::new(1),
-            lower_fds: Mutex::new(lru::LruCache::new(
+            // `sparse`: no table until used (a detached branch never uses it).
+            lower_fds: Mutex::new(lru::LruCache::sparse(
                 std::num::NonZeroUsize::new(LOWER_FD_CACHE).unwrap_or(std::num::NonZeroUsize::MIN),
             )),
             listings: Mutex::new(FxHashMap::default()),
             notifier: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The branch's own state without what serving it on a connection added (handles,
+    /// cached lower descriptors and listings, the watch, the notifier): a branch that lets
+    /// its connection go keeps only this (`attach.rs`).
+    pub fn into_parts(self) -> (Lower, Store, IgnoreRules, Tree) {
+        let tree = self
+            .tree
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner);
+        (self.lower, self.store, self.ignore, tree)
     }
 
     pub fn tree(&self) -> MutexGuard<'_, Tree> {

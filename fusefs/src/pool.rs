@@ -18,6 +18,7 @@ use crate::fs::Current;
 use crate::overlay::Overlay;
 use crate::reset::Reset;
 use fuser::{BackgroundSession, Notifier};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -64,6 +65,7 @@ impl Conn {
     ) -> Conn {
         let notifier = session.notifier();
         let id = connection_id(&mountpoint);
+        dir_use(&dir, Some(true), None);
         // A number an earlier, gone connection had: what ran on that one is no concern.
         forget_uses(id);
         Conn {
@@ -154,15 +156,51 @@ impl Conn {
         }
     }
 
-    /// Teardown and remove its state directory.
-    fn discard(self) {
+    /// Teardown, and remove its state directory unless a live branch's state is in it (the
+    /// branch removes it then).
+    pub fn discard(self) {
         let dir = self.dir.clone();
         let id = self.id;
         self.teardown();
         forget_uses(id);
-        if let Err(e) = std::fs::remove_dir_all(&dir) {
-            tracing::warn!("removing pooled connection {}: {e}", dir.display());
+        if !dir_use(&dir, Some(false), None) {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::warn!("removing pooled connection {}: {e}", dir.display());
+            }
         }
+    }
+}
+
+/// Who uses a state directory: a mounted connection (its `mnt`), a live branch (its
+/// store, outside layer), or both — a branch's directory hosts the connection mounted for
+/// it, which outlives the branch in the pool, and a branch that let its connection go
+/// (`Branch::detach`) outlives the connection. Whoever goes last removes the directory.
+#[derive(Default, Clone, Copy)]
+struct DirUse {
+    conn: bool,
+    branch: bool,
+}
+
+static DIRS: Mutex<Option<std::collections::HashMap<PathBuf, DirUse>>> = Mutex::new(None);
+
+/// Note that a connection (`conn`) or a branch (`branch`) starts or stops using `dir`;
+/// returns whether anything still uses it afterwards.
+pub(crate) fn dir_use(dir: &Path, conn: Option<bool>, branch: Option<bool>) -> bool {
+    let mut all = DIRS.lock().unwrap_or_else(PoisonError::into_inner);
+    let all = all.get_or_insert_with(Default::default);
+    let mut u = all.get(dir).copied().unwrap_or_default();
+    if let Some(c) = conn {
+        u.conn = c;
+    }
+    if let Some(b) = branch {
+        u.branch = b;
+    }
+    if u.conn || u.branch {
+        all.insert(dir.to_path_buf(), u);
+        true
+    } else {
+        all.remove(dir);
+        false
     }
 }
 
@@ -259,14 +297,20 @@ pub(crate) fn take(key: &Key) -> Option<Conn> {
 }
 
 /// Give a parked connection back, or tear it down when pooling is off or the pool full.
-pub(crate) fn give(mut conn: Conn) {
-    let size = pool_size();
-    if size == 0 || !conn.alive() {
+pub(crate) fn give(conn: Conn) {
+    if let Some(why) = conn.unreusable(&conn.current.get(), true) {
+        tracing::debug!("not pooling {}: {why}", conn.mountpoint.display());
         conn.discard();
         return;
     }
-    if let Some(why) = conn.unreusable(&conn.current.get(), true) {
-        tracing::debug!("not pooling {}: {why}", conn.mountpoint.display());
+    give_checked(conn);
+}
+
+/// [`give`] of a connection whose caller just made the checks ([`Conn::busy`],
+/// [`Conn::unsafe_to_pool`]) and parked it: `Branch::detach` scans `/proc` once, not twice.
+pub(crate) fn give_checked(mut conn: Conn) {
+    let size = pool_size();
+    if size == 0 || !conn.alive() {
         conn.discard();
         return;
     }
@@ -548,6 +592,37 @@ pub(crate) fn forget_uses(id: Option<u32>) {
 }
 
 impl Conn {
+    /// Why the connection is in use now (`None`: it is not): a command runs on it, a
+    /// handle is open, or a live process refers into it (`/proc`). A branch whose
+    /// connection is in use keeps it (`Branch::detach`).
+    pub fn busy(&self, overlay: &Overlay) -> Option<String> {
+        let Some(id) = self.id else {
+            return Some("its connection number is unknown".into());
+        };
+        if let Some(u) = uses().get(&id) {
+            if u.running > 0 {
+                return Some(format!("{} command(s) still run on it", u.running));
+            }
+        }
+        let handles = settled_handles(overlay, id, &self.mountpoint);
+        if handles > 0 {
+            return Some(format!("{handles} open file handle(s)"));
+        }
+        referred_into(id, &self.mountpoint)
+    }
+
+    /// Why a connection not [`Conn::busy`] may still not serve another branch: a command
+    /// on it may have left a reference shade cannot see (tainted). Such a connection is
+    /// torn down (aborted), which ends every such reference too. A copy of the mount in
+    /// another namespace is not looked for here: [`take`] looks before any branch is served
+    /// (a namespace made while the connection idles must be caught there anyway), and the
+    /// look reads every other namespace's mount table — with other sandboxes' overlay
+    /// mounts, most of a detach's cost on this machine.
+    pub fn unsafe_to_pool(&self) -> Option<String> {
+        let id = self.id?;
+        uses().get(&id).and_then(|u| u.tainted.clone())
+    }
+
     /// Why the connection may not serve another branch (`None`: it may): see above.
     /// `scan`: look through `/proc` too (a few milliseconds).
     pub fn unreusable(&self, overlay: &Overlay, scan: bool) -> Option<String> {
@@ -562,16 +637,14 @@ impl Conn {
                 return Some(why.clone());
             }
         }
-        let handles = settled_handles(overlay, id);
+        let handles = settled_handles(overlay, id, &self.mountpoint);
         if handles > 0 {
             return Some(format!("{handles} open file handle(s)"));
         }
         if !scan {
             return None;
         }
-        holder_of(id)
-            .map(|pid| format!("process {pid} still refers into it"))
-            .or_else(|| copy_of_mount(id))
+        referred_into(id, &self.mountpoint).or_else(|| copy_of_mount(id))
     }
 }
 
@@ -584,9 +657,9 @@ const RELEASE_IN_FLIGHT: Duration = Duration::from_millis(500);
 /// and are waited for (at most [`RELEASE_IN_FLIGHT`]); with one, they are counted at once.
 /// Without this wait a connection was not pooled whenever the daemon had not yet read the
 /// RELEASE of the command's last file (often on a loaded machine).
-fn settled_handles(overlay: &Overlay, id: u32) -> usize {
+fn settled_handles(overlay: &Overlay, id: u32, mountpoint: &Path) -> usize {
     let handles = overlay.open_handles();
-    if handles == 0 || holder_of(id).is_some() {
+    if handles == 0 || referred_into(id, mountpoint).is_some() {
         return handles;
     }
     let start = Instant::now();
@@ -642,6 +715,43 @@ fn copy_in_a_process_namespace(minor: u32) -> Option<i32> {
             let allowed = usize::from(Some(&ns) == ours.as_ref());
             count(pid) > allowed
         })
+}
+
+/// Why something may still refer into connection `id` mounted at `mountpoint` (`None`:
+/// nothing does). As root, the kernel's count of references to the mount answers in one
+/// call (`mount_in_use`): every open file (O_PATH ones, mappings and descriptors queued in
+/// a socket included), cwd and root on it holds one — more than the `/proc` scan sees, at
+/// a fraction of its cost (which grows with every process's descriptors, this holder's
+/// own ten thousand memory files included). Without the privilege, the `/proc` scan.
+fn referred_into(id: u32, mountpoint: &Path) -> Option<String> {
+    match mount_in_use(mountpoint) {
+        Some(true) => Some("something still refers into it (the mount is busy)".into()),
+        Some(false) => None,
+        None => holder_of(id).map(|pid| format!("process {pid} still refers into it")),
+    }
+}
+
+/// Whether the mount at `mountpoint` has references beyond its place in the mount tree,
+/// from `umount2(MNT_EXPIRE)`: `EBUSY` if it has; if not, `EAGAIN` and the mount is marked
+/// expired — the mark is cleared at once by taking and dropping a reference (an O_PATH
+/// open), as any use of the mount clears it, so that no later `MNT_EXPIRE` unmounts it.
+/// `None` where the call is not permitted (not root) or says nothing.
+fn mount_in_use(mountpoint: &Path) -> Option<bool> {
+    match nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_EXPIRE) {
+        Err(nix::errno::Errno::EBUSY) => Some(true),
+        Err(nix::errno::Errno::EAGAIN) => {
+            let cleared = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+                .open(mountpoint);
+            drop(cleared);
+            Some(false)
+        }
+        // It was marked already and is unmounted now: nothing can refer into it through
+        // this mount; the connection fails the pool's liveness check and is torn down.
+        Ok(()) => Some(false),
+        Err(_) => None,
+    }
 }
 
 /// A live process (ours too) with an fd, cwd, root or mapping on the file system with

@@ -78,7 +78,12 @@ pub(crate) struct Tree {
     pub reads: crate::reads::Reads,
     /// Lower devices seen, by index: index 0 is the project's own file system; the index
     /// goes above a lower inode number's bits (`LOWER_INO_BITS`), like overlayfs' `xino`.
-    devs: Vec<u64>,
+    /// Shared by every tree of the same root device (`shared_devs`): a branch that moves
+    /// to another connection (`attach.rs`) must mean the same object by the same number
+    /// as the trees whose numbers that connection's kernel holds.
+    devs: Arc<std::sync::Mutex<Vec<u64>>>,
+    /// `devs[0]`, read without the lock (nearly every lower object is on it).
+    root_dev: u64,
     /// Lower numbers that branch objects took (a copied-up file, a directory with branch
     /// metadata): the branch's object and lower's are two objects from then on, so lower's
     /// object, wherever else it shows, gets a number of its own.
@@ -87,7 +92,6 @@ pub(crate) struct Tree {
     /// held for an unlinked object), by path, with the lower `(dev, ino)` they stand for:
     /// the same object at the same path keeps its number after the kernel forgets it.
     fallbacks: FxHashMap<PathBuf, ((u64, u64), u64)>,
-    next_ino: u64,
     /// What the slots cost the daemon's memory (`budget::slot_cost`), for the branch's
     /// metadata budget.
     pub slot_bytes: u64,
@@ -103,6 +107,27 @@ pub(crate) const BRANCH_INOS: u64 = 1 << 63;
 const LOWER_INO_BITS: u32 = 56;
 /// Devices that fit in the bits between `LOWER_INO_BITS` and `BRANCH_INOS`.
 const MAX_DEVS: usize = 1 << (63 - LOWER_INO_BITS);
+
+/// The next branch-range number, for the whole process: a number is never given twice,
+/// so a branch that leaves a connection and later takes another (`attach.rs`) can never
+/// meet a number the kernel holds there for another branch's object.
+static NEXT_BRANCH_INO: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(BRANCH_INOS | 2);
+
+/// A device table shared by trees (see `Tree::devs`).
+type Devs = Arc<std::sync::Mutex<Vec<u64>>>;
+
+/// The device table of every tree whose root is on `root_dev` (index 0 is that device).
+fn shared_devs(root_dev: u64) -> Devs {
+    static ALL: std::sync::Mutex<Option<FxHashMap<u64, Devs>>> = std::sync::Mutex::new(None);
+    let mut all = ALL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    all.get_or_insert_with(FxHashMap::default)
+        .entry(root_dev)
+        .or_insert_with(|| Arc::new(std::sync::Mutex::new(vec![root_dev])))
+        .clone()
+}
 
 /// What an entry costs beyond its slot: a symlink's target.
 fn entry_extra(entry: &Entry) -> u64 {
@@ -140,21 +165,21 @@ impl Tree {
             path_ino,
             orphans: FxHashMap::default(),
             reads: crate::reads::Reads::default(),
-            devs: vec![root_dev],
+            devs: shared_devs(root_dev),
+            root_dev,
             claimed: FxHashSet::default(),
             fallbacks: FxHashMap::default(),
-            next_ino: BRANCH_INOS | 2,
             slot_bytes: 0,
         }
     }
 
-    /// An empty view that a pooled connection's next branch starts from: the root, the
-    /// device indexes (they are in the numbers the kernel holds) and the next branch-range
-    /// number (those the kernel still holds are never given again).
+    /// An empty view that a pooled connection's next branch starts from: the root and the
+    /// device indexes (they are in the numbers the kernel holds; branch-range numbers are
+    /// never given twice in a process).
     pub fn carried(&self) -> Tree {
         let mut t = Tree::new(0);
         t.devs = self.devs.clone();
-        t.next_ino = self.next_ino;
+        t.root_dev = self.root_dev;
         if let Some(root) = self.inodes.get(&1) {
             if let Some(r) = t.inodes.get_mut(&1) {
                 r.lookups = root.lookups;
@@ -175,9 +200,7 @@ impl Tree {
     }
 
     pub fn alloc_ino(&mut self) -> u64 {
-        let ino = self.next_ino;
-        self.next_ino += 1;
-        ino
+        NEXT_BRANCH_INO.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The lower directory whose entries show through directory `dir` of the branch.
@@ -530,13 +553,21 @@ impl Tree {
         if ino >> LOWER_INO_BITS != 0 {
             return None;
         }
-        let idx = match self.devs.iter().position(|&d| d == dev) {
-            Some(i) => i,
-            None if self.devs.len() < MAX_DEVS => {
-                self.devs.push(dev);
-                self.devs.len() - 1
+        let idx = if dev == self.root_dev {
+            0
+        } else {
+            let mut devs = self
+                .devs
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match devs.iter().position(|&d| d == dev) {
+                Some(i) => i,
+                None if devs.len() < MAX_DEVS => {
+                    devs.push(dev);
+                    devs.len() - 1
+                }
+                None => return None,
             }
-            None => return None,
         };
         let key = ((idx as u64) << LOWER_INO_BITS) | ino;
         (key > 1).then_some(key)
