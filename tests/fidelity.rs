@@ -219,8 +219,9 @@ fn hole_punching_frees_a_range_and_keeps_the_size() {
 }
 
 /// A mount namespace made while a branch is mounted (a concurrent `shade run`, a linter's
-/// sandbox) keeps a copy of the branch mount. Unmounting the branch must still finish, and
-/// the copy must be dead, not serving a dropped branch.
+/// sandbox) keeps a copy of the branch mount. Unmounting the branch must still finish, the
+/// copy must not serve the dropped branch (dead, or showing only the unchanged project of
+/// a parked connection), and no later branch may be served where the copy reaches it.
 #[test]
 fn a_branch_unmounts_while_another_namespace_holds_a_copy() {
     let _alone = namespaces_alone();
@@ -228,6 +229,7 @@ fn a_branch_unmounts_while_another_namespace_holds_a_copy() {
     fx.write("f.txt", "f\n");
     let b = fx.branch();
     let mnt = b.mountpoint().to_path_buf();
+    fs::write(mnt.join("mine.txt"), "the branch's\n").unwrap();
     let mut holder = Command::new("unshare")
         .args(["-m", "--propagation", "private", "sleep", "60"])
         .spawn()
@@ -257,12 +259,30 @@ fn a_branch_unmounts_while_another_namespace_holds_a_copy() {
         let _ = tx.send(());
     });
     let done = rx.recv_timeout(std::time::Duration::from_secs(120));
-    let after = seen("f.txt");
+    let after = seen("mine.txt");
+    // The next branch, while the copy lives: never on the connection the copy reaches.
+    let b2 = fx.branch();
+    fs::write(b2.mountpoint().join("next.txt"), "the next branch's\n").unwrap();
+    let next = seen("next.txt");
+    let reused = b2.reused_connection();
+    drop(b2);
     holder.kill().unwrap();
     holder.wait().unwrap();
     assert!(done.is_ok(), "unmounting the branch hung behind the copy");
-    // The copy is dead (aborted), or gone with its removed mount point.
-    assert!(!after.status.success(), "the copy still serves the branch");
+    assert!(
+        !after.status.success(),
+        "the copy still serves the branch: {}",
+        out(&after)
+    );
+    assert!(
+        !next.status.success(),
+        "the copy serves the next branch: {}",
+        out(&next)
+    );
+    assert!(
+        !reused,
+        "the next branch took the connection a copy reaches"
+    );
     println!(
         "unmount with a copy in another namespace: done; the copy says {}",
         String::from_utf8_lossy(&after.stderr).trim()

@@ -281,24 +281,33 @@ pub(crate) fn take(key: &Key) -> Option<Conn> {
     for c in expired {
         c.discard();
     }
-    match found {
-        // A namespace made while the connection idled holds a copy that would serve the
-        // new branch too.
-        Some(c) if c.alive() && c.id.is_some_and(|id| copy_of_mount(id).is_none()) => {
-            let _ = std::fs::remove_file(c.dir.join(POOLED_MARK));
-            Some(c)
-        }
-        Some(c) => {
-            c.discard();
-            None
-        }
-        None => None,
+    let c = found?;
+    // Something that still refers into the mount, or a copy of it in another namespace
+    // (one made while the connection idled, or the last command's, not yet gone), would
+    // see the new branch too.
+    let why = match c.id {
+        _ if !c.alive() => Some("it is no longer mounted where it was".to_string()),
+        None => Some("its connection number is unknown".to_string()),
+        Some(id) => referred_into(id, &c.mountpoint).or_else(|| copy_of_mount(id)),
+    };
+    if let Some(why) = why {
+        tracing::debug!("not reusing {}: {why}", c.mountpoint.display());
+        c.discard();
+        return None;
     }
+    let _ = std::fs::remove_file(c.dir.join(POOLED_MARK));
+    Some(c)
 }
 
 /// Give a parked connection back, or tear it down when pooling is off or the pool full.
+/// What may still be going away when a command has just ended (its last processes'
+/// references into the mount, its namespaces' copies of it) is not looked for here but
+/// when a branch takes the connection ([`take`]): a parked connection serves only the
+/// unchanged project, read-only, to whatever still reaches it, and a connection checked
+/// an instant after its command ended was almost never pooled as the plain user (the
+/// sandbox's stage namespace was still being torn down).
 pub(crate) fn give(conn: Conn) {
-    if let Some(why) = conn.unreusable(&conn.current.get(), true) {
+    if let Some(why) = conn.unreusable(&conn.current.get(), false) {
         tracing::debug!("not pooling {}: {why}", conn.mountpoint.display());
         conn.discard();
         return;

@@ -256,6 +256,8 @@ fn a_parked_connection_takes_no_change_and_hands_none_on() {
         &via,
         "chmod 777 s.sh; mkdir sd; ln -s a.txt sl; rm -f b.txt",
     );
+    // Let go first: a connection something still refers into is not handed on (below).
+    drop(held);
     let b2 = Branch::create(&p, &opts(&state)).unwrap();
     assert!(b2.reused_connection());
     assert_eq!(
@@ -266,9 +268,44 @@ fn a_parked_connection_takes_no_change_and_hands_none_on() {
     let changes = b2.changeset(false).changes;
     assert!(changes.is_empty(), "nothing reached branch 2: {changes:?}");
     assert_eq!(view(&m), view(&p));
-    drop(held);
     drop(b2);
     shade_fusefs::drain_branch_pool();
+}
+
+/// A process that opened the parked connection (a stray process of the user's: only they
+/// reach the state directory) and still holds it when a branch comes keeps the branch off
+/// that connection: it would see the branch's files.
+#[test]
+fn a_parked_connection_held_open_is_not_handed_on() {
+    require_root();
+    let _serial = serial();
+    shade_fusefs::set_pool_size(2);
+    let tmp = tempfile::Builder::new()
+        .prefix("shade-pool-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let p = project(tmp.path());
+    let state = tmp.path().join("state");
+    let b1 = Branch::create(&p, &opts(&state)).unwrap();
+    let m = b1.mountpoint().to_path_buf();
+    b1.abort();
+    let held = fs::File::open(&m).unwrap();
+    let b2 = Branch::create(&p, &opts(&state)).unwrap();
+    fs::write(b2.mountpoint().join("new.txt"), "b2\n").unwrap();
+    let via = PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&held)
+    ));
+    let seen = fs::read_to_string(via.join("new.txt"));
+    let reused = b2.reused_connection();
+    drop(b2);
+    drop(held);
+    shade_fusefs::drain_branch_pool();
+    assert!(!reused, "the branch took a connection a process held open");
+    assert!(
+        seen.is_err(),
+        "the held descriptor reads the new branch: {seen:?}"
+    );
 }
 
 #[test]
