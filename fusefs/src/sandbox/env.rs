@@ -703,18 +703,12 @@ const SYSTEM_DIRS: &[&str] = &[
 ];
 
 /// The entries of `home` not on [`HOME_ALLOW`]: each one directly in the home (or in a
-/// directory the list names entries of) that is neither listed nor holds or lies in a
-/// path of `keep` (the project, the sandbox's binds and shared directories); a directory
-/// that holds one is looked into instead, its other entries hidden. A link's target is hidden in its place, unless it is one of
+/// directory the list names entries of) that is neither listed nor holds a path of `keep`
+/// (the project, the sandbox's binds); a directory that holds one is looked into instead,
+/// its other entries hidden. A link's target is hidden in its place, unless it is one of
 /// the system's directories.
 fn home_unlisted(home: &Path, keep: &[PathBuf]) -> Vec<PathBuf> {
     let mut found = Vec::new();
-    // A home inside what the sandbox shares (a test's directory) is shared whole.
-    if let Ok(real) = std::fs::canonicalize(home) {
-        if keep.iter().any(|k| real.starts_with(k)) {
-            return found;
-        }
-    }
     let mut stack: Vec<(PathBuf, String)> = vec![(home.to_path_buf(), String::new())];
     while let Some((dir, prefix)) = stack.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -733,10 +727,6 @@ fn home_unlisted(home: &Path, keep: &[PathBuf]) -> Vec<PathBuf> {
             let lists_inside = HOME_ALLOW.iter().any(|a| {
                 a.len() > rel.len() && a.starts_with(&rel) && a.as_bytes()[rel.len()] == b'/'
             });
-            if keep.iter().any(|k| real.starts_with(k)) {
-                // Inside what is kept (shared, bound): its own to show.
-                continue;
-            }
             let holds_kept = keep.iter().any(|k| k.starts_with(&real));
             if (lists_inside || holds_kept) && real.is_dir() {
                 stack.push((path, format!("{rel}/")));
