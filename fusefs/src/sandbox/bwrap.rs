@@ -821,10 +821,8 @@ pub(crate) fn build(
     }
     // The last mounts, after every bind: the home's credentials hidden (see env.rs), then
     // the unix sockets the user allows (see sockets.rs), the real ones at their paths.
-    // Nothing hidden may cover what the sandbox mounted (the state directories' empty
-    // dirs too, remounted read-only last) or where the command starts.
+    // Nothing hidden may cover what the sandbox mounted or where the command starts.
     let mounted: Vec<PathBuf> = (spec.binds.iter().map(|b| b.target.clone()))
-        .chain(layout.hide.iter().cloned())
         .chain(shared.iter().cloned())
         .chain(helper.cloned())
         .chain(std::iter::once(spec.cwd.clone()))
