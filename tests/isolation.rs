@@ -1701,10 +1701,7 @@ fn agent_env_allowlist(who: Who) {
 
 /// Credential files of the home the old fixed list missed (h5 #6): containers' registry
 /// auth, Gemini's and qwen's OAuth, Copilot, Maven, Gradle, sops, Pulumi, Composer, Hugging
-/// Face, another project's `.env`, a token lying in a notes directory; and the stores no
-/// list named (red team round 4, #6: Bitwarden, Slack's cookies, atuin's key, mail
-/// logins, aider's key, `.envrc`), hidden because the home shows only what is listed:
-/// the notes directory is gone, cargo's config and git's identity are there.
+/// Face, another project's `.env`, a token lying in a notes directory.
 fn agent_home_credentials(who: Who) {
     let e = env(who);
     let home = own_dir(&e, "home");
@@ -1721,26 +1718,12 @@ fn agent_home_credentials(who: Who) {
         ".cache/huggingface/token",
         "other-project/.env",
         "notes/deploy-token.txt",
-        ".config/Bitwarden CLI/data.json",
-        ".config/Slack/Cookies",
-        ".local/share/atuin/key",
-        ".msmtprc",
-        ".aider.conf.yml",
-        ".envrc",
-        ".cache/thunderbird/logins.json",
     ] {
         let p = home.join(f);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(&p, format!("SECRET-IN-{f}")).unwrap();
     }
-    std::fs::write(home.join("notes/plain.txt"), "hidden-h18").unwrap();
-    std::fs::create_dir_all(home.join(".cargo")).unwrap();
-    std::fs::write(home.join(".cargo/config.toml"), "# visible-h7\n").unwrap();
-    std::fs::write(
-        home.join(".gitconfig"),
-        "[user]\n\tname = h18-name\n\temail = h18@example.com\n",
-    )
-    .unwrap();
+    std::fs::write(home.join("notes/plain.txt"), "visible-h7").unwrap();
     if who == Who::Plain {
         common::plain::chown_tree(&home);
     }
@@ -1749,9 +1732,7 @@ fn agent_home_credentials(who: Who) {
         &e,
         &format!(
             r#"cd ~ && l=$(grep -rh SECRET-IN . 2>/dev/null); [ -z "$l" ] || echo "$l" > {O}/home
-            ! grep -q hidden-h18 notes/plain.txt 2>/dev/null || echo shown > {O}/notes
-            grep -q visible-h7 .cargo/config.toml || echo lost > {O}/cargo
-            [ "$(git config --global user.name)" = h18-name ] || echo lost > {O}/gitconfig"#,
+            grep -q visible-h7 notes/plain.txt || echo lost > {O}/plain"#,
             O = e.o()
         ),
         &[("HOME", h.as_str())],

@@ -821,17 +821,10 @@ pub(crate) fn build(
     }
     // The last mounts, after every bind: the home's credentials hidden (see env.rs), then
     // the unix sockets the user allows (see sockets.rs), the real ones at their paths.
-    // Nothing hidden may cover what the sandbox mounted or where the command starts.
-    let mounted: Vec<PathBuf> = (spec.binds.iter().map(|b| b.target.clone()))
-        .chain(shared.iter().cloned())
-        .chain(helper.cloned())
-        .chain(std::iter::once(spec.cwd.clone()))
-        .collect();
     extra.extend(super::env::hide_args(
         spec.env_policy,
         &super::env::homes(),
         &spec.project,
-        &mounted,
     ));
     let project_real =
         std::fs::canonicalize(&spec.project).unwrap_or_else(|_| spec.project.clone());

@@ -550,199 +550,6 @@ const HOME_CREDENTIALS: &[&str] = &[
     ".local/share/keyrings",
 ];
 
-/// What of a home a command sees, relative to it: toolchains, package and build caches, and
-/// the few configuration files builds and `git commit` read. Everything else directly in
-/// the home, and in the directories listed only by their entries (`.config/…`, `.cache/…`,
-/// `.local/…`, `.local/share/…`), is hidden ([`home_unlisted`]): a store of secrets nobody
-/// thought of is hidden because nobody listed it. Credentials inside what is listed
-/// (`.cargo/credentials.toml`, `.m2/settings.xml`, …) are still hidden by
-/// [`HOME_CREDENTIALS`] and [`credential_name`]. Shell start-up files are not listed: the
-/// commands are not interactive shells, and those files often export tokens.
-const HOME_ALLOW: &[&str] = &[
-    // Rust, Node, Deno, Bun.
-    ".cargo",
-    ".rustup",
-    ".npm",
-    ".node-gyp",
-    ".nvm",
-    ".fnm",
-    ".volta",
-    ".yarn",
-    ".pnpm-store",
-    ".deno",
-    ".bun",
-    // Python.
-    ".pyenv",
-    ".rye",
-    ".poetry",
-    ".virtualenvs",
-    ".conda",
-    "miniconda3",
-    "anaconda3",
-    "miniforge3",
-    "mambaforge",
-    ".pixi",
-    // Go, JVM, .NET, Ruby, Haskell, OCaml, Lean, Julia, Dart, Nim, Swift, Zig, Perl, PHP.
-    "go",
-    ".m2",
-    ".gradle",
-    ".ivy2",
-    ".sbt",
-    ".sdkman",
-    ".jdks",
-    ".konan",
-    ".dotnet",
-    ".nuget",
-    ".gem",
-    ".rbenv",
-    ".ghcup",
-    ".cabal",
-    ".stack",
-    ".opam",
-    ".elan",
-    ".julia",
-    ".pub-cache",
-    ".nimble",
-    ".swiftpm",
-    ".zig",
-    "perl5",
-    ".composer",
-    // Version managers, C/C++ caches and package managers, embedded toolchains.
-    ".asdf",
-    ".tool-versions",
-    ".ccache",
-    ".conan",
-    ".conan2",
-    ".cmake",
-    ".platformio",
-    ".arduino15",
-    // git and editors' project-neutral settings.
-    ".gitconfig",
-    ".gitignore_global",
-    ".gitattributes",
-    ".editorconfig",
-    ".clang-format",
-    // ~/.config: tools' settings only.
-    ".config/git",
-    ".config/pypoetry",
-    ".config/uv",
-    ".config/go",
-    ".config/ruff",
-    ".config/flake8",
-    ".config/pycodestyle",
-    ".config/black",
-    ".config/rustfmt",
-    ".config/clangd",
-    ".config/fontconfig",
-    ".config/matplotlib",
-    ".config/mise",
-    // ~/.cache: build and package caches.
-    ".cache/pip",
-    ".cache/pypoetry",
-    ".cache/uv",
-    ".cache/pdm",
-    ".cache/hatch",
-    ".cache/virtualenv",
-    ".cache/go-build",
-    ".cache/golangci-lint",
-    ".cache/gopls",
-    ".cache/staticcheck",
-    ".cache/bazel",
-    ".cache/bazelisk",
-    ".cache/sccache",
-    ".cache/ccache",
-    ".cache/pre-commit",
-    ".cache/ruff",
-    ".cache/mypy",
-    ".cache/black",
-    ".cache/pylint",
-    ".cache/yarn",
-    ".cache/pnpm",
-    ".cache/node-gyp",
-    ".cache/deno",
-    ".cache/typescript",
-    ".cache/node",
-    ".cache/ms-playwright",
-    ".cache/Cypress",
-    ".cache/electron",
-    ".cache/puppeteer",
-    ".cache/rust-analyzer",
-    ".cache/clangd",
-    ".cache/zig",
-    ".cache/coursier",
-    ".cache/huggingface",
-    ".cache/torch",
-    ".cache/composer",
-    ".cache/vcpkg",
-    ".cache/prisma",
-    ".cache/fontconfig",
-    ".cache/matplotlib",
-    // ~/.local: programs and libraries installed for the user.
-    ".local/bin",
-    ".local/lib",
-    ".local/include",
-    ".local/share/pnpm",
-    ".local/share/mise",
-    ".local/share/virtualenvs",
-    ".local/share/pipx",
-    ".local/share/uv",
-    ".local/share/pdm",
-    ".local/share/hatch",
-    ".local/share/pypoetry",
-    ".local/share/fnm",
-    ".local/share/coursier",
-    ".local/share/gem",
-    ".local/share/fonts",
-];
-
-/// Where a link in a home may point without its target being hidden with it: the
-/// system's own directories, which every command needs.
-const SYSTEM_DIRS: &[&str] = &[
-    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/nix", "/gnu",
-    "/snap", "/proc", "/sys", "/dev", "/run", "/tmp", "/var/tmp",
-];
-
-/// The entries of `home` not on [`HOME_ALLOW`]: each one directly in the home (or in a
-/// directory the list names entries of) that is neither listed nor holds a path of `keep`
-/// (the project, the sandbox's binds); a directory that holds one is looked into instead,
-/// its other entries hidden. A link's target is hidden in its place, unless it is one of
-/// the system's directories.
-fn home_unlisted(home: &Path, keep: &[PathBuf]) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut stack: Vec<(PathBuf, String)> = vec![(home.to_path_buf(), String::new())];
-    while let Some((dir, prefix)) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let name = e.file_name();
-            let rel = format!("{prefix}{}", name.to_string_lossy());
-            if HOME_ALLOW.contains(&rel.as_str()) {
-                continue;
-            }
-            let path = e.path();
-            let Ok(real) = std::fs::canonicalize(&path) else {
-                continue;
-            };
-            let lists_inside = HOME_ALLOW.iter().any(|a| {
-                a.len() > rel.len() && a.starts_with(&rel) && a.as_bytes()[rel.len()] == b'/'
-            });
-            let holds_kept = keep.iter().any(|k| k.starts_with(&real));
-            if (lists_inside || holds_kept) && real.is_dir() {
-                stack.push((path, format!("{rel}/")));
-                continue;
-            }
-            let linked = e.file_type().is_ok_and(|t| t.is_symlink());
-            let system = SYSTEM_DIRS.iter().any(|s| real.starts_with(s));
-            if linked && system {
-                continue;
-            }
-            found.push(path);
-        }
-    }
-    found
-}
-
 /// A file name that marks a credential wherever it is in a home (see [`home_pattern_paths`]):
 /// tokens, credentials, secrets, OAuth and auth files, `.env` files, private keys and
 /// keystores.
@@ -1018,32 +825,14 @@ pub fn homes() -> Vec<PathBuf> {
     homes
 }
 
-/// What commands of the agent do not see (see [`hidden_paths`]) with `project` visible:
-/// for `shade doctor` and the sandbox.
+/// The credential paths of `homes` and of this process's environment that exist,
+/// symlinks resolved, outermost only, none that holds `project` (hiding it would hide the
+/// project).
 pub fn credential_paths(homes: &[PathBuf], project: Option<&Path>) -> Vec<PathBuf> {
-    hidden_paths(homes, project, &[])
-}
-
-/// What a command does not see, outermost only, symlinks resolved: in each home what
-/// [`HOME_ALLOW`] does not list and the credentials in what it does, then the system's and
-/// the environment's credential files and the agents' sockets; none that holds or lies in
-/// `project` (both ways), none that holds a path of `mounted` (the sandbox's binds and
-/// shared directories, shade's helper: hiding would cover them), nor a home or a
-/// directory above one.
-fn hidden_paths(homes: &[PathBuf], project: Option<&Path>, mounted: &[PathBuf]) -> Vec<PathBuf> {
-    let real = |k: &Path| std::fs::canonicalize(k).unwrap_or_else(|_| k.to_path_buf());
-    let project: Option<PathBuf> = project.map(real);
-    let mounted: Vec<PathBuf> = mounted.iter().map(|m| real(m)).collect();
-    let keep: Vec<PathBuf> = project.iter().chain(&mounted).cloned().collect();
-    let real_homes: Vec<PathBuf> = homes
-        .iter()
-        .filter_map(|h| std::fs::canonicalize(h).ok())
-        .collect();
     let mut candidates: Vec<PathBuf> = Vec::new();
     for home in homes {
-        candidates.extend(home_unlisted(home, &keep));
         candidates.extend(HOME_CREDENTIALS.iter().map(|rel| home.join(rel)));
-        candidates.extend(home_pattern_paths(home, project.as_deref()));
+        candidates.extend(home_pattern_paths(home, project));
     }
     if nix::unistd::geteuid().is_root() {
         candidates.extend(SYSTEM_CREDENTIALS.iter().map(PathBuf::from));
@@ -1070,12 +859,8 @@ fn hidden_paths(homes: &[PathBuf], project: Option<&Path>, mounted: &[PathBuf]) 
         .filter_map(|p| std::fs::canonicalize(p).ok())
         .filter(|p| p != Path::new("/"))
         .filter(|p| {
-            !project
-                .as_ref()
-                .is_some_and(|project| project.starts_with(p) || p.starts_with(project))
+            !project.is_some_and(|project| project.starts_with(p) || p.starts_with(project))
         })
-        .filter(|p| !mounted.iter().any(|m| m.starts_with(p)))
-        .filter(|p| !real_homes.iter().any(|h| h.starts_with(p)))
         .collect();
     real.sort();
     real.dedup();
@@ -1088,23 +873,16 @@ fn hidden_paths(homes: &[PathBuf], project: Option<&Path>, mounted: &[PathBuf]) 
     outermost
 }
 
-/// The bwrap arguments that hide from a command of `policy` what of `homes` it does not see
-/// ([`hidden_paths`]: all of a home but what [`HOME_ALLOW`] lists, and the credentials in
-/// that; nothing for [`EnvPolicy::User`] unless the config's `hide_credentials`): each
-/// directory under an empty read-only tmpfs, each other file (sockets too) bound to
-/// /dev/null. They must come after every other mount of the sandbox, so that no bind shows
-/// them again, and cover none of `mounted` (the sandbox's own binds).
-pub fn hide_args(
-    policy: EnvPolicy,
-    homes: &[PathBuf],
-    project: &Path,
-    mounted: &[PathBuf],
-) -> Vec<OsString> {
+/// The bwrap arguments that hide the credentials of `homes` from a command of `policy`
+/// (nothing for [`EnvPolicy::User`] unless the config's `hide_credentials`): each directory
+/// under an empty read-only tmpfs, each other file (sockets too) bound to /dev/null. They
+/// must come after every other mount of the sandbox, so that no bind shows them again.
+pub fn hide_args(policy: EnvPolicy, homes: &[PathBuf], project: &Path) -> Vec<OsString> {
     if policy == EnvPolicy::User && !config().hide_credentials {
         return Vec::new();
     }
     let mut args: Vec<OsString> = Vec::new();
-    for path in hidden_paths(homes, Some(project), mounted) {
+    for path in credential_paths(homes, Some(project)) {
         let Ok(meta) = std::fs::metadata(&path) else {
             continue;
         };
@@ -1334,7 +1112,7 @@ mod tests {
         // A project inside a credential directory keeps it visible.
         let inside = credential_paths(&homes, Some(&h.join(".ssh/project")));
         assert!(!inside.contains(&h.join(".ssh")));
-        let args = hide_args(EnvPolicy::Agent, &homes, Path::new("/nonexistent"), &[]);
+        let args = hide_args(EnvPolicy::Agent, &homes, Path::new("/nonexistent"));
         let text: Vec<String> = args
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
@@ -1346,70 +1124,5 @@ mod tests {
         assert!(text
             .windows(3)
             .any(|w| w == ["--ro-bind", "/dev/null", netrc.as_str()]));
-    }
-
-    /// The home by allowlist: what builds need shows, everything else (stores nobody
-    /// listed) is hidden, the project's own directories are looked into rather than hidden,
-    /// and the sandbox's mounts are never covered.
-    #[test]
-    fn the_home_shows_only_what_is_listed() {
-        let home = tempfile::tempdir().unwrap();
-        let h = std::fs::canonicalize(home.path()).unwrap();
-        for f in [
-            ".cargo/config.toml",
-            ".config/git/config",
-            ".config/Slack/Cookies",
-            ".config/Bitwarden CLI/data.json",
-            ".local/share/atuin/key",
-            ".local/bin/tool",
-            ".cache/pip/http/x",
-            ".cache/thunderbird/x",
-            ".bashrc",
-            ".aider.conf.yml",
-            "code/proj/src/main.rs",
-            "code/other/notes.txt",
-            "mounted/cache/x",
-        ] {
-            let p = h.join(f);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(&p, "x").unwrap();
-        }
-        let project = h.join("code/proj");
-        let hidden = hidden_paths(
-            std::slice::from_ref(&h),
-            Some(&project),
-            &[h.join("mounted/cache")],
-        );
-        for shown in [
-            ".cargo",
-            ".config/git",
-            ".local/bin",
-            ".cache/pip",
-            "code/proj",
-        ] {
-            let p = h.join(shown);
-            assert!(
-                !hidden.iter().any(|x| p.starts_with(x)),
-                "{shown} hidden: {hidden:?}"
-            );
-        }
-        for gone in [
-            ".config/Slack",
-            ".config/Bitwarden CLI",
-            ".local/share/atuin",
-            ".cache/thunderbird",
-            ".bashrc",
-            ".aider.conf.yml",
-            "code/other",
-        ] {
-            let p = h.join(gone);
-            assert!(hidden.contains(&p), "{gone} shown: {hidden:?}");
-        }
-        // Neither the project's directories nor what holds a mount are hidden whole.
-        for held in ["code", "mounted", "mounted/cache"] {
-            assert!(!hidden.contains(&h.join(held)), "{held} hidden: {hidden:?}");
-        }
-        // No home, nor anything above one.
-        assert!(!hidden.iter().any(|x| h.starts_with(x)), "{hidden:?}");
     }
 }
