@@ -425,6 +425,71 @@ fn live_holds_a_link_at_a_git_data_path_as_plain_user() {
     log_link(true);
 }
 
+/// Round 5, route 1: `.git/logs/HEAD` made a second name of an existing hook, with a branch
+/// whose name is a command: git would append it to the hook on checkout and run it. A file
+/// with more than one name is held.
+fn hard_link_into_hook(plain: bool) {
+    let h = Held::new(
+        plain,
+        "printf '#!/bin/sh\\ntrue\\n' > .git/hooks/post-checkout && chmod +x .git/hooks/post-checkout",
+        &["git branch 'x;id>MARK;' && git symbolic-ref HEAD 'refs/heads/x;id>MARK;' && rm -f .git/logs/HEAD && ln .git/hooks/post-checkout .git/logs/HEAD; sed -i s/one/two/ notes.txt"],
+    );
+    let err = h.exec();
+    assert!(
+        err.contains("held, not accepted") && err.contains(".git/logs/HEAD"),
+        "{err}"
+    );
+    let checkout = h.git("", &["checkout", "-q", "-b", "other"]);
+    assert!(
+        !h.marked(),
+        "the user's git ran the linked hook: {checkout}"
+    );
+}
+
+#[test]
+fn live_holds_a_hard_link_into_a_hook() {
+    common::require_fuse_root();
+    hard_link_into_hook(false);
+}
+
+#[test]
+fn live_holds_a_hard_link_into_a_hook_as_plain_user() {
+    common::require_fuse_root();
+    hard_link_into_hook(true);
+}
+
+/// Round 5, route 4: a new file hidden from `git status` by a pattern in `info/exclude`:
+/// the exclude is held, the file shows.
+fn exclude_hides(plain: bool) {
+    let h = Held::new(
+        plain,
+        "true",
+        &["echo 'import os' > conftest.py && echo conftest.py >> .git/info/exclude"],
+    );
+    let err = h.exec();
+    assert!(
+        err.contains("held, not accepted") && err.contains(".git/info/exclude"),
+        "{err}"
+    );
+    let status = h.git("", &["status", "--porcelain", "-uall"]);
+    assert!(
+        status.contains("conftest.py"),
+        "the new file is hidden: {status}"
+    );
+}
+
+#[test]
+fn live_holds_an_exclude_that_hides_a_new_file() {
+    common::require_fuse_root();
+    exclude_hides(false);
+}
+
+#[test]
+fn live_holds_an_exclude_that_hides_a_new_file_as_plain_user() {
+    common::require_fuse_root();
+    exclude_hides(true);
+}
+
 /// Route 5: a replace ref that swaps HEAD for a commit with the agent's edit, so that
 /// `git status` and `git diff` show nothing: the ref is held, the edit shows.
 fn replace_ref(plain: bool) {

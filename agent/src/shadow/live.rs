@@ -624,6 +624,11 @@ impl Holds<'_> {
         if !(ft.is_file() || ft.is_dir()) {
             return true;
         }
+        // A second name of a file: the accept makes the link on the host too, and whatever
+        // writes through one name (git appending to a reflog) writes the other (a hook).
+        if ft.is_file() && std::os::unix::fs::MetadataExt::nlink(&meta) > 1 {
+            return true;
+        }
         if named_dot_git(path) && !ft.is_dir() {
             return true;
         }
@@ -639,6 +644,11 @@ impl Holds<'_> {
                 continue;
             }
             if !shade_fusefs::outside::git_data(&rest) {
+                return true;
+            }
+            // Objects never change once written: one rewritten in place (a forged tree that
+            // hides an edit from `git status`) is no object git made.
+            if rest.first() == Some(&"objects") && self.project.symlink_metadata(path).is_ok() {
                 return true;
             }
             let bad = |bytes: std::io::Result<Vec<u8>>, ok: &dyn Fn(&[u8]) -> bool| {

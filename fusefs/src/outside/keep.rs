@@ -285,8 +285,8 @@ fn code_name(name: &str) -> bool {
 
 /// Whether `path` (any path; for a project, relative to it) is a file of a git directory
 /// that makes git run programs: `config` and `config.worktree` (`core.fsmonitor`,
-/// `core.hooksPath`, aliases, filters), `hooks/`, `info/` but `info/exclude` (attributes
-/// name filter drivers), the same in `modules/**` (submodules' git directories) and a
+/// `core.hooksPath`, aliases, filters), `hooks/`, `info/` (attributes name filter
+/// drivers; `exclude` hides new files from `git status`: red team round 5), the same in `modules/**` (submodules' git directories) and a
 /// linked worktree's `worktrees/*/config*`, and a `.git` that is not a directory (a
 /// `gitdir:` file may point git anywhere). Everything else in `.git` (index, objects,
 /// refs, logs, HEAD, COMMIT_EDITMSG) is data. The one list for the project (live accepts
@@ -305,8 +305,7 @@ pub fn git_path_runs_code(path: &Path) -> bool {
 
 /// Whether a path inside a git directory (its components below it) is plain data that git
 /// never runs or follows to other places: objects, refs, logs, the index, the heads and
-/// messages of operations, `info/exclude` — also in a submodule's or a worktree's git
-/// directory. Everything else (config, hooks, `commondir`, `info/attributes`, a sequencer's
+/// messages of operations — also in a submodule's or a worktree's git directory. Everything else (config, hooks, `commondir`, `info/attributes`, a sequencer's
 /// or rebase's todo with its `exec` lines, a `.git` that is a file) is held, a list of data
 /// rather than of dangers (red team round 3 found `commondir` pointing git at a config the
 /// branch wrote). Not data either, though under `objects/` or `refs/` (red team round 4):
@@ -339,7 +338,8 @@ pub fn git_data(rest: &[&str]) -> bool {
         ["refs", "replace", ..] => false,
         ["objects", "info", f] if f.contains("alternates") => false,
         ["objects" | "refs" | "logs", ..] => true,
-        ["info", "exclude" | "refs"] => true,
+        // Not `info/exclude`: a new pattern there hides a new file from `git status`.
+        ["info", "refs"] => true,
         ["modules", name, inner @ ..] if !name.is_empty() => {
             // Submodules nest: modules/a/modules/b/...
             git_data(inner)
@@ -986,6 +986,9 @@ mod tests {
             ".git/shallow.lock",
             ".git/objects/info/alternates",
             ".git/objects/info/http-alternates",
+            // Red team round 5: a pattern there hides a new file from `git status`.
+            ".git/info/exclude",
+            ".git/modules/sub/info/exclude",
         ] {
             assert!(git_path_runs_code(Path::new(p)), "{p} runs code");
         }
@@ -996,9 +999,7 @@ mod tests {
             ".git/logs/HEAD",
             ".git/HEAD",
             ".git/COMMIT_EDITMSG",
-            ".git/info/exclude",
             ".git/modules/sub/index",
-            ".git/modules/sub/info/exclude",
             ".git/packed-refs",
             ".git/index.lock",
             ".git/worktrees/w/HEAD",
