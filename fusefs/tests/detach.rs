@@ -6,74 +6,13 @@
 //! branches hold no thread or descriptor each. As root and as the plain user.
 #![allow(clippy::unwrap_used)]
 
-use shade_fusefs::{AcceptFlags, Branch, BranchOptions, StateDir};
+use shade_fusefs::{AcceptFlags, Branch};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
-/// The pool is the process's: tests take turns.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn require_root() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "these tests mount FUSE branches and must run as root"
-    );
-    assert!(
-        Path::new("/dev/fuse").exists(),
-        "these tests need /dev/fuse"
-    );
-}
-
-fn opts(state: &Path) -> BranchOptions {
-    BranchOptions {
-        state: StateDir::at(state.to_path_buf()),
-        memory_budget: 1 << 20,
-        threads: 2,
-        ..BranchOptions::default()
-    }
-}
-
-/// Run `sh -c script` in `dir` (bounded), its stdout.
-fn sh(dir: &Path, script: &str) -> String {
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .current_dir(dir)
-        .env("LC_ALL", "C")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("HOME", dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("`{script}` in {} did not end in 120 s", dir.display());
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let out = child.wait_with_output().unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn git(dir: &Path, args: &str) -> String {
-    sh(
-        dir,
-        &format!("git -c user.name=t -c user.email=t@t -c core.fsmonitor=false {args}"),
-    )
-}
+mod branch_common;
+use branch_common::{git, opts, require_root, serial, sh};
 
 /// A small git project, all committed.
 fn project(root: &Path) -> PathBuf {
