@@ -26,7 +26,7 @@
 //! lower object in every tree of the project (the device table is shared).
 
 use crate::lower::Lower;
-use crate::overlay::attr;
+use crate::overlay::{attr, empty_dir_attr};
 use crate::reset::Reset;
 use crate::tree::{split, Entry, InodeTarget, Obj, Tree, BRANCH_INOS};
 use rustc_hash::FxHashSet;
@@ -144,16 +144,7 @@ impl Tree {
 fn unlinked(lower: &Lower, ino: u64, p: &Path) -> fuser::FileAttr {
     let mut a = match lower.stat(p) {
         Ok(Some(st)) => attr(ino, &Obj::Lower(p.to_path_buf(), st)),
-        _ => {
-            let empty = crate::node::DirOver {
-                ino,
-                meta: crate::node::Meta::new(0, 0, 0),
-                lower: None,
-                lower_fp: None,
-                nlink: 0,
-            };
-            attr(ino, &Obj::Dir(empty))
-        }
+        _ => empty_dir_attr(ino),
     };
     a.nlink = 0;
     a

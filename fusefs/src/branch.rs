@@ -494,14 +494,7 @@ impl Branch {
             return Err(why);
         }
         let unsafe_to_pool = conn.unsafe_to_pool();
-        if let Some(mut w) = self
-            .warm
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-        {
-            w.stop();
-        }
+        self.stop_warming();
         let Some(conn) = self.conn.take() else {
             return Err("the branch is unmounted".into());
         };
@@ -721,14 +714,8 @@ impl Branch {
     }
 
     /// Stop serving the mount (processes using it get errors from now on).
-    pub fn unmount(&mut self) {
-        // The outside layer's overlays first: the branch's directory is removed next. (None
-        // can be mounted under a directory that does not exist: a branch no command ran in
-        // skips reading the mount table, which 10,000 dropped branches felt.)
-        let outside = self.outside_dir();
-        if std::fs::symlink_metadata(&outside).is_ok() {
-            crate::sandbox::release_outside(&outside);
-        }
+    /// Stop the background walk that warms the kernel's caches (it walks the mount).
+    fn stop_warming(&mut self) {
         if let Some(mut w) = self
             .warm
             .get_mut()
@@ -737,6 +724,17 @@ impl Branch {
         {
             w.stop();
         }
+    }
+
+    pub fn unmount(&mut self) {
+        // The outside layer's overlays first: the branch's directory is removed next. (None
+        // can be mounted under a directory that does not exist: a branch no command ran in
+        // skips reading the mount table, which 10,000 dropped branches felt.)
+        let outside = self.outside_dir();
+        if std::fs::symlink_metadata(&outside).is_ok() {
+            crate::sandbox::release_outside(&outside);
+        }
+        self.stop_warming();
         let Some(conn) = self.conn.take() else {
             return;
         };

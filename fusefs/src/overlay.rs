@@ -682,6 +682,19 @@ fn mode_type(m: u32) -> FileType {
 }
 
 /// `stat` attributes of a resolved object under inode number `ino`.
+/// The attributes of an empty directory numbered `ino`: what a number answers with when
+/// the object it stood for is gone and nothing else stands at its path.
+pub(crate) fn empty_dir_attr(ino: u64) -> FileAttr {
+    let empty = crate::node::DirOver {
+        ino,
+        meta: crate::node::Meta::new(0, 0, 0),
+        lower: None,
+        lower_fp: None,
+        nlink: 0,
+    };
+    attr(ino, &Obj::Dir(empty))
+}
+
 pub(crate) fn attr(ino: u64, obj: &Obj) -> FileAttr {
     match obj {
         Obj::Lower(_, st) => FileAttr {

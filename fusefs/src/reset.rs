@@ -14,7 +14,7 @@
 //! - anything else the kernel holds (the branch's own files, renamed or deleted objects)
 //!   answers as an unlinked object until the kernel forgets it, and its entry is dropped.
 
-use crate::overlay::{attr, Overlay};
+use crate::overlay::{attr, empty_dir_attr, Overlay};
 use crate::tree::{split, Entry, InodeTarget, Obj, Tree, BRANCH_INOS};
 use rustc_hash::FxHashSet;
 use std::ffi::OsString;
@@ -174,16 +174,7 @@ fn gone_attr(o: &Overlay, t: &Tree, ino: u64, target: &InodeTarget) -> fuser::Fi
         InodeTarget::Node(n) => attr(ino, &Obj::Node(n.clone())),
         InodeTarget::Path(p) => match t.resolve(&o.lower, p) {
             Ok(obj) => attr(ino, &obj),
-            Err(_) => {
-                let empty = crate::node::DirOver {
-                    ino,
-                    meta: crate::node::Meta::new(0, 0, 0),
-                    lower: None,
-                    lower_fp: None,
-                    nlink: 0,
-                };
-                attr(ino, &Obj::Dir(empty))
-            }
+            Err(_) => empty_dir_attr(ino),
         },
     };
     a.nlink = 0;
