@@ -42,16 +42,31 @@ fn other_mount_namespaces() -> String {
             continue;
         };
         if Some(&ns) != ours.as_ref() {
-            let cmd = std::fs::read(p.join("cmdline")).unwrap_or_default();
-            if cmd.is_empty() {
-                // A kernel thread (kdevtmpfs has a namespace of its own for good).
+            if kernel_thread(&p) {
+                // kdevtmpfs has a namespace of its own for good.
                 continue;
             }
+            // Empty for a process that is exiting (its memory already gone, its
+            // namespaces not yet): it still counts.
+            let cmd = std::fs::read(p.join("cmdline")).unwrap_or_default();
             let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
             out.push_str(&format!("{} {} {cmd}\n", p.display(), ns.display()));
         }
     }
     out
+}
+
+/// Whether `/proc/PID` is a kernel thread (`PF_KTHREAD` in its flags).
+fn kernel_thread(proc_pid: &Path) -> bool {
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    std::fs::read_to_string(proc_pid.join("stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = s.rsplit_once(") ")?.1;
+            // Field 9 (flags) is the 7th after the state.
+            rest.split(' ').nth(6)?.parse::<u64>().ok()
+        })
+        .is_some_and(|f| f & PF_KTHREAD != 0)
 }
 
 /// Wait (at most 10 s, then 200 ms more) until no process is in another mount namespace:
@@ -351,7 +366,10 @@ fn a_reused_connection_carries_nothing_of_the_branch_before() {
     ok(&o2);
     assert!(
         v2.reused,
-        "the second branch must reuse the connection: {v2:?}"
+        "the second branch must reuse the connection: {v2:?}\nthe servers' logs:\n{}\n\
+         processes in other mount namespaces:\n{}",
+        s.server_logs(),
+        other_mount_namespaces()
     );
     assert_eq!(
         String::from_utf8_lossy(&o2.stdout),

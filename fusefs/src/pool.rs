@@ -159,6 +159,7 @@ impl Conn {
     /// Teardown, and remove its state directory unless a live branch's state is in it (the
     /// branch removes it then).
     pub fn discard(self) {
+        let _going = Discarding::start();
         let dir = self.dir.clone();
         let id = self.id;
         self.teardown();
@@ -270,25 +271,45 @@ fn idle_limit() -> Duration {
     }
 }
 
+/// A connection parked less than this ago may still be reached by what its last command
+/// left going away (see [`take`]).
+const JUST_PARKED: Duration = Duration::from_secs(5);
+
+/// How long [`take`] waits for that to go.
+const GOING_AWAY: Duration = Duration::from_millis(500);
+
 /// Take an idle connection mounted with `key`, the most recently used first.
 pub(crate) fn take(key: &Key) -> Option<Conn> {
     let (found, expired) = {
         let mut p = pool();
         let expired = take_expired(&mut p);
         let at = p.iter().rposition(|(c, _)| &c.key == key);
-        (at.map(|i| p.remove(i).0), expired)
+        (at.map(|i| p.remove(i)), expired)
     };
     for c in expired {
         c.discard();
     }
-    let c = found?;
+    let (c, parked) = found?;
     // Something that still refers into the mount, or a copy of it in another namespace
     // (one made while the connection idled, or the last command's, not yet gone), would
-    // see the new branch too.
-    let why = match c.id {
-        _ if !c.alive() => Some("it is no longer mounted where it was".to_string()),
-        None => Some("its connection number is unknown".to_string()),
-        Some(id) => referred_into(id, &c.mountpoint).or_else(|| copy_of_mount(id)),
+    // see the new branch too. What the last command left is going away as it exits —
+    // its processes' last references, its sandbox's namespaces (the kernel tears them down
+    // after the processes are gone) — so for a connection parked a moment ago that is
+    // waited for, briefly: a branch started right after another ended got a fresh, cold
+    // connection instead (CI saw it). One that has idled longer is refused at once.
+    let wait_until = (parked.elapsed() < JUST_PARKED).then(|| Instant::now() + GOING_AWAY);
+    let why = loop {
+        let why = match c.id {
+            _ if !c.alive() => break Some("it is no longer mounted where it was".to_string()),
+            None => break Some("its connection number is unknown".to_string()),
+            Some(id) => referred_into(id, &c.mountpoint).or_else(|| copy_of_mount(id)),
+        };
+        match (why, wait_until) {
+            (Some(_), Some(until)) if Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            (why, _) => break why,
+        }
     };
     if let Some(why) = why {
         tracing::debug!("not reusing {}: {why}", c.mountpoint.display());
@@ -374,6 +395,9 @@ fn start_reaper() {
             .spawn(|| loop {
                 let tick = idle_limit().clamp(Duration::from_millis(100), Duration::from_secs(1));
                 std::thread::sleep(tick);
+                // Counted from before the pool is locked, so that a [`drain`] that finds
+                // the pool empty waits for what this took.
+                let _going = Discarding::start();
                 let expired = take_expired(&mut pool());
                 for c in expired {
                     c.discard();
@@ -385,14 +409,53 @@ fn start_reaper() {
     });
 }
 
-/// Unmount every idle connection (waiting for each to stop). Returns how many there were.
+/// Unmount every idle connection (waiting for each to stop), and wait (at most 10 s) for
+/// those another thread is discarding — the reaper may have taken an expired one out of
+/// the pool an instant before: a server exiting then left its directory behind. Returns
+/// how many were in the pool.
 pub fn drain() -> usize {
     let all: Vec<Conn> = pool().drain(..).map(|(c, _)| c).collect();
     let n = all.len();
     for c in all {
         c.discard();
     }
+    Discarding::wait_none(Duration::from_secs(10));
     n
+}
+
+/// How many connections are being discarded right now, for [`drain`] to wait on.
+static DISCARDING: (Mutex<usize>, std::sync::Condvar) = (Mutex::new(0), std::sync::Condvar::new());
+
+/// One discard in progress, counted in [`DISCARDING`] while it lives.
+struct Discarding;
+
+impl Discarding {
+    fn start() -> Discarding {
+        *DISCARDING.0.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        Discarding
+    }
+
+    /// Wait until no discard is in progress, at most `limit`.
+    fn wait_none(limit: Duration) {
+        let n = DISCARDING.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let waited = DISCARDING
+            .1
+            .wait_timeout_while(n, limit, |n| *n > 0)
+            .map(|(n, _)| *n);
+        if let Ok(left) = waited {
+            if left > 0 {
+                tracing::warn!("{left} pooled connection(s) still being discarded");
+            }
+        }
+    }
+}
+
+impl Drop for Discarding {
+    fn drop(&mut self) {
+        let mut n = DISCARDING.0.lock().unwrap_or_else(PoisonError::into_inner);
+        *n = n.saturating_sub(1);
+        DISCARDING.1.notify_all();
+    }
 }
 
 /// Detach every idle connection and remove its directory without waiting: for a process

@@ -523,6 +523,57 @@ fn a_cwd_left_in_the_branch_does_not_reach_the_next_one() {
     let _ = child.wait();
 }
 
+#[test]
+fn what_the_last_command_left_going_away_does_not_cost_the_next_branch_its_warm_connection() {
+    let _serial = serial();
+    let (_tmp, p, state, b1) = held_setup();
+    // As a command's sandbox does as it ends: a namespace with a copy of the mount, and a
+    // process whose cwd is in it, both gone a moment after the branch is dropped.
+    let mut copy = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sleep", "0.15"])
+        .spawn()
+        .unwrap();
+    let mut cwd = Command::new("sleep")
+        .arg("0.15")
+        .current_dir(b1.mountpoint().join("d"))
+        .spawn()
+        .unwrap();
+    // The copy exists before the branch goes.
+    wait_for_copy(&copy);
+    drop(b1);
+    let b2 = Branch::create(&p, &opts(&state)).unwrap();
+    assert!(
+        b2.reused_connection(),
+        "the next branch got a cold connection while the last command's namespace and \
+         process went away"
+    );
+    assert_eq!(
+        fs::read_to_string(b2.mountpoint().join("a.txt")).unwrap(),
+        "alpha\n"
+    );
+    wait_bounded(&mut copy);
+    wait_bounded(&mut cwd);
+    drop(b2);
+    shade_fusefs::drain_branch_pool();
+}
+
+/// Wait (bounded) until `child` is in a mount namespace of its own.
+fn wait_for_copy(child: &std::process::Child) {
+    let ours = fs::read_link("/proc/self/ns/mnt").unwrap();
+    let start = Instant::now();
+    while fs::read_link(format!("/proc/{}/ns/mnt", child.id()))
+        .ok()
+        .as_ref()
+        == Some(&ours)
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "unshare did not start"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// A command on the branch, run through the sandbox as shade runs them.
 fn run_on(b: &Branch, p: &Path, iso: shade_fusefs::sandbox::Isolation) {
     use shade_fusefs::sandbox::{run, Output, RunSpec};
