@@ -32,6 +32,8 @@ use serde_json::Value;
 use shade_fusefs::{AcceptError, AcceptFlags, AcceptReport, StateDir};
 use tokio_util::sync::CancellationToken;
 
+mod git_code;
+
 use super::{Shadow, ShadowError, ShadowOptions};
 use crate::llm::{BoxFuture, ToolSpec};
 use crate::runner::lock;
@@ -182,11 +184,19 @@ impl Live {
         if n == 0 {
             return AfterCall::Nothing;
         }
+        // Git's configuration as the project has it now (the call's own edits of it are
+        // held below): which of the project's files it makes code.
+        let code = git_code::GitCode::read(&self.project).map_err(|e| {
+            lock(&self.notices).push(format!(
+                "cannot tell which files git's configuration runs ({e}): every change waits"
+            ));
+        });
         let held = match (
             shade_fusefs::rootdir::RootDir::open(shadow.mountpoint()),
             shade_fusefs::rootdir::RootDir::open(&self.project),
+            code,
         ) {
-            (Ok(branch), Ok(project)) => held_changes(&changes, &branch, &project),
+            (Ok(branch), Ok(project), Ok(code)) => held_changes(&changes, &branch, &project, &code),
             // Nothing can be vouched for: all of it waits for the user.
             _ => (0..n).collect(),
         };
@@ -498,10 +508,12 @@ fn held_changes(
     changes: &shade_fusefs::Changeset,
     branch: &shade_fusefs::rootdir::RootDir,
     project: &shade_fusefs::rootdir::RootDir,
+    code: &git_code::GitCode,
 ) -> Vec<usize> {
     let mut holds = Holds {
         branch,
         project,
+        code,
         after: HashMap::new(),
         before: HashMap::new(),
     };
@@ -529,6 +541,8 @@ const REFS_MAX: u64 = 64 << 20;
 struct Holds<'a> {
     branch: &'a shade_fusefs::rootdir::RootDir,
     project: &'a shade_fusefs::rootdir::RootDir,
+    /// The project's files git's configuration makes code.
+    code: &'a git_code::GitCode,
     after: HashMap<PathBuf, bool>,
     before: HashMap<PathBuf, bool>,
 }
@@ -558,6 +572,15 @@ fn named_dot_git(path: &Path) -> bool {
 impl Holds<'_> {
     fn held(&mut self, c: &shade_fusefs::Change) -> bool {
         use shade_fusefs::ChangeKind;
+        // A file git's configuration makes code, or a directory holding one made, moved or
+        // removed (its new name or its old one).
+        let whole = c.kind != ChangeKind::Modified;
+        if std::iter::once(&c.path)
+            .chain(c.old_path.as_ref())
+            .any(|p| self.code.names(p, whole))
+        {
+            return true;
+        }
         match c.kind {
             ChangeKind::Deleted => self.deletion_held(&c.path),
             ChangeKind::Renamed => {
@@ -985,6 +1008,7 @@ mod tests {
                 &set,
                 &RootDir::open(self.after.path()).unwrap(),
                 &RootDir::open(self.before.path()).unwrap(),
+                &git_code::GitCode::default(),
             )
         }
     }
