@@ -729,3 +729,58 @@ fn live_accepts_ordinary_work_where_config_names_worktree_files_as_plain_user() 
     common::require_fuse_root();
     ordinary_work_in_configured_repo(true);
 }
+
+/// Writes a pack holding the content of object REAL under the id CLAIMED (`forge.py CLAIMED
+/// REAL`, in the repository): git reads packs before loose objects and checks no hash.
+const FORGE_PACK: &str = r#"import sys, zlib, hashlib, struct, subprocess
+# forge.py OID_CLAIMED OID_REAL: a pack holding REAL's content under the id CLAIMED.
+claimed, real = sys.argv[1], sys.argv[2]
+kind = subprocess.check_output(["git", "cat-file", "-t", real]).strip().decode()
+data = subprocess.check_output(["git", "cat-file", kind, real])
+t = {"commit": 1, "tree": 2, "blob": 3, "tag": 4}[kind]
+n = len(data); hdr = bytearray(); b = (t << 4) | (n & 15); n >>= 4
+while n: hdr.append(b | 0x80); b = n & 0x7f; n >>= 7
+hdr.append(b)
+body = b"PACK" + struct.pack(">II", 2, 1); off = len(body)
+entry = bytes(hdr) + zlib.compress(data); body += entry
+pack = body + hashlib.sha1(body).digest()
+cid = bytes.fromhex(claimed)
+fan = b"".join(struct.pack(">I", 1 if i >= cid[0] else 0) for i in range(256))
+idx = b"\377tOc" + struct.pack(">I", 2) + fan + cid + struct.pack(">I", zlib.crc32(entry)) + struct.pack(">I", off) + pack[-20:]
+idx += hashlib.sha1(idx).digest()
+name = hashlib.sha1(pack[-20:]).hexdigest()
+open(f".git/objects/pack/pack-{name}.pack", "wb").write(pack)
+open(f".git/objects/pack/pack-{name}.idx", "wb").write(idx)
+"#;
+
+/// Round 5, same class: HEAD's `src` tree replaced by a forged pack whose index names it for
+/// the tree with the agent's (staged) edit, so that `git status` and `git diff HEAD` show
+/// nothing. The pack is held; the edit goes in and shows.
+fn forged_pack(plain: bool) {
+    let setup = format!("cat > ../forge.py <<'PY'\n{FORGE_PACK}PY");
+    let h = Held::new(
+        plain,
+        &setup,
+        &["echo 'system(\"evil\");' >> src/m.c && git add src/m.c && T=$(git rev-parse HEAD:src) && N=$(git ls-tree $(git write-tree) src | cut -f1 | cut -d' ' -f3) && python3 ../forge.py $T $N"],
+    );
+    let err = h.exec();
+    assert!(
+        err.contains("held, not accepted") && err.contains("objects/pack/pack-"),
+        "{err}"
+    );
+    assert!(h.read("src/m.c").contains("evil"), "{err}");
+    let status = h.git("", &["status", "--porcelain"]);
+    assert!(status.contains("src/m.c"), "the edit is hidden: {status}");
+}
+
+#[test]
+fn live_holds_a_forged_pack() {
+    common::require_fuse_root();
+    forged_pack(false);
+}
+
+#[test]
+fn live_holds_a_forged_pack_as_plain_user() {
+    common::require_fuse_root();
+    forged_pack(true);
+}

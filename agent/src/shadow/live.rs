@@ -533,6 +533,21 @@ const WALK_MAX: usize = 200_000;
 /// Most bytes of a git index read to check it; a bigger one is held.
 const INDEX_MAX: u64 = 512 << 20;
 
+/// Most bytes of a loose object read to check its hash, and most it may inflate to; a
+/// bigger one is held.
+const OBJECT_MAX: u64 = 64 << 20;
+const INFLATED_MAX: usize = 256 << 20;
+
+/// The path below `objects/` of a path below a git directory (`rest`, also inside its
+/// submodules' git directories `modules/<name>/…`), or None if it is not there.
+fn objects_below<'r>(rest: &'r [&'r str]) -> Option<&'r [&'r str]> {
+    match rest {
+        ["objects", obj @ ..] => Some(obj),
+        ["modules", name, inner @ ..] if !name.is_empty() => objects_below(inner),
+        _ => None,
+    }
+}
+
 /// Most bytes of a `HEAD` or `packed-refs` read to check it; a bigger one is held.
 const REFS_MAX: u64 = 64 << 20;
 
@@ -670,9 +685,13 @@ impl Holds<'_> {
                 return true;
             }
             // Objects never change once written: one rewritten in place (a forged tree that
-            // hides an edit from `git status`) is no object git made.
-            if rest.first() == Some(&"objects") && self.project.symlink_metadata(path).is_ok() {
-                return true;
+            // hides an edit from `git status`) is no object git made; nor is a new loose
+            // object that does not hash to its name. What else git reads objects from
+            // (packs and their indexes, the commit-graph with its trees) is held.
+            if let Some(obj) = objects_below(&rest) {
+                if self.project.symlink_metadata(path).is_ok() || self.object_held(path, obj) {
+                    return true;
+                }
             }
             let bad = |bytes: std::io::Result<Vec<u8>>, ok: &dyn Fn(&[u8]) -> bool| {
                 bytes.map(|b| !ok(&b)).unwrap_or(true)
@@ -697,6 +716,26 @@ impl Holds<'_> {
             }
         }
         false
+    }
+
+    /// Whether the file at `path`, `objects/` + `obj` of a git directory, is not a loose
+    /// object git made nor the list of packs: a loose object must hash to its name
+    /// ([`shade_fusefs::outside::git_loose_object_valid`]); a pack, an index, a
+    /// commit-graph cannot be checked here (git reads objects out of packs first, and
+    /// commits' trees from the commit-graph, without checking their hashes).
+    fn object_held(&self, path: &Path, obj: &[&str]) -> bool {
+        match obj {
+            [dir, name] if dir.len() == 2 && dir.bytes().all(|b| b.is_ascii_hexdigit()) => self
+                .branch
+                .read_at_most(path, OBJECT_MAX)
+                .map(|b| {
+                    !shade_fusefs::outside::git_loose_object_valid(dir, name, &b, INFLATED_MAX)
+                })
+                .unwrap_or(true),
+            ["info", "packs"] => false,
+            ["pack", f] => !f.ends_with(".keep"),
+            _ => true,
+        }
     }
 
     /// Whether the git index at `path` marks a file assume-unchanged or skip-worktree that
@@ -1013,6 +1052,55 @@ mod tests {
         }
     }
 
+    /// A loose object of `content` written by git into `root`'s `.git`; its path.
+    fn loose_object(root: &Path, content: &str) -> String {
+        use std::io::Write;
+        let mut c = std::process::Command::new("git")
+            .args(["hash-object", "-w", "--stdin"])
+            .env("GIT_DIR", root.join(".git"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin
+            .take()
+            .unwrap()
+            .write_all(content.as_bytes())
+            .unwrap();
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "{o:?}");
+        let id = String::from_utf8(o.stdout).unwrap().trim().to_string();
+        format!(".git/objects/{}/{}", &id[..2], &id[2..])
+    }
+
+    /// Round 5: objects git reads without checking their hashes. A loose object under
+    /// another object's name, a pack and its index, a commit-graph: held.
+    #[test]
+    fn objects_that_do_not_hash_to_their_names_and_packs_are_held() {
+        let t = Trees::new();
+        let one = loose_object(t.a(), "one\n");
+        let two = loose_object(t.a(), "two\n");
+        // `two`'s bytes under a third name (a new file, nothing rewritten in place).
+        let forged = format!(".git/objects/ee/{}", "e".repeat(38));
+        write(t.a(), &forged, "");
+        std::fs::copy(t.a().join(&two), t.a().join(&forged)).unwrap();
+        write(t.a(), ".git/objects/pack/pack-1.pack", "PACK");
+        write(t.a(), ".git/objects/pack/pack-1.idx", "idx");
+        write(t.a(), ".git/objects/info/commit-graph", "CGPH");
+        write(t.a(), ".git/objects/pack/pack-1.keep", "");
+        write(t.a(), ".git/modules/sub/objects/ab/cdef", "x");
+        let held = t.held(vec![
+            ch(ChangeKind::Added, &one),
+            ch(ChangeKind::Added, &forged),
+            ch(ChangeKind::Added, ".git/objects/pack/pack-1.pack"),
+            ch(ChangeKind::Added, ".git/objects/pack/pack-1.idx"),
+            ch(ChangeKind::Added, ".git/objects/info/commit-graph"),
+            ch(ChangeKind::Added, ".git/objects/pack/pack-1.keep"),
+            ch(ChangeKind::Added, ".git/modules/sub/objects/ab/cdef"),
+        ]);
+        assert_eq!(held, vec![1, 2, 3, 4, 6]);
+    }
+
     fn ch(kind: ChangeKind, path: &str) -> Change {
         Change::new(kind, PathBuf::from(path), None, false)
     }
@@ -1036,20 +1124,22 @@ mod tests {
             ".git/index",
             &format!("DIRC\0\0\0\x02\0\0\0\0{}", "\0".repeat(20)),
         );
-        write(t.a(), ".git/objects/cc/dd", "blob");
+        let blob = loose_object(t.a(), "hello\n");
         write(
             t.a(),
             ".git/refs/heads/main",
             &format!("{}\n", "b".repeat(40)),
         );
         write(t.a(), ".git/logs/HEAD", "log\n");
+        write(t.a(), ".git/objects/info/packs", "P pack-x.pack\n");
         write(t.a(), ".git/HEAD", "ref: refs/heads/other\n");
         write(t.a(), "new/dir/file.rs", "fn main() {}\n");
         std::fs::rename(t.a().join("src"), t.a().join("lib")).unwrap();
         let held = t.held(vec![
             ch(ChangeKind::Modified, "notes.txt"),
             ch(ChangeKind::Added, ".git/index"),
-            ch(ChangeKind::Added, ".git/objects/cc/dd"),
+            ch(ChangeKind::Added, &blob),
+            ch(ChangeKind::Added, ".git/objects/info/packs"),
             ch(ChangeKind::Modified, ".git/refs/heads/main"),
             ch(ChangeKind::Added, ".git/logs/HEAD"),
             ch(ChangeKind::Modified, ".git/HEAD"),
