@@ -503,7 +503,13 @@ fn note_branch(dir: &Path, shadow: &Shadow) {
 ///   have shaped);
 /// - a directory renamed: every path beneath it, under its new name and its old one,
 ///   goes through the same rules (one `R` change stands for them all); one too big to walk
-///   is held whole.
+///   is held whole;
+/// - a project file that git's configuration makes code ([`git_code::GitCode`]: a hooks
+///   path in the work tree, an included config file, a hook link's target, a script a
+///   filter or alias names), or a directory holding one made, moved or removed (red team
+///   round 5);
+/// - under `objects/`: an object rewritten in place, a new loose object that does not hash
+///   to its name, a new pack, pack index or commit-graph (git reads them unchecked).
 fn held_changes(
     changes: &shade_fusefs::Changeset,
     branch: &shade_fusefs::rootdir::RootDir,
