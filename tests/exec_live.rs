@@ -581,3 +581,206 @@ fn live_accepts_ordinary_work_with_git_as_plain_user() {
     common::require_fuse_root();
     ordinary_work(true);
 }
+
+/// Round 5, route 2: the repository's own config points git at files in the work tree, so
+/// an edit of them is code for the user's next git. Husky v9: `core.hooksPath = .husky/_`
+/// (git-ignored by its own `.gitignore`), every hook sourcing `.husky/_/h`.
+const HUSKY: &str = "mkdir -p .husky/_ && echo '*' > .husky/_/.gitignore && printf '#!/bin/sh\\ntrue\\n' > .husky/_/h && for k in pre-commit post-checkout; do printf '#!/bin/sh\\n. \"$(dirname \"$0\")/h\"\\n' > .husky/_/$k && chmod +x .husky/_/$k; done && git config core.hooksPath .husky/_";
+
+/// A shared project config the repository includes (`include.path = ../.gitconfig`).
+const INCLUDE: &str = "printf '[diff]\\n\\tcolorMoved = zebra\\n' > .gitconfig && git add .gitconfig && git commit -qm cfg && git config include.path ../.gitconfig";
+
+/// A hook installed as a link into the work tree (`.git/hooks/pre-commit ->
+/// ../../tools/git-hooks/pre-commit`).
+const HOOK_LINK: &str = "mkdir -p tools/git-hooks && printf '#!/bin/sh\\nexit 0\\n' > tools/git-hooks/pre-commit && chmod +x tools/git-hooks/pre-commit && git add tools && git commit -qm hooks && ln -s ../../tools/git-hooks/pre-commit .git/hooks/pre-commit";
+
+/// `.husky/_/h` made to run a command: held, the rest of the call goes in, the user's
+/// `git checkout` runs nothing.
+fn husky_hooks_path(plain: bool) {
+    let h = Held::new(
+        plain,
+        HUSKY,
+        &["sed -i '2i id > MARK' .husky/_/h; sed -i s/one/two/ notes.txt"],
+    );
+    let err = h.exec();
+    assert!(
+        err.contains("held, not accepted") && err.contains(".husky/_/h"),
+        "{err}"
+    );
+    assert!(!h.read(".husky/_/h").contains("id >"), "{err}");
+    assert_eq!(h.read("notes.txt"), "two\n", "{err}");
+    let checkout = h.git("", &["checkout", "-q", "-b", "feature"]);
+    assert!(
+        !h.marked(),
+        "the user's git ran the branch's hook: {checkout}"
+    );
+}
+
+#[test]
+fn live_holds_an_edit_of_a_hooks_path_in_the_work_tree() {
+    common::require_fuse_root();
+    husky_hooks_path(false);
+}
+
+#[test]
+fn live_holds_an_edit_of_a_hooks_path_in_the_work_tree_as_plain_user() {
+    common::require_fuse_root();
+    husky_hooks_path(true);
+}
+
+/// `core.fsmonitor` appended to the included `.gitconfig`: held, the user's `git status`
+/// runs nothing.
+fn included_config(plain: bool) {
+    let h = Held::new(
+        plain,
+        INCLUDE,
+        &[
+            r#"printf '[core]\n\tfsmonitor = "id > MARK; false"\n' >> .gitconfig; sed -i s/one/two/ notes.txt"#,
+        ],
+    );
+    let err = h.exec();
+    assert!(
+        err.contains("held, not accepted") && err.contains(".gitconfig"),
+        "{err}"
+    );
+    assert!(!h.read(".gitconfig").contains("fsmonitor"), "{err}");
+    assert_eq!(h.read("notes.txt"), "two\n", "{err}");
+    let status = h.git("", &["status", "--short"]);
+    assert!(
+        !h.marked(),
+        "the user's git ran the branch's command: {status}"
+    );
+}
+
+#[test]
+fn live_holds_an_edit_of_an_included_config_file() {
+    common::require_fuse_root();
+    included_config(false);
+}
+
+#[test]
+fn live_holds_an_edit_of_an_included_config_file_as_plain_user() {
+    common::require_fuse_root();
+    included_config(true);
+}
+
+/// The target of a hook link edited: held, the user's `git commit` runs nothing.
+fn hook_link_target(plain: bool) {
+    let h = Held::new(
+        plain,
+        HOOK_LINK,
+        &["sed -i '2i id > MARK' tools/git-hooks/pre-commit; sed -i s/one/two/ notes.txt"],
+    );
+    let err = h.exec();
+    assert!(
+        err.contains("held, not accepted") && err.contains("tools/git-hooks/pre-commit"),
+        "{err}"
+    );
+    assert!(
+        !h.read("tools/git-hooks/pre-commit").contains("id >"),
+        "{err}"
+    );
+    assert_eq!(h.read("notes.txt"), "two\n", "{err}");
+    let commit = h.git("", &["commit", "-qam", "wip"]);
+    assert!(
+        !h.marked(),
+        "the user's git ran the branch's hook: {commit}"
+    );
+}
+
+#[test]
+fn live_holds_an_edit_of_a_hook_link_target() {
+    common::require_fuse_root();
+    hook_link_target(false);
+}
+
+#[test]
+fn live_holds_an_edit_of_a_hook_link_target_as_plain_user() {
+    common::require_fuse_root();
+    hook_link_target(true);
+}
+
+/// In a repository with all three, ordinary work still goes in live: edits, a new
+/// directory of sources, a commit (its hooks run in the branch).
+fn ordinary_work_in_configured_repo(plain: bool) {
+    let setup = format!("{HUSKY} && {INCLUDE} && {HOOK_LINK}");
+    let h = Held::new(
+        plain,
+        &setup,
+        &["sed -i s/one/two/ notes.txt && echo y >> src/m.c && mkdir -p src/new && echo z > src/new/f.rs && git add -A src notes.txt && git -c user.email=a@b -c user.name=a commit -qm work"],
+    );
+    let err = h.exec();
+    assert!(!err.contains("held, not accepted"), "{err}");
+    assert_eq!(h.read("notes.txt"), "two\n", "{err}");
+    assert_eq!(h.read("src/m.c"), "x\ny\n", "{err}");
+    assert_eq!(h.read("src/new/f.rs"), "z\n", "{err}");
+    let log = h.git("", &["log", "--oneline"]);
+    assert!(log.contains("work"), "{log}");
+}
+
+#[test]
+fn live_accepts_ordinary_work_where_config_names_worktree_files() {
+    common::require_fuse_root();
+    ordinary_work_in_configured_repo(false);
+}
+
+#[test]
+fn live_accepts_ordinary_work_where_config_names_worktree_files_as_plain_user() {
+    common::require_fuse_root();
+    ordinary_work_in_configured_repo(true);
+}
+
+/// Writes a pack holding the content of object REAL under the id CLAIMED (`forge.py CLAIMED
+/// REAL`, in the repository): git reads packs before loose objects and checks no hash.
+const FORGE_PACK: &str = r#"import sys, zlib, hashlib, struct, subprocess
+# forge.py OID_CLAIMED OID_REAL: a pack holding REAL's content under the id CLAIMED.
+claimed, real = sys.argv[1], sys.argv[2]
+kind = subprocess.check_output(["git", "cat-file", "-t", real]).strip().decode()
+data = subprocess.check_output(["git", "cat-file", kind, real])
+t = {"commit": 1, "tree": 2, "blob": 3, "tag": 4}[kind]
+n = len(data); hdr = bytearray(); b = (t << 4) | (n & 15); n >>= 4
+while n: hdr.append(b | 0x80); b = n & 0x7f; n >>= 7
+hdr.append(b)
+body = b"PACK" + struct.pack(">II", 2, 1); off = len(body)
+entry = bytes(hdr) + zlib.compress(data); body += entry
+pack = body + hashlib.sha1(body).digest()
+cid = bytes.fromhex(claimed)
+fan = b"".join(struct.pack(">I", 1 if i >= cid[0] else 0) for i in range(256))
+idx = b"\377tOc" + struct.pack(">I", 2) + fan + cid + struct.pack(">I", zlib.crc32(entry)) + struct.pack(">I", off) + pack[-20:]
+idx += hashlib.sha1(idx).digest()
+name = hashlib.sha1(pack[-20:]).hexdigest()
+open(f".git/objects/pack/pack-{name}.pack", "wb").write(pack)
+open(f".git/objects/pack/pack-{name}.idx", "wb").write(idx)
+"#;
+
+/// Round 5, same class: HEAD's `src` tree replaced by a forged pack whose index names it for
+/// the tree with the agent's (staged) edit, so that `git status` and `git diff HEAD` show
+/// nothing. The pack is held; the edit goes in and shows.
+fn forged_pack(plain: bool) {
+    let setup = format!("cat > ../forge.py <<'PY'\n{FORGE_PACK}PY");
+    let h = Held::new(
+        plain,
+        &setup,
+        &["echo 'system(\"evil\");' >> src/m.c && git add src/m.c && T=$(git rev-parse HEAD:src) && N=$(git ls-tree $(git write-tree) src | cut -f1 | cut -d' ' -f3) && python3 ../forge.py $T $N"],
+    );
+    let err = h.exec();
+    assert!(
+        err.contains("held, not accepted") && err.contains("objects/pack/pack-"),
+        "{err}"
+    );
+    assert!(h.read("src/m.c").contains("evil"), "{err}");
+    let status = h.git("", &["status", "--porcelain"]);
+    assert!(status.contains("src/m.c"), "the edit is hidden: {status}");
+}
+
+#[test]
+fn live_holds_a_forged_pack() {
+    common::require_fuse_root();
+    forged_pack(false);
+}
+
+#[test]
+fn live_holds_a_forged_pack_as_plain_user() {
+    common::require_fuse_root();
+    forged_pack(true);
+}

@@ -32,6 +32,8 @@ use serde_json::Value;
 use shade_fusefs::{AcceptError, AcceptFlags, AcceptReport, StateDir};
 use tokio_util::sync::CancellationToken;
 
+mod git_code;
+
 use super::{Shadow, ShadowError, ShadowOptions};
 use crate::llm::{BoxFuture, ToolSpec};
 use crate::runner::lock;
@@ -182,11 +184,19 @@ impl Live {
         if n == 0 {
             return AfterCall::Nothing;
         }
+        // Git's configuration as the project has it now (the call's own edits of it are
+        // held below): which of the project's files it makes code.
+        let code = git_code::GitCode::read(&self.project).map_err(|e| {
+            lock(&self.notices).push(format!(
+                "cannot tell which files git's configuration runs ({e}): every change waits"
+            ));
+        });
         let held = match (
             shade_fusefs::rootdir::RootDir::open(shadow.mountpoint()),
             shade_fusefs::rootdir::RootDir::open(&self.project),
+            code,
         ) {
-            (Ok(branch), Ok(project)) => held_changes(&changes, &branch, &project),
+            (Ok(branch), Ok(project), Ok(code)) => held_changes(&changes, &branch, &project, &code),
             // Nothing can be vouched for: all of it waits for the user.
             _ => (0..n).collect(),
         };
@@ -493,15 +503,23 @@ fn note_branch(dir: &Path, shadow: &Shadow) {
 ///   have shaped);
 /// - a directory renamed: every path beneath it, under its new name and its old one,
 ///   goes through the same rules (one `R` change stands for them all); one too big to walk
-///   is held whole.
+///   is held whole;
+/// - a project file that git's configuration makes code ([`git_code::GitCode`]: a hooks
+///   path in the work tree, an included config file, a hook link's target, a script a
+///   filter or alias names), or a directory holding one made, moved or removed (red team
+///   round 5);
+/// - under `objects/`: an object rewritten in place, a new loose object that does not hash
+///   to its name, a new pack, pack index or commit-graph (git reads them unchecked).
 fn held_changes(
     changes: &shade_fusefs::Changeset,
     branch: &shade_fusefs::rootdir::RootDir,
     project: &shade_fusefs::rootdir::RootDir,
+    code: &git_code::GitCode,
 ) -> Vec<usize> {
     let mut holds = Holds {
         branch,
         project,
+        code,
         after: HashMap::new(),
         before: HashMap::new(),
     };
@@ -521,6 +539,21 @@ const WALK_MAX: usize = 200_000;
 /// Most bytes of a git index read to check it; a bigger one is held.
 const INDEX_MAX: u64 = 512 << 20;
 
+/// Most bytes of a loose object read to check its hash, and most it may inflate to; a
+/// bigger one is held.
+const OBJECT_MAX: u64 = 64 << 20;
+const INFLATED_MAX: usize = 256 << 20;
+
+/// The path below `objects/` of a path below a git directory (`rest`, also inside its
+/// submodules' git directories `modules/<name>/…`), or None if it is not there.
+fn objects_below<'r>(rest: &'r [&'r str]) -> Option<&'r [&'r str]> {
+    match rest {
+        ["objects", obj @ ..] => Some(obj),
+        ["modules", name, inner @ ..] if !name.is_empty() => objects_below(inner),
+        _ => None,
+    }
+}
+
 /// Most bytes of a `HEAD` or `packed-refs` read to check it; a bigger one is held.
 const REFS_MAX: u64 = 64 << 20;
 
@@ -529,6 +562,8 @@ const REFS_MAX: u64 = 64 << 20;
 struct Holds<'a> {
     branch: &'a shade_fusefs::rootdir::RootDir,
     project: &'a shade_fusefs::rootdir::RootDir,
+    /// The project's files git's configuration makes code.
+    code: &'a git_code::GitCode,
     after: HashMap<PathBuf, bool>,
     before: HashMap<PathBuf, bool>,
 }
@@ -558,6 +593,15 @@ fn named_dot_git(path: &Path) -> bool {
 impl Holds<'_> {
     fn held(&mut self, c: &shade_fusefs::Change) -> bool {
         use shade_fusefs::ChangeKind;
+        // A file git's configuration makes code, or a directory holding one made, moved or
+        // removed (its new name or its old one).
+        let whole = c.kind != ChangeKind::Modified;
+        if std::iter::once(&c.path)
+            .chain(c.old_path.as_ref())
+            .any(|p| self.code.names(p, whole))
+        {
+            return true;
+        }
         match c.kind {
             ChangeKind::Deleted => self.deletion_held(&c.path),
             ChangeKind::Renamed => {
@@ -647,9 +691,13 @@ impl Holds<'_> {
                 return true;
             }
             // Objects never change once written: one rewritten in place (a forged tree that
-            // hides an edit from `git status`) is no object git made.
-            if rest.first() == Some(&"objects") && self.project.symlink_metadata(path).is_ok() {
-                return true;
+            // hides an edit from `git status`) is no object git made; nor is a new loose
+            // object that does not hash to its name. What else git reads objects from
+            // (packs and their indexes, the commit-graph with its trees) is held.
+            if let Some(obj) = objects_below(&rest) {
+                if self.project.symlink_metadata(path).is_ok() || self.object_held(path, obj) {
+                    return true;
+                }
             }
             let bad = |bytes: std::io::Result<Vec<u8>>, ok: &dyn Fn(&[u8]) -> bool| {
                 bytes.map(|b| !ok(&b)).unwrap_or(true)
@@ -674,6 +722,26 @@ impl Holds<'_> {
             }
         }
         false
+    }
+
+    /// Whether the file at `path`, `objects/` + `obj` of a git directory, is not a loose
+    /// object git made nor the list of packs: a loose object must hash to its name
+    /// ([`shade_fusefs::outside::git_loose_object_valid`]); a pack, an index, a
+    /// commit-graph cannot be checked here (git reads objects out of packs first, and
+    /// commits' trees from the commit-graph, without checking their hashes).
+    fn object_held(&self, path: &Path, obj: &[&str]) -> bool {
+        match obj {
+            [dir, name] if dir.len() == 2 && dir.bytes().all(|b| b.is_ascii_hexdigit()) => self
+                .branch
+                .read_at_most(path, OBJECT_MAX)
+                .map(|b| {
+                    !shade_fusefs::outside::git_loose_object_valid(dir, name, &b, INFLATED_MAX)
+                })
+                .unwrap_or(true),
+            ["info", "packs"] => false,
+            ["pack", f] => !f.ends_with(".keep"),
+            _ => true,
+        }
     }
 
     /// Whether the git index at `path` marks a file assume-unchanged or skip-worktree that
@@ -985,8 +1053,58 @@ mod tests {
                 &set,
                 &RootDir::open(self.after.path()).unwrap(),
                 &RootDir::open(self.before.path()).unwrap(),
+                &git_code::GitCode::default(),
             )
         }
+    }
+
+    /// A loose object of `content` written by git into `root`'s `.git`; its path.
+    fn loose_object(root: &Path, content: &str) -> String {
+        use std::io::Write;
+        let mut c = std::process::Command::new("git")
+            .args(["hash-object", "-w", "--stdin"])
+            .env("GIT_DIR", root.join(".git"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin
+            .take()
+            .unwrap()
+            .write_all(content.as_bytes())
+            .unwrap();
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "{o:?}");
+        let id = String::from_utf8(o.stdout).unwrap().trim().to_string();
+        format!(".git/objects/{}/{}", &id[..2], &id[2..])
+    }
+
+    /// Round 5: objects git reads without checking their hashes. A loose object under
+    /// another object's name, a pack and its index, a commit-graph: held.
+    #[test]
+    fn objects_that_do_not_hash_to_their_names_and_packs_are_held() {
+        let t = Trees::new();
+        let one = loose_object(t.a(), "one\n");
+        let two = loose_object(t.a(), "two\n");
+        // `two`'s bytes under a third name (a new file, nothing rewritten in place).
+        let forged = format!(".git/objects/ee/{}", "e".repeat(38));
+        write(t.a(), &forged, "");
+        std::fs::copy(t.a().join(&two), t.a().join(&forged)).unwrap();
+        write(t.a(), ".git/objects/pack/pack-1.pack", "PACK");
+        write(t.a(), ".git/objects/pack/pack-1.idx", "idx");
+        write(t.a(), ".git/objects/info/commit-graph", "CGPH");
+        write(t.a(), ".git/objects/pack/pack-1.keep", "");
+        write(t.a(), ".git/modules/sub/objects/ab/cdef", "x");
+        let held = t.held(vec![
+            ch(ChangeKind::Added, &one),
+            ch(ChangeKind::Added, &forged),
+            ch(ChangeKind::Added, ".git/objects/pack/pack-1.pack"),
+            ch(ChangeKind::Added, ".git/objects/pack/pack-1.idx"),
+            ch(ChangeKind::Added, ".git/objects/info/commit-graph"),
+            ch(ChangeKind::Added, ".git/objects/pack/pack-1.keep"),
+            ch(ChangeKind::Added, ".git/modules/sub/objects/ab/cdef"),
+        ]);
+        assert_eq!(held, vec![1, 2, 3, 4, 6]);
     }
 
     fn ch(kind: ChangeKind, path: &str) -> Change {
@@ -1012,20 +1130,22 @@ mod tests {
             ".git/index",
             &format!("DIRC\0\0\0\x02\0\0\0\0{}", "\0".repeat(20)),
         );
-        write(t.a(), ".git/objects/cc/dd", "blob");
+        let blob = loose_object(t.a(), "hello\n");
         write(
             t.a(),
             ".git/refs/heads/main",
             &format!("{}\n", "b".repeat(40)),
         );
         write(t.a(), ".git/logs/HEAD", "log\n");
+        write(t.a(), ".git/objects/info/packs", "P pack-x.pack\n");
         write(t.a(), ".git/HEAD", "ref: refs/heads/other\n");
         write(t.a(), "new/dir/file.rs", "fn main() {}\n");
         std::fs::rename(t.a().join("src"), t.a().join("lib")).unwrap();
         let held = t.held(vec![
             ch(ChangeKind::Modified, "notes.txt"),
             ch(ChangeKind::Added, ".git/index"),
-            ch(ChangeKind::Added, ".git/objects/cc/dd"),
+            ch(ChangeKind::Added, &blob),
+            ch(ChangeKind::Added, ".git/objects/info/packs"),
             ch(ChangeKind::Modified, ".git/refs/heads/main"),
             ch(ChangeKind::Added, ".git/logs/HEAD"),
             ch(ChangeKind::Modified, ".git/HEAD"),

@@ -401,6 +401,104 @@ pub fn git_index_hidden(content: &[u8]) -> Option<std::collections::BTreeSet<Vec
         .find_map(|hash| index_hidden(content, hash))
 }
 
+/// Whether `file`, a loose object at `objects/<dir>/<name>`, is an object git made: its
+/// zlib stream inflates (to at most `max` bytes) to `<type> <size>\0<content>` with a known
+/// type and the right size, and hashes (SHA-1 for 40 hex digits, SHA-256 for 64) to
+/// `dir` + `name`. Why: git does not check an object's hash when it reads it, so a branch
+/// that writes a new object under an id its content does not have (a tree with the agent's
+/// edit under the id of a tree git will look up) hides that edit from `git status` and
+/// `git diff` (red team round 5).
+pub fn git_loose_object_valid(dir: &str, name: &str, file: &[u8], max: usize) -> bool {
+    let id = format!("{dir}{name}");
+    if dir.len() != 2
+        || !matches!(id.len(), 40 | 64)
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return false;
+    }
+    let Ok(raw) = miniz_oxide::inflate::decompress_to_vec_zlib_with_limit(file, max) else {
+        return false;
+    };
+    let Some(nul) = raw.iter().position(|&b| b == 0) else {
+        return false;
+    };
+    let header = String::from_utf8_lossy(&raw[..nul]);
+    let Some((kind, size)) = header.split_once(' ') else {
+        return false;
+    };
+    if !matches!(kind, "blob" | "tree" | "commit" | "tag")
+        || size.parse::<usize>().ok() != Some(raw.len() - nul - 1)
+    {
+        return false;
+    }
+    let digest: Vec<u8> = if id.len() == 40 {
+        sha1(&raw).to_vec()
+    } else {
+        use sha2::Digest;
+        sha2::Sha256::digest(&raw).to_vec()
+    };
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    hex == id
+}
+
+/// SHA-1 (FIPS 180-4), for git's object ids; nothing here relies on its collision
+/// resistance beyond what git itself does.
+fn sha1(data: &[u8]) -> [u8; 20] {
+    let mut h: [u32; 5] = [
+        0x6745_2301,
+        0xEFCD_AB89,
+        0x98BA_DCFE,
+        0x1032_5476,
+        0xC3D2_E1F0,
+    ];
+    let mut msg = data.to_vec();
+    let bits = (data.len() as u64).wrapping_mul(8);
+    msg.push(0x80);
+    while msg.len() % 64 != 56 {
+        msg.push(0);
+    }
+    msg.extend_from_slice(&bits.to_be_bytes());
+    for block in msg.chunks_exact(64) {
+        let mut w = [0u32; 80];
+        for (i, word) in block.chunks_exact(4).enumerate() {
+            w[i] = u32::from_be_bytes([word[0], word[1], word[2], word[3]]);
+        }
+        for i in 16..80 {
+            w[i] = (w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16]).rotate_left(1);
+        }
+        let [mut a, mut b, mut c, mut d, mut e] = h;
+        for (i, wi) in w.iter().enumerate() {
+            let (f, k) = match i {
+                0..=19 => ((b & c) | (!b & d), 0x5A82_7999),
+                20..=39 => (b ^ c ^ d, 0x6ED9_EBA1),
+                40..=59 => ((b & c) | (b & d) | (c & d), 0x8F1B_BCDC),
+                _ => (b ^ c ^ d, 0xCA62_C1D6),
+            };
+            let t = a
+                .rotate_left(5)
+                .wrapping_add(f)
+                .wrapping_add(e)
+                .wrapping_add(k)
+                .wrapping_add(*wi);
+            e = d;
+            d = c;
+            c = b.rotate_left(30);
+            b = a;
+            a = t;
+        }
+        for (x, y) in h.iter_mut().zip([a, b, c, d, e]) {
+            *x = x.wrapping_add(y);
+        }
+    }
+    let mut out = [0u8; 20];
+    for (i, x) in h.iter().enumerate() {
+        out[i * 4..i * 4 + 4].copy_from_slice(&x.to_be_bytes());
+    }
+    out
+}
+
 fn index_hidden(b: &[u8], hash: usize) -> Option<std::collections::BTreeSet<Vec<u8>>> {
     let u32_at = |at: usize| -> Option<u32> {
         Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
@@ -1053,6 +1151,67 @@ mod tests {
         }
         assert!(git_index_hidden(b"DIRC\0\0\0\x02\0\0\0\x05junk").is_none());
         assert!(git_index_hidden(b"not an index").is_none());
+    }
+
+    /// Loose objects as real git writes them (SHA-1 and SHA-256) hash to their names; the
+    /// same bytes under another object's name, a corrupt stream or a lying header do not.
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn loose_objects_are_checked_against_their_names() {
+        for format in ["sha1", "sha256"] {
+            let dir = tempfile::tempdir().unwrap();
+            let git = |args: &[&str]| {
+                let o = std::process::Command::new("git")
+                    .args(args)
+                    .current_dir(dir.path())
+                    .output()
+                    .unwrap();
+                assert!(o.status.success(), "git {args:?}: {o:?}");
+                String::from_utf8(o.stdout).unwrap().trim().to_string()
+            };
+            git(&["init", "-q", &format!("--object-format={format}"), "."]);
+            std::fs::write(dir.path().join("a.txt"), "one\n").unwrap();
+            std::fs::write(dir.path().join("b.txt"), "two\n").unwrap();
+            let a = git(&["hash-object", "-w", "a.txt"]);
+            let b = git(&["hash-object", "-w", "b.txt"]);
+            git(&["add", "."]);
+            let tree = git(&["write-tree"]);
+            let read = |id: &str| {
+                std::fs::read(
+                    dir.path()
+                        .join(".git/objects")
+                        .join(&id[..2])
+                        .join(&id[2..]),
+                )
+                .unwrap()
+            };
+            for id in [&a, &b, &tree] {
+                assert!(
+                    git_loose_object_valid(&id[..2], &id[2..], &read(id), 1 << 20),
+                    "{format} {id}"
+                );
+            }
+            assert!(!git_loose_object_valid(
+                &a[..2],
+                &a[2..],
+                &read(&b),
+                1 << 20
+            ));
+            assert!(!git_loose_object_valid(&a[..2], &a[2..], b"junk", 1 << 20));
+            assert!(!git_loose_object_valid(
+                &tree[..2],
+                &tree[2..],
+                &read(&tree),
+                8
+            ));
+        }
+        assert_eq!(
+            sha1(b"abc")
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>(),
+            "a9993e364706816aba3e25717850c26c9cd0d89d"
+        );
     }
 
     #[test]
