@@ -434,69 +434,14 @@ pub fn git_loose_object_valid(dir: &str, name: &str, file: &[u8], max: usize) ->
         return false;
     }
     let digest: Vec<u8> = if id.len() == 40 {
-        sha1(&raw).to_vec()
+        use sha1::Digest;
+        sha1::Sha1::digest(&raw).to_vec()
     } else {
         use sha2::Digest;
         sha2::Sha256::digest(&raw).to_vec()
     };
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     hex == id
-}
-
-/// SHA-1 (FIPS 180-4), for git's object ids; nothing here relies on its collision
-/// resistance beyond what git itself does.
-fn sha1(data: &[u8]) -> [u8; 20] {
-    let mut h: [u32; 5] = [
-        0x6745_2301,
-        0xEFCD_AB89,
-        0x98BA_DCFE,
-        0x1032_5476,
-        0xC3D2_E1F0,
-    ];
-    let mut msg = data.to_vec();
-    let bits = (data.len() as u64).wrapping_mul(8);
-    msg.push(0x80);
-    while msg.len() % 64 != 56 {
-        msg.push(0);
-    }
-    msg.extend_from_slice(&bits.to_be_bytes());
-    for block in msg.chunks_exact(64) {
-        let mut w = [0u32; 80];
-        for (i, word) in block.chunks_exact(4).enumerate() {
-            w[i] = u32::from_be_bytes([word[0], word[1], word[2], word[3]]);
-        }
-        for i in 16..80 {
-            w[i] = (w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16]).rotate_left(1);
-        }
-        let [mut a, mut b, mut c, mut d, mut e] = h;
-        for (i, wi) in w.iter().enumerate() {
-            let (f, k) = match i {
-                0..=19 => ((b & c) | (!b & d), 0x5A82_7999),
-                20..=39 => (b ^ c ^ d, 0x6ED9_EBA1),
-                40..=59 => ((b & c) | (b & d) | (c & d), 0x8F1B_BCDC),
-                _ => (b ^ c ^ d, 0xCA62_C1D6),
-            };
-            let t = a
-                .rotate_left(5)
-                .wrapping_add(f)
-                .wrapping_add(e)
-                .wrapping_add(k)
-                .wrapping_add(*wi);
-            e = d;
-            d = c;
-            c = b.rotate_left(30);
-            b = a;
-            a = t;
-        }
-        for (x, y) in h.iter_mut().zip([a, b, c, d, e]) {
-            *x = x.wrapping_add(y);
-        }
-    }
-    let mut out = [0u8; 20];
-    for (i, x) in h.iter().enumerate() {
-        out[i * 4..i * 4 + 4].copy_from_slice(&x.to_be_bytes());
-    }
-    out
 }
 
 fn index_hidden(b: &[u8], hash: usize) -> Option<std::collections::BTreeSet<Vec<u8>>> {
@@ -1205,13 +1150,6 @@ mod tests {
                 8
             ));
         }
-        assert_eq!(
-            sha1(b"abc")
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>(),
-            "a9993e364706816aba3e25717850c26c9cd0d89d"
-        );
     }
 
     #[test]
