@@ -225,7 +225,7 @@ impl Content {
     /// Fill a new, empty content with the first `len` bytes of `src` (a copy-up).
     pub fn fill_from(&mut self, src: &File, len: u64) -> io::Result<()> {
         if len > HEAP_MAX {
-            self.to_file()?;
+            self.move_to_memfd()?;
         }
         match &mut self.bytes {
             Bytes::Heap(v) => {
@@ -264,7 +264,7 @@ impl Content {
             .checked_add(data.len() as u64)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EFBIG))?;
         if end > HEAP_MAX {
-            self.to_file()?;
+            self.move_to_memfd()?;
         }
         match &mut self.bytes {
             Bytes::Heap(v) => {
@@ -281,7 +281,7 @@ impl Content {
 
     pub fn set_len(&mut self, size: u64) -> io::Result<()> {
         if size > HEAP_MAX {
-            self.to_file()?;
+            self.move_to_memfd()?;
         }
         match &mut self.bytes {
             Bytes::Heap(v) => {
@@ -346,7 +346,7 @@ impl Content {
 
     /// Move heap bytes to a memfd (the content outgrew [`HEAP_MAX`]); the memory charged
     /// stays the same.
-    fn to_file(&mut self) -> io::Result<()> {
+    fn move_to_memfd(&mut self) -> io::Result<()> {
         if let Bytes::Heap(v) = &self.bytes {
             let f = memfd()?;
             f.write_all_at(v, 0)?;
@@ -535,12 +535,8 @@ mod tests {
         let mut got = Vec::new();
         f.read_to_end(&mut got).expect("read");
         assert_eq!(got, want);
-        let st = crate::overlay::fstat(&f).expect("fstat");
-        assert!(
-            st.st_blocks <= 16,
-            "zero pages were written: {}",
-            st.st_blocks
-        );
+        let blocks = std::os::unix::fs::MetadataExt::blocks(&f.metadata().expect("stat"));
+        assert!(blocks <= 16, "zero pages were written: {blocks}");
         // A truncate far past the heap limit goes to a file, still sparse.
         s.resize(&mut c, 1 << 30).expect("resize");
         c.set_len(1 << 30).expect("grow");
