@@ -12,6 +12,7 @@
 # on this shared machine (other sandboxed test suites running) that made every attach a new
 # mount and every detach an unmount (~25–50 ms instead of ~0.6 ms). In a private namespace
 # no one else's copies reach the holder's connections.
+# Small changes live on the heap (content.rs), so fds stay flat too.
 # Usage: bench/scale.sh [MAX] [CONCURRENT]   (as root; builds shade-bench's `scale` in release)
 set -euo pipefail
 max=${1:-10000}

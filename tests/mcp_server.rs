@@ -844,26 +844,19 @@ async fn streamable_http_sessions() {
     )
     .await;
     assert!(seen.contains("one") && !seen.contains("two.txt"), "{seen}");
-    let root = fx.state.root().to_string_lossy().to_string();
-    // Branches' mounts (a warm connection waiting in the pool is none).
-    let mounts = || {
-        std::fs::read_to_string("/proc/self/mountinfo")
+    // Live branches: each has its store (an idle one holds no mount: issue 31, so mounts
+    // do not tell).
+    let branches = || {
+        std::fs::read_dir(fx.state.branches())
             .unwrap()
-            .lines()
-            .filter(|l| l.contains(&root))
-            .filter(|l| {
-                let point = std::path::Path::new(l.split(' ').nth(4).unwrap_or(""));
-                !point
-                    .parent()
-                    .is_some_and(|d| d.join(shade_fusefs::POOLED_MARK).exists())
-            })
+            .filter(|e| e.as_ref().unwrap().path().join("store").is_dir())
             .count()
     };
     // Session two goes away without accepting: its branch is dropped, session one's lives.
-    let before = mounts();
+    let before = branches();
     disconnect(two).await;
-    common::wait_until("the closed session's branch to be unmounted", 30, || {
-        mounts() < before
+    common::wait_until("the closed session's branch to be dropped", 30, || {
+        branches() < before
     });
     assert!(!fx.project.join("two.txt").exists());
     let accepted = ok(&one, "accept_branch", json!({"branch": b1})).await;
@@ -1265,6 +1258,147 @@ async fn accept_confirmation_shows_link_targets() {
     );
     assert!(std::fs::symlink_metadata(fx.project.join("rc")).is_err());
     ok(&client, "abort_branch", json!({"branch": b})).await;
+    disconnect(client).await;
+    assert_no_shade_mounts(&fx.state);
+}
+
+/// The `shade mcp` process serving `fx` (found by its working directory and state
+/// directory: the client spawned it, and rmcp does not hand out its pid).
+fn server_pid(fx: &Fixture) -> u32 {
+    let state = format!("SHADE_STATE_DIR={}", fx.state.root().display());
+    let found: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok();
+            cmd.split(|&b| b == 0).nth(1) == Some(b"mcp".as_slice())
+                && env.split(|&b| b == 0).any(|v| v == state.as_bytes())
+                && cwd.as_deref() == Some(fx.project.as_path())
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "one shade mcp process: {found:?}");
+    found[0]
+}
+
+/// Threads and open descriptors of process `pid`.
+fn threads_and_fds(pid: u32) -> (usize, usize) {
+    let count = |dir: String| std::fs::read_dir(dir).unwrap().count();
+    (
+        count(format!("/proc/{pid}/task")),
+        count(format!("/proc/{pid}/fd")),
+    )
+}
+
+/// Issue 31 (scale): an idle branch holds no FUSE connection, so a server holding many
+/// branches keeps its threads and descriptors flat — each branch attached for a call and
+/// let go after it — and every branch still shows its own changes (files, listings,
+/// commands) and accepts exactly them. Fails where each branch keeps its mount (3 threads
+/// and 3 descriptors per branch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_idle_branches_keep_the_servers_threads_and_descriptors_flat() {
+    let fx = Fixture::new();
+    fx.write("a.txt", "a\n");
+    fx.write("src/lib.rs", "// lib\n");
+    let cfg = fx.state.root().parent().unwrap().join("many.toml");
+    std::fs::write(
+        &cfg,
+        "[mcp]\nmax_branches = 100\nmax_branches_total = 100\n",
+    )
+    .unwrap();
+    let mut cmd = mcp_command(&fx, &["--no-lint"]);
+    cmd.env("SHADE_CONFIG", &cfg);
+    let client = serve(cmd, TestClient::new(Some(ElicitationAction::Accept))).await;
+    let pid = server_pid(&fx);
+    const N: usize = 50;
+    let mut ids = Vec::new();
+    let mut base = None;
+    for i in 0..N {
+        let b = branch(&client).await;
+        ok(
+            &client,
+            "write_file",
+            json!({"branch": b, "path": format!("own/{i}.txt"), "content": format!("{b}\n")}),
+        )
+        .await;
+        ok(
+            &client,
+            "edit",
+            json!({"branch": b, "path": "a.txt", "old_string": "a\n", "new_string": format!("a {b}\n")}),
+        )
+        .await;
+        if i % 10 == 0 {
+            // A command too: the sandbox and the build caches' branches come and go.
+            let out = ok(
+                &client,
+                "run_command",
+                json!({"branch": b, "command": "cat a.txt own/*.txt"}),
+            )
+            .await;
+            assert!(out.contains(&format!("a {b}\n{b}\n")), "{out}");
+        }
+        ids.push(b);
+        if i == 4 {
+            // Measured once a few branches went through the pool and a command ran.
+            base = Some(threads_and_fds(pid));
+        }
+    }
+    let (threads0, fds0) = base.unwrap();
+    let (threads, fds) = threads_and_fds(pid);
+    eprintln!("shade mcp: {threads0} threads, {fds0} fds at 5 branches; {threads}, {fds} at {N}");
+    // Each attached branch would add 3 threads and 3 descriptors: 135 of each for 45.
+    assert!(
+        threads <= threads0 + 10,
+        "threads grew with idle branches: {threads0} at 5 branches, {threads} at {N}"
+    );
+    assert!(
+        fds <= fds0 + 10,
+        "descriptors grew with idle branches: {fds0} at 5 branches, {fds} at {N}"
+    );
+
+    // Each branch, attached again (elsewhere), shows its own changes and nobody else's.
+    for (i, b) in ids.iter().enumerate().step_by(7) {
+        let read = ok(&client, "read_file", json!({"branch": b, "path": "a.txt"})).await;
+        assert!(read.contains(&format!("a {b}")), "{read}");
+        let out = ok(
+            &client,
+            "run_command",
+            json!({"branch": b, "command": "ls own; cat a.txt"}),
+        )
+        .await;
+        assert!(
+            out.contains(&format!("{i}.txt\na {b}\n")),
+            "branch {b} shows only its own file: {out}"
+        );
+        let changes = ok(&client, "list_changes", json!({"branch": b})).await;
+        assert!(changes.contains("M a.txt"), "{changes}");
+        assert!(changes.contains(&format!("own/{i}.txt")), "{changes}");
+    }
+    let (threads_after, _) = threads_and_fds(pid);
+    assert!(
+        threads_after <= threads0 + 10,
+        "{threads0} → {threads_after}"
+    );
+
+    // Two branches compared, then one accepted: exactly its changes reach the project.
+    let cmp = ok(
+        &client,
+        "compare_branches",
+        json!({"branch": ids[3], "other": ids[4]}),
+    )
+    .await;
+    assert!(cmp.contains(&format!("+a {}", ids[4])), "{cmp}");
+    let pick = &ids[N - 1];
+    let accepted = ok(&client, "accept_branch", json!({"branch": pick})).await;
+    assert!(accepted.contains("M a.txt"), "{accepted}");
+    assert_eq!(fx.read("a.txt"), format!("a {pick}\n"));
+    assert_eq!(fx.read(&format!("own/{}.txt", N - 1)), format!("{pick}\n"));
+    assert!(!fx.project.join("own/0.txt").exists());
+    // Another branch changed a.txt from the same base: refused, nothing written.
+    let (err, text) = call(&client, "accept_branch", json!({"branch": ids[0]})).await;
+    assert!(err && text.contains("a.txt"), "{text}");
+    assert!(!fx.project.join("own/0.txt").exists());
     disconnect(client).await;
     assert_no_shade_mounts(&fx.state);
 }

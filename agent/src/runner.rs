@@ -19,9 +19,11 @@ pub(crate) struct Inner {
     pub(crate) project: PathBuf,
     /// What the branch is a branch of: the project, or the parent shadow's mount.
     pub(crate) lower: PathBuf,
-    pub(crate) mount: PathBuf,
+    /// Where the branch is mounted and its workspace, as of its last attach: a detached
+    /// branch ([`Shadow::detach_idle`](crate::shadow::Shadow::detach_idle)) is mounted
+    /// elsewhere when it attaches again.
+    pub(crate) at: Mutex<At>,
     pub(crate) id: String,
-    pub(crate) workspace: Workspace,
     pub(crate) isolation: Isolation,
     pub(crate) cache_dirs: Vec<PathBuf>,
     pub(crate) branch_options: BranchOptions,
@@ -41,6 +43,12 @@ pub(crate) struct Inner {
     pub(crate) outside: Option<PathBuf>,
 }
 
+/// Where a shadow's branch is mounted now, and the workspace of that mount.
+pub(crate) struct At {
+    pub(crate) mount: PathBuf,
+    pub(crate) workspace: Workspace,
+}
+
 /// The commands running in a shadow.
 #[derive(Default)]
 pub(crate) struct Runs {
@@ -55,6 +63,16 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Inner {
+    /// Where the branch is mounted (as of its last attach).
+    pub(crate) fn mount(&self) -> PathBuf {
+        lock(&self.at).mount.clone()
+    }
+
+    /// The branch's mount as a workspace (as of its last attach).
+    pub(crate) fn workspace(&self) -> Workspace {
+        lock(&self.at).workspace.clone()
+    }
+
     /// Stops new commands, kills running ones, waits for them, drops the cache branches and
     /// hands back the branch (if not closed before).
     pub(crate) fn close(&self) -> Option<Branch> {
@@ -151,7 +169,7 @@ impl Inner {
             }
         }
         // Beneath the branch's descriptor: the checker may have left links to the host.
-        let branch = shade_fusefs::rootdir::RootDir::open(&self.mount);
+        let branch = shade_fusefs::rootdir::RootDir::open(&self.mount());
         for rel in tops {
             let removed = match &branch {
                 Ok(b) => b.remove_all(&rel),
@@ -175,6 +193,10 @@ impl Inner {
                         format!("cannot give the build caches a throw-away branch: {e}")
                     })?;
             *caches = Some(created);
+        }
+        if let Some(c) = caches.as_mut() {
+            c.attach()
+                .map_err(|e| format!("cannot attach the build caches' branches: {e}"))?;
         }
         Ok(caches
             .as_ref()
@@ -264,7 +286,7 @@ impl ShadowRunner {
     pub fn lint_view(&self) -> shade_lint::BranchView {
         shade_lint::BranchView {
             project: self.inner.project.clone(),
-            mount: self.inner.mount.clone(),
+            mount: self.inner.mount(),
             runner: Some(Arc::new(self.clone())),
         }
     }
@@ -296,12 +318,7 @@ impl ShadowRunner {
         let inner = self.inner.clone();
         let task_stop = stop.clone();
         let task = tokio::task::spawn_blocking(move || {
-            let mut spec = RunSpec::new(
-                inner.project.clone(),
-                inner.mount.clone(),
-                cmd.cwd,
-                cmd.argv,
-            );
+            let mut spec = RunSpec::new(inner.project.clone(), inner.mount(), cmd.cwd, cmd.argv);
             spec.env = cmd.env;
             spec.timeout = cmd.timeout;
             spec.output = Output::Capture {

@@ -18,7 +18,7 @@ use shade_fusefs::{
     AcceptError, AcceptFlags, AcceptReport, Branch, BranchError, BranchOptions, Changeset,
 };
 
-use crate::runner::{lock, Inner, Runs};
+use crate::runner::{lock, At, Inner, Runs};
 pub use crate::runner::{Command, RunError, ShadowRunner};
 use crate::tools::ToolContext;
 use crate::workspace::Workspace;
@@ -136,8 +136,7 @@ impl Shadow {
                 id: branch.id().to_string(),
                 project,
                 lower,
-                mount,
-                workspace,
+                at: Mutex::new(At { mount, workspace }),
                 isolation: options.isolation,
                 cache_dirs: options.cache_dirs,
                 branch_options: options.branch,
@@ -164,9 +163,54 @@ impl Shadow {
         &self.inner.project
     }
 
-    /// Where the branch is mounted (never shown to the model).
-    pub fn mountpoint(&self) -> &Path {
-        &self.inner.mount
+    /// Where the branch is mounted (never shown to the model); after
+    /// [`Shadow::detach_idle`], where it was until [`Shadow::attach`] mounts it again.
+    pub fn mountpoint(&self) -> PathBuf {
+        self.inner.mount()
+    }
+
+    /// Let the branch's FUSE connection (and its build caches' branches') go while the
+    /// shadow is idle: no command running, no shadow branched off it. An MCP server holding
+    /// many branches then keeps its threads and descriptors flat (issue 31); the branch
+    /// keeps its changes and reads. Refused, with the reason, where the branch must stay
+    /// mounted ([`Branch::detach`]: something still refers into it). Call
+    /// [`Shadow::attach`] before using the mount, the workspace or the runner again.
+    pub fn detach_idle(&self) -> Result<(), String> {
+        let runs = lock(&self.inner.runs);
+        if runs.closed {
+            return Err("the shadow is closed".into());
+        }
+        if !runs.live.is_empty() {
+            return Err(format!("{} command(s) running", runs.live.len()));
+        }
+        if lock(&self.inner.children)
+            .iter()
+            .any(|c| c.strong_count() > 0)
+        {
+            return Err("shadows are branched off it".into());
+        }
+        if let Some(c) = lock(&self.inner.caches).as_mut() {
+            c.detach()?;
+        }
+        match lock(&self.inner.branch).as_mut() {
+            Some(b) => b.detach(),
+            None => Err("the shadow is closed".into()),
+        }
+    }
+
+    /// Mount the branch again after [`Shadow::detach_idle`] (nothing to do when it is
+    /// mounted): [`Shadow::mountpoint`] and [`Shadow::workspace`] then name the new mount,
+    /// and a tool context made before must take the new workspace. The build caches'
+    /// branches attach at the next command.
+    pub fn attach(&self) -> Result<(), ShadowError> {
+        self.inner.attach()
+    }
+
+    /// Whether the branch holds no connection now ([`Shadow::detach_idle`]).
+    pub fn is_detached(&self) -> bool {
+        lock(&self.inner.branch)
+            .as_ref()
+            .is_some_and(Branch::is_detached)
     }
 
     /// The branch's id (its FUSE fsname is `shade:ID`).
@@ -181,7 +225,7 @@ impl Shadow {
 
     /// The branch as a workspace: files in the mount, paths as in the project.
     pub fn workspace(&self) -> Workspace {
-        self.inner.workspace.clone()
+        self.inner.workspace()
     }
 
     /// `base` moved into the shadow: its workspace becomes the branch, its `shell` runs in
@@ -337,13 +381,16 @@ impl ShadowBase {
     /// Mount a branch of the shadow's mount (refused once the shadow is closed).
     pub fn create_child(&self, options: ShadowOptions) -> Result<Shadow, ShadowError> {
         let closed = || ShadowError::Workspace {
-            path: self.inner.mount.clone(),
+            path: self.inner.mount(),
             source: std::io::Error::other("the shadow branch is closed"),
         };
         if lock(&self.inner.runs).closed {
             return Err(closed());
         }
-        let branch = Branch::create(&self.inner.mount, &options.branch)?;
+        // A child reads through this shadow's mount: it stays attached while the child
+        // lives (`detach_idle` refuses).
+        self.inner.attach()?;
+        let branch = Branch::create(&self.inner.mount(), &options.branch)?;
         let child = Shadow::around(branch, self.inner.project.clone(), options, None)?;
         // Registered under the parent's run lock, so a close that began meanwhile is seen.
         let runs = lock(&self.inner.runs);
@@ -356,6 +403,29 @@ impl ShadowBase {
         children.retain(|c| c.strong_count() > 0);
         children.push(Arc::downgrade(&child.inner));
         Ok(child)
+    }
+}
+
+impl Inner {
+    /// [`Shadow::attach`].
+    fn attach(&self) -> Result<(), ShadowError> {
+        let mut branch = lock(&self.branch);
+        let Some(b) = branch.as_mut() else {
+            return Ok(());
+        };
+        if !b.is_detached() {
+            return Ok(());
+        }
+        b.attach()?;
+        let mount = b.mountpoint().to_path_buf();
+        let workspace = Workspace::shadowed(&self.project, &mount).map_err(|source| {
+            ShadowError::Workspace {
+                path: mount.clone(),
+                source,
+            }
+        })?;
+        *lock(&self.at) = At { mount, workspace };
+        Ok(())
     }
 }
 

@@ -552,3 +552,114 @@ async fn a_child_shadow_works_on_the_parents_branch_and_closes_before_it() {
         "real a\n"
     );
 }
+
+/// Issue 31 (scale): an idle shadow lets its connection go (its build caches' too) and
+/// takes one again, mounted elsewhere: commands, the file tools of a fresh tool context and
+/// the changeset all show its own changes, the cache keeps its throw-away writes between
+/// commands, a shadow with a child or a running command stays attached, and the accept
+/// writes exactly what it changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_shadow_detaches_and_attaches_elsewhere() {
+    let f = fx();
+    let cache = f.tmp.path().join("cargo-home");
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::write(cache.join("index"), "real index\n").unwrap();
+    let mut o = f.options(ShadowOptions::speculative(Duration::from_secs(60)));
+    o.cache_dirs = vec![cache.clone()];
+    let (shadow, ctx) = f.shadow(o);
+    f.call(
+        &ctx,
+        "write_file",
+        json!({"path": "a.txt", "content": "mine\n"}),
+    )
+    .await
+    .unwrap();
+    let c = cache.display();
+    let out = f.sh(&ctx, &format!("echo fetched > {c}/index")).await;
+    assert!(out.starts_with("Exit code: 0"), "{out}");
+    let first = shadow.mountpoint();
+
+    // A second shadow keeps the first's connection busy elsewhere: the first attaches to
+    // another one.
+    let (other, octx) = f.speculative();
+    shadow.detach_idle().unwrap();
+    assert!(shadow.is_detached());
+    // The old mount (if still mounted, parked) shows the project, not this branch.
+    assert_ne!(
+        std::fs::read_to_string(first.join("a.txt")).ok().as_deref(),
+        Some("mine\n"),
+        "the old mount still shows the branch"
+    );
+    f.call(
+        &octx,
+        "write_file",
+        json!({"path": "a.txt", "content": "other\n"}),
+    )
+    .await
+    .unwrap();
+    other.detach_idle().unwrap();
+    shadow.attach().unwrap();
+    assert!(!shadow.is_detached());
+
+    // A tool context made for the new mount sees the branch; commands run in it.
+    let mut base = ToolContext::new(Workspace::new(&f.project).unwrap());
+    base.global_memory = None;
+    let ctx = shadow.tool_context(&base);
+    let read = f
+        .call(&ctx, "read_file", json!({"path": "a.txt"}))
+        .await
+        .unwrap();
+    assert!(read.content.contains("mine"), "{}", read.content);
+    let out = f
+        .sh(&ctx, &format!("cat a.txt {c}/index; echo made > new.txt"))
+        .await;
+    assert!(out.contains("mine\nfetched"), "{out}");
+
+    // With a child, or a command running, it stays attached.
+    let mut spec = f.options(ShadowOptions::speculative(Duration::from_secs(60)));
+    spec.cache_dirs = Vec::new();
+    let child = shadow.base().create_child(spec).unwrap();
+    assert!(shadow.detach_idle().is_err());
+    drop(child);
+    // The child's connection, pooled, reads through this mount (its lower): it holds the
+    // mount busy until the pool lets it go.
+    shade_fusefs::drain_branch_pool();
+    let runner = ctx.clone();
+    let tools = ToolRegistry::standard();
+    let sleeper = tokio::spawn(async move {
+        tools
+            .get("shell")
+            .unwrap()
+            .run(
+                json!({"command": "sleep 2"}),
+                &runner,
+                &CancellationToken::new(),
+            )
+            .await
+    });
+    while shadow.running_commands() == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(shadow.detach_idle().is_err(), "a command runs in it");
+    sleeper.await.unwrap().unwrap();
+    shadow.detach_idle().unwrap();
+
+    let changes: Vec<String> = shadow
+        .changeset(false)
+        .changes
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
+    assert_eq!(changes, ["M a.txt", "A new.txt"]);
+    shadow.accept(AcceptFlags::default()).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(f.project.join("a.txt")).unwrap(),
+        "mine\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(cache.join("index")).unwrap(),
+        "real index\n"
+    );
+    drop(other);
+    f.assert_clean();
+}

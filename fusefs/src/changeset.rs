@@ -226,7 +226,11 @@ fn same_as_lower(o: &Overlay, n: &Node, lower: &Path) -> io::Result<bool> {
             let Some(c) = data.as_ref() else {
                 return Ok(false);
             };
-            same_bytes(c.file(), &o.lower.open_file(lower)?, size)
+            same_bytes(
+                |buf, off| c.read_at(buf, off),
+                &o.lower.open_file(lower)?,
+                size,
+            )
         }
         NodeKind::Symlink => Ok(o.lower.read_link(lower)? == n.target),
         _ => Ok(st.st_rdev as u32 == n.state().meta.rdev),
@@ -272,13 +276,17 @@ fn stamp(t: std::time::SystemTime) -> crate::plan::Timestamp {
     }
 }
 
-fn same_bytes(a: &File, b: &File, size: u64) -> io::Result<bool> {
+fn same_bytes(
+    read_a: impl Fn(&mut [u8], u64) -> io::Result<usize>,
+    b: &File,
+    size: u64,
+) -> io::Result<bool> {
     let mut ba = vec![0u8; 1 << 16];
     let mut bb = vec![0u8; 1 << 16];
     let mut off = 0u64;
     while off < size {
         let want = ((size - off) as usize).min(ba.len());
-        let na = read_full_at(a, &mut ba[..want], off)?;
+        let na = read_a(&mut ba[..want], off)?;
         let nb = read_full_at(b, &mut bb[..want], off)?;
         if na != nb || ba[..na] != bb[..nb] {
             return Ok(false);

@@ -1,5 +1,12 @@
-//! Where overridden file contents live: in memory (a memfd) up to a per-branch budget,
-//! then spilled to unnamed files (`O_TMPFILE`) in the branch's disk store.
+//! Where overridden file contents live: in memory up to a per-branch budget, then
+//! spilled to unnamed files (`O_TMPFILE`) in the branch's disk store.
+//!
+//! In memory, a content of at most [`HEAP_MAX`] bytes is a buffer on the heap, and only a
+//! larger one is a memfd: a file descriptor per changed file would make the descriptors of
+//! a process holding many idle branches grow with them (issue 31: 10,000 branches with one
+//! small new file each were 10,000 memfds). Both count against the same memory budget; a
+//! content that grows past [`HEAP_MAX`] moves to a memfd (or to disk when the budget is
+//! spent), and never back.
 //!
 //! Every content also counts against the branch's contents budget ([`Budget`]) at its
 //! largest size, on disk or not: past it, writes fail with ENOSPC.
@@ -28,9 +35,22 @@ pub(crate) struct Store {
     limits: Arc<Budget>,
 }
 
+/// The largest content kept on the heap rather than in a memfd: small enough that the
+/// copies a heap buffer costs (a read copies out, growth may copy) stay cheap, large enough
+/// for the source files agents change.
+pub(crate) const HEAP_MAX: u64 = 64 * 1024;
+
+/// Where one content's bytes are.
+enum Bytes {
+    /// At most [`HEAP_MAX`] bytes, no descriptor; holes are zeros.
+    Heap(Vec<u8>),
+    /// A memfd, or an unnamed file on disk.
+    File(File),
+}
+
 /// The bytes of one overridden file.
 pub(crate) struct Content {
-    file: File,
+    bytes: Bytes,
     /// Bytes charged to the memory budget (0 once on disk), given back on drop.
     charged: u64,
     budget_used: Arc<AtomicU64>,
@@ -104,7 +124,7 @@ impl Store {
     fn create_charged(&self, prefer_disk: bool, expected_size: u64) -> io::Result<Content> {
         if prefer_disk || !self.try_charge(expected_size) {
             return Ok(Content {
-                file: self.disk_file()?,
+                bytes: Bytes::File(self.disk_file()?),
                 charged: 0,
                 budget_used: self.in_memory.clone(),
                 on_disk: true,
@@ -112,9 +132,14 @@ impl Store {
                 limits: self.limits.clone(),
             });
         }
-        match memfd() {
-            Ok(file) => Ok(Content {
-                file,
+        let bytes = if expected_size <= HEAP_MAX {
+            Ok(Bytes::Heap(Vec::new()))
+        } else {
+            memfd().map(Bytes::File)
+        };
+        match bytes {
+            Ok(bytes) => Ok(Content {
+                bytes,
                 charged: expected_size,
                 budget_used: self.in_memory.clone(),
                 on_disk: false,
@@ -181,9 +206,14 @@ impl Store {
             return Ok(());
         }
         let disk = self.disk_file()?;
-        let len = content.file.metadata()?.len();
-        copy_range(&content.file, &disk, len)?;
-        content.file = disk;
+        match &content.bytes {
+            Bytes::Heap(v) => {
+                disk.write_all_at(v, 0)?;
+                disk.set_len(v.len() as u64)?;
+            }
+            Bytes::File(f) => copy_range(f, &disk, f.metadata()?.len())?,
+        }
+        content.bytes = Bytes::File(disk);
         self.uncharge(content.charged);
         content.charged = 0;
         content.on_disk = true;
@@ -192,44 +222,152 @@ impl Store {
 }
 
 impl Content {
-    pub fn file(&self) -> &File {
-        &self.file
-    }
-
-    pub fn is_on_disk(&self) -> bool {
-        self.on_disk
-    }
-
-    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        read_full_at(&self.file, buf, offset)
-    }
-
-    pub fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        self.file.write_all_at(data, offset)
-    }
-
-    pub fn set_len(&self, size: u64) -> io::Result<()> {
-        self.file.set_len(size)
-    }
-
-    /// Free `len` bytes at `offset` (`fallocate -p`): they read as zeros, the size stays.
-    pub fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
-        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        let (off, len) = (offset.min(i64::MAX as u64), len.min(i64::MAX as u64));
-        // SAFETY: fallocate only reads its scalar arguments; the fd is ours and open.
-        let r = unsafe { libc::fallocate(self.file.as_raw_fd(), mode, off as i64, len as i64) };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
+    /// Fill a new, empty content with the first `len` bytes of `src` (a copy-up).
+    pub fn fill_from(&mut self, src: &File, len: u64) -> io::Result<()> {
+        if len > HEAP_MAX {
+            self.move_to_memfd()?;
+        }
+        match &mut self.bytes {
+            Bytes::Heap(v) => {
+                v.resize(len as usize, 0);
+                let got = read_full_at(src, v, 0)?;
+                v.truncate(got);
+                Ok(())
+            }
+            Bytes::File(f) => copy_range(src, f, len),
         }
     }
 
-    /// A second fd on the same bytes, read by accept after the branch is unmounted.
-    pub fn reopen(&self) -> io::Result<File> {
-        let path = format!("/proc/self/fd/{}", self.file.as_raw_fd());
-        File::open(path)
+    /// Flush a content on disk (`fsync`); memory has nothing to flush.
+    pub fn sync(&self, data_only: bool) -> io::Result<()> {
+        match &self.bytes {
+            Bytes::File(f) if self.on_disk && data_only => f.sync_data(),
+            Bytes::File(f) if self.on_disk => f.sync_all(),
+            _ => Ok(()),
+        }
     }
+
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        match &self.bytes {
+            Bytes::Heap(v) => {
+                let start = usize::try_from(offset).unwrap_or(usize::MAX).min(v.len());
+                let n = buf.len().min(v.len() - start);
+                buf[..n].copy_from_slice(&v[start..start + n]);
+                Ok(n)
+            }
+            Bytes::File(f) => read_full_at(f, buf, offset),
+        }
+    }
+
+    pub fn write_at(&mut self, data: &[u8], offset: u64) -> io::Result<()> {
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EFBIG))?;
+        if end > HEAP_MAX {
+            self.move_to_memfd()?;
+        }
+        match &mut self.bytes {
+            Bytes::Heap(v) => {
+                let (start, end) = (offset as usize, end as usize);
+                if end > v.len() {
+                    grow_heap(v, end);
+                }
+                v[start..end].copy_from_slice(data);
+                Ok(())
+            }
+            Bytes::File(f) => f.write_all_at(data, offset),
+        }
+    }
+
+    pub fn set_len(&mut self, size: u64) -> io::Result<()> {
+        if size > HEAP_MAX {
+            self.move_to_memfd()?;
+        }
+        match &mut self.bytes {
+            Bytes::Heap(v) => {
+                if size as usize > v.len() {
+                    grow_heap(v, size as usize);
+                } else {
+                    v.truncate(size as usize);
+                    if v.capacity() > 2 * v.len() {
+                        v.shrink_to_fit();
+                    }
+                }
+                Ok(())
+            }
+            Bytes::File(f) => f.set_len(size),
+        }
+    }
+
+    /// Free `len` bytes at `offset` (`fallocate -p`): they read as zeros, the size stays.
+    pub fn punch_hole(&mut self, offset: u64, len: u64) -> io::Result<()> {
+        match &mut self.bytes {
+            Bytes::Heap(v) => {
+                let start = usize::try_from(offset).unwrap_or(usize::MAX).min(v.len());
+                let end = usize::try_from(offset.saturating_add(len))
+                    .unwrap_or(usize::MAX)
+                    .min(v.len());
+                v[start..end].fill(0);
+                Ok(())
+            }
+            Bytes::File(f) => {
+                let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+                let (off, len) = (offset.min(i64::MAX as u64), len.min(i64::MAX as u64));
+                // SAFETY: fallocate only reads its scalar arguments; the fd is ours and open.
+                let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, off as i64, len as i64) };
+                if r == 0 {
+                    Ok(())
+                } else {
+                    Err(io::Error::last_os_error())
+                }
+            }
+        }
+    }
+
+    /// A second fd on the same bytes, read by accept after the branch is unmounted. A heap
+    /// content gets a memfd of its own (a copy, its zero pages left as holes), held only
+    /// while accept reads it.
+    pub fn reopen(&self) -> io::Result<File> {
+        match &self.bytes {
+            Bytes::Heap(v) => {
+                let f = memfd()?;
+                const PAGE: usize = 4096;
+                for (i, chunk) in v.chunks(PAGE).enumerate() {
+                    if chunk.iter().any(|&b| b != 0) {
+                        f.write_all_at(chunk, (i * PAGE) as u64)?;
+                    }
+                }
+                f.set_len(v.len() as u64)?;
+                Ok(f)
+            }
+            Bytes::File(f) => File::open(format!("/proc/self/fd/{}", f.as_raw_fd())),
+        }
+    }
+
+    /// Move heap bytes to a memfd (the content outgrew [`HEAP_MAX`]); the memory charged
+    /// stays the same.
+    fn move_to_memfd(&mut self) -> io::Result<()> {
+        if let Bytes::Heap(v) = &self.bytes {
+            let f = memfd()?;
+            f.write_all_at(v, 0)?;
+            f.set_len(v.len() as u64)?;
+            self.bytes = Bytes::File(f);
+        }
+        Ok(())
+    }
+}
+
+/// Make `v` `len` bytes long (new bytes zero), doubling its room up to [`HEAP_MAX`] so a
+/// file written in small appends is not copied at every write.
+fn grow_heap(v: &mut Vec<u8>, len: usize) {
+    if len > v.capacity() {
+        let room = len
+            .max(v.capacity().saturating_mul(2))
+            .min(HEAP_MAX as usize)
+            .max(len);
+        v.reserve_exact(room - v.len());
+    }
+    v.resize(len, 0);
 }
 
 /// Read until `buf` is full or the file ends (a short read only at end of file).
@@ -305,4 +443,134 @@ fn memfd() -> io::Result<File> {
     }
     // SAFETY: fd just returned by memfd_create.
     Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::BranchLimits;
+    use std::io::Read;
+
+    fn store(dir: &std::path::Path, memory: u64, size: Option<u64>) -> Store {
+        let limits = BranchLimits {
+            size,
+            metadata: None,
+        };
+        Store::new(dir.to_path_buf(), memory, Arc::new(Budget::new(limits)))
+    }
+
+    fn all(c: &Content, len: usize) -> Vec<u8> {
+        let mut buf = vec![0xffu8; len + 10];
+        let n = c.read_at(&mut buf, 0).expect("read");
+        buf.truncate(n);
+        buf
+    }
+
+    #[test]
+    fn small_contents_hold_no_descriptor_and_move_to_a_memfd_past_the_heap_limit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = store(dir.path(), 1 << 30, None);
+        let mut many: Vec<Content> = (0..200)
+            .map(|_| s.create(false, 0).expect("create"))
+            .collect();
+        for (i, c) in many.iter_mut().enumerate() {
+            s.grow(c, 10).expect("grow");
+            c.write_at(format!("file {i:5}").as_bytes(), 0)
+                .expect("write");
+        }
+        assert!(many.iter().all(|c| matches!(c.bytes, Bytes::Heap(_))));
+        assert_eq!(all(&many[7], 10), b"file     7");
+        drop(many);
+
+        let mut c = s.create(false, 0).expect("create");
+        // Appends up to and across the limit, a hole in the middle, a punched range.
+        let chunk = vec![b'a'; 1000];
+        let mut want = Vec::new();
+        while (want.len() as u64) < HEAP_MAX + 5000 {
+            let off = want.len() as u64;
+            s.grow(&mut c, off + 1000).expect("grow");
+            c.write_at(&chunk, off).expect("append");
+            want.extend_from_slice(&chunk);
+            assert_eq!(all(&c, want.len()), want, "at {off}");
+        }
+        assert!(matches!(c.bytes, Bytes::File(_)));
+        c.punch_hole(10, 20).expect("punch");
+        want[10..30].fill(0);
+        assert_eq!(all(&c, want.len()), want);
+        assert_eq!(s.memory_used(), want.len() as u64);
+    }
+
+    #[test]
+    fn heap_contents_truncate_grow_sparse_punch_and_reopen_like_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = store(dir.path(), 1 << 30, None);
+        let mut c = s.create(false, 0).expect("create");
+        s.grow(&mut c, 5).expect("grow");
+        c.write_at(b"hello", 0).expect("write");
+        // A write past the end leaves zeros between.
+        s.grow(&mut c, 105).expect("grow");
+        c.write_at(b"world", 100).expect("write");
+        let mut want = b"hello".to_vec();
+        want.resize(100, 0);
+        want.extend_from_slice(b"world");
+        assert_eq!(all(&c, 105), want);
+        c.punch_hole(1, 2).expect("punch");
+        want[1..3].fill(0);
+        assert_eq!(all(&c, 105), want);
+        c.set_len(3).expect("shrink");
+        assert_eq!(all(&c, 3), &want[..3]);
+        s.resize(&mut c, 9000).expect("resize");
+        c.set_len(9000).expect("grow");
+        want.truncate(3);
+        want.resize(9000, 0);
+        want[8000] = b'x';
+        c.write_at(b"x", 8000).expect("write");
+        assert_eq!(all(&c, 9000), want);
+        // Reads past the end are short, not errors.
+        let mut buf = [0u8; 4];
+        assert_eq!(c.read_at(&mut buf, 8999).expect("read"), 1);
+        assert_eq!(c.read_at(&mut buf, 20000).expect("read"), 0);
+        // Accept's copy: same bytes, the zero page (8192..9000) a hole.
+        let mut f = c.reopen().expect("reopen");
+        let mut got = Vec::new();
+        f.read_to_end(&mut got).expect("read");
+        assert_eq!(got, want);
+        let blocks = std::os::unix::fs::MetadataExt::blocks(&f.metadata().expect("stat"));
+        assert!(blocks <= 16, "zero pages were written: {blocks}");
+        // A truncate far past the heap limit goes to a file, still sparse.
+        s.resize(&mut c, 1 << 30).expect("resize");
+        c.set_len(1 << 30).expect("grow");
+        assert!(matches!(c.bytes, Bytes::File(_)));
+        assert_eq!(c.read_at(&mut buf, 8000).expect("read"), 4);
+        assert_eq!(&buf, b"x\0\0\0");
+    }
+
+    #[test]
+    fn heap_contents_count_against_both_budgets_and_spill_to_disk() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Memory for 1,000 bytes; contents budget of 5,000.
+        let s = store(dir.path(), 1000, Some(5000));
+        let mut a = s.create(false, 0).expect("create");
+        s.grow(&mut a, 800).expect("grow");
+        a.write_at(&[b'a'; 800], 0).expect("write");
+        assert_eq!(s.memory_used(), 800);
+        assert_eq!(s.limits().size_used(), 800);
+        // Past the memory budget: on disk, bytes kept.
+        s.grow(&mut a, 1600).expect("grow");
+        a.write_at(&[b'b'; 800], 800).expect("write");
+        assert!(a.on_disk);
+        assert_eq!(s.memory_used(), 0);
+        let mut want = vec![b'a'; 800];
+        want.extend_from_slice(&[b'b'; 800]);
+        assert_eq!(all(&a, 1600), want);
+        // Past the contents budget: ENOSPC.
+        let mut b = s.create(false, 0).expect("create");
+        s.grow(&mut b, 3000).expect("grow");
+        let e = s.grow(&mut b, 3500).expect_err("over the budget");
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+        drop(a);
+        drop(b);
+        assert_eq!(s.limits().size_used(), 0);
+        assert_eq!(s.memory_used(), 0);
+    }
 }

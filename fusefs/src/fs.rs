@@ -964,15 +964,7 @@ impl Filesystem for ShadeFs {
         let res = self.ov().node_for_io(ino.0, fh.0, false).and_then(|n| {
             {
                 if let Some(c) = n.data().as_ref() {
-                    if c.is_on_disk() {
-                        let f = c.file();
-                        if datasync {
-                            f.sync_data()
-                        } else {
-                            f.sync_all()
-                        }
-                        .map_err(errno)?;
-                    }
+                    c.sync(datasync).map_err(errno)?;
                 }
             }
             Ok(())

@@ -2,7 +2,7 @@
 //! copy-up, materialising directory metadata, creating and removing entries, listing.
 //! `fs.rs` maps each FUSE request onto these.
 
-use crate::content::{copy_range, Store};
+use crate::content::Store;
 use crate::ignore_rules::IgnoreRules;
 use crate::lower::Lower;
 use crate::node::{DirOver, Meta, Node, NodeKind};
@@ -442,10 +442,10 @@ impl Overlay {
         let mut size = st.st_size as u64;
         let data = if kind == NodeKind::File {
             size = size.min(keep);
-            let content = self.store.create(ignored, size).map_err(errno)?;
+            let mut content = self.store.create(ignored, size).map_err(errno)?;
             if size > 0 {
                 let src = self.lower.open_file(&lp).map_err(errno)?;
-                copy_range(&src, content.file(), size).map_err(errno)?;
+                content.fill_from(&src, size).map_err(errno)?;
             }
             Some(content)
         } else {

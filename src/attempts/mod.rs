@@ -305,7 +305,7 @@ impl One {
             }
         };
         attempt.branch = shadow.id().to_string();
-        attempt.mount = shadow.mountpoint().to_path_buf();
+        attempt.mount = shadow.mountpoint();
         let workspace = match Workspace::new(&self.root) {
             Ok(w) => w,
             Err(e) => {

@@ -14,11 +14,19 @@ use shade_fusefs::StateDir;
 
 /// One live branch: the shadow (taken out when it is accepted or aborted) and the tool
 /// context whose workspace and shell are the branch.
+///
+/// An idle branch is detached (issue 31, scale: [`Shadow::detach_idle`]): it holds no FUSE
+/// connection, so no thread and no descriptor, and a server holding many branches stays
+/// flat. A call that needs the mount holds the branch attached with [`Entry::hold`].
 pub struct Entry {
     /// `None` once accept or abort took it.
     shadow: Mutex<Option<Shadow>>,
-    /// Tools run with this: files in the branch mount, commands in its sandbox.
-    pub ctx: ToolContext,
+    /// Tools run with this: files in the branch mount, commands in its sandbox. Made for
+    /// the mount of the branch's last attach ([`Entry::hold`] gives the current one).
+    ctx: Mutex<ToolContext>,
+    /// Calls holding the branch attached; the last one to let go detaches it. Held across
+    /// each attach and detach, so a call never finds the branch detached under it.
+    holders: Mutex<usize>,
     /// Every tool call that may write in the branch holds it shared for its whole run; an
     /// accept holds it exclusively from listing the changes to writing them, so what the
     /// user confirmed is what the branch still holds.
@@ -30,7 +38,70 @@ pub struct Entry {
     _slots: (Slot, Slot),
 }
 
+/// A call's hold on an attached branch ([`Entry::hold`]); dropping it (blocking: it may
+/// detach) lets the branch go when no other call holds it.
+pub struct Held {
+    entry: Arc<Entry>,
+    /// The tool context for the branch's mount now.
+    pub ctx: ToolContext,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.entry.release();
+    }
+}
+
 impl Entry {
+    /// Keep the branch attached for a call that uses its mount (tools, compare, accept),
+    /// attaching it if idle; blocking. The context's workspace, runner and lint hook are
+    /// the branch at its current mount.
+    pub fn hold(self: &Arc<Self>) -> Result<Held, String> {
+        let mut holders = lock(&self.holders);
+        let ctx = {
+            let shadow = self.shadow();
+            let Some(s) = shadow.as_ref() else {
+                return Err("the branch is being accepted or aborted".into());
+            };
+            s.attach()
+                .map_err(|e| format!("cannot mount the branch again: {e}"))?;
+            let mut ctx = lock(&self.ctx);
+            let workspace = s.workspace();
+            if ctx.workspace.root() != workspace.root() {
+                // Mounted elsewhere than when the context was made: same branch, same
+                // todo list and lint state, the new mount.
+                ctx.workspace = workspace;
+                let view = s.runner().lint_view();
+                ctx.lint = ctx.lint.as_ref().map(|h| Arc::new(h.moved_to(view)));
+            }
+            ctx.clone()
+        };
+        *holders += 1;
+        Ok(Held {
+            entry: self.clone(),
+            ctx,
+        })
+    }
+
+    /// A call let go: the last one detaches the branch (best effort — a branch something
+    /// still refers into, a background command say, stays attached until a later call).
+    fn release(&self) {
+        let mut holders = lock(&self.holders);
+        *holders = holders.saturating_sub(1);
+        if *holders == 0 {
+            self.detach_idle();
+        }
+    }
+
+    /// Detach the branch if it is idle (after creation, after the last call).
+    fn detach_idle(&self) {
+        if let Some(s) = self.shadow().as_ref() {
+            if let Err(why) = s.detach_idle() {
+                tracing::debug!("branch {} stays attached: {why}", s.id());
+            }
+        }
+    }
+
     /// The shadow, unless another call already took it.
     pub fn shadow(&self) -> MutexGuard<'_, Option<Shadow>> {
         lock(&self.shadow)
@@ -201,7 +272,8 @@ impl Branches {
         let id = format!("b{}", self.next.fetch_add(1, Ordering::Relaxed));
         let entry = Arc::new(Entry {
             shadow: Mutex::new(Some(shadow)),
-            ctx,
+            ctx: Mutex::new(ctx),
+            holders: Mutex::new(0),
             busy: tokio::sync::RwLock::new(()),
             frozen: AtomicBool::new(false),
             _slots: (mine, all),
@@ -212,7 +284,10 @@ impl Branches {
             drop(entry);
             anyhow::bail!("the session is ending; no new branch");
         }
-        live.insert(id.clone(), entry);
+        live.insert(id.clone(), entry.clone());
+        drop(live);
+        // Idle until its first call: no connection held meanwhile.
+        entry.detach_idle();
         Ok(id)
     }
 

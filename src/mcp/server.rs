@@ -14,6 +14,7 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value};
 use shade_agent::tools::{Tool, ToolError};
+use shade_agent::ToolContext;
 use shade_classify as shell_classify;
 use shade_fusefs::accept::history;
 use shade_fusefs::outside::OutsideChanges;
@@ -169,6 +170,8 @@ impl ShadeServer {
         let (a, b) = (self.branches.get(id)?, self.branches.get(other)?);
         let (id, other) = (id.to_string(), other.to_string());
         blocking(move || {
+            // Both read through their mounts: attached for the comparison, then let go.
+            let _held = (a.hold()?, b.hold()?);
             let (sa, sb) = (a.shadow(), b.shadow());
             let (Some(sa), Some(sb)) = (sa.as_ref(), sb.as_ref()) else {
                 return Err("a branch is being accepted or aborted".to_string());
@@ -179,8 +182,8 @@ impl ShadeServer {
             };
             let (na, nb) = (size(sa, &ca), size(sb, &cb));
             let diff = crate::attempts::diff_between(
-                (&id, sa.mountpoint(), &ca.changes),
-                (&other, sb.mountpoint(), &cb.changes),
+                (&id, &sa.mountpoint(), &ca.changes),
+                (&other, &sb.mountpoint(), &cb.changes),
             );
             let text = format!(
                 "{id}: {} changed path{}, {na} diff lines\n{other}: {} changed path{}, {nb} diff lines\n{}",
@@ -248,7 +251,22 @@ impl ShadeServer {
         if entry.frozen() {
             return Err(frozen());
         }
-        let ctx = &entry.ctx;
+        // The branch is mounted for the call, and let go (detached) after it.
+        let e = entry.clone();
+        let held = blocking(move || e.hold()).await?;
+        let answer = Self::run_tool(id, tool, args, &held.ctx, cancel).await;
+        release(held).await;
+        answer
+    }
+
+    /// One agent tool's call with `ctx` (the branch held attached by the caller).
+    async fn run_tool(
+        id: &str,
+        tool: Arc<dyn Tool>,
+        args: Map<String, Value>,
+        ctx: &ToolContext,
+        cancel: &CancellationToken,
+    ) -> Answer {
         if tool.name() == "diagnostics" && ctx.lint.is_none() {
             return Err(
                 "No lints in this session: shade mcp was started with --no-lint, or shade \
@@ -351,7 +369,19 @@ impl ShadeServer {
         entry.set_frozen(true);
         let frozen = freeze(&entry).await;
         let answer = match frozen {
-            Ok(_guard) => self.accept_frozen(id, &entry, context).await,
+            Ok(_guard) => {
+                // Listing reads through the mount: attached until the accept is done (or
+                // declined, when the branch is let go again).
+                let e = entry.clone();
+                match blocking(move || e.hold()).await {
+                    Ok(held) => {
+                        let answer = self.accept_frozen(id, &entry, context).await;
+                        release(held).await;
+                        answer
+                    }
+                    Err(e) => Err(e),
+                }
+            }
             Err(e) => Err(e),
         };
         // Still live (declined, refused on conflicts): it takes calls again.
@@ -371,8 +401,8 @@ impl ShadeServer {
             blocking(move || match listed.shadow().as_ref() {
                 Some(s) => {
                     let changes = s.changeset(false).changes;
-                    let state = BranchState::of(s.mountpoint(), &changes);
-                    let listing = lines_with_links(&changes, s.mountpoint());
+                    let state = BranchState::of(&s.mountpoint(), &changes);
+                    let listing = lines_with_links(&changes, &s.mountpoint());
                     Ok((changes, s.outside(), state, listing))
                 }
                 None => Err("the branch is being accepted or aborted".to_string()),
@@ -409,7 +439,7 @@ impl ShadeServer {
         let report = blocking(move || {
             // What was listed (and confirmed) is exactly what is written, or nothing is.
             let now = shadow.changeset(false).changes;
-            if now != confirmed || BranchState::of(shadow.mountpoint(), &now) != listed_state {
+            if now != confirmed || BranchState::of(&shadow.mountpoint(), &now) != listed_state {
                 let differs = differing(&confirmed, &now);
                 shadow.abort();
                 return Err(format!(
@@ -903,6 +933,15 @@ fn plural(n: usize) -> &'static str {
 }
 
 /// Runs blocking branch work (mounts, changesets, accepts) off the async threads.
+/// Let a call's hold on a branch go off the runtime's threads (detaching blocks).
+async fn release(held: super::branches::Held) {
+    let _ = blocking(move || {
+        drop(held);
+        Ok(())
+    })
+    .await;
+}
+
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, String> + Send + 'static,
 ) -> Result<T, String> {

@@ -192,7 +192,7 @@ impl Live {
             ));
         });
         let held = match (
-            shade_fusefs::rootdir::RootDir::open(shadow.mountpoint()),
+            shade_fusefs::rootdir::RootDir::open(&shadow.mountpoint()),
             shade_fusefs::rootdir::RootDir::open(&self.project),
             code,
         ) {
@@ -262,7 +262,7 @@ impl Live {
         let Some(copies) = st
             .shadow
             .as_ref()
-            .and_then(|s| carry(s.mountpoint(), held.iter().map(|&i| &changes.changes[i])))
+            .and_then(|s| carry(&s.mountpoint(), held.iter().map(|&i| &changes.changes[i])))
         else {
             return hold_all(st);
         };
@@ -297,7 +297,7 @@ impl Live {
         let planted = st
             .shadow
             .as_ref()
-            .map(|s| plant(s.mountpoint(), &copies))
+            .map(|s| plant(&s.mountpoint(), &copies))
             .unwrap_or_else(|| Err(std::io::Error::other("no branch")));
         if let Err(e) = &planted {
             lock(&self.notices).push(format!(

@@ -82,6 +82,20 @@ impl LintHook {
         }
     }
 
+    /// The same hook moved to `view` (the same branch mounted elsewhere after a detach),
+    /// keeping the files edited so far.
+    pub fn moved_to(&self, view: BranchView) -> LintHook {
+        let touched = self
+            .touched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        LintHook {
+            touched: Mutex::new(touched),
+            ..self.bound_to(Some(view))
+        }
+    }
+
     /// Files edited through the tools so far (project-relative).
     pub fn touched(&self) -> Vec<String> {
         self.touched

@@ -58,6 +58,18 @@ impl CacheBranches {
             .collect()
     }
 
+    /// Let each branch's connection go while no command runs (see [`Branch::detach`]): an
+    /// idle shadow then holds no cache mounts either. Stops at the first branch that must
+    /// stay attached and says why; [`CacheBranches::attach`] undoes it.
+    pub fn detach(&mut self) -> Result<(), String> {
+        self.branches.iter_mut().try_for_each(Branch::detach)
+    }
+
+    /// Attach every detached branch again (before [`CacheBranches::binds`]).
+    pub fn attach(&mut self) -> Result<(), BranchError> {
+        self.branches.iter_mut().try_for_each(Branch::attach)
+    }
+
     /// The cache directories covered.
     pub fn dirs(&self) -> Vec<&Path> {
         self.branches.iter().map(Branch::project).collect()
