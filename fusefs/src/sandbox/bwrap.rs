@@ -735,6 +735,7 @@ pub(crate) fn build(
             root_units: Vec::new(),
         });
     }
+    crate::timing::mark("outside-planned");
     let mut user_stage = outside.as_mut().and_then(|o| o.stage.take());
     // The private /tmp and /dev/shm with a size are made in the stage (root's, or a plain
     // user's), their inodes bounded with it (one per 4 KiB, as the outside layer's):
