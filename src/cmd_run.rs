@@ -173,8 +173,9 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     }
     sandbox::allow_sockets(sockets);
 
-    // Finding out whether the sandbox works starts one: do it while the branch mounts.
-    let probe = (!args.unconfined).then(|| std::thread::spawn(|| sandbox::probe().is_ok()));
+    // The sandbox's namespaces and programs are made while the branch mounts (the
+    // command's own sandbox start is the test that it works: see `sandbox::confinement`).
+    let probe = (!args.unconfined).then(|| std::thread::spawn(|| sandbox::confinement().is_ok()));
     let limits = sandbox::Limits::run();
     let iso_for_ids = Isolation {
         unconfined: args.unconfined,

@@ -47,7 +47,8 @@ use std::time::Duration;
 use nix::errno::Errno;
 
 pub use bwrap::{
-    foreground_helper, probe, set_foreground_helper, Confinement, FOREGROUND_HELPER_ARG,
+    confinement, foreground_helper, probe, set_foreground_helper, Confinement,
+    FOREGROUND_HELPER_ARG,
 };
 pub use caches::{default_cache_dirs, CacheBranches};
 pub use cancel::Cancel;
@@ -376,7 +377,8 @@ fn run_inner(spec: &RunSpec, cancel: Option<&Cancel>) -> Result<RunOutcome> {
     let confined = if spec.isolation.unconfined {
         None
     } else {
-        let conf = probe().map_err(|why| SandboxError::Unconfined(why.to_string()))?;
+        // The command's own sandbox is the probe: one that cannot start asks `probe` why.
+        let conf = confinement().map_err(|why| SandboxError::Unconfined(why.to_string()))?;
         crate::timing::mark("confinement");
         check_sources(spec)?;
         if let Some(msg) = bwrap::cannot_exec(spec) {
@@ -661,6 +663,16 @@ fn run_confined(
         crate::timing::mark("limits-checked");
         let setup_failed = matches!(&outcome.termination,
             Termination::CannotExec(msg) if msg.starts_with(supervise::SETUP_FAILED));
+        // Not started by `run_inner`: a sandbox that cannot start anywhere here is said as
+        // `probe` says it (the command never ran).
+        if setup_failed {
+            if let Err(why) = probe() {
+                if let Some(held) = &held {
+                    held.release();
+                }
+                return Err(SandboxError::Unconfined(why.to_string()));
+            }
+        }
         let retry =
             setup_failed && attempt < SETUP_ATTEMPTS && !cancel.is_some_and(Cancel::is_cancelled);
         if !retry {
