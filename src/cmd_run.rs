@@ -147,6 +147,7 @@ pub fn startup_recovery(state: &StateDir) {
 fn run(args: RunArgs) -> anyhow::Result<i32> {
     let state = StateDir::from_env();
     startup_recovery(&state);
+    shade_fusefs::timing::mark("recovered");
     let here = std::env::current_dir().context("current directory")?;
     let dir = args.dir.clone().unwrap_or_else(|| here.clone());
     let project = std::fs::canonicalize(&dir)
@@ -172,8 +173,9 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     }
     sandbox::allow_sockets(sockets);
 
-    // Finding out whether the sandbox works starts one: do it while the branch mounts.
-    let probe = (!args.unconfined).then(|| std::thread::spawn(|| sandbox::probe().is_ok()));
+    // The sandbox's namespaces and programs are made while the branch mounts (the
+    // command's own sandbox start is the test that it works: see `sandbox::confinement`).
+    let probe = (!args.unconfined).then(|| std::thread::spawn(|| sandbox::confinement().is_ok()));
     let limits = sandbox::Limits::run();
     let iso_for_ids = Isolation {
         unconfined: args.unconfined,
@@ -203,9 +205,11 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     } else {
         RunBranch::create(&project, &opts, !args.unconfined)?
     };
+    shade_fusefs::timing::mark("branch");
     if let Some(probe) = probe {
         let _ = probe.join();
     }
+    shade_fusefs::timing::mark("probed");
     if let Some(sig) = cleanup.pending().first().copied() {
         drop(branch);
         let _ = cleanup.take();
@@ -249,6 +253,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     }
     termination_signals(SigmaskHow::SIG_UNBLOCK);
     let outcome = sandbox::run(&spec);
+    shade_fusefs::timing::mark("command-done");
     termination_signals(SigmaskHow::SIG_BLOCK);
     let outcome = outcome?;
     // Each limit the command reached, in one line, before anything else is said of it.
@@ -260,6 +265,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     }
     let code = outcome.exit_code();
     let changes = branch.changeset(args.include_ignored)?;
+    shade_fusefs::timing::mark("changeset");
     let branch = match branch {
         RunBranch::Local(branch) if args.review => *branch,
         branch => return finish(args, project, opts, cleanup, outcome, branch, changes),
@@ -435,7 +441,9 @@ fn finish(
         } else if matches!(outcome.termination, Termination::Interrupted(_)) && !args.json {
             eprintln!("shade: {}", describe(&outcome.termination));
         }
+        shade_fusefs::timing::mark("reported");
         drop(branch);
+        shade_fusefs::timing::mark("dropped");
     }
     if args.json {
         let report = Report {

@@ -65,6 +65,7 @@ enum Command {
 }
 
 fn main() {
+    shade_fusefs::timing::start();
     // Inside a sandbox, before a foreground command: not a subcommand of the CLI.
     let mut argv = std::env::args_os().skip(1);
     match argv.next() {
@@ -112,6 +113,7 @@ fn main() {
     // Every owner drops its branches on the way here; one that could not (a thread still
     // at work when the command ended) must not leave a mount behind the process.
     let left = shade_fusefs::unmount_all_before_exit();
+    shade_fusefs::timing::mark("exit");
     if left > 0 {
         tracing::debug!("{left} branches were still mounted at exit: detached");
     }

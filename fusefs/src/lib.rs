@@ -32,6 +32,7 @@ pub mod rootdir;
 pub mod sandbox;
 mod select;
 pub mod state;
+pub mod timing;
 mod tree;
 pub mod undo;
 pub mod units;

@@ -47,7 +47,8 @@ use std::time::Duration;
 use nix::errno::Errno;
 
 pub use bwrap::{
-    foreground_helper, probe, set_foreground_helper, Confinement, FOREGROUND_HELPER_ARG,
+    confinement, foreground_helper, probe, set_foreground_helper, Confinement,
+    FOREGROUND_HELPER_ARG,
 };
 pub use caches::{default_cache_dirs, CacheBranches};
 pub use cancel::Cancel;
@@ -376,7 +377,9 @@ fn run_inner(spec: &RunSpec, cancel: Option<&Cancel>) -> Result<RunOutcome> {
     let confined = if spec.isolation.unconfined {
         None
     } else {
-        let conf = probe().map_err(|why| SandboxError::Unconfined(why.to_string()))?;
+        // The command's own sandbox is the probe: one that cannot start asks `probe` why.
+        let conf = confinement().map_err(|why| SandboxError::Unconfined(why.to_string()))?;
+        crate::timing::mark("confinement");
         check_sources(spec)?;
         if let Some(msg) = bwrap::cannot_exec(spec) {
             return Ok(outcome(Termination::CannotExec(msg), true));
@@ -640,6 +643,7 @@ fn run_confined(
         // Held past the command's end, to see whether its /tmp or /dev/shm filled up.
         let namespaces = running.status.as_mut().and_then(|s| s.user_mnt_ns.take());
         let mut outcome = supervise::wait(running, ctl, true)?;
+        crate::timing::mark("reaped");
         outcome
             .limits_hit
             .extend(cgroup.iter().flat_map(limits::Cgroup::hits));
@@ -656,8 +660,19 @@ fn run_confined(
         }
         // Emptied and removed (bounded) before the next attempt or the return.
         drop(cgroup);
+        crate::timing::mark("limits-checked");
         let setup_failed = matches!(&outcome.termination,
             Termination::CannotExec(msg) if msg.starts_with(supervise::SETUP_FAILED));
+        // Not started by `run_inner`: a sandbox that cannot start anywhere here is said as
+        // `probe` says it (the command never ran).
+        if setup_failed {
+            if let Err(why) = probe() {
+                if let Some(held) = &held {
+                    held.release();
+                }
+                return Err(SandboxError::Unconfined(why.to_string()));
+            }
+        }
         let retry =
             setup_failed && attempt < SETUP_ATTEMPTS && !cancel.is_some_and(Cancel::is_cancelled);
         if !retry {
@@ -760,7 +775,9 @@ fn spawn_confined(
     let tty_handed = spec.foreground && child::can_hand_tty();
     let mut cmd = bwrap::build(conf, spec, tty_handed, Some(status_wr), cgroup)?;
     set_output(&mut cmd, spec.output, tty_handed)?;
+    crate::timing::mark("bwrap-built");
     let spawned = cmd.spawn();
+    crate::timing::mark("bwrap-spawned");
     // The hook holds bwrap's end of the status pipe: close ours so we see EOF.
     drop(cmd);
     let mut child = match spawned {
@@ -780,6 +797,7 @@ fn spawn_confined(
         _ => None,
     };
     let status = bwrap::Status::start(status_rd);
+    crate::timing::mark("sandbox-namespaces");
     Ok(Running {
         child,
         mnt_ns: None,

@@ -461,7 +461,8 @@ impl RemoteBranch {
 impl Drop for RemoteBranch {
     fn drop(&mut self) {
         if !self.done {
-            // Waits for the reset, so the next `shade run` finds the connection pooled.
+            // The server answers at once and resets the connection after (a later branch
+            // waits for that, so it finds the connection pooled).
             let reusable = self.reusable();
             if let Err(e) = self.call(&Request::Drop { reusable }) {
                 tracing::debug!("dropping the served branch: {e}");

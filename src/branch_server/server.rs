@@ -10,7 +10,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// The hidden `__branch-server` subcommand's arguments (`shade run` passes them).
@@ -84,7 +84,12 @@ fn serve(args: &ServerArgs) -> std::io::Result<()> {
     let bound = socket_inode(&paths.socket);
     let clients = Arc::new(AtomicUsize::new(0));
     let mut idle_since = Some(Instant::now());
-    let ctx = Arc::new(Ctx { project, state });
+    let ctx = Arc::new(Ctx {
+        project,
+        state,
+        dropping: Mutex::new(0),
+        dropped: Condvar::new(),
+    });
     loop {
         accept_pending(&listener, &clients, &ctx);
         // Its socket removed or replaced (the state directory deleted, a test cleaning up), or
@@ -142,6 +147,39 @@ fn wait_readable(listener: &UnixListener, timeout: Duration) {
 struct Ctx {
     project: PathBuf,
     state: StateDir,
+    /// Branches dropped by their clients and still being reset (after the client was
+    /// answered): a new branch waits for them, so it finds their connections pooled.
+    dropping: Mutex<usize>,
+    dropped: Condvar,
+}
+
+/// How long a new branch waits for dropped ones to be reset into the pool before it
+/// takes a fresh connection.
+const DROP_WAIT: Duration = Duration::from_secs(2);
+
+impl Ctx {
+    fn dropping(&self) -> std::sync::MutexGuard<'_, usize> {
+        self.dropping
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Wait (at most [`DROP_WAIT`]) until no dropped branch is being reset.
+    fn wait_for_drops(&self) {
+        let g = self.dropping();
+        let (_g, _) = self
+            .dropped
+            .wait_timeout_while(g, DROP_WAIT, |n| *n > 0)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+    }
+
+    /// Drop `b` (reset into the pool, or unmounted) and say so to waiting creators.
+    fn finish_drop(&self, b: Branch) {
+        drop(b);
+        let mut n = self.dropping();
+        *n = n.saturating_sub(1);
+        self.dropped.notify_all();
+    }
 }
 
 /// Take every client waiting to connect, each into a thread of its own.
@@ -196,6 +234,9 @@ fn client(stream: UnixStream, ctx: &Ctx) {
     let mut reader = BufReader::new(read);
     let mut writer = stream;
     let mut branch: Option<Branch> = None;
+    // A branch its client dropped: reset after the answer (the client's result is printed
+    // meanwhile), still in this thread, which the server waits for before it exits.
+    let mut later: Option<Branch> = None;
     let mut line = String::new();
     loop {
         line.clear();
@@ -204,7 +245,7 @@ fn client(stream: UnixStream, ctx: &Ctx) {
             Ok(_) => {}
         }
         let (reply, end) = match serde_json::from_str::<Request>(&line) {
-            Ok(req) => answer(req, &mut branch, ctx),
+            Ok(req) => answer(req, &mut branch, &mut later, ctx),
             Err(e) => (Reply::Error(format!("bad request: {e}")), true),
         };
         let mut out = match serde_json::to_vec(&reply) {
@@ -215,7 +256,14 @@ fn client(stream: UnixStream, ctx: &Ctx) {
             }
         };
         out.push(b'\n');
-        if writer.write_all(&out).is_err() || end {
+        let written = writer.write_all(&out);
+        if let Some(b) = later.take() {
+            drop(writer);
+            drop(reader);
+            ctx.finish_drop(b);
+            break;
+        }
+        if written.is_err() || end {
             break;
         }
     }
@@ -229,8 +277,14 @@ fn client(stream: UnixStream, ctx: &Ctx) {
     }
 }
 
-/// Answer one request; `true` with it when the conversation is over.
-fn answer(req: Request, branch: &mut Option<Branch>, ctx: &Ctx) -> (Reply, bool) {
+/// Answer one request; `true` with it when the conversation is over. A dropped branch is
+/// left in `later`, counted in `ctx.dropping`, for the caller to drop once answered.
+fn answer(
+    req: Request,
+    branch: &mut Option<Branch>,
+    later: &mut Option<Branch>,
+    ctx: &Ctx,
+) -> (Reply, bool) {
     let flags = |include_ignored, force| AcceptFlags {
         include_ignored,
         force,
@@ -257,6 +311,7 @@ fn answer(req: Request, branch: &mut Option<Branch>, ctx: &Ctx) -> (Reply, bool)
                     true,
                 );
             }
+            ctx.wait_for_drops();
             let opts = BranchOptions {
                 state: ctx.state.clone(),
                 memory_budget,
@@ -358,7 +413,9 @@ fn answer(req: Request, branch: &mut Option<Branch>, ctx: &Ctx) -> (Reply, bool)
                     tracing::info!("the client did not call its branch reusable: aborting it");
                     abort(b.mountpoint());
                 }
-                drop(b);
+                // Counted before the answer: a creator that comes after it waits for it.
+                *ctx.dropping() += 1;
+                *later = Some(b);
             }
             (Reply::Done, true)
         }

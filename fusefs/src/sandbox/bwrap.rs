@@ -76,13 +76,28 @@ impl Confinement {
     }
 }
 
-static PROBE: OnceLock<std::result::Result<Confinement, String>> = OnceLock::new();
+static CONFINEMENT: OnceLock<std::result::Result<Confinement, String>> = OnceLock::new();
+static STARTED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
 
 /// Whether commands can be confined here, found once per process by really starting one
 /// (user namespaces can be refused by sysctls, AppArmor or a container's seccomp filter in
 /// ways that only trying shows). `Err` is one line saying why and what to do.
 pub fn probe() -> std::result::Result<&'static Confinement, &'static str> {
-    PROBE
+    let conf = confinement()?;
+    STARTED
+        .get_or_init(|| start_once(conf))
+        .as_ref()
+        .map(|()| conf)
+        .map_err(String::as_str)
+}
+
+/// The parts of [`probe`] that start no sandbox (bwrap found, the user namespaces, seccomp
+/// programs and Landlock ruleset made), for a caller about to start its command's sandbox
+/// anyway: that start is the test, and a start that fails asks [`probe`] why (a sandbox
+/// that cannot start never runs the command, so nothing is weaker for it; `shade run`
+/// saves a whole sandbox start).
+pub fn confinement() -> std::result::Result<&'static Confinement, &'static str> {
+    CONFINEMENT
         .get_or_init(find_confinement)
         .as_ref()
         .map_err(String::as_str)
@@ -99,7 +114,6 @@ fn find_confinement() -> std::result::Result<Confinement, String> {
          bubblewrap), or run without a sandbox with `shade run --unconfined`"
             .to_string()
     })?;
-    let true_bin = which("true").unwrap_or_else(|| PathBuf::from("/bin/true"));
     let root_base = nix::unistd::geteuid()
         .is_root()
         .then(super::ids::sandbox_base);
@@ -123,7 +137,7 @@ fn find_confinement() -> std::result::Result<Confinement, String> {
     let filters = super::seccomp::programs()?;
     let read_only_filter = super::seccomp::read_only_program()?;
     let scope = super::scope::ruleset();
-    let conf = Confinement {
+    Ok(Confinement {
         bwrap,
         userns,
         view_userns,
@@ -131,7 +145,12 @@ fn find_confinement() -> std::result::Result<Confinement, String> {
         filters,
         read_only_filter,
         scope,
-    };
+    })
+}
+
+/// [`probe`]'s start of `true` in a sandbox.
+fn start_once(conf: &Confinement) -> std::result::Result<(), String> {
+    let true_bin = which("true").unwrap_or_else(|| PathBuf::from("/bin/true"));
     // Really start a sandbox once: AppArmor's restriction of unprivileged user namespaces
     // and friends only show there. bwrap remounts every mount it binds, and one that goes
     // away meanwhile (another branch closing) fails its set-up: that is tried again, as a
@@ -139,7 +158,7 @@ fn find_confinement() -> std::result::Result<Confinement, String> {
     let mut attempt = 0;
     loop {
         attempt += 1;
-        match start_probe(&conf, &true_bin) {
+        match start_probe(conf, &true_bin) {
             Ok(()) => break,
             Err(msg) if attempt < super::SETUP_ATTEMPTS && mount_race(&msg) => {
                 std::thread::sleep(std::time::Duration::from_millis((10 * attempt).min(50)));
@@ -155,7 +174,7 @@ fn find_confinement() -> std::result::Result<Confinement, String> {
             }
         }
     }
-    Ok(conf)
+    Ok(())
 }
 
 /// Start `true` in a sandbox once; bwrap's first line on stderr when it cannot.
@@ -735,6 +754,7 @@ pub(crate) fn build(
             root_units: Vec::new(),
         });
     }
+    crate::timing::mark("outside-planned");
     let mut user_stage = outside.as_mut().and_then(|o| o.stage.take());
     // The private /tmp and /dev/shm with a size are made in the stage (root's, or a plain
     // user's), their inodes bounded with it (one per 4 KiB, as the outside layer's):

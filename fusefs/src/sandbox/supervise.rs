@@ -63,6 +63,7 @@ pub(crate) fn wait(mut running: Running, ctl: &Control, namespaced: bool) -> Res
 
     let stop_reason = loop {
         if has_exited(pid).map_err(SandboxError::io("waiting for the command"))? {
+            crate::timing::mark("exited");
             child::restore_tty(running.tty_handed);
             // Reap only after the sweep: the zombie keeps its pid, and so the process
             // group id, from being reused by an unrelated process meanwhile.
