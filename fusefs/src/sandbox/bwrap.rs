@@ -457,6 +457,26 @@ fn outside_binds(cmd: &mut Command, outside: &Outside) {
     }
 }
 
+/// Whether `path` lies under one of `binds` (a cache branch) whose source shows it as
+/// `how` says already: absent, or the sanitized copy (see `CacheBranches::create`).
+fn masked_in_bind(binds: &[super::Bind], path: &Path, how: &super::masks::Masked) -> bool {
+    let Some(source) = binds.iter().find_map(|b| {
+        path.strip_prefix(&b.target)
+            .ok()
+            .filter(|rel| !rel.as_os_str().is_empty())
+            .map(|rel| b.source.join(rel))
+    }) else {
+        return false;
+    };
+    match how {
+        super::masks::Masked::Hidden => std::fs::symlink_metadata(&source).is_err(),
+        super::masks::Masked::Copy(copy) => {
+            std::fs::symlink_metadata(&source).is_ok_and(|m| m.is_file())
+                && std::fs::read(&source).is_ok_and(|now| now == *copy)
+        }
+    }
+}
+
 /// Host-wide knobs under /proc that must never be writable from a sandbox: a root inside
 /// that a sysctl takes for the host's (identity-mapped ids) could set `kernel.core_pattern`
 /// and have the kernel run a program as full root. bwrap covers /proc/irq and /proc/bus
@@ -678,6 +698,23 @@ pub(crate) fn build(
             }
         }
     }
+    // The home's credentials absent and its secret-bearing configuration sanitized, in a
+    // mask layer of the outside layer's units (see masks.rs).
+    let homes = super::env::homes();
+    let masks = super::masks::home_masks(spec.env_policy, &homes, &spec.project);
+    // Not where a bind (a cache branch, a shared directory) stands over the unit: those
+    // are hidden by the last mounts below.
+    let bound: Vec<&Path> = spec
+        .binds
+        .iter()
+        .map(|b| b.target.as_path())
+        .chain(shared.iter().map(PathBuf::as_path))
+        .collect();
+    let layer_masks: Vec<(PathBuf, super::masks::Masked)> = masks
+        .iter()
+        .filter(|(p, _)| !bound.iter().any(|b| p.starts_with(b)))
+        .cloned()
+        .collect();
     let mut outside = match &spec.outside {
         Some(dir) => Some(outside::prepare(
             dir,
@@ -686,6 +723,7 @@ pub(crate) fn build(
             iso.private_tmp || iso.read_only,
             conf.root_base.map(|b| (b, stage_at.as_path())),
             iso.limits.outside_size,
+            &layer_masks,
         )?),
         None => None,
     };
@@ -733,6 +771,7 @@ pub(crate) fn build(
             rebuilt: false,
             stage: None,
             root_units: Vec::new(),
+            masked: Vec::new(),
         });
     }
     let mut user_stage = outside.as_mut().and_then(|o| o.stage.take());
@@ -821,11 +860,25 @@ pub(crate) fn build(
     }
     // The last mounts, after every bind: the home's credentials hidden (see env.rs), then
     // the unix sockets the user allows (see sockets.rs), the real ones at their paths.
+    let masked: Vec<PathBuf> = outside
+        .as_ref()
+        .map(|o| o.masked.clone())
+        .unwrap_or_default();
+    let mask_paths: Vec<PathBuf> = masks.iter().map(|(p, _)| p.clone()).collect();
     extra.extend(super::env::hide_args(
         spec.env_policy,
-        &super::env::homes(),
+        &homes,
         &spec.project,
+        &mask_paths,
     ));
+    // What no mask layer covers (no unit, or a bind over it): hidden the old way, a
+    // configuration file too rather than shown unsanitized.
+    for (path, how) in masks.iter().filter(|(p, _)| !masked.contains(p)) {
+        if masked_in_bind(&spec.binds, path, how) {
+            continue;
+        }
+        extra.extend(super::env::hide_one(path));
+    }
     let project_real =
         std::fs::canonicalize(&spec.project).unwrap_or_else(|_| spec.project.clone());
     let real_writes: Vec<&Path> = std::iter::once(project_real.as_path())
