@@ -1816,6 +1816,10 @@ fn agent_home_config_secrets(who: Who) {
         listed,
         "{who:?}: the write to ~/.gitconfig is not in the outside layer\n{log}"
     );
+    assert!(
+        !log.contains("TOKEN-"),
+        "{who:?}: the output shows a token\n{log}"
+    );
 }
 
 /// The network kernel surface (h5 #7): in its own network namespace the command's root

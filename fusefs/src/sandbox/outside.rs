@@ -521,10 +521,17 @@ pub(crate) fn prepare(
         )))?;
         super::sized::make(outside, size, outside.join(LAYER_FILE).exists());
     }
-    match root {
+    let made = match root {
         Some((base, stage)) => root_outside(outside, hide, project, base, stage, masks),
         None => user_outside(outside, hide, project, private_tmp, masks),
-    }
+    }?;
+    // The lister must never show the host side of what the command was not to read (a
+    // diff is the agent's to read too: `shade mcp`'s `diff`).
+    crate::outside::record_masked(outside, &made.masked).map_err(SandboxError::io(format!(
+        "recording the masked paths of {}",
+        outside.display()
+    )))?;
+    Ok(made)
 }
 
 /// File systems on a device: the machine's disks, each its own unit.
