@@ -89,6 +89,11 @@ impl OutsideChange {
         if self.xattrs_changed {
             s.push_str(" (extended attributes)");
         }
+        if self.host_hidden {
+            // Keeping it writes what the command wrote over a hidden file or a sanitized
+            // copy: the host's credentials in it would be gone.
+            s.push_str(" (over a credential hidden from the command)");
+        }
         if self.kept {
             s.push_str(" [kept]");
         }

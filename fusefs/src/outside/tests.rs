@@ -566,6 +566,11 @@ fn masked_paths_never_show_the_host_side() {
     let c = OutsideChanges::read(&f.outside).unwrap();
     assert_eq!(c.changes.len(), 2, "{:?}", c.changes);
     assert!(c.changes.iter().all(|c| c.host_hidden));
+    let lines = c.lines(Some(&f.host));
+    assert!(
+        lines.contains(&"M ~/.npmrc (over a credential hidden from the command)".to_string()),
+        "{lines:?}"
+    );
     let d = c.diff(Some(&f.host));
     assert!(!d.contains("HOST-TOKEN"), "{d}");
     assert!(d.contains("+mine") && d.contains("+\ty = z"), "{d}");
