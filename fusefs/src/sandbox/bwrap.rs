@@ -701,7 +701,17 @@ pub(crate) fn build(
     // The home's credentials absent and its secret-bearing configuration sanitized, in a
     // mask layer of the outside layer's units (see masks.rs).
     let homes = super::env::homes();
-    let masks = super::masks::home_masks(spec.env_policy, &homes, &spec.project);
+    let hides =
+        spec.env_policy == super::env::EnvPolicy::Agent || super::env::config().hide_credentials;
+    let credentials = if hides {
+        super::env::credential_paths(&homes, Some(&spec.project))
+    } else {
+        Vec::new()
+    };
+    let masks = match hides {
+        true => super::masks::masks_of(&credentials, &homes, &spec.project),
+        false => Vec::new(),
+    };
     // Not where a bind (a cache branch, a shared directory) stands over the unit: those
     // are hidden by the last mounts below.
     let bound: Vec<&Path> = spec
@@ -864,13 +874,13 @@ pub(crate) fn build(
         .as_ref()
         .map(|o| o.masked.clone())
         .unwrap_or_default();
-    let mask_paths: Vec<PathBuf> = masks.iter().map(|(p, _)| p.clone()).collect();
-    extra.extend(super::env::hide_args(
-        spec.env_policy,
-        &homes,
-        &spec.project,
-        &mask_paths,
-    ));
+    // The credentials no mask stands for (the system's, agents' sockets): see env.rs.
+    for path in credentials
+        .iter()
+        .filter(|p| !masks.iter().any(|(m, _)| m == *p))
+    {
+        extra.extend(super::env::hide_one(path));
+    }
     // What no mask layer covers (no unit, or a bind over it): hidden the old way, a
     // configuration file too rather than shown unsanitized.
     for (path, how) in masks.iter().filter(|(p, _)| !masked.contains(p)) {

@@ -96,6 +96,16 @@ pub(crate) fn home_masks(
     if policy == EnvPolicy::User && !env::config().hide_credentials {
         return Vec::new();
     }
+    masks_of(&env::credential_paths(homes, Some(project)), homes, project)
+}
+
+/// [`home_masks`] for a command whose files are hidden, with `credentials` the
+/// [`env::credential_paths`] of `homes` already found.
+pub(crate) fn masks_of(
+    credentials: &[PathBuf],
+    homes: &[PathBuf],
+    project: &Path,
+) -> Vec<(PathBuf, Masked)> {
     let real_homes: Vec<PathBuf> = homes
         .iter()
         .filter_map(|h| std::fs::canonicalize(h).ok())
@@ -103,8 +113,9 @@ pub(crate) fn home_masks(
     let project_real = std::fs::canonicalize(project).unwrap_or_else(|_| project.to_path_buf());
     let clear =
         |p: &Path| !(p.starts_with(&project_real) || project_real.starts_with(p) || p == project);
-    let mut out: Vec<(PathBuf, Masked)> = env::credential_paths(homes, Some(project))
-        .into_iter()
+    let mut out: Vec<(PathBuf, Masked)> = credentials
+        .iter()
+        .cloned()
         .filter(|p| real_homes.iter().any(|h| p.starts_with(h) && p != h))
         .filter(|p| clear(p))
         .map(|p| (p, Masked::Hidden))
