@@ -115,10 +115,9 @@ pub(crate) fn masks_of(
         |p: &Path| !(p.starts_with(&project_real) || project_real.starts_with(p) || p == project);
     let mut out: Vec<(PathBuf, Masked)> = credentials
         .iter()
-        .cloned()
-        .filter(|p| real_homes.iter().any(|h| p.starts_with(h) && p != h))
+        .filter(|p| real_homes.iter().any(|h| p.starts_with(h) && *p != h))
         .filter(|p| clear(p))
-        .map(|p| (p, Masked::Hidden))
+        .map(|p| (p.clone(), Masked::Hidden))
         .collect();
     let hidden = |out: &[(PathBuf, Masked)], p: &Path| out.iter().any(|(h, _)| p.starts_with(h));
     let mut configs: Vec<(PathBuf, Kind)> = Vec::new();
