@@ -471,8 +471,21 @@ fn masked_in_bind(binds: &[super::Bind], path: &Path, how: &super::masks::Masked
     match how {
         super::masks::Masked::Hidden => std::fs::symlink_metadata(&source).is_err(),
         super::masks::Masked::Copy(copy) => {
-            std::fs::symlink_metadata(&source).is_ok_and(|m| m.is_file())
-                && std::fs::read(&source).is_ok_and(|now| now == *copy)
+            // The branch is the commands' to change: no link followed, no FIFO waited on,
+            // no more read than the copy.
+            use std::io::Read;
+            use std::os::unix::fs::OpenOptionsExt;
+            let Ok(f) = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(&source)
+            else {
+                return false;
+            };
+            let mut now = Vec::new();
+            f.metadata().is_ok_and(|m| m.is_file())
+                && f.take(copy.len() as u64 + 1).read_to_end(&mut now).is_ok()
+                && now == *copy
         }
     }
 }
