@@ -1740,6 +1740,88 @@ fn agent_home_credentials(who: Who) {
     e.assert_held(&o);
 }
 
+/// Secrets in files that stay visible under ordinary names (red team round 5 route 5): a
+/// token in `~/.gitconfig`'s `url.*.insteadOf`, an extra header and a credential helper
+/// are not readable while `git config user.name` and aliases still work; `~/.cargo/
+/// credentials.toml` and `~/.local/share/gem/credentials` are absent, yet the command may
+/// create its own; and `git config --global` still writes, into the outside layer (listed,
+/// the host's file untouched).
+fn agent_home_config_secrets(who: Who) {
+    let e = env(who);
+    let home = own_dir(&e, "home");
+    let gitconfig = "[user]\n\tname = Shade Tester\n\temail = t@example.org\n\
+        [alias]\n\tco = checkout\n\
+        [url \"https://x-access-token:TOKEN-url@github.com/\"]\n\tinsteadOf = https://github.com/\n\
+        [http]\n\textraHeader = Authorization: Basic TOKEN-header\n\
+        [credential]\n\thelper = store --file /var/tmp/TOKEN-helper\n";
+    let files = [
+        (".gitconfig", gitconfig),
+        (
+            ".cargo/credentials.toml",
+            "[registry]\ntoken = \"TOKEN-cargo\"\n",
+        ),
+        (
+            ".local/share/gem/credentials",
+            "---\n:rubygems_api_key: TOKEN-gem\n",
+        ),
+    ];
+    for (f, text) in files {
+        let p = home.join(f);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, text).unwrap();
+    }
+    if who == Who::Plain {
+        common::plain::chown_tree(&home);
+    }
+    let ran = e.out.join("../share/ran-h21");
+    let h = home.display().to_string();
+    let o = agent_shell_env(
+        &e,
+        &format!(
+            r#"cd ~
+            l=$(cat .gitconfig .cargo/credentials.toml .local/share/gem/credentials 2>&1; git config --global --list 2>&1)
+            case "$l" in *TOKEN-*) echo "$l" > {O}/leak;; esac
+            [ "$(git config user.name)" = "Shade Tester" ] || echo "name: $(git config user.name)" > {O}/name
+            [ "$(git config alias.co)" = checkout ] || echo lost > {O}/alias
+            for f in .cargo/credentials.toml .local/share/gem/credentials; do
+              if [ -e "$f" ] || [ -L "$f" ]; then echo present > {O}/present-$(basename $f); fi
+            done
+            git config --global shade.probe written-h21 || echo failed > {O}/write
+            [ "$(git config --global shade.probe)" = written-h21 ] || echo lost > {O}/readback
+            echo mine > .local/share/gem/credentials && [ "$(cat .local/share/gem/credentials)" = mine ] || echo failed > {O}/own-gem
+            echo done > {R}"#,
+            O = e.o(),
+            R = ran.display()
+        ),
+        &[("HOME", h.as_str())],
+    );
+    let log = show(&o);
+    assert!(ran.exists(), "{who:?}: the command did not run\n{log}");
+    e.assert_held(&o);
+    assert_eq!(
+        std::fs::read_to_string(home.join(".gitconfig")).unwrap(),
+        gitconfig,
+        "{who:?}: the host's ~/.gitconfig changed\n{log}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(home.join(".local/share/gem/credentials")).unwrap(),
+        files[2].1,
+        "{who:?}: the host's gem credentials changed\n{log}"
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    let listed = out
+        .split_once("outside the project")
+        .is_some_and(|(_, rest)| rest.contains("~/.gitconfig"));
+    assert!(
+        listed,
+        "{who:?}: the write to ~/.gitconfig is not in the outside layer\n{log}"
+    );
+    assert!(
+        !log.contains("TOKEN-"),
+        "{who:?}: the output shows a token\n{log}"
+    );
+}
+
 /// The network kernel surface (h5 #7): in its own network namespace the command's root
 /// makes no link, no traffic-control filter and no packet socket (CAP_NET_ADMIN/NET_RAW
 /// dropped from every set), and its bounding set holds nothing of the kind either.
@@ -2288,6 +2370,7 @@ both!(
     host_knobs,
     agent_env_allowlist,
     agent_home_credentials,
+    agent_home_config_secrets,
     net_admin,
     inotify_bounded,
     standing_keep_rules,

@@ -24,6 +24,7 @@ pub mod env;
 mod ids;
 mod ipc;
 mod limits;
+mod masks;
 mod outside;
 mod procs;
 mod report;

@@ -954,6 +954,7 @@ mod tests {
             metacopy: false,
             xattrs_changed: false,
             kept: false,
+            host_hidden: false,
         }
     }
 

@@ -54,6 +54,43 @@ pub struct Layer {
     pub units: Vec<Unit>,
 }
 
+/// `outside/masked.json`: the host paths the sandbox hid from the branch's commands or
+/// showed them sanitized (credentials: see the sandbox's masks), a JSON list of byte
+/// strings. A diff never shows their host side, which the command must not read through
+/// it (`shade mcp`'s `diff`).
+pub const MASKED_FILE: &str = "masked.json";
+
+/// Adds `paths` to the layer's masked paths ([`MASKED_FILE`]).
+pub fn record_masked(outside_dir: &Path, paths: &[PathBuf]) -> io::Result<()> {
+    let file = outside_dir.join(MASKED_FILE);
+    let mut all = read_masked(outside_dir);
+    let before = all.len();
+    for p in paths {
+        if !all.contains(p) {
+            all.push(p.clone());
+        }
+    }
+    if all.len() == before && (before > 0 || paths.is_empty()) {
+        return Ok(());
+    }
+    let bytes: Vec<&[u8]> = all.iter().map(|p| p.as_os_str().as_bytes()).collect();
+    let json = serde_json::to_vec(&bytes).map_err(io::Error::other)?;
+    let tmp = outside_dir.join(format!(".masked.json.{}", std::process::id()));
+    std::fs::write(&tmp, json)?;
+    std::fs::rename(&tmp, &file)
+}
+
+/// The layer's masked paths ([`MASKED_FILE`]); none when there is no file.
+fn read_masked(outside_dir: &Path) -> Vec<PathBuf> {
+    std::fs::read(outside_dir.join(MASKED_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Vec<Vec<u8>>>(&b).ok())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|b| PathBuf::from(OsString::from(std::ffi::OsStr::from_bytes(&b))))
+        .collect()
+}
+
 /// What happened to one outside path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -126,6 +163,9 @@ pub struct OutsideChange {
     pub xattrs_changed: bool,
     /// Written to the host by a keep.
     pub kept: bool,
+    /// The sandbox hid the host's file from the branch's commands or showed them a
+    /// sanitized copy (a credential, see [`MASKED_FILE`]): its host side is never shown.
+    pub host_hidden: bool,
 }
 
 impl Serialize for OutsideChange {
@@ -205,6 +245,10 @@ impl OutsideChanges {
         }
         changes.sort_by(|a, b| a.path.cmp(&b.path));
         changes.dedup_by(|a, b| a.path == b.path);
+        let masked = read_masked(outside_dir);
+        for c in &mut changes {
+            c.host_hidden = masked.iter().any(|m| c.path.starts_with(m));
+        }
         Ok(OutsideChanges {
             changes,
             layer: Some(layer),
@@ -487,6 +531,7 @@ impl Walker<'_> {
             metacopy: false,
             xattrs_changed: false,
             kept: false,
+            host_hidden: false,
         }
     }
 
@@ -539,6 +584,7 @@ impl Walker<'_> {
             metacopy,
             xattrs_changed: hm.is_some() && user_xattrs(up) != user_xattrs(hp),
             kept: false,
+            host_hidden: false,
         }
     }
 }

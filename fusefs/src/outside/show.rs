@@ -89,6 +89,11 @@ impl OutsideChange {
         if self.xattrs_changed {
             s.push_str(" (extended attributes)");
         }
+        if self.host_hidden {
+            // Keeping it writes what the command wrote over a hidden file or a sanitized
+            // copy: the host's credentials in it would be gone.
+            s.push_str(" (over a credential hidden from the command)");
+        }
         if self.kept {
             s.push_str(" [kept]");
         }
@@ -236,7 +241,13 @@ impl OutsideChange {
     /// This change as a diff: a unified text diff, or one line saying what changed.
     pub fn diff(&self, home: Option<&Path>) -> String {
         let shown = display_path(&self.path, home);
-        let head = format!("diff --shade-outside {shown}\n");
+        let mut head = format!("diff --shade-outside {shown}\n");
+        if self.host_hidden {
+            head.push_str(
+                "(a credential: hidden from the command or shown to it sanitized; \
+                 the host's file is not shown)\n",
+            );
+        }
         let text_kind = |m: Option<u32>| {
             matches!(
                 m.map(|m| m & libc::S_IFMT),
@@ -260,10 +271,12 @@ impl OutsideChange {
         }
         let old = match self.mode_old {
             None => Ok(Vec::new()),
+            Some(_) if self.host_hidden => Ok(Vec::new()),
             Some(_) => read_side(&self.path, self.size_old, self.target_old.as_ref()),
         };
         let new = match (&self.upper, self.metacopy) {
             (None, _) => Ok(Vec::new()),
+            (Some(_), true) if self.host_hidden => Err("only its metadata changed".into()),
             (Some(_), true) => read_side(&self.path, self.size_new, self.target_new.as_ref()),
             (Some(u), false) => read_side(u, self.size_new, self.target_new.as_ref()),
         };
@@ -286,7 +299,7 @@ impl OutsideChange {
             );
         }
         let (old, new) = (String::from_utf8_lossy(&old), String::from_utf8_lossy(&new));
-        let a = if self.mode_old.is_some() {
+        let a = if self.mode_old.is_some() && !self.host_hidden {
             format!("a:{shown}")
         } else {
             "/dev/null".into()

@@ -536,3 +536,42 @@ fn an_extended_attribute_change_alone_is_listed_and_kept() {
     );
     assert_eq!(std::fs::read_to_string(h.join("tagged")).unwrap(), "same\n");
 }
+
+/// A credential the sandbox hid or sanitized (red team round 5 route 5): the command's own
+/// `~/.npmrc` and its edit of the sanitized `~/.gitconfig` are listed and diffed, but the
+/// host's files, with their tokens, are never shown (an agent reads diffs through `shade
+/// mcp`'s `diff`).
+#[test]
+fn masked_paths_never_show_the_host_side() {
+    let f = fx(0);
+    std::fs::write(f.host.join(".npmrc"), "//r/:_authToken=HOST-TOKEN-1\n").unwrap();
+    std::fs::write(
+        f.host.join(".gitconfig"),
+        "[user]\n\tname = A\n[url \"https://HOST-TOKEN-2@h/\"]\n\tinsteadOf = https://h/\n",
+    )
+    .unwrap();
+    std::fs::write(f.upper.join(".npmrc"), "mine\n").unwrap();
+    std::fs::write(
+        f.upper.join(".gitconfig"),
+        "[user]\n\tname = A\n[x]\n\ty = z\n",
+    )
+    .unwrap();
+    record_masked(
+        &f.outside,
+        &[f.host.join(".npmrc"), f.host.join(".gitconfig")],
+    )
+    .unwrap();
+    // Recorded again (a later command): still one list.
+    record_masked(&f.outside, &[f.host.join(".npmrc")]).unwrap();
+    let c = OutsideChanges::read(&f.outside).unwrap();
+    assert_eq!(c.changes.len(), 2, "{:?}", c.changes);
+    assert!(c.changes.iter().all(|c| c.host_hidden));
+    let lines = c.lines(Some(&f.host));
+    assert!(
+        lines.contains(&"M ~/.npmrc (over a credential hidden from the command)".to_string()),
+        "{lines:?}"
+    );
+    let d = c.diff(Some(&f.host));
+    assert!(!d.contains("HOST-TOKEN"), "{d}");
+    assert!(d.contains("+mine") && d.contains("+\ty = z"), "{d}");
+}

@@ -476,6 +476,39 @@ fn outside_binds(cmd: &mut Command, outside: &Outside) {
     }
 }
 
+/// Whether `path` lies under one of `binds` (a cache branch) whose source shows it as
+/// `how` says already: absent, or the sanitized copy (see `CacheBranches::create`).
+fn masked_in_bind(binds: &[super::Bind], path: &Path, how: &super::masks::Masked) -> bool {
+    let Some(source) = binds.iter().find_map(|b| {
+        path.strip_prefix(&b.target)
+            .ok()
+            .filter(|rel| !rel.as_os_str().is_empty())
+            .map(|rel| b.source.join(rel))
+    }) else {
+        return false;
+    };
+    match how {
+        super::masks::Masked::Hidden => std::fs::symlink_metadata(&source).is_err(),
+        super::masks::Masked::Copy(copy) => {
+            // The branch is the commands' to change: no link followed, no FIFO waited on,
+            // no more read than the copy.
+            use std::io::Read;
+            use std::os::unix::fs::OpenOptionsExt;
+            let Ok(f) = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(&source)
+            else {
+                return false;
+            };
+            let mut now = Vec::new();
+            f.metadata().is_ok_and(|m| m.is_file())
+                && f.take(copy.len() as u64 + 1).read_to_end(&mut now).is_ok()
+                && now == *copy
+        }
+    }
+}
+
 /// Host-wide knobs under /proc that must never be writable from a sandbox: a root inside
 /// that a sysctl takes for the host's (identity-mapped ids) could set `kernel.core_pattern`
 /// and have the kernel run a program as full root. bwrap covers /proc/irq and /proc/bus
@@ -697,6 +730,33 @@ pub(crate) fn build(
             }
         }
     }
+    // The home's credentials absent and its secret-bearing configuration sanitized, in a
+    // mask layer of the outside layer's units (see masks.rs).
+    let homes = super::env::homes();
+    let hides =
+        spec.env_policy == super::env::EnvPolicy::Agent || super::env::config().hide_credentials;
+    let credentials = if hides {
+        super::env::credential_paths(&homes, Some(&spec.project))
+    } else {
+        Vec::new()
+    };
+    let masks = match hides {
+        true => super::masks::masks_of(&credentials, &homes, &spec.project),
+        false => Vec::new(),
+    };
+    // Not where a bind (a cache branch, a shared directory) stands over the unit: those
+    // are hidden by the last mounts below.
+    let bound: Vec<&Path> = spec
+        .binds
+        .iter()
+        .map(|b| b.target.as_path())
+        .chain(shared.iter().map(PathBuf::as_path))
+        .collect();
+    let layer_masks: Vec<(PathBuf, super::masks::Masked)> = masks
+        .iter()
+        .filter(|(p, _)| !bound.iter().any(|b| p.starts_with(b)))
+        .cloned()
+        .collect();
     let mut outside = match &spec.outside {
         Some(dir) => Some(outside::prepare(
             dir,
@@ -705,6 +765,7 @@ pub(crate) fn build(
             iso.private_tmp || iso.read_only,
             conf.root_base.map(|b| (b, stage_at.as_path())),
             iso.limits.outside_size,
+            &layer_masks,
         )?),
         None => None,
     };
@@ -752,6 +813,7 @@ pub(crate) fn build(
             rebuilt: false,
             stage: None,
             root_units: Vec::new(),
+            masked: Vec::new(),
         });
     }
     crate::timing::mark("outside-planned");
@@ -841,11 +903,25 @@ pub(crate) fn build(
     }
     // The last mounts, after every bind: the home's credentials hidden (see env.rs), then
     // the unix sockets the user allows (see sockets.rs), the real ones at their paths.
-    extra.extend(super::env::hide_args(
-        spec.env_policy,
-        &super::env::homes(),
-        &spec.project,
-    ));
+    let masked: Vec<PathBuf> = outside
+        .as_ref()
+        .map(|o| o.masked.clone())
+        .unwrap_or_default();
+    // The credentials no mask stands for (the system's, agents' sockets): see env.rs.
+    for path in credentials
+        .iter()
+        .filter(|p| !masks.iter().any(|(m, _)| m == *p))
+    {
+        extra.extend(super::env::hide_one(path));
+    }
+    // What no mask layer covers (no unit, or a bind over it): hidden the old way, a
+    // configuration file too rather than shown unsanitized.
+    for (path, how) in masks.iter().filter(|(p, _)| !masked.contains(p)) {
+        if masked_in_bind(&spec.binds, path, how) {
+            continue;
+        }
+        extra.extend(super::env::hide_one(path));
+    }
     let project_real =
         std::fs::canonicalize(&spec.project).unwrap_or_else(|_| spec.project.clone());
     let real_writes: Vec<&Path> = std::iter::once(project_real.as_path())

@@ -37,7 +37,39 @@ impl CacheBranches {
             .iter()
             .map(|d| Branch::create(d, opts))
             .collect::<Result<_, _>>()?;
-        Ok(CacheBranches { branches })
+        let caches = CacheBranches { branches };
+        caches.mask_credentials(project);
+        Ok(caches)
+    }
+
+    /// The home's credentials made absent in the branches and its secret-bearing
+    /// configuration sanitized there (see masks.rs), as the outside layer shows them: the
+    /// branches are thrown away, so nothing of this reaches the host, and a command may
+    /// still write its own file there. What fails here is hidden for each command instead
+    /// (see `bwrap::masked_in_bind`).
+    fn mask_credentials(&self, project: &Path) {
+        let masks =
+            super::masks::home_masks(super::env::EnvPolicy::Agent, &super::env::homes(), project);
+        for b in &self.branches {
+            let Ok(root) = crate::rootdir::RootDir::open(b.mountpoint()) else {
+                continue;
+            };
+            for (path, how) in &masks {
+                let Ok(rel) = path.strip_prefix(b.project()) else {
+                    continue;
+                };
+                if rel.as_os_str().is_empty() {
+                    continue;
+                }
+                let done = match how {
+                    super::masks::Masked::Hidden => root.remove_all(rel),
+                    super::masks::Masked::Copy(copy) => root.write(rel, copy),
+                };
+                if let Err(e) = done {
+                    tracing::warn!("{} not masked in its cache branch: {e}", path.display());
+                }
+            }
+        }
     }
 
     /// No caches: nothing outside the project is writable.

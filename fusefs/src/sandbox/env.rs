@@ -368,7 +368,7 @@ const CREDENTIAL_SETTINGS: &[&str] = &[
 /// Whether `value` carries a credential: a URL with a login (`scheme://user:pw@host`, or a
 /// token as the user: `https://TOKEN@host`; ssh's `git@` is not one), a conda token path
 /// (`…://host/t/TOKEN/`), or a setting from [`CREDENTIAL_SETTINGS`].
-fn value_has_credential(value: &[u8]) -> bool {
+pub(crate) fn value_has_credential(value: &[u8]) -> bool {
     let lower = value.to_ascii_lowercase();
     let has = |needle: &[u8]| lower.windows(needle.len()).any(|w| w == needle);
     url_with_login(value)
@@ -377,7 +377,7 @@ fn value_has_credential(value: &[u8]) -> bool {
 }
 
 /// `scheme://user[:password]@host…` anywhere in `value`, but for the user `git` alone.
-fn url_with_login(value: &[u8]) -> bool {
+pub(crate) fn url_with_login(value: &[u8]) -> bool {
     let mut rest = value;
     while let Some(at) = rest.windows(3).position(|w| w == b"://") {
         let after = &rest[at + 3..];
@@ -593,6 +593,41 @@ const HOME_CREDENTIALS: &[&str] = &[
     ".config/filezilla",
     ".pki",
     ".local/share/keyrings",
+    // Red team round 5: logins in files of tools under ordinary names (configuration files
+    // that tools need are sanitized instead: see masks.rs).
+    ".local/share/gem/credentials",
+    ".composer/config.json",
+    ".config/composer/config.json",
+    ".conan/.conan.db",
+    ".conan2/.conan.db",
+    ".conan/remotes.json",
+    ".platformio/appstate.json",
+    ".bundle/config",
+    ".config/pypoetry/auth.toml",
+    ".local/share/python_keyring",
+    ".config/nuget/NuGet.Config",
+    ".config/NuGet/NuGet.Config",
+    ".dotnet/NuGet.Config",
+    ".config/hatch/config.toml",
+    ".config/deno",
+    ".deno/credentials",
+    ".pub-cache/credentials.json",
+    ".config/dart/pub-credentials.json",
+    ".config/rubygems",
+    ".ivy2/credentials",
+    ".sbt/credentials",
+    ".config/coursier/credentials.properties",
+    ".lein/credentials.clj.gpg",
+    ".Renviron",
+    ".julia/servers",
+    ".config/gitlab-runner",
+    ".config/tea",
+    ".config/gitea",
+    ".config/lab",
+    ".config/glab",
+    ".config/packer",
+    ".config/jfrog",
+    ".jfrog",
 ];
 
 /// A file name that marks a credential wherever it is in a home (see [`home_pattern_paths`]):
@@ -685,6 +720,10 @@ fn skip_dir(name: &[u8]) -> bool {
             | b".nvm"
             | b".mozilla"
             | b"snap"
+            | b"Trash"
+            | b"flatpak"
+            | b"containers"
+            | b"Steam"
     )
 }
 
@@ -695,10 +734,16 @@ const WALK_ENTRIES: usize = 20_000;
 /// Files of a home whose names look like credentials ([`credential_name`]): other
 /// projects' `.env`, tokens and keys lying about, found by a walk bounded in depth and
 /// entries that skips caches and dependency trees ([`skip_dir`]) and `project`.
+///
+/// `.config` and `.local/share` (where XDG tools keep their logins) are walked first, so
+/// that a large home does not use up the walk's entries before them; the rest of `.local`
+/// (installed programs and libraries) is not walked.
 fn home_pattern_paths(home: &Path, project: Option<&Path>) -> Vec<PathBuf> {
     let mut found = Vec::new();
     let mut seen = 0usize;
+    let first = [home.join(".local/share"), home.join(".config")];
     let mut stack: Vec<(PathBuf, usize)> = vec![(home.to_path_buf(), 0)];
+    stack.extend(first.iter().map(|d| (d.clone(), 1)));
     while let Some((dir, depth)) = stack.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
@@ -717,7 +762,10 @@ fn home_pattern_paths(home: &Path, project: Option<&Path>) -> Vec<PathBuf> {
                 continue;
             }
             if ft.is_dir() {
-                if depth + 1 < WALK_DEPTH && !skip_dir(name.as_bytes()) {
+                if depth + 1 < WALK_DEPTH
+                    && !skip_dir(name.as_bytes())
+                    && (depth > 0 || !first.contains(&path))
+                {
                     stack.push((path, depth + 1));
                 }
             } else if ft.is_file() && credential_name(name.as_bytes()) {
@@ -922,29 +970,43 @@ pub fn credential_paths(homes: &[PathBuf], project: Option<&Path>) -> Vec<PathBu
 /// (nothing for [`EnvPolicy::User`] unless the config's `hide_credentials`): each directory
 /// under an empty read-only tmpfs, each other file (sockets too) bound to /dev/null. They
 /// must come after every other mount of the sandbox, so that no bind shows them again.
-pub fn hide_args(policy: EnvPolicy, homes: &[PathBuf], project: &Path) -> Vec<OsString> {
+///
+/// `masked` are left alone: the paths the outside layer hides already (see masks.rs), so
+/// that the command may still write there, and those the caller hides itself.
+pub fn hide_args(
+    policy: EnvPolicy,
+    homes: &[PathBuf],
+    project: &Path,
+    masked: &[PathBuf],
+) -> Vec<OsString> {
     if policy == EnvPolicy::User && !config().hide_credentials {
         return Vec::new();
     }
-    let mut args: Vec<OsString> = Vec::new();
-    for path in credential_paths(homes, Some(project)) {
-        let Ok(meta) = std::fs::metadata(&path) else {
-            continue;
-        };
-        if meta.is_dir() {
-            args.extend([
-                "--perms".into(),
-                "0500".into(),
-                "--tmpfs".into(),
-                path.clone().into(),
-                "--remount-ro".into(),
-                path.into(),
-            ]);
-        } else {
-            args.extend(["--ro-bind".into(), "/dev/null".into(), path.into()]);
-        }
+    credential_paths(homes, Some(project))
+        .into_iter()
+        .filter(|p| !masked.contains(p))
+        .flat_map(|p| hide_one(&p))
+        .collect()
+}
+
+/// The bwrap arguments that hide `path`: a directory under an empty read-only tmpfs, any
+/// other file (sockets too) bound to /dev/null; nothing for a path that is gone.
+pub(crate) fn hide_one(path: &Path) -> Vec<OsString> {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Vec::new();
+    };
+    if meta.is_dir() {
+        vec![
+            "--perms".into(),
+            "0500".into(),
+            "--tmpfs".into(),
+            path.into(),
+            "--remount-ro".into(),
+            path.into(),
+        ]
+    } else {
+        vec!["--ro-bind".into(), "/dev/null".into(), path.into()]
     }
-    args
 }
 
 #[cfg(test)]
@@ -1157,7 +1219,7 @@ mod tests {
         // A project inside a credential directory keeps it visible.
         let inside = credential_paths(&homes, Some(&h.join(".ssh/project")));
         assert!(!inside.contains(&h.join(".ssh")));
-        let args = hide_args(EnvPolicy::Agent, &homes, Path::new("/nonexistent"));
+        let args = hide_args(EnvPolicy::Agent, &homes, Path::new("/nonexistent"), &[]);
         let text: Vec<String> = args
             .iter()
             .map(|a| a.to_string_lossy().into_owned())

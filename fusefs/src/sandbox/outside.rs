@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::masks::Masked;
 use super::{Result, SandboxError};
 
 /// The layer's description, next to its units.
@@ -99,6 +100,9 @@ pub(crate) struct Outside {
     pub stage: Option<UserStage>,
     /// Root: the units the command's stage mounts (see [`RootStage`]).
     pub root_units: Vec<RootUnit>,
+    /// The host paths a mask layer hides or replaces (see masks.rs): nothing else need
+    /// hide them.
+    pub masked: Vec<PathBuf>,
 }
 
 /// The plain user's per-command stage, all built before the fork.
@@ -124,6 +128,11 @@ pub(crate) struct UserStage {
     /// Allowed unix sockets (see sockets.rs), each bound on its (empty) file in the stage
     /// from the very socket checked.
     sockets: Vec<super::sockets::StagedSocket>,
+    /// The units' mask layers (see masks.rs), made before the overlays.
+    masks: Vec<MaskPlan>,
+    /// Sanitized copies of files bound read-only one by one (path in the stage, content,
+    /// mode).
+    files: Vec<(CString, Vec<u8>, u32)>,
 }
 
 /// A mount of /proc/self/mountinfo.
@@ -266,14 +275,11 @@ fn unit_dirs(unit: &Path, lower: &Path, base: Option<u32>) -> io::Result<(PathBu
             std::fs::Permissions::from_mode(meta.permissions().mode() & 0o7777),
         )?;
         if let Some(base) = base {
-            let shifted = |id: u32| {
-                if id < crate::idmap::RANGE {
-                    base + id
-                } else {
-                    base + crate::idmap::RANGE - 2
-                }
-            };
-            std::os::unix::fs::chown(&upper, Some(shifted(meta.uid())), Some(shifted(meta.gid())))?;
+            std::os::unix::fs::chown(
+                &upper,
+                Some(shifted(base, meta.uid())),
+                Some(shifted(base, meta.gid())),
+            )?;
             // chown clears set-id bits; give the mode again.
             std::fs::set_permissions(
                 &upper,
@@ -284,13 +290,197 @@ fn unit_dirs(unit: &Path, lower: &Path, base: Option<u32>) -> io::Result<(PathBu
     Ok((upper, work))
 }
 
+/// `MASK:` before a unit's lower, when it has a mask layer (the topmost lower).
+fn mask_prefix(mask: Option<&Path>) -> String {
+    mask.map(|m| format!("{}:", m.display()))
+        .unwrap_or_default()
+}
+
+/// An id of the host as the sandbox's root sees it, shifted by `base` (see `unit_dirs`).
+fn shifted(base: u32, id: u32) -> u32 {
+    if id < crate::idmap::RANGE {
+        base + id
+    } else {
+        base + crate::idmap::RANGE - 2
+    }
+}
+
+/// One entry of a unit's mask layer, its path in the stage.
+#[derive(Debug)]
+pub(crate) enum MaskOp {
+    /// A directory on the way to a masked path, with the host directory's mode and owner
+    /// (overlayfs shows the topmost layer's), made first with 0700 and given them last.
+    Dir {
+        path: CString,
+        mode: u32,
+        owner: Option<(u32, u32)>,
+    },
+    /// A whiteout (a 0/0 character device): the host's file or directory is absent.
+    Whiteout(CString),
+    /// A sanitized copy over the host's file.
+    File {
+        path: CString,
+        content: Vec<u8>,
+        mode: u32,
+        owner: Option<(u32, u32)>,
+    },
+}
+
+/// A unit's mask layer (see masks.rs): made in the stage's tmpfs in the pre-exec hook,
+/// before the unit's overlay takes it as its topmost lower layer.
+#[derive(Debug, Default)]
+pub(crate) struct MaskPlan {
+    ops: Vec<MaskOp>,
+}
+
+/// The mask layer at `at` of the unit whose host directory is `lower`, for the masked paths
+/// that lie in it and in no deeper unit (`deeper`); `base` the id shift as root. None when
+/// nothing of `masks` lies there; the paths it covers are added to `covered`.
+fn plan_mask(
+    at: &Path,
+    lower: &Path,
+    deeper: &[PathBuf],
+    masks: &[(PathBuf, Masked)],
+    base: Option<u32>,
+    covered: &mut Vec<PathBuf>,
+) -> Result<Option<MaskPlan>> {
+    let owner =
+        |meta: &std::fs::Metadata| base.map(|b| (shifted(b, meta.uid()), shifted(b, meta.gid())));
+    let mut plan = MaskPlan::default();
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for (path, how) in masks {
+        let Ok(rel) = path.strip_prefix(lower) else {
+            continue;
+        };
+        if rel.as_os_str().is_empty()
+            || deeper
+                .iter()
+                .any(|d| d != lower && d.starts_with(lower) && path.starts_with(d))
+        {
+            continue;
+        }
+        let Ok(meta) = std::fs::symlink_metadata(path) else {
+            continue;
+        };
+        let mut ops = Vec::new();
+        let mut fine = true;
+        let ancestors: Vec<&Path> = rel.ancestors().skip(1).collect();
+        for anc in ancestors.into_iter().rev() {
+            if dirs.iter().any(|d| d == anc) {
+                continue;
+            }
+            match std::fs::symlink_metadata(lower.join(anc)) {
+                Ok(m) if m.is_dir() => {
+                    ops.push(MaskOp::Dir {
+                        path: super::cstring(&at.join(anc))?,
+                        mode: m.permissions().mode() & 0o7777,
+                        owner: owner(&m),
+                    });
+                    dirs.push(anc.to_path_buf());
+                }
+                _ => fine = false,
+            }
+        }
+        if !fine {
+            continue;
+        }
+        let target = super::cstring(&at.join(rel))?;
+        ops.push(match how {
+            Masked::Hidden => MaskOp::Whiteout(target),
+            Masked::Copy(content) => MaskOp::File {
+                path: target,
+                content: content.clone(),
+                mode: meta.permissions().mode() & 0o7777,
+                owner: owner(&meta),
+            },
+        });
+        plan.ops.extend(ops);
+        covered.push(path.clone());
+    }
+    Ok((!plan.ops.is_empty()).then_some(plan))
+}
+
+/// In the pre-exec hook (async-signal-safe): makes `plan` in the stage; 0 or -1.
+unsafe fn build_mask(plan: &MaskPlan) -> libc::c_int {
+    for op in &plan.ops {
+        let ok = match op {
+            MaskOp::Dir { path, .. } => libc::mkdir(path.as_ptr(), 0o700) == 0,
+            MaskOp::Whiteout(path) => {
+                libc::mknod(path.as_ptr(), libc::S_IFCHR, libc::makedev(0, 0)) == 0
+            }
+            MaskOp::File {
+                path,
+                content,
+                mode,
+                owner,
+            } => write_file(path, content, *mode, *owner),
+        };
+        if !ok {
+            return -1;
+        }
+    }
+    // Directories get their mode and owner last, deepest first (a 0500 one would refuse
+    // its entries).
+    for op in plan.ops.iter().rev() {
+        if let MaskOp::Dir { path, mode, owner } = op {
+            if let Some((uid, gid)) = owner {
+                if libc::chown(path.as_ptr(), *uid, *gid) != 0 {
+                    return -1;
+                }
+            }
+            if libc::chmod(path.as_ptr(), *mode) != 0 {
+                return -1;
+            }
+        }
+    }
+    0
+}
+
+/// In the pre-exec hook (async-signal-safe): a new file at `path` holding `content`.
+unsafe fn write_file(
+    path: &std::ffi::CStr,
+    content: &[u8],
+    mode: u32,
+    owner: Option<(u32, u32)>,
+) -> bool {
+    let fd = libc::open(
+        path.as_ptr(),
+        libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC,
+        0o600,
+    );
+    if fd < 0 {
+        return false;
+    }
+    let mut done = 0usize;
+    let mut ok = true;
+    while done < content.len() {
+        let n = libc::write(fd, content[done..].as_ptr().cast(), content.len() - done);
+        if n <= 0 {
+            ok = false;
+            break;
+        }
+        done += n as usize;
+    }
+    ok = ok
+        && owner.is_none_or(|(uid, gid)| libc::fchown(fd, uid, gid) == 0)
+        && libc::fchmod(fd, mode) == 0;
+    libc::close(fd);
+    ok
+}
+
 fn stage_dir(outside: &Path, unit: &Path) -> PathBuf {
     let name = unit.file_name().map(PathBuf::from).unwrap_or_default();
     outside.join("stage").join(name)
 }
 
-fn overlay_options(lower: &Path, upper: &Path, work: &Path, userxattr: bool) -> Result<CString> {
-    for p in [lower, upper, work] {
+fn overlay_options(
+    mask: Option<&Path>,
+    lower: &Path,
+    upper: &Path,
+    work: &Path,
+    userxattr: bool,
+) -> Result<CString> {
+    for p in [lower, upper, work].into_iter().chain(mask) {
         if !option_safe(p) {
             return Err(SandboxError::Invalid(format!(
                 "{} cannot be an overlay layer (its name has `,` or `:`)",
@@ -299,7 +489,8 @@ fn overlay_options(lower: &Path, upper: &Path, work: &Path, userxattr: bool) -> 
         }
     }
     let mut o = format!(
-        "lowerdir={},upperdir={},workdir={}",
+        "lowerdir={}{},upperdir={},workdir={}",
+        mask_prefix(mask),
         lower.display(),
         upper.display(),
         work.display()
@@ -321,6 +512,7 @@ pub(crate) fn prepare(
     private_tmp: bool,
     root: Option<(u32, &Path)>,
     size: Option<u64>,
+    masks: &[(PathBuf, Masked)],
 ) -> Result<Outside> {
     if let Some(size) = size {
         std::fs::create_dir_all(outside).map_err(SandboxError::io(format!(
@@ -329,10 +521,17 @@ pub(crate) fn prepare(
         )))?;
         super::sized::make(outside, size, outside.join(LAYER_FILE).exists());
     }
-    match root {
-        Some((base, stage)) => root_outside(outside, hide, project, base, stage),
-        None => user_outside(outside, hide, project, private_tmp),
-    }
+    let made = match root {
+        Some((base, stage)) => root_outside(outside, hide, project, base, stage, masks),
+        None => user_outside(outside, hide, project, private_tmp, masks),
+    }?;
+    // The lister must never show the host side of what the command was not to read (a
+    // diff is the agent's to read too: `shade mcp`'s `diff`).
+    crate::outside::record_masked(outside, &made.masked).map_err(SandboxError::io(format!(
+        "recording the masked paths of {}",
+        outside.display()
+    )))?;
+    Ok(made)
 }
 
 /// File systems on a device: the machine's disks, each its own unit.
@@ -380,6 +579,8 @@ pub(crate) struct RootUnit {
     /// The idmapped clone made read-only too (the view has no upper: see
     /// [`RootUnit::read_only_root`]).
     read_only: bool,
+    /// The unit's mask layer (see masks.rs), made in the stage before its overlay.
+    mask: Option<MaskPlan>,
 }
 
 impl RootUnit {
@@ -404,6 +605,7 @@ impl RootUnit {
             ))
             .map_err(|_| SandboxError::Invalid("a stage path has a NUL byte".into()))?,
             read_only: true,
+            mask: None,
         };
         Ok((unit, merged))
     }
@@ -430,6 +632,7 @@ fn root_outside(
     project: &Path,
     base: u32,
     stage: &Path,
+    masks: &[(PathBuf, Masked)],
 ) -> Result<Outside> {
     let all = mounts().map_err(SandboxError::io("reading /proc/self/mountinfo"))?;
     // The topmost mount at each point.
@@ -474,6 +677,8 @@ fn root_outside(
         .map(|m| m.point.clone())
         .collect();
     let dirs = record_units(outside, false, base, &units)?;
+    let points: Vec<PathBuf> = chosen.iter().map(|m| m.point.clone()).collect();
+    let mut masked = Vec::new();
     let mut views = Vec::new();
     let mut root_units = Vec::new();
     for (i, m) in chosen.iter().enumerate() {
@@ -496,14 +701,21 @@ fn root_outside(
         });
         let idmapped = stage.join(format!("l{i}"));
         let merged = stage.join(format!("m{i}"));
+        let mask_at = stage.join(format!("w{i}"));
+        let mask = plan_mask(&mask_at, &m.point, &points, masks, Some(base), &mut masked)?;
+        let mask_dir = mask.as_ref().map(|_| mask_at.as_path());
         // A read-only mount (or a unit that cannot be made) is a read-only overlay: a
         // socket on it is not connectable through the overlay, as it would be through a
         // bind.
         let (options, read_only) = match unit {
-            Some((upper, work)) => (overlay_options(&idmapped, &upper, &work, false)?, false),
+            Some((upper, work)) => (
+                overlay_options(mask_dir, &idmapped, &upper, &work, false)?,
+                false,
+            ),
             None => (
                 CString::new(format!(
-                    "lowerdir={}:{}",
+                    "lowerdir={}{}:{}",
+                    mask_prefix(mask_dir),
                     idmapped.display(),
                     stage.join("e0").display()
                 ))
@@ -517,6 +729,7 @@ fn root_outside(
             merged: super::cstring(&merged)?,
             options,
             read_only,
+            mask,
         });
         views.push(View::Layer {
             path: m.point.clone(),
@@ -529,6 +742,7 @@ fn root_outside(
         rebuilt: false,
         stage: None,
         root_units,
+        masked,
     })
 }
 
@@ -588,6 +802,7 @@ fn user_outside(
     hide: &[PathBuf],
     project: &Path,
     private_tmp: bool,
+    masks: &[(PathBuf, Masked)],
 ) -> Result<Outside> {
     let uid = nix::unistd::geteuid();
     let gid = nix::unistd::getegid();
@@ -654,6 +869,18 @@ fn user_outside(
     let mut views = Vec::new();
     let mut stage_mounts = Vec::new();
     let mut leaves = 0usize;
+    let mut masked = Vec::new();
+    let mut mask_plans = Vec::new();
+    let mut files = Vec::new();
+    // The unit's or read-only overlay's mask layer at `wN` in the stage.
+    let mut mask_for = |path: &Path, masked: &mut Vec<PathBuf>| -> Result<Option<PathBuf>> {
+        let at = stage.join(format!("w{}", mask_plans.len()));
+        let plan = plan_mask(&at, path, &[], masks, None, masked)?;
+        Ok(plan.map(|p| {
+            mask_plans.push(p);
+            at
+        }))
+    };
     for entry in entries {
         match entry {
             Entry::Unit(path) => {
@@ -662,10 +889,12 @@ fn user_outside(
                 };
                 let merged = stage_dir(outside, unit);
                 dirs.push(super::cstring(&merged)?);
+                let mask = mask_for(&path, &mut masked)?;
                 let made = unit_dirs(unit, &path, None)
                     .map_err(SandboxError::io("creating the layer's unit"));
-                let opts =
-                    made.and_then(|(upper, work)| overlay_options(&path, &upper, &work, true));
+                let opts = made.and_then(|(upper, work)| {
+                    overlay_options(mask.as_deref(), &path, &upper, &work, true)
+                });
                 match opts {
                     Ok(opts) => {
                         stage_mounts.push((opts, super::cstring(&merged)?));
@@ -682,7 +911,8 @@ fn user_outside(
                 let merged = stage.join(format!("r{leaves}"));
                 leaves += 1;
                 dirs.push(super::cstring(&merged)?);
-                match read_only_options(&path, &empty) {
+                let mask = mask_for(&path, &mut masked)?;
+                match read_only_options(mask.as_deref(), &path, &empty) {
                     Ok(opts) => {
                         stage_mounts.push((opts, super::cstring(&merged)?));
                         views.push(View::Layer { path, merged });
@@ -691,7 +921,20 @@ fn user_outside(
                 }
             }
             Entry::Dir(path, mode) => views.push(View::Dir { path, mode }),
-            Entry::File(path) => views.push(View::ReadOnly(path)),
+            Entry::File(path) => match masks.iter().find(|(p, _)| *p == path) {
+                // A file of a directory made anew (read-only): absent, or its copy.
+                Some((_, Masked::Hidden)) => masked.push(path),
+                Some((_, Masked::Copy(content))) => {
+                    let source = stage.join(format!("f{}", files.len()));
+                    let mode = std::fs::metadata(&path)
+                        .map(|m| m.permissions().mode() & 0o7777)
+                        .unwrap_or(0o600);
+                    files.push((super::cstring(&source)?, content.clone(), mode));
+                    masked.push(path.clone());
+                    views.push(View::Staged { path, source });
+                }
+                None => views.push(View::ReadOnly(path)),
+            },
             Entry::Symlink(path, target) => views.push(View::Symlink { path, target }),
         }
     }
@@ -708,14 +951,17 @@ fn user_outside(
             mounts: stage_mounts,
             tmpfs: Vec::new(),
             sockets: Vec::new(),
+            masks: mask_plans,
+            files,
         }),
         root_units: Vec::new(),
+        masked,
     })
 }
 
 /// The options of a read-only overlay of `lower` (no upper: an empty second lower).
-fn read_only_options(lower: &Path, empty: &Path) -> Result<CString> {
-    for p in [lower, empty] {
+fn read_only_options(mask: Option<&Path>, lower: &Path, empty: &Path) -> Result<CString> {
+    for p in [lower, empty].into_iter().chain(mask) {
         if !option_safe(p) {
             return Err(SandboxError::Invalid(format!(
                 "{} cannot be an overlay layer (its name has `,` or `:`)",
@@ -724,7 +970,8 @@ fn read_only_options(lower: &Path, empty: &Path) -> Result<CString> {
         }
     }
     CString::new(format!(
-        "lowerdir={}:{},userxattr",
+        "lowerdir={}{}:{},userxattr",
+        mask_prefix(mask),
         lower.display(),
         empty.display()
     ))
@@ -849,6 +1096,8 @@ impl UserStage {
             mounts: Vec::new(),
             tmpfs: Vec::new(),
             sockets: Vec::new(),
+            masks: Vec::new(),
+            files: Vec::new(),
         })
     }
 
@@ -908,7 +1157,8 @@ impl UserStage {
                 self.stage.as_ptr(),
                 c"tmpfs".as_ptr(),
                 libc::MS_NOSUID | libc::MS_NODEV,
-                c"size=1m,mode=0700".as_ptr().cast(),
+                // Room for the masks' copies (see masks.rs: at most 256 KiB each).
+                c"size=16m,mode=0700".as_ptr().cast(),
             ) != 0
             {
                 return Err(io::Error::last_os_error());
@@ -927,6 +1177,18 @@ impl UserStage {
                     options.as_ptr().cast(),
                 ) != 0
                 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            // The masks before the overlays that take them (a mask that cannot be made
+            // fails the command: its unit would show the secrets).
+            for plan in &self.masks {
+                if build_mask(plan) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            for (path, content, mode) in &self.files {
+                if !write_file(path, content, *mode, None) {
                     return Err(io::Error::last_os_error());
                 }
             }
@@ -1051,7 +1313,8 @@ impl RootStage {
                 self.at.as_ptr(),
                 c"tmpfs".as_ptr(),
                 libc::MS_NOSUID | libc::MS_NODEV,
-                c"mode=0755,size=1m".as_ptr().cast(),
+                // Room for the masks' copies (see masks.rs: at most 256 KiB each).
+                c"mode=0755,size=16m".as_ptr().cast(),
             ) != 0
             {
                 return fail();
@@ -1098,6 +1361,15 @@ impl RootStage {
                 }
                 if *read_only && remount_read_only(target) != 0 {
                     return fail();
+                }
+            }
+            // The masks before the overlays that take them (a mask that cannot be made
+            // fails the command: its unit would show the secrets).
+            for u in &self.units {
+                if let Some(plan) = &u.mask {
+                    if build_mask(plan) != 0 {
+                        return fail();
+                    }
                 }
             }
             for u in &self.units {
