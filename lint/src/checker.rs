@@ -2,7 +2,7 @@
 //! package.json, go.mod, compile_commands.json) or named in the `[lint]` config section,
 //! and how each one is run and read.
 
-use super::diag::Severity;
+use super::diag::{lexical, Severity};
 use super::exec::on_path;
 use super::parse::Format;
 use serde::Deserialize;
@@ -499,22 +499,6 @@ fn configured_target_dir(project: &Path) -> Option<PathBuf> {
         }
     }
     None
-}
-
-/// `p` with `.` and `..` resolved by name (cargo reports a configured `../x` unresolved).
-fn lexical(p: &Path) -> PathBuf {
-    use std::path::Component;
-    let mut out = PathBuf::new();
-    for c in p.components() {
-        match c {
-            Component::ParentDir => {
-                out.pop();
-            }
-            Component::CurDir => {}
-            other => out.push(other),
-        }
-    }
-    out
 }
 
 /// One `-fsyntax-only` compile per entry of the project's compile database.

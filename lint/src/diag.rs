@@ -159,7 +159,7 @@ pub fn relative_path(path: &str, base: &PathBase<'_>) -> String {
     } else {
         base.cwd.join(p)
     };
-    let abs = lexical_clean(&abs);
+    let abs = lexical(&abs);
     for root in std::iter::once(base.project).chain(base.mount) {
         if let Ok(rel) = abs.strip_prefix(root) {
             return rel.to_string_lossy().into_owned();
@@ -168,8 +168,9 @@ pub fn relative_path(path: &str, base: &PathBase<'_>) -> String {
     abs.to_string_lossy().into_owned()
 }
 
-/// Resolve `.` and `..` without touching the file system (checkers print `./src/x.go`).
-fn lexical_clean(p: &Path) -> std::path::PathBuf {
+/// `p` with `.` and `..` resolved by name, without touching the file system: checkers print
+/// `./src/x.go`, cargo reports a configured `../x` unresolved, git config names `../hooks`.
+pub fn lexical(p: &Path) -> std::path::PathBuf {
     use std::path::Component;
     let mut out = std::path::PathBuf::new();
     for c in p.components() {

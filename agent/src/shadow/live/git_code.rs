@@ -9,7 +9,7 @@
 use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// Most config files read through includes whose condition does not hold now (each is
@@ -114,24 +114,9 @@ fn kind(key: &str, value: &str) -> Option<Kind> {
     command.then_some(Kind::Command)
 }
 
-/// `path` with `.` and `..` taken away lexically.
-fn normalize(path: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in path.components() {
-        match c {
-            Component::ParentDir => {
-                out.pop();
-            }
-            Component::CurDir => {}
-            other => out.push(other),
-        }
-    }
-    out
-}
-
 /// `path` with links resolved as far as it exists on the host (the rest appended).
 fn canonical_prefix(path: &Path) -> Option<PathBuf> {
-    let path = normalize(path);
+    let path = shade_lint::diag::lexical(path);
     let mut rest = Vec::new();
     let mut at = path.as_path();
     loop {
@@ -241,7 +226,7 @@ impl GitCode {
             for (origin, key, value) in &entries {
                 let file = origin
                     .strip_prefix("file:")
-                    .map(|f| normalize(&project.join(f)));
+                    .map(|f| shade_lint::diag::lexical(&project.join(f)));
                 if let Some(f) = &file {
                     code.add(f, true);
                     read_files.insert(f.clone());
@@ -258,7 +243,7 @@ impl GitCode {
                                 .and_then(Path::parent)
                                 .map(|d| d.join(value))
                         };
-                        if let Some(t) = target.map(|t| normalize(&t)) {
+                        if let Some(t) = target.map(|t| shade_lint::diag::lexical(&t)) {
                             code.add(&t, true);
                             queue.push(t);
                         }
@@ -336,7 +321,7 @@ impl Reader<'_> {
         if !dirs && abs.is_dir() {
             return;
         }
-        for p in [Some(normalize(abs)), canonical_prefix(abs)]
+        for p in [Some(shade_lint::diag::lexical(abs)), canonical_prefix(abs)]
             .into_iter()
             .flatten()
         {
