@@ -176,11 +176,12 @@ pub fn owned(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Whether `id` looks like an id accept made ([`super::new_id`]: `<hex pid>-<hex ns>`).
+/// Whether `id` can be an accept's id: one plain name (accept makes `<hex pid>-<hex ns>`,
+/// [`super::new_id`]), never a path or a name with dots.
 pub fn valid_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 64
-        && id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
         && !id.starts_with('-')
 }
 
