@@ -374,6 +374,10 @@ impl ShadeFs {
         let mut t = o.tree();
         let from = o.child_path(&t, parent, name)?;
         let to = o.child_path(&t, newparent, newname)?;
+        // A parent of shade's hidden state dir stays where it is (accept would refuse it).
+        if o.lower.holds_hidden(&from) || o.lower.holds_hidden(&to) {
+            return Err(libc::EBUSY);
+        }
         let src = t.resolve(&o.lower, &from)?;
         let dst = t.resolve(&o.lower, &to).ok();
         if flags.contains(RenameFlags::RENAME_EXCHANGE) {
@@ -694,6 +698,9 @@ impl Filesystem for ShadeFs {
         let o = &self.ov();
         let mut t = o.tree();
         let res = o.child_path(&t, parent.0, name).and_then(|rel| {
+            if o.lower.holds_hidden(&rel) {
+                return Err(libc::EBUSY);
+            }
             let obj = t.resolve(&o.lower, &rel)?;
             if !obj.is_dir() {
                 return Err(libc::ENOTDIR);

@@ -112,6 +112,15 @@ impl Lower {
         self.hidden.as_deref().is_some_and(|h| rel.starts_with(h))
     }
 
+    /// Is `rel` a parent directory of the hidden path? Renaming or removing it would move
+    /// shade's state directory's place (accept refuses such a plan; the branch says so at
+    /// once with EBUSY).
+    pub fn holds_hidden(&self, rel: &Path) -> bool {
+        self.hidden
+            .as_deref()
+            .is_some_and(|h| h != rel && h.starts_with(rel))
+    }
+
     /// The C path of `rel` for an `*at()` call, or ENOENT for a hidden path.
     fn cpath(&self, rel: &Path) -> io::Result<CString> {
         if self.is_hidden(rel) {

@@ -155,6 +155,7 @@ pub fn undo(
     history::load_changes(&state.history(), &mut entry)
         .map_err(|e| io(format!("the history of accept {}", entry.id), e))?;
     let entry = &entry;
+    check_entry(entry, &root)?;
     if let Some(by) = history::undone_by(&all, &entry.id) {
         return Err(UndoError::AlreadyUndone {
             id: entry.id.clone(),
@@ -204,6 +205,29 @@ pub fn undo(
         .find(|e| !before.contains(&e.id) && e.undoes.as_deref() == Some(&entry.id))
         .map(|e| e.id);
     Ok(report)
+}
+
+/// Refuse an entry shade could not have recorded for `root`: every path relative, without
+/// `.`/`..`, beneath the project (a forged entry is never replayed).
+fn check_entry(entry: &Entry, root: &Path) -> Result<(), UndoError> {
+    if entry.root.path() != root {
+        return Err(UndoError::Io(format!(
+            "history entry {} is for {}, not {}; refusing to undo it",
+            entry.id,
+            crate::quote::quote_path(entry.root.path()),
+            crate::quote::quote_path(root)
+        )));
+    }
+    for c in &entry.changes {
+        if let Some(r) = crate::accept::invalid_path_reason(c.path.path()) {
+            return Err(UndoError::Io(format!(
+                "history entry {} names path {}: {r}; refusing to undo it",
+                entry.id,
+                crate::quote::quote_path(c.path.path())
+            )));
+        }
+    }
+    Ok(())
 }
 
 struct Built {

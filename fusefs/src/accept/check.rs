@@ -325,6 +325,23 @@ fn unsafe_path(path: &Path, reason: impl Into<String>) -> AcceptError {
 /// Validate all paths of `plan` (nothing touches the file system before this passes).
 pub fn validate(plan: &[PlanOp]) -> Result<(), AcceptError> {
     for op in plan {
+        if let PlanOp::Special { path, mode, .. } = op {
+            let kind = match mode & libc::S_IFMT {
+                libc::S_IFCHR => Some("a character device"),
+                libc::S_IFBLK => Some("a block device"),
+                libc::S_IFSOCK => Some("a socket"),
+                _ => None,
+            };
+            if let Some(kind) = kind {
+                return Err(unsafe_path(
+                    path,
+                    format!(
+                        "it is {kind}; accept writes only files, directories, symlinks and \
+                         fifos (make device nodes yourself if you mean it); nothing was written"
+                    ),
+                ));
+            }
+        }
         let paths: Vec<&PathBuf> = match op {
             PlanOp::RenameDir { from, to, .. } => {
                 if to.starts_with(from) || from.starts_with(to) {

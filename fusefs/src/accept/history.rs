@@ -966,7 +966,14 @@ fn store_head(history: &Path, e: &Entry) -> io::Result<()> {
 
 /// Fill `e.changes` from its changes file.
 pub fn load_changes(history: &Path, e: &mut Entry) -> io::Result<()> {
+    if !super::guard::valid_id(&e.id) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("history entry id {:?} is not one shade makes", e.id),
+        ));
+    }
     let p = changes_path(history, &e.id);
+    super::guard::owned(&p)?;
     let bytes = std::fs::read(&p)?;
     e.changes = serde_json::from_slice(&bytes).map_err(|err| {
         io::Error::new(
@@ -1042,12 +1049,17 @@ pub fn entries(history: &Path) -> io::Result<Vec<Entry>> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),
     };
+    // Entries shade did not write (a command's tree put in the history's place) are never
+    // believed: `shade undo` would replay them.
+    super::guard::owned(history)?;
+    super::guard::owned(&dir)?;
     let mut out = Vec::new();
     for d in rd {
         let p = d?.path();
         if p.extension() != Some(OsStr::new("json")) {
             continue;
         }
+        super::guard::owned(&p)?;
         match std::fs::read(&p).and_then(|b| {
             serde_json::from_slice::<Entry>(&b)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))

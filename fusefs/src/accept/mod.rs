@@ -16,6 +16,7 @@
 mod check;
 mod exec;
 mod fault;
+mod guard;
 pub mod history;
 mod journal;
 mod recover;
@@ -25,7 +26,9 @@ mod stage;
 mod sys;
 
 pub use fault::{FAIL_AT_STEP_ENV, KILL_AT_STEP_ENV, RUN_AT_STEP_ENV};
+pub use guard::{owned as check_owned, Protected};
 pub use recover::{drop_journal, recover, RecoverReport};
+pub use safe_path::invalid_reason as invalid_path_reason;
 pub use signals::DeferSignals;
 pub use sys::dirs_opened;
 
@@ -357,6 +360,8 @@ pub fn apply(
     let root = std::fs::canonicalize(root).map_err(io_err(root))?;
     let root_fd = sys::open_dir_path(&root).map_err(io_err(&root))?;
     sys::lock_exclusive(&root_fd).map_err(io_err(&root))?;
+    // Under the project's lock: no op may move, replace or write shade's own state dir.
+    Protected::new(&root, opts.state.root()).check_plan(&plan)?;
     let guards = check::preflight(
         root_fd.as_raw_fd(),
         &plan,

@@ -4,7 +4,7 @@
 //! again.
 
 use super::journal::{journal_path, Journal, Phase};
-use super::{exec, sys};
+use super::{exec, guard, sys};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -13,12 +13,15 @@ use std::path::{Path, PathBuf};
 /// journal is the first version of an accept that crashed, or of one still writing it: the
 /// latter holds its project's lock, so wait for that lock (or, when the file is unreadable
 /// because it is being written, only drop it once its writer is gone).
-fn drop_orphan_tmp(dir: &Path, id: &str, tmp: &Path) -> io::Result<()> {
+fn drop_orphan_tmp(dir: &Path, id: &str, tmp: &Path, state: &Path) -> io::Result<()> {
     if journal_path(dir, id).exists() {
         return Ok(());
     }
+    // Not shade's own file: refused and left alone.
+    guard::owned(tmp)?;
     match Journal::load(tmp) {
         Ok(j) => {
+            guard::check_journal(&j, id, state)?;
             if let Ok(root) = sys::open_dir_path(j.root.path()) {
                 sys::lock_exclusive(&root)?;
                 // Staging may have started before the crash; nothing else was touched.
@@ -102,6 +105,10 @@ pub fn recover(state: &crate::state::StateDir) -> io::Result<RecoverReport> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(report),
         Err(e) => return Err(e),
     };
+    // A journals dir that is not shade's own (a command's tree put in its place) is never
+    // replayed: refused, and left as it is.
+    guard::owned(state.root())?;
+    guard::owned(&dir)?;
     let mut names: Vec<PathBuf> = entries
         .map(|e| e.map(|e| e.path()))
         .collect::<io::Result<_>>()?;
@@ -113,15 +120,16 @@ pub fn recover(state: &crate::state::StateDir) -> io::Result<RecoverReport> {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         if let Some(id) = name.strip_suffix(".json.tmp") {
-            if let Err(e) = drop_orphan_tmp(&dir, id, &path) {
+            if let Err(e) = drop_orphan_tmp(&dir, id, &path, state.root()) {
                 tracing::warn!(journal = %path.display(), error = %e, "stale journal temp file not removed");
             }
             continue;
         }
-        if !name.ends_with(".json") {
+        let Some(id) = name.strip_suffix(".json") else {
             continue;
-        }
-        let result = Journal::load(&path).and_then(|mut j| {
+        };
+        let result = guard::owned(&path).and_then(|()| Journal::load(&path)).and_then(|mut j| {
+            guard::check_journal(&j, id, state.root())?;
             let root = j.root.path().to_path_buf();
             if dead_branch_mount(state, &root) {
                 return j.remove(&dir).map(|()| report.dropped.push(root));

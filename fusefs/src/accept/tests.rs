@@ -92,7 +92,8 @@ fn recover_drops_a_journal_into_a_dead_branch_and_keeps_a_live_ones() {
             version: 1,
             id: format!("j{id}"),
             root: JPath::new(&mnt),
-            staging: ".shade-accept-x".into(),
+            // As accept names it (recovery refuses any other staging name).
+            staging: super::journal::staging_name(&format!("j{id}")),
             phase: Phase::Committed,
             ops: vec![JOp::Place {
                 n: 0,
