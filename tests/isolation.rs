@@ -1497,6 +1497,47 @@ print("stored", n >> 20, "errno", err)
     e.assert_held(o);
 }
 
+/// A small outside layer still takes a write when the host has many places a command may
+/// write (a plain user's layer has one unit per writable sibling of the project's
+/// ancestors: a busy `/var/tmp` has hundreds): the units' own directories used to take
+/// the 8 MiB layer's inodes, and the command's first write outside the project failed
+/// with ENOSPC. 600 sibling directories next to the project here.
+fn limits_outside_many_units(who: Who) {
+    let e = env(who);
+    // Beside the project, in the directory that has the branch's mounts below it (its state
+    // directory): each is a unit of its own.
+    let parent = e.out.parent().unwrap().to_path_buf();
+    for i in 0..600 {
+        let sib = parent.join(format!("sib{i}"));
+        std::fs::create_dir(&sib).unwrap();
+        if who == Who::Plain {
+            common::plain::chown_tree(&sib);
+        }
+    }
+    let name = format!("shade-iso-outside-units-{}", std::process::id());
+    let b = run_limited(
+        &e,
+        "[sandbox.run]\noutside_size = \"8MiB\"\n",
+        &[],
+        &format!("for i in 1 2 3; do mkdir -p ~/{name}/d$i && echo x > ~/{name}/d$i/f; done && echo made"),
+    );
+    let o = &b.out;
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("made"),
+        "a small write outside the project failed in an 8 MiB layer with 600 units\n{}",
+        show(o)
+    );
+    let home = match who {
+        Who::Root => PathBuf::from("/root"),
+        Who::Plain => PathBuf::from(format!("/home/{PLAIN}")),
+    };
+    assert!(
+        !home.join(&name).exists(),
+        "the write reached the host's home"
+    );
+    e.assert_held(o);
+}
+
 /// The private /tmp's inodes, and the user extended attributes tmpfs counts with them, are
 /// bounded with its size (bubblewrap's own tmpfs left about a million inodes per GiB of
 /// RAM: gigabytes of xattrs in an 8 MiB /tmp), as root and as a plain user; and so are
@@ -2365,6 +2406,7 @@ both!(
     limits_hidden_dirs,
     limits_outside_size,
     limits_outside_xattrs,
+    limits_outside_many_units,
     limits_xattr_flood,
     limits_time,
     host_knobs,

@@ -228,6 +228,14 @@ fn record_units(
     };
     let mut changed = !file.exists();
     let sized = super::sized::root_of(outside);
+    let new = wanted
+        .iter()
+        .filter(|p| !layer.units.iter().any(|u| &u.path == *p))
+        .count();
+    if sized.is_some() && new > 0 {
+        // Room for the new units' directories before they are made.
+        super::sized::fit_units(outside, layer.units.len() + new);
+    }
     for p in wanted {
         if !layer.units.iter().any(|u| &u.path == p) {
             let dir = format!("u{}", layer.units.len());

@@ -158,6 +158,9 @@ fn make_holder() -> io::Result<OwnedFd> {
 const FSCONFIG_SET_STRING: libc::c_uint = 1;
 const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
 const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+const FSCONFIG_CMD_RECONFIGURE: libc::c_uint = 7;
+const FSPICK_CLOEXEC: libc::c_uint = 1;
+const FSPICK_EMPTY_PATH: libc::c_uint = 8;
 
 /// A detached tmpfs of `size` bytes: made here as root; as a plain user by a child that
 /// shares our fd table (clone with CLONE_FILES), enters [`holder`]'s user namespace and a
@@ -174,7 +177,7 @@ fn tmpfs(size: u64) -> Result<OwnedFd, String> {
             unsafe { detached_tmpfs(&opt) }
         }
         None => return Err("no user namespace of its own".into()),
-        Some(ns) => in_namespace(ns, &opt),
+        Some(ns) => in_namespace(ns, &Job::Create(&opt)),
     };
     let fd = RawFd::try_from(fd)
         .ok()
@@ -194,6 +197,101 @@ const BYTES_PER_INODE: u64 = 4096;
 /// The fewest inodes a sized layer gets (a tiny size still holds a tree of directories).
 const MIN_INODES: u64 = 1024;
 
+/// Inodes one unit takes before its command writes anything (its `uN`, the overlay's upper
+/// and work directories and what overlayfs makes in the work directory), with room: the
+/// layer gets these on top of its size's share ([`fit_units`]), so that a plain user with a
+/// few hundred writable siblings of the project's ancestors (one unit each) and a small
+/// `outside_size` is not out of inodes (ENOSPC) before the command has written a byte.
+const INODES_PER_UNIT: u64 = 8;
+
+/// `n` as a NUL-terminated decimal string for fsconfig, made before any fork.
+fn option_text(n: u64) -> [u8; 32] {
+    let mut opt = [0u8; 32];
+    let t = n.to_string();
+    opt[..t.len()].copy_from_slice(t.as_bytes());
+    opt
+}
+
+/// The inodes of a layer of `size` bytes with `units` units.
+fn inodes_for(size: u64, units: u64) -> u64 {
+    (size / BYTES_PER_INODE)
+        .max(MIN_INODES)
+        .saturating_add(units.saturating_mul(INODES_PER_UNIT))
+}
+
+/// Give `outside`'s sized layer the inodes its `units` units take on top of its size's
+/// share (a tmpfs reconfigure, in the holder's user namespace for a plain user). A layer
+/// that is not sized, or a reconfigure that fails, is left as it is (said in the log).
+pub(crate) fn fit_units(outside: &Path, units: usize) {
+    let list = SIZED.lock().unwrap_or_else(PoisonError::into_inner);
+    let Some((_, fd, size)) = list.iter().find(|(p, _, _)| p == outside) else {
+        return;
+    };
+    let inodes = option_text(inodes_for(*size, units as u64));
+    let job = Job::Reconfigure(fd.as_raw_fd(), &inodes);
+    let rc = match holder() {
+        // SAFETY: fd-taking system calls on NUL-terminated strings we own.
+        None if nix::unistd::geteuid().is_root() => unsafe { run_job(&job) },
+        None => -1,
+        Some(ns) => in_namespace(ns, &job),
+    };
+    if rc < 0 {
+        tracing::debug!(
+            "the outside layer {} keeps its inodes ({units} units): {}",
+            outside.display(),
+            io::Error::last_os_error()
+        );
+    }
+}
+
+/// What [`in_namespace`] does there.
+enum Job<'a> {
+    /// Make a tmpfs ([`detached_tmpfs`]).
+    Create(&'a TmpfsOptions),
+    /// Set the `nr_inodes` of the tmpfs mounted (detached) at this fd.
+    Reconfigure(RawFd, &'a [u8; 32]),
+}
+
+/// Do `job` here; an fd (Create), 0 (Reconfigure) or -1. async-signal-safe.
+unsafe fn run_job(job: &Job) -> libc::c_long {
+    match job {
+        Job::Create(opt) => detached_tmpfs(opt),
+        Job::Reconfigure(fd, inodes) => {
+            let fs = libc::syscall(
+                libc::SYS_fspick,
+                *fd,
+                c"".as_ptr(),
+                FSPICK_CLOEXEC | FSPICK_EMPTY_PATH,
+            );
+            if fs < 0 {
+                return -1;
+            }
+            let ok = libc::syscall(
+                libc::SYS_fsconfig,
+                fs,
+                FSCONFIG_SET_STRING,
+                c"nr_inodes".as_ptr(),
+                inodes.as_ptr(),
+                0,
+            ) == 0
+                && libc::syscall(
+                    libc::SYS_fsconfig,
+                    fs,
+                    FSCONFIG_CMD_RECONFIGURE,
+                    std::ptr::null::<libc::c_char>(),
+                    std::ptr::null::<libc::c_char>(),
+                    0,
+                ) == 0;
+            libc::close(fs as libc::c_int);
+            if ok {
+                0
+            } else {
+                -1
+            }
+        }
+    }
+}
+
 /// The tmpfs's `size` and `nr_inodes` as fsconfig's NUL-terminated strings, made before
 /// any fork (no allocation after).
 struct TmpfsOptions {
@@ -203,15 +301,9 @@ struct TmpfsOptions {
 
 /// [`TmpfsOptions`] for a layer of `size` bytes.
 fn size_option(size: u64) -> TmpfsOptions {
-    let text = |n: u64| {
-        let mut opt = [0u8; 32];
-        let t = n.to_string();
-        opt[..t.len()].copy_from_slice(t.as_bytes());
-        opt
-    };
     TmpfsOptions {
-        size: text(size),
-        inodes: text((size / BYTES_PER_INODE).max(MIN_INODES)),
+        size: option_text(size),
+        inodes: option_text(inodes_for(size, 0)),
     }
 }
 
@@ -263,9 +355,9 @@ unsafe fn detached_tmpfs(opt: &TmpfsOptions) -> libc::c_long {
     m
 }
 
-/// [`detached_tmpfs`] in the holder's user namespace, by a child sharing our fd table; the
-/// fd (in our table too) or -1.
-fn in_namespace(ns: RawFd, opt: &TmpfsOptions) -> libc::c_long {
+/// [`run_job`] in the holder's user namespace (and a mount namespace of its own), by a
+/// child sharing our fd table; the fd it made (in our table too), 0 or -1.
+fn in_namespace(ns: RawFd, job: &Job) -> libc::c_long {
     let Ok((rd, wr)) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) else {
         return -1;
     };
@@ -290,7 +382,7 @@ fn in_namespace(ns: RawFd, opt: &TmpfsOptions) -> libc::c_long {
             let m = if libc::setns(ns, libc::CLONE_NEWUSER) == 0
                 && libc::unshare(libc::CLONE_NEWNS) == 0
             {
-                detached_tmpfs(opt)
+                run_job(job)
             } else {
                 -1
             };
