@@ -834,6 +834,7 @@ impl Branch {
             &self.read_bases(flags),
             flags.force,
             self.own,
+            Some(self.state.root()),
         )
     }
 
@@ -910,6 +911,7 @@ impl Branch {
             &self.read_bases_selected(flags, sel),
             flags.force,
             self.own,
+            Some(self.state.root()),
         )
     }
 

@@ -69,6 +69,22 @@ fn no_plan_moves_replaces_or_writes_the_state_dir_or_an_ancestor() {
         base_from: env.base(".local"),
         base_to: Base::Absent,
     };
+    // The pre-check an interactive session asks first says the same, writing nothing.
+    let checked = shade_fusefs::accept::check_plan(
+        &env.root,
+        std::slice::from_ref(&rename_away),
+        &[],
+        false,
+        None,
+        Some(env.state.root()),
+    );
+    match checked {
+        Err(AcceptError::Unsafe { path, reason }) => {
+            assert_eq!(path, p(".local"));
+            assert!(reason.contains("state directory"), "{reason}");
+        }
+        other => panic!("the pre-check let a rename of the state dir's parent by: {other:?}"),
+    }
     refused(apply(&env.root, vec![rename_away], &opts(&env)), ".local");
     std::fs::create_dir_all(env.root.join("forged/state/shade/journals")).unwrap();
     let rename_onto = PlanOp::RenameDir {

@@ -329,17 +329,23 @@ fn new_id() -> String {
     format!("{:x}-{:x}", std::process::id(), nanos)
 }
 
-/// Would [`apply`] refuse `plan` now? The same validation and conflict check, writing
-/// nothing: a caller that keeps its branch on a refusal (an interactive session) asks first.
+/// Would [`apply`] refuse `plan` now? The same validation, state-directory guard (with the
+/// `state` directory apply will be given, where the caller knows it) and conflict check,
+/// writing nothing: a caller that keeps its branch on a refusal (an interactive session)
+/// asks first.
 pub fn check_plan(
     root: &Path,
     plan: &[PlanOp],
     reads: &[ReadBase],
     force: bool,
     own: Option<(u32, u32)>,
+    state: Option<&Path>,
 ) -> Result<(), AcceptError> {
     check::validate(plan)?;
     let root = std::fs::canonicalize(root).map_err(io_err(root))?;
+    if let Some(state) = state {
+        Protected::new(&root, state).check_plan(plan)?;
+    }
     let root_fd = sys::open_dir_path(&root).map_err(io_err(&root))?;
     check::preflight(root_fd.as_raw_fd(), plan, reads, force, own).map(|_| ())
 }

@@ -615,7 +615,8 @@ impl OutsideChanges {
         if p.plan.is_empty() {
             return Ok(());
         }
-        accept::check_plan(&p.root, &p.plan, &p.reads, false, None)?;
+        // `keep` guards the state directory when it applies (the caller names it there).
+        accept::check_plan(&p.root, &p.plan, &p.reads, false, None, None)?;
         Ok(())
     }
 
