@@ -50,6 +50,13 @@ pub(crate) struct Reads {
     files: FxHashMap<PathBuf, Seen>,
     /// By the directory's path in the branch.
     pub(crate) listings: FxHashMap<PathBuf, Listed>,
+    /// Lower objects (files, links, directories) the branch removed one by one inside a
+    /// directory it then removed as a whole, by lower path, as they were when removed
+    /// (`Tree::remove` drops their slots): accept checks each exactly, so a user's edit in,
+    /// or addition to, the tree after the branch removed its part is never deleted with it
+    /// (`changed_below`'s time comes from the system clock and missed a change an instant
+    /// later, whose coarse ctime can be earlier).
+    pub(crate) removed: FxHashMap<PathBuf, Fingerprint>,
 }
 
 impl Reads {
@@ -199,6 +206,16 @@ impl Overlay {
                 Some(l) => (l.fp, ns(l.when)),
                 None => (base, base.ctime_ns.max(base.mtime_ns)),
             };
+            for (removed, fp) in &t.reads.removed {
+                if removed.starts_with(&lower) && removed != &lower {
+                    out.push(ReadBase {
+                        path: removed.clone(),
+                        seen: *fp,
+                        listing: false,
+                        subtree_since: None,
+                    });
+                }
+            }
             out.push(ReadBase {
                 path: lower,
                 seen,

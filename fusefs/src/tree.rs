@@ -349,6 +349,14 @@ impl Tree {
     /// stays where lower has something, so it keeps hiding it.
     pub fn remove(&mut self, lower: &Lower, rel: &Path) {
         for d in self.descendants(rel) {
+            if let Some(Slot {
+                base: Base::Present(fp),
+                base_at: Some(at),
+                ..
+            }) = self.slots.get(&d)
+            {
+                self.reads.removed.entry(at.clone()).or_insert(*fp);
+            }
             self.drop_slot(&d);
         }
         let lower_has = match self.slots.get(rel) {
