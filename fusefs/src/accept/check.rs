@@ -329,15 +329,15 @@ pub fn validate(plan: &[PlanOp]) -> Result<(), AcceptError> {
             let kind = match mode & libc::S_IFMT {
                 libc::S_IFCHR => Some("a character device"),
                 libc::S_IFBLK => Some("a block device"),
-                libc::S_IFSOCK => Some("a socket"),
                 _ => None,
             };
             if let Some(kind) = kind {
                 return Err(unsafe_path(
                     path,
                     format!(
-                        "it is {kind}; accept writes only files, directories, symlinks and \
-                         fifos (make device nodes yourself if you mean it); nothing was written"
+                        "it is {kind}; accept writes only files, directories, symlinks, fifos \
+                         and sockets (make device nodes yourself if you mean it); nothing was \
+                         written"
                     ),
                 ));
             }
