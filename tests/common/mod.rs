@@ -129,6 +129,9 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<(PathBuf, String)>) {
 /// A branch server's pooled connections are its own, by design: it is ended first; so are
 /// the warm connections this test process's own dropped branches left in its pool.
 pub fn assert_no_shade_mounts(state: &StateDir) {
+    // This process's own pooled connections first: they are mounted below the state
+    // directory too, and `stop_branch_servers` would wait its whole bound for them.
+    shade_fusefs::drain_branch_pool();
     stop_branch_servers(state.root());
     shade_fusefs::drain_branch_pool();
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();

@@ -266,22 +266,8 @@ unsafe fn run_job(job: &Job) -> libc::c_long {
             if fs < 0 {
                 return -1;
             }
-            let ok = libc::syscall(
-                libc::SYS_fsconfig,
-                fs,
-                FSCONFIG_SET_STRING,
-                c"nr_inodes".as_ptr(),
-                inodes.as_ptr(),
-                0,
-            ) == 0
-                && libc::syscall(
-                    libc::SYS_fsconfig,
-                    fs,
-                    FSCONFIG_CMD_RECONFIGURE,
-                    std::ptr::null::<libc::c_char>(),
-                    std::ptr::null::<libc::c_char>(),
-                    0,
-                ) == 0;
+            let ok = set_string(fs, c"nr_inodes", inodes.as_ptr())
+                && fs_command(fs, FSCONFIG_CMD_RECONFIGURE);
             libc::close(fs as libc::c_int);
             if ok {
                 0
@@ -290,6 +276,32 @@ unsafe fn run_job(job: &Job) -> libc::c_long {
             }
         }
     }
+}
+
+/// fsconfig(2)'s FSCONFIG_SET_STRING of `key` to `value` (NUL-terminated) on the fs context
+/// `fs`; whether it succeeded. async-signal-safe.
+unsafe fn set_string(fs: libc::c_long, key: &std::ffi::CStr, value: *const u8) -> bool {
+    libc::syscall(
+        libc::SYS_fsconfig,
+        fs,
+        FSCONFIG_SET_STRING,
+        key.as_ptr(),
+        value,
+        0,
+    ) == 0
+}
+
+/// fsconfig(2)'s command `cmd` (create, reconfigure) on the fs context `fs`; whether it
+/// succeeded. async-signal-safe.
+unsafe fn fs_command(fs: libc::c_long, cmd: libc::c_uint) -> bool {
+    libc::syscall(
+        libc::SYS_fsconfig,
+        fs,
+        cmd,
+        std::ptr::null::<libc::c_char>(),
+        std::ptr::null::<libc::c_char>(),
+        0,
+    ) == 0
 }
 
 /// The tmpfs's `size` and `nr_inodes` as fsconfig's NUL-terminated strings, made before
@@ -314,38 +326,10 @@ unsafe fn detached_tmpfs(opt: &TmpfsOptions) -> libc::c_long {
     if fs < 0 {
         return -1;
     }
-    let ok = libc::syscall(
-        libc::SYS_fsconfig,
-        fs,
-        FSCONFIG_SET_STRING,
-        c"size".as_ptr(),
-        opt.size.as_ptr(),
-        0,
-    ) == 0
-        && libc::syscall(
-            libc::SYS_fsconfig,
-            fs,
-            FSCONFIG_SET_STRING,
-            c"nr_inodes".as_ptr(),
-            opt.inodes.as_ptr(),
-            0,
-        ) == 0
-        && libc::syscall(
-            libc::SYS_fsconfig,
-            fs,
-            FSCONFIG_SET_STRING,
-            c"mode".as_ptr(),
-            c"0755".as_ptr(),
-            0,
-        ) == 0
-        && libc::syscall(
-            libc::SYS_fsconfig,
-            fs,
-            FSCONFIG_CMD_CREATE,
-            std::ptr::null::<libc::c_char>(),
-            std::ptr::null::<libc::c_char>(),
-            0,
-        ) == 0;
+    let ok = set_string(fs, c"size", opt.size.as_ptr())
+        && set_string(fs, c"nr_inodes", opt.inodes.as_ptr())
+        && set_string(fs, c"mode", c"0755".as_ptr().cast())
+        && fs_command(fs, FSCONFIG_CMD_CREATE);
     let m = if ok {
         libc::syscall(libc::SYS_fsmount, fs, FSMOUNT_CLOEXEC, 0 as libc::c_uint)
     } else {
