@@ -2620,6 +2620,57 @@ fn allowed_socket_race_as_plain_user() {
     allowed_socket_race(Who::Plain);
 }
 
+/// A shade killed with SIGKILL while its command's sandbox is being set up leaves nothing
+/// running past the next shade start: bubblewrap ties its inner process to its outer one
+/// only at the end of its set-up, so a kill in that window (tens of ms) used to leave the
+/// command running unwatched, with no time limit (6 of 40 kills here before). The kills
+/// land at delays spread over the start; the next command's shade kills what is left in
+/// the dead shade's cgroup.
+#[test]
+fn a_shade_killed_while_starting_leaves_nothing_running() {
+    let e = env(Who::Root);
+    let marker = format!("{}.{}", 7000 + std::process::id() % 1000, 4321);
+    let running = || -> Vec<String> {
+        let mut found = Vec::new();
+        for p in std::fs::read_dir("/proc").unwrap().flatten() {
+            if let Ok(c) = std::fs::read(p.path().join("cmdline")) {
+                let c = String::from_utf8_lossy(&c).replace('\0', " ");
+                if c.trim() == format!("sleep {marker}") {
+                    found.push(p.file_name().to_string_lossy().into_owned());
+                }
+            }
+        }
+        found
+    };
+    for i in 0..40u64 {
+        let mut child: Child = e
+            .shade()
+            .args(["run", "--", "sleep", &marker])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(2 + (i % 20) * 4));
+        // SAFETY: kill(2) of our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+        let _ = child.wait();
+    }
+    // Let every sandbox that was going to die with its shade do so.
+    std::thread::sleep(Duration::from_secs(2));
+    let o = e.run(&[], "true");
+    ran(&o);
+    let left = running();
+    for pid in &left {
+        // SAFETY: kill(2); cleaning up after a failed check.
+        unsafe { libc::kill(pid.parse().unwrap(), libc::SIGKILL) };
+    }
+    e.recover();
+    assert!(
+        left.is_empty(),
+        "still running after the next start: {left:?}"
+    );
+}
+
 /// A shade killed with SIGKILL cannot remove its command's cgroup; the next command's
 /// shade does (`shade-PID-N` of a PID that is gone, empty), so killed runs do not pile up
 /// cgroups on the host.

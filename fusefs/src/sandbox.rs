@@ -831,6 +831,7 @@ fn spawn(spec: &RunSpec, mode: Mode) -> Result<Spawned> {
     unsafe {
         cmd.pre_exec(move || plan.enter());
     }
+    child::die_with_parent(&mut cmd);
     let result = cmd.spawn();
     drop(report_wr);
     let report = Report::read(report_rd);

@@ -1026,6 +1026,7 @@ pub(crate) fn build(
             }
         });
     }
+    child::die_with_parent(&mut cmd);
     Ok(cmd)
 }
 

@@ -330,8 +330,11 @@ fn remove_dir(dir: &Path) {
 }
 
 /// Removes the cgroups a shade that is gone left in `parent` (killed with SIGKILL, it had
-/// no chance to): `shade-PID-N` whose PID is not a live process. The kernel refuses to
-/// remove one that still has processes or children, so nothing live is touched.
+/// no chance to): `shade-PID-N` whose PID is not a live process. Processes still in one
+/// are that shade's command, left running: a shade killed while its sandbox was being set
+/// up (bubblewrap binds its inner process to the outer one only at the end of its set-up)
+/// leaves the sandbox unwatched, with no time limit; they are killed first (see
+/// [`kill_all`]). Children cgroups make the removal fail, and those are left.
 fn sweep(parent: &Path) {
     let Ok(entries) = fs::read_dir(parent) else {
         return;
@@ -347,8 +350,76 @@ fn sweep(parent: &Path) {
             continue;
         };
         if !Path::new("/proc").join(pid.to_string()).exists() {
+            kill_all(&e.path());
             let _ = fs::remove_dir(e.path());
         }
+    }
+}
+
+/// SIGKILL every process in the cgroup `dir` and wait (at most about 1 s) until it is
+/// empty: `cgroup.kill` where the kernel has it (v2, Linux 5.14), else each pid of
+/// `cgroup.procs` through a pidfd checked to be in `dir` still (a pid read from the file
+/// may have ended and been reused meanwhile), round after round (what it forks meanwhile
+/// is in the cgroup too; killing a sandbox's first process ends its PID namespace).
+fn kill_all(dir: &Path) {
+    let procs = dir.join("cgroup.procs");
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let killed = fs::write(dir.join("cgroup.kill"), "1").is_ok();
+    for round in 0..50 {
+        let Ok(list) = fs::read_to_string(&procs) else {
+            return;
+        };
+        let pids: Vec<i32> = list.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        if pids.is_empty() {
+            if round > 0 {
+                tracing::info!(
+                    "killed what a killed shade left running in {}",
+                    dir.display()
+                );
+            }
+            return;
+        }
+        if !killed {
+            for pid in pids {
+                kill_if_in(pid, &name);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    tracing::warn!("{} still has processes after SIGKILL", dir.display());
+}
+
+/// SIGKILL `pid` through a pidfd, if the process is still in a cgroup named `name`
+/// (`shade-PID-N`, in any hierarchy).
+fn kill_if_in(pid: i32, name: &str) {
+    // SAFETY: pidfd_open(2) of a pid; the fd is owned below.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let Ok(fd) = RawFd::try_from(fd) else {
+        return;
+    };
+    if fd < 0 {
+        return;
+    }
+    // SAFETY: a new fd of ours.
+    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let suffix = format!("/{name}");
+    let inside = !name.is_empty()
+        && fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .is_ok_and(|c| c.lines().any(|l| l.trim_end().ends_with(&suffix)));
+    if inside {
+        // SAFETY: pidfd_send_signal(2) on our pidfd.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
     }
 }
 

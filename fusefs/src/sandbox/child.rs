@@ -444,6 +444,33 @@ pub fn cloexec_inherited_fds() {
     }
 }
 
+/// Make `cmd`'s process die with shade, as the very last step before exec (after every
+/// namespace and credential change, each of which clears the setting): SIGKILL when the
+/// thread that starts it ends, and no exec at all when shade already died during the
+/// set-up. bwrap's `--die-with-parent` covers the sandbox only from its own start: a shade
+/// killed during the stage (tens of ms of namespaces and mounts) left the command running
+/// unwatched, orphaned with its limits and no time limit.
+pub(crate) fn die_with_parent(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: prctl(2) and getppid(2) on plain integers; async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            check(libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ))?;
+            if libc::getppid() != parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
 /// We hand the terminal to the command only if we are its foreground job: otherwise an
 /// interactive command in its own process group would be stopped by SIGTTIN.
 pub(crate) fn can_hand_tty() -> bool {
