@@ -658,7 +658,7 @@ mod tests {
         assert_eq!(spec.cpu_weight, Some(50));
         assert_eq!(spec.nice, Limits::SPECULATION.nice);
         assert_eq!(spec.scheduler, shade_fusefs::sandbox::Scheduler::Batch);
-        assert_eq!(spec.open_files, Some(8192));
+        assert_eq!(spec.open_files, None);
         assert_eq!(run.open_files, None);
         for bad in ["nice = 20", "cpu_weight = 10001", "scheduler = \"fifo\""] {
             std::fs::write(&path, format!("[sandbox.run]\n{bad}\n")).unwrap();
