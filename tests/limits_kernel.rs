@@ -482,7 +482,8 @@ fn host_tables_bounded_by_default(who: Who) {
     );
     let forked = said(&o, "forked");
     assert_eq!(
-        forked[1], "EAGAIN",
+        forked[1],
+        "EAGAIN",
         "{who:?}: a fork bomb was not stopped\n{}",
         show(&o)
     );

@@ -57,8 +57,8 @@ pub use capture::{Captured, Tee};
 pub use cgroup::memory_enforcement;
 pub use child::{cloexec_inherited_fds, detach_from_terminal};
 pub use limits::{
-    bounded as bounded_limits, configure as configure_limits, limits_helper, HostTables,
-    Limits, Scheduler, LIMITS_HELPER_ARG,
+    bounded as bounded_limits, configure as configure_limits, limits_helper, HostTables, Limits,
+    Scheduler, LIMITS_HELPER_ARG,
 };
 
 pub use crate::budget::LimitHit;

@@ -711,7 +711,9 @@ mod tests {
              branch metadata 64 MiB, outside layer 1 GiB, memory 4 GiB, time 300 s, \
              cpu weight 50, nice 10, scheduler batch, open files the host's share"
         );
-        assert!(Limits::RUN.describe().contains("processes the host's share"));
+        assert!(Limits::RUN
+            .describe()
+            .contains("processes the host's share"));
     }
 
     #[test]
@@ -741,11 +743,19 @@ mod tests {
         task_room: 32_618,
     };
 
+    /// Processes and open files, 0 where unset.
+    fn both(l: &Limits) -> (u64, u64) {
+        (
+            l.max_processes.map_or(0, u64::from),
+            l.open_files.unwrap_or(0),
+        )
+    }
+
     #[test]
     fn every_command_gets_processes_and_files_within_the_hosts_share() {
         let (run, notes) = bounded(&Limits::RUN, &HOST);
         assert!(notes.is_empty(), "{notes:?}");
-        let (p, n) = (u64::from(run.max_processes.unwrap()), run.open_files.unwrap());
+        let (p, n) = both(&run);
         assert_eq!(n, DEFAULT_OPEN_FILES);
         assert_eq!(p, HOST.file_max / 8 / DEFAULT_OPEN_FILES);
         assert!(p * n <= HOST.file_max / 8);
@@ -762,7 +772,10 @@ mod tests {
             task_room: 4 << 20,
             ..HOST
         };
-        assert_eq!(bounded(&Limits::RUN, &big).0.max_processes, run.max_processes);
+        assert_eq!(
+            bounded(&Limits::RUN, &big).0.max_processes,
+            run.max_processes
+        );
         // A small host's pids bound them instead.
         let few = HostTables {
             task_room: 1000,
@@ -789,7 +802,7 @@ mod tests {
         assert_eq!(notes.len(), 1, "{notes:?}");
         // Then processes.
         let (l, notes) = bounded(&ask(u32::MAX, u64::MAX), &HOST);
-        let (p, n) = (u64::from(l.max_processes.unwrap()), l.open_files.unwrap());
+        let (p, n) = both(&l);
         assert!(p <= HOST.task_room / 2 && n <= HOST.nr_open);
         assert!(p * n <= HOST.file_max / 2, "{p} × {n}");
         assert!(notes.len() >= 2, "{notes:?}");
@@ -801,7 +814,8 @@ mod tests {
             },
             &HOST,
         );
-        assert!(4000 * l.open_files.unwrap() <= HOST.file_max / 8);
+        let (p, n) = both(&l);
+        assert!(p == 4000 && p * n <= HOST.file_max / 8);
     }
 
     #[test]
