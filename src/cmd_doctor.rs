@@ -61,11 +61,19 @@ fn own_seccomp() -> String {
 /// The limits in force per mode (built-in, or the config's `[sandbox.*]` tables), and how
 /// the process and memory limits are enforced here.
 fn print_limits(root: bool) {
-    use shade_fusefs::sandbox::Limits;
-    println!("limits (shade run):   {}", Limits::run().describe());
+    use shade_fusefs::sandbox::{bounded_limits, HostTables, Limits};
+    // As the sandbox will enforce them: processes and open files bounded by this host's
+    // tables (fs.file-max, kernel.pid_max).
+    let host = HostTables::read();
+    let here = |l: Limits| bounded_limits(&l, &host).0.describe();
+    println!("limits (shade run):   {}", here(Limits::run()));
     println!(
         "limits (speculation, shade mcp): {}",
-        Limits::speculation().describe()
+        here(Limits::speculation())
+    );
+    println!(
+        "host tables:          fs.file-max {}, fs.nr_open {}, tasks the host may still start {}",
+        host.file_max, host.nr_open, host.task_room
     );
     println!(
         "process limit:        {}",

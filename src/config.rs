@@ -219,7 +219,8 @@ pub struct SandboxConfig {
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsConfig {
-    /// Processes at once; 0 is no limit of shade's.
+    /// Processes at once; 0 is the host's default share (never unlimited; past half of
+    /// the host's free pids it is lowered, see `shade_fusefs::sandbox::bounded_limits`).
     pub max_processes: Option<u32>,
     /// The private /tmp's size ("512MiB", "1G", bytes; "unlimited": the kernel's default).
     pub tmp_size: Option<Size>,
@@ -246,7 +247,8 @@ pub struct LimitsConfig {
     pub nice: Option<u8>,
     /// Their scheduling policy: "normal" (shade's own), "batch" or "idle".
     pub scheduler: Option<String>,
-    /// Files each of its processes may have open (`RLIMIT_NOFILE`); 0: shade's own.
+    /// Files each of its processes may have open (`RLIMIT_NOFILE`); 0: the host's default
+    /// share (processes × files within half of `fs.file-max` at most).
     pub open_files: Option<u64>,
 }
 
@@ -658,7 +660,7 @@ mod tests {
         assert_eq!(spec.cpu_weight, Some(50));
         assert_eq!(spec.nice, Limits::SPECULATION.nice);
         assert_eq!(spec.scheduler, shade_fusefs::sandbox::Scheduler::Batch);
-        assert_eq!(spec.open_files, Some(8192));
+        assert_eq!(spec.open_files, None);
         assert_eq!(run.open_files, None);
         for bad in ["nice = 20", "cpu_weight = 10001", "scheduler = \"fifo\""] {
             std::fs::write(&path, format!("[sandbox.run]\n{bad}\n")).unwrap();

@@ -267,7 +267,12 @@ print("shmall_after", *sysctl("kernel/shmall"))
 
 fn ipc_bounded(who: Who) {
     let e = env(who);
-    let o = e.run_python("[sandbox.run]\nmemory = \"256MiB\"\n", IPC_PROBE);
+    // 4096 processes: their semaphore undo records leave room for fewer than 30000
+    // semaphores in an eighth of 256 MiB.
+    let o = e.run_python(
+        "[sandbox.run]\nmemory = \"256MiB\"\nmax_processes = 4096\n",
+        IPC_PROBE,
+    );
     let mib256 = 256u64 << 20;
     assert_eq!(said(&o, "shmmax"), [mib256.to_string()], "{}", show(&o));
     assert_eq!(
@@ -373,4 +378,188 @@ fn ipc_bounded_as_root() {
 #[test]
 fn ipc_bounded_as_plain_user() {
     ipc_bounded(Who::Plain);
+}
+
+/// With no limits of the user's, a command forks until EAGAIN (at most `cap` children, so
+/// that a tree without the bound does not take the host's pids), then holds files in as
+/// many processes as it may until a fork fails or it holds more than an eighth of the
+/// host's file table (`fs.file-max`, the default share; a tree without the bound would hold
+/// that and go on to ENFILE).
+const HOST_TABLES_PROBE: &str = r#"
+import errno, os, resource, sys
+cap = int(sys.argv[1])
+budget = int(open("/proc/sys/fs/file-max").read()) // 8
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+print("nofile", *resource.getrlimit(resource.RLIMIT_NOFILE))
+print("nproc", *resource.getrlimit(resource.RLIMIT_NPROC))
+def fork_all(child, stop):
+    kids, err = [], "none"
+    while not stop(kids):
+        try:
+            r, w = os.pipe(); hold_r, hold_w = os.pipe()
+        except OSError as e:
+            err = errno.errorcode[e.errno]
+            break
+        try:
+            pid = os.fork()
+        except OSError as e:
+            err = errno.errorcode[e.errno]
+            for f in (r, w, hold_r, hold_w): os.close(f)
+            break
+        if pid == 0:
+            os.close(r); os.close(hold_w)
+            n = child()
+            os.write(w, str(n).encode()); os.close(w)
+            os.read(hold_r, 1); os._exit(0)
+        os.close(w); os.close(hold_r)
+        got = b""
+        while True:
+            b = os.read(r, 64)
+            if not b: break
+            got += b
+        os.close(r)
+        kids.append((pid, int(got or b"0"), hold_w))
+    return kids, err
+def release(kids):
+    for pid, _, hold in kids: os.close(hold)
+    for pid, _, _ in kids: os.waitpid(pid, 0)
+kids, err = fork_all(lambda: 0, lambda k: len(k) >= cap)
+print("forked", len(kids), err)
+release(kids)
+def hold():
+    fds = []
+    while sum(n for _, n, _ in kids_so_far) + len(fds) <= budget:
+        try:
+            fds.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError:
+            break
+    return len(fds)
+kids_so_far = []
+def stop(k):
+    kids_so_far[:] = k
+    return sum(n for _, n, _ in k) > budget
+kids, err = fork_all(hold, stop)
+print("held", sum(n for _, n, _ in kids), err, len(kids), budget)
+release(kids)
+"#;
+
+fn proc_sys(name: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/sys/{name}"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Every command has a process limit and an open-file limit by default, whose product
+/// stays within an eighth of the host's file table and whose process count within an
+/// eighth of its pids: a fork bomb gets EAGAIN, and processes holding files get EAGAIN
+/// (or EMFILE) before they hold the host's share. Before, `shade run` had no process limit
+/// and shade's own RLIMIT_NOFILE: one command held a quarter of `fs.file-max`, and a fork
+/// bomb could take every pid of the host.
+fn host_tables_bounded_by_default(who: Who) {
+    let e = env(who);
+    let file_max = proc_sys("fs/file-max");
+    let pid_room = proc_sys("kernel/pid_max").min(proc_sys("kernel/threads-max"));
+    // Far above the default (an eighth of the host's room), far below the host's pids.
+    let cap = 1500.min(pid_room / 4);
+    let probe = e.root.join("probe.py");
+    std::fs::write(&probe, HOST_TABLES_PROBE).unwrap();
+    std::fs::set_permissions(&probe, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = e.run_python(
+        "",
+        &format!(
+            "import sys; sys.argv = ['probe', '{cap}']; exec(open({:?}).read())",
+            probe.display().to_string()
+        ),
+    );
+    let nofile: u64 = said(&o, "nofile")[1].parse().unwrap();
+    assert!(
+        nofile <= 1024,
+        "{who:?}: RLIMIT_NOFILE {nofile} by default\n{}",
+        show(&o)
+    );
+    let forked = said(&o, "forked");
+    assert_eq!(
+        forked[1],
+        "EAGAIN",
+        "{who:?}: a fork bomb was not stopped\n{}",
+        show(&o)
+    );
+    let procs: u64 = forked[0].parse().unwrap();
+    assert!(
+        procs < cap && procs <= pid_room / 8,
+        "{who:?}: {procs} processes (the host's pids: {pid_room})\n{}",
+        show(&o)
+    );
+    assert!(
+        (procs + 1) * nofile <= file_max / 8,
+        "{who:?}: {procs} processes of {nofile} files each may hold more than an eighth \
+         of fs.file-max {file_max}\n{}",
+        show(&o)
+    );
+    let held = said(&o, "held");
+    let files: u64 = held[0].parse().unwrap();
+    assert!(
+        held[1] == "EAGAIN" && files <= file_max / 8,
+        "{who:?}: the command held {files} files (fs.file-max {file_max})\n{}",
+        show(&o)
+    );
+}
+
+#[test]
+fn host_tables_bounded_by_default_as_root() {
+    host_tables_bounded_by_default(Who::Root);
+}
+
+#[test]
+fn host_tables_bounded_by_default_as_plain_user() {
+    host_tables_bounded_by_default(Who::Plain);
+}
+
+/// A user's limits above the host's tables are lowered, and said so: processes to half of
+/// the host's pids, open files so that processes × files stay within half of
+/// `fs.file-max`.
+fn host_tables_bound_explicit_limits(who: Who) {
+    let e = env(who);
+    let file_max = proc_sys("fs/file-max");
+    let pid_room = proc_sys("kernel/pid_max").min(proc_sys("kernel/threads-max"));
+    let o = e.run_python(
+        "[sandbox.run]\nmax_processes = 4000000000\nopen_files = 100000000\n",
+        r#"
+import resource
+print("nofile", *resource.getrlimit(resource.RLIMIT_NOFILE))
+print("nproc", *resource.getrlimit(resource.RLIMIT_NPROC))
+"#,
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("the process limit 4000000000 is lowered to")
+            && err.contains("the open-file limit"),
+        "{who:?}: no warning\n{}",
+        show(&o)
+    );
+    let nofile: u64 = said(&o, "nofile")[1].parse().unwrap();
+    assert!(nofile <= proc_sys("fs/nr_open"), "{}", show(&o));
+    if who == Who::Plain {
+        // The process limit is visible inside: RLIMIT_NPROC (one more, the sandbox's init).
+        let nproc: u64 = said(&o, "nproc")[1].parse().unwrap();
+        assert!(nproc <= pid_room / 2 + 1, "{}", show(&o));
+        assert!(
+            (nproc - 1) * nofile <= file_max / 2,
+            "{nproc} processes × {nofile} files\n{}",
+            show(&o)
+        );
+    }
+}
+
+#[test]
+fn host_tables_bound_explicit_limits_as_root() {
+    host_tables_bound_explicit_limits(Who::Root);
+}
+
+#[test]
+fn host_tables_bound_explicit_limits_as_plain_user() {
+    host_tables_bound_explicit_limits(Who::Plain);
 }

@@ -57,7 +57,8 @@ pub use capture::{Captured, Tee};
 pub use cgroup::memory_enforcement;
 pub use child::{cloexec_inherited_fds, detach_from_terminal};
 pub use limits::{
-    configure as configure_limits, limits_helper, Limits, Scheduler, LIMITS_HELPER_ARG,
+    bounded as bounded_limits, configure as configure_limits, limits_helper, HostTables, Limits,
+    Scheduler, LIMITS_HELPER_ARG,
 };
 
 pub use crate::budget::LimitHit;
@@ -367,7 +368,7 @@ pub fn command(spec: &RunSpec) -> Result<Command> {
     for m in std::iter::once(&spec.mount).chain(spec.binds.iter().map(|b| &b.source)) {
         crate::pool::taint(m, "a command ran on it unsupervised");
     }
-    bwrap::build(conf, spec, false, None, None)
+    bwrap::build(conf, &host_bounded(spec), false, None, None)
 }
 
 fn run_inner(spec: &RunSpec, cancel: Option<&Cancel>) -> Result<RunOutcome> {
@@ -633,6 +634,8 @@ fn run_confined(
     ctl: &supervise::Control,
     cancel: Option<&Cancel>,
 ) -> Result<RunOutcome> {
+    let bounded = host_bounded(spec);
+    let spec = &bounded;
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -732,6 +735,14 @@ fn set_output(cmd: &mut Command, output: Output, tty_handed: bool) -> Result<()>
         }
     }
     Ok(())
+}
+
+/// `spec` with its process and open-file limits bounded against the host's tables (see
+/// [`limits::bounded`]): every confined command has both.
+fn host_bounded(spec: &RunSpec) -> RunSpec {
+    let mut out = spec.clone();
+    out.isolation.limits = limits::host_bounded(&spec.isolation.limits, spec.foreground);
+    out
 }
 
 /// As root, a cgroup for the command's process and memory limits (a plain user's are set

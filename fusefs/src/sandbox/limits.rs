@@ -21,7 +21,9 @@ use crate::budget::{BranchLimits, LimitHit, DEFAULT_METADATA};
 /// How much one command may consume; `None` is no limit of shade's own (the system's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Limits {
-    /// Processes (and threads) the command may have at once.
+    /// Processes (and threads) the command may have at once. `None`: the host's default
+    /// share (see [`bounded`]); never unbounded, and a set value is kept within half of
+    /// the host's room.
     pub max_processes: Option<u32>,
     /// Bytes of its private /tmp (a tmpfs; `None`: the kernel's default, half of RAM).
     pub tmp_size: Option<u64>,
@@ -55,8 +57,9 @@ pub struct Limits {
     pub scheduler: Scheduler,
     /// Files (and pipes, sockets, memfds…) each of its processes may have open: its
     /// `RLIMIT_NOFILE` hard limit, root or plain user (never above shade's own). `None`:
-    /// shade's own limits. What a command pins in pipe buffers, socket buffers and memfds
-    /// grows with it.
+    /// the host's default share (see [`bounded`]): [`DEFAULT_OPEN_FILES`] or fewer, so that
+    /// times the process limit it stays within an eighth of `fs.file-max`. What a command
+    /// pins in pipe buffers, socket buffers and memfds grows with it.
     pub open_files: Option<u64>,
 }
 
@@ -123,12 +126,13 @@ impl Limits {
         cpu_weight: Some(50),
         nice: Some(10),
         scheduler: Scheduler::Batch,
-        open_files: Some(8192),
+        open_files: None,
     };
 
     /// What `shade run` gets unless the config says otherwise: nothing below the system's
-    /// own limits but the branch's metadata budget and memory (16 GiB: a build fits, a
-    /// runaway command does not take the machine), and a CPU share a little below the
+    /// own limits but the branch's metadata budget, memory (16 GiB: a build fits, a
+    /// runaway command does not take the machine), processes and open files (the host's
+    /// default share, see [`bounded`]), and a CPU share a little below the
     /// user's own programs (one plain process's weight for the whole command as root; nice
     /// 5 and `SCHED_BATCH` for each process).
     pub const RUN: Limits = Limits {
@@ -173,7 +177,7 @@ impl Limits {
              outside layer {}, memory {}, time {}, cpu weight {}, nice {}, scheduler {}, \
              open files {}",
             self.max_processes
-                .map_or("as the system's".to_string(), |n| n.to_string()),
+                .map_or("the host's share".to_string(), |n| n.to_string()),
             size(self.tmp_size, "half of RAM"),
             size(self.shm_size, "half of RAM"),
             size(self.branch_size, "unlimited"),
@@ -188,9 +192,153 @@ impl Limits {
                 .map_or("as shade's".to_string(), |n| n.to_string()),
             self.scheduler.name(),
             self.open_files
-                .map_or("as shade's".to_string(), |n| n.to_string()),
+                .map_or("the host's share".to_string(), |n| n.to_string()),
         )
     }
+}
+
+/// The host-wide kernel tables one command's limits are measured against, read from
+/// /proc/sys when the command starts (a host with more memory has a larger file table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostTables {
+    /// `fs.file-max`: open files (struct files) the whole machine may have; past it every
+    /// process without CAP_SYS_ADMIN gets ENFILE.
+    pub file_max: u64,
+    /// `fs.nr_open`: the most a process's `RLIMIT_NOFILE` can be.
+    pub nr_open: u64,
+    /// Tasks (processes and threads) the machine may still start: the lower of
+    /// `kernel.pid_max` and `kernel.threads-max`, less the tasks alive now.
+    pub task_room: u64,
+}
+
+/// One command's default share of the host's tables: its processes times its open files
+/// stay below 1/8 of `fs.file-max`, its processes below 1/8 of the tasks the host may
+/// still start, so a few commands at once (speculation, `shade mcp`, lint, the user's
+/// `shade run`) leave the machine most of both.
+pub const DEFAULT_SHARE: u64 = 8;
+/// What a setting of the user's (config) may take at most: half of each table. Past it the
+/// setting is lowered and a warning says so: one command never takes the machine's table.
+pub const EXPLICIT_SHARE: u64 = 2;
+/// Files a process may have open by default: the kernel's own default soft limit, what
+/// most programs are written for (a build's rustc, ld, node stay far below it).
+pub const DEFAULT_OPEN_FILES: u64 = 1024;
+/// The least a bounded command gets, whatever the tables say: a shell, a build tool and a
+/// few children must start.
+const FLOOR_PROCESSES: u64 = 32;
+/// As [`FLOOR_PROCESSES`], for each process's open files.
+const FLOOR_OPEN_FILES: u64 = 64;
+
+impl HostTables {
+    /// The tables as /proc/sys says now; what cannot be read is taken as a small host's
+    /// (so a command is bounded rather than not).
+    pub fn read() -> HostTables {
+        let num = |path: &str| -> Option<u64> {
+            fs::read_to_string(path)
+                .ok()
+                .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        };
+        let file_max = num("/proc/sys/fs/file-max").unwrap_or(1 << 20);
+        let nr_open = num("/proc/sys/fs/nr_open").unwrap_or(1 << 20);
+        let pid_max = num("/proc/sys/kernel/pid_max").unwrap_or(32768);
+        let threads_max = num("/proc/sys/kernel/threads-max").unwrap_or(pid_max);
+        // /proc/loadavg's fourth field: runnable/total scheduling entities (tasks) now.
+        let tasks = fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|t| {
+                let field = t.split_whitespace().nth(3)?;
+                field.split_once('/')?.1.parse::<u64>().ok()
+            })
+            .unwrap_or(0);
+        HostTables {
+            file_max,
+            nr_open,
+            task_room: pid_max.min(threads_max).saturating_sub(tasks),
+        }
+    }
+}
+
+/// `limits` bounded against the host's tables (see [`HostTables`]), and what was lowered,
+/// one line each. Every confined command goes through this (`shade run`, the agent's
+/// commands, speculation, `shade mcp`, the linters): one left without a process limit
+/// takes the host's pids with a fork bomb, and processes times files per process is what
+/// it can hold of `fs.file-max`.
+///
+/// Unset (`None`) process and open-file limits get the defaults: [`DEFAULT_OPEN_FILES`]
+/// (fewer when a set process limit leaves less of the file share per process) and as many
+/// processes as the file share allows at that, at most 1/[`DEFAULT_SHARE`] of the task
+/// room.
+/// A set value is kept up to 1/[`EXPLICIT_SHARE`] of the tables: processes up to half the
+/// task room, open files up to `fs.nr_open` and so that processes × open files stays
+/// within half of `fs.file-max` (open files are lowered first).
+pub fn bounded(limits: &Limits, host: &HostTables) -> (Limits, Vec<String>) {
+    let mut notes = Vec::new();
+    let file_default = (host.file_max / DEFAULT_SHARE).max(FLOOR_PROCESSES * FLOOR_OPEN_FILES);
+    let file_cap = (host.file_max / EXPLICIT_SHARE).max(file_default);
+    let task_default = (host.task_room / DEFAULT_SHARE).max(FLOOR_PROCESSES);
+    let task_cap = (host.task_room / EXPLICIT_SHARE).max(task_default);
+    let nr_open = host.nr_open.max(FLOOR_OPEN_FILES);
+    let asked_p = limits.max_processes.map(u64::from);
+    let asked_n = limits.open_files;
+    let mut p = match asked_p {
+        Some(p) if p > task_cap => {
+            notes.push(format!(
+                "the process limit {p} is lowered to {task_cap}: half of the tasks this \
+                 host may still start (kernel.pid_max, kernel.threads-max)"
+            ));
+            task_cap
+        }
+        Some(p) => p.max(1),
+        None => task_default,
+    };
+    let mut n = match asked_n {
+        Some(n) => n.clamp(1, nr_open),
+        // Fewer files each where a set process limit takes the file share.
+        None if asked_p.is_some() => DEFAULT_OPEN_FILES
+            .min(nr_open)
+            .min((file_default / p).max(FLOOR_OPEN_FILES)),
+        None => DEFAULT_OPEN_FILES.min(nr_open),
+    };
+    if asked_p.is_none() {
+        // As many processes as the default file share allows at this many files each.
+        p = p.min((file_default / n).max(FLOOR_PROCESSES));
+    }
+    if p.saturating_mul(n) > file_cap {
+        let lowered = (file_cap / p).max(FLOOR_OPEN_FILES);
+        if asked_n.is_some() {
+            notes.push(format!(
+                "the open-file limit {n} is lowered to {lowered}: {p} processes × {n} files \
+                 would take more than half of the host's file table (fs.file-max {})",
+                host.file_max
+            ));
+        }
+        n = lowered;
+        if p.saturating_mul(n) > file_cap {
+            let fewer = (file_cap / n).max(1);
+            notes.push(format!(
+                "the process limit {p} is lowered to {fewer}: the host's file table \
+                 (fs.file-max {}) allows no more at {n} files each",
+                host.file_max
+            ));
+            p = fewer;
+        }
+    }
+    let mut out = *limits;
+    out.max_processes = Some(u32::try_from(p).unwrap_or(u32::MAX));
+    out.open_files = Some(n);
+    (out, notes)
+}
+
+/// [`bounded`] against the tables now, the notes logged (and, for a command in the
+/// terminal, `foreground`, printed): what the sandbox enforces.
+pub(crate) fn host_bounded(limits: &Limits, foreground: bool) -> Limits {
+    let (out, notes) = bounded(limits, &HostTables::read());
+    for note in notes {
+        if foreground {
+            eprintln!("shade: warning: {note}");
+        }
+        tracing::warn!("{note}");
+    }
+    out
 }
 
 #[derive(Clone, Copy)]
@@ -561,9 +709,11 @@ mod tests {
             d,
             "processes 512, /tmp 512 MiB, /dev/shm 512 MiB, branch contents 1 GiB, \
              branch metadata 64 MiB, outside layer 1 GiB, memory 4 GiB, time 300 s, \
-             cpu weight 50, nice 10, scheduler batch, open files 8192"
+             cpu weight 50, nice 10, scheduler batch, open files the host's share"
         );
-        assert!(Limits::RUN.describe().contains("as the system's"));
+        assert!(Limits::RUN
+            .describe()
+            .contains("processes the host's share"));
     }
 
     #[test]
@@ -583,6 +733,89 @@ mod tests {
             rlimits(&Limits::SPECULATION, false).address_space,
             Some(4 << 30)
         );
+    }
+
+    /// This host's tables as measured by the red team: fs.file-max 2,466,170, pid_max
+    /// 32768 with ~150 tasks alive.
+    const HOST: HostTables = HostTables {
+        file_max: 2_466_170,
+        nr_open: 1 << 20,
+        task_room: 32_618,
+    };
+
+    /// Processes and open files, 0 where unset.
+    fn both(l: &Limits) -> (u64, u64) {
+        (
+            l.max_processes.map_or(0, u64::from),
+            l.open_files.unwrap_or(0),
+        )
+    }
+
+    #[test]
+    fn every_command_gets_processes_and_files_within_the_hosts_share() {
+        let (run, notes) = bounded(&Limits::RUN, &HOST);
+        assert!(notes.is_empty(), "{notes:?}");
+        let (p, n) = both(&run);
+        assert_eq!(n, DEFAULT_OPEN_FILES);
+        assert_eq!(p, HOST.file_max / 8 / DEFAULT_OPEN_FILES);
+        assert!(p * n <= HOST.file_max / 8);
+        // Speculation keeps its 512 processes, with fewer files each.
+        let (spec, notes) = bounded(&Limits::SPECULATION, &HOST);
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(spec.max_processes, Some(512));
+        assert_eq!(spec.open_files, Some(HOST.file_max / 8 / 512));
+        // The defaults of a command made without any (Limits::default()) too.
+        let (none, _) = bounded(&Limits::default(), &HOST);
+        assert_eq!(none.max_processes, run.max_processes);
+        // A host with pid_max 4 M: the file table bounds the processes.
+        let big = HostTables {
+            task_room: 4 << 20,
+            ..HOST
+        };
+        assert_eq!(
+            bounded(&Limits::RUN, &big).0.max_processes,
+            run.max_processes
+        );
+        // A small host's pids bound them instead.
+        let few = HostTables {
+            task_room: 1000,
+            ..HOST
+        };
+        assert_eq!(bounded(&Limits::RUN, &few).0.max_processes, Some(125));
+    }
+
+    #[test]
+    fn a_users_limits_are_kept_within_half_of_the_hosts_tables() {
+        let ask = |p: u32, n: u64| Limits {
+            max_processes: Some(p),
+            open_files: Some(n),
+            ..Limits::RUN
+        };
+        // Within half: kept as asked, nothing said.
+        let (l, notes) = bounded(&ask(2000, 600), &HOST);
+        assert_eq!((l.max_processes, l.open_files), (Some(2000), Some(600)));
+        assert!(notes.is_empty());
+        // Files first.
+        let (l, notes) = bounded(&ask(512, 8192), &HOST);
+        assert_eq!(l.max_processes, Some(512));
+        assert_eq!(l.open_files, Some(HOST.file_max / 2 / 512));
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        // Then processes.
+        let (l, notes) = bounded(&ask(u32::MAX, u64::MAX), &HOST);
+        let (p, n) = both(&l);
+        assert!(p <= HOST.task_room / 2 && n <= HOST.nr_open);
+        assert!(p * n <= HOST.file_max / 2, "{p} × {n}");
+        assert!(notes.len() >= 2, "{notes:?}");
+        // Only the process limit set: fewer files each, within the default share.
+        let (l, _) = bounded(
+            &Limits {
+                max_processes: Some(4000),
+                ..Limits::RUN
+            },
+            &HOST,
+        );
+        let (p, n) = both(&l);
+        assert!(p == 4000 && p * n <= HOST.file_max / 8);
     }
 
     #[test]
