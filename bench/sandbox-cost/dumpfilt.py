@@ -1,3 +1,6 @@
+"""dumpfilt.py PID OUT: write each seccomp program of process PID (root; oldest first, as
+installed) to OUT.0, OUT.1, ... in `struct sock_filter` form, via PTRACE_SECCOMP_GET_FILTER:
+the programs exactly as the kernel runs them. The process is stopped while attached."""
 import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 libc.ptrace.restype = ctypes.c_long
