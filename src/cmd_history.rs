@@ -117,10 +117,7 @@ fn log_entry(all: &[Entry], e: &Entry) -> LogEntry {
         time_ns: e.time_ns,
         origin: e.origin.clone(),
         undoes: e.undoes.clone(),
-        undoable: !e.evicted
-            && e.dropped.is_none()
-            && e.not_kept.is_none()
-            && undone_by.is_none(),
+        undoable: !e.evicted && e.dropped.is_none() && e.not_kept.is_none() && undone_by.is_none(),
         undone_by,
         evicted: e.evicted,
         dropped: e.dropped,

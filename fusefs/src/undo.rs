@@ -414,8 +414,7 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
             .take_while(|(q, _)| q.starts_with(f))
             .filter_map(|(_, v)| v.as_ref().map(|(_, q)| q))
             .collect();
-        if near(src, &conflicts) || near(f, &conflicts) || occ.iter().any(|q| near(q, &conflicts))
-        {
+        if near(src, &conflicts) || near(f, &conflicts) || occ.iter().any(|q| near(q, &conflicts)) {
             return true;
         }
         let at_f = match m.get(f) {
@@ -663,10 +662,11 @@ fn earlier_content(
             ))
         }
     }
-    let Some(Some((s, q))) = full.get(p) else {
+    // The same content (its mode, owner and times come from `before`).
+    let Some(Some((State::File { sha256: now, .. }, q))) = full.get(p) else {
         return Ok(None);
     };
-    if !before.same_as(s) {
+    if now != sha256 {
         return Ok(None);
     }
     let mut f = look.open_file(q).map_err(|e| io(q.display(), e))?;

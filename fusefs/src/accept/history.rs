@@ -1035,7 +1035,8 @@ pub fn record(
             continue;
         }
         if let State::File { sha256, size, .. } = &b {
-            let found = matches!(back.get(p), Some(Some(State::File { sha256: h, .. })) if h == sha256);
+            let found =
+                matches!(back.get(p), Some(Some(State::File { sha256: h, .. })) if h == sha256);
             if !found {
                 keep.push((p.clone(), sha256.clone(), *size));
             }
@@ -1063,7 +1064,7 @@ pub fn record(
     let free = free_bytes(&store.dir)?;
     let not_kept = if need > r.max_bytes {
         Some(format!(
-            "its earlier contents ({}) are more than the history keeps (history.max_bytes = {})",
+            "its earlier contents ({}) are more than the history keeps ([history] max_size = {})",
             crate::units::format_size(need),
             crate::units::format_size(r.max_bytes)
         ))
