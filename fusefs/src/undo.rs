@@ -542,7 +542,7 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
     let mut late: Vec<Kept> = Vec::new();
     for p in post.keys() {
         let before = before_of(p);
-        if skip.contains_key(p) || !before.present() || under(&late_paths(&late), p) {
+        if skip.contains_key(p) || !before.present() {
             continue;
         }
         let n = state_of(p);
@@ -552,11 +552,12 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
         } else {
             base_of(&now_at(p))
         };
+        // Renamed back (it was elsewhere before the undo) and as it was: nothing to do.
+        let moved_back = !fresh && now_at(p).as_deref() != Some(p.as_path());
         let op = match before {
-            // Renamed back as it was: nothing to do.
-            State::Dir { .. } if !fresh && *before == n => continue,
+            State::Dir { .. } if moved_back && *before == n => continue,
             State::File { .. } | State::Symlink { .. } | State::Special { .. }
-                if !fresh && before.same_as(&n) =>
+                if moved_back && before.same_as(&n) =>
             {
                 continue
             }
@@ -612,9 +613,8 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
             },
             State::Absent => continue,
         };
-        if !fresh && before.same_as(&n) {
-            // Only times or attributes differ (a directory renamed back): not news.
-        } else {
+        if !(moved_back && before.same_as(&n)) {
+            // (Else only times or attributes differ, of a directory renamed back: not news.)
             restored.push(p.clone());
         }
         plan.push(op);
@@ -632,10 +632,6 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
         renamed,
         kept,
     })
-}
-
-fn late_paths(late: &[Kept]) -> BTreeSet<PathBuf> {
-    late.iter().map(|k| k.path.clone()).collect()
 }
 
 /// The content `before` had at `p`: from the history's store, else from where a rename put

@@ -2,8 +2,12 @@
 //!
 //! Each accept records, per path it touches, the state before (content, mode, owner,
 //! symlink target, extended attributes, or absence) and the state it writes, in
-//! `StateDir::history()/entries/<id>.json` (`id` = the accept's journal id). Contents are
-//! stored once per distinct content in `objects/<sha256>` (content-addressed). The entry is
+//! `StateDir::history()/entries/<id>.json` (`id` = the accept's journal id), and its
+//! directory renames. Only before-contents the project will not hold after the accept are
+//! stored (overwritten or deleted ones; a renamed tree is still there, and undo renames it
+//! back), once per distinct content in `objects/<sha256>` (content-addressed); past the
+//! retention's `max_bytes` or the disk's free space, none are and the entry says the accept
+//! cannot be undone. The entry is
 //! written and fsynced before the accept's commit point; an accept that rolls back (before
 //! its commit point, or in recovery) removes it again, so an entry exists only for an
 //! accept that is (or will be, by recovery) in the project.
