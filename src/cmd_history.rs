@@ -90,14 +90,13 @@ fn change_word(before: &State, after: &State) -> &'static str {
 /// An entry's directory renames as the user made them (without the temporary names a plan
 /// moves a directory through).
 fn renamed(e: &Entry) -> Vec<(String, String)> {
-    let mut out: Vec<(std::path::PathBuf, std::path::PathBuf)> = Vec::new();
-    for (f, t) in &e.renames {
-        match out.iter_mut().find(|(_, to)| to == f.path()) {
-            Some(r) => r.1 = t.path().to_path_buf(),
-            None => out.push((f.path().to_path_buf(), t.path().to_path_buf())),
-        }
-    }
-    out.iter()
+    let raw: Vec<(PathBuf, PathBuf)> = e
+        .renames
+        .iter()
+        .map(|(f, t)| (f.path().to_path_buf(), t.path().to_path_buf()))
+        .collect();
+    history::shown_renames(&raw)
+        .iter()
         .map(|(f, t)| (quote_path(f).into_owned(), quote_path(t).into_owned()))
         .collect()
 }

@@ -455,11 +455,7 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
                     base_from: base_of(&Some(c.1)),
                     base_to: Base::Absent,
                 });
-                // Shown as one rename, through the temporary names a plan moves it by.
-                match renamed.iter_mut().find(|(_, t)| t == from) {
-                    Some(r) => r.1 = to.clone(),
-                    None => renamed.push((from.clone(), to.clone())),
-                }
+                renamed.push((from.clone(), to.clone()));
             }
         }
     }
@@ -629,7 +625,7 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
         reads,
         restored,
         removed,
-        renamed,
+        renamed: history::shown_renames(&renamed),
         kept,
     })
 }

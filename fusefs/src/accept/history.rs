@@ -966,6 +966,39 @@ pub fn rename_back<T: Clone>(
     steps
 }
 
+/// A plan's directory renames as the user made them: each from where it was to where it
+/// ended, without the temporary names (`.shade-move-…` at the root) a plan moves
+/// directories through.
+pub fn shown_renames(renames: &[(PathBuf, PathBuf)]) -> Vec<(PathBuf, PathBuf)> {
+    let temp = |p: &Path| {
+        p.components()
+            .next()
+            .is_some_and(|c| c.as_os_str().as_bytes().starts_with(b".shade-move-"))
+    };
+    let mut out = Vec::new();
+    for (i, (f, t)) in renames.iter().enumerate() {
+        if temp(f) && f.components().count() == 1 {
+            continue; // the second leg of a move through a temporary name
+        }
+        let mut from = f.clone();
+        for (pf, pt) in renames[..i].iter().rev() {
+            if let Some(b) = rebase(&from, pt, pf) {
+                from = b;
+            }
+        }
+        let mut to = t.clone();
+        for (nf, nt) in &renames[i + 1..] {
+            if let Some(b) = rebase(&to, nf, nt) {
+                to = b;
+            }
+        }
+        if !temp(&from) && !temp(&to) {
+            out.push((from, to));
+        }
+    }
+    out
+}
+
 /// Room kept free on the state directory's disk: the history never fills it.
 const FREE_MARGIN: u64 = 512 << 20;
 
