@@ -371,7 +371,8 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
             return Ok(());
         }
         read_trees.push(q.to_path_buf());
-        let tree = look.read_tree(q, None).map_err(|e| io(q.display(), e))?;
+        // Names and kinds only: every content the accept left was compared above.
+        let tree = look.list_tree(q).map_err(|e| io(q.display(), e))?;
         for (x, s) in tree {
             let known = changes.get(&x).is_some_and(|(_, a)| a.present());
             if !known {

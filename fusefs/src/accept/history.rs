@@ -546,7 +546,13 @@ impl Lookup {
         path: &Path,
         store: Option<&mut Objects>,
     ) -> io::Result<Vec<(PathBuf, State)>> {
-        read_tree_in(&mut self.walker, path, store)
+        read_tree_in(&mut self.walker, path, store, true)
+    }
+
+    /// As [`Lookup::read_tree`] without reading any file's content: names and kinds (a
+    /// file's `sha256` is empty).
+    pub fn list_tree(&mut self, path: &Path) -> io::Result<Vec<(PathBuf, State)>> {
+        read_tree_in(&mut self.walker, path, None, false)
     }
 }
 
@@ -568,16 +574,32 @@ fn read_state_in(
         Err(e) if is_gone(&e) => return Ok(State::Absent),
         Err(e) => return Err(e),
     };
-    state_at(parent.as_raw_fd(), &name, store)
+    state_at(parent.as_raw_fd(), &name, store, true)
 }
 
-fn state_at(dir: RawFd, name: &OsStr, store: Option<&mut Objects>) -> io::Result<State> {
+/// The state of `name` in `dir`; a file's content is hashed only when `hash` (else its
+/// `sha256` is empty: a listing).
+fn state_at(
+    dir: RawFd,
+    name: &OsStr,
+    store: Option<&mut Objects>,
+    hash: bool,
+) -> io::Result<State> {
     let Some(st) = sys::lstat_at(dir, name)? else {
         return Ok(State::Absent);
     };
     let (uid, gid) = (st.st_uid, st.st_gid);
     let mtime = Some((st.st_mtime, st.st_mtime_nsec));
     Ok(match st.st_mode & libc::S_IFMT {
+        libc::S_IFREG if !hash => State::File {
+            mode: st.st_mode & 0o7777,
+            uid,
+            gid,
+            size: st.st_size as u64,
+            sha256: String::new(),
+            mtime,
+            xattrs: Vec::new(),
+        },
         libc::S_IFREG => {
             let mut f = sys::open_file_at(dir, name)?;
             let (sha256, size) = match store {
@@ -625,7 +647,7 @@ pub fn read_tree(
     path: &Path,
     store: Option<&mut Objects>,
 ) -> io::Result<Vec<(PathBuf, State)>> {
-    read_tree_in(&mut Walker::new(root), path, store)
+    read_tree_in(&mut Walker::new(root), path, store, true)
 }
 
 /// [`read_tree`] by `walker` (see [`read_state_in`]).
@@ -633,6 +655,7 @@ fn read_tree_in(
     walker: &mut Walker,
     path: &Path,
     mut store: Option<&mut Objects>,
+    hash: bool,
 ) -> io::Result<Vec<(PathBuf, State)>> {
     let mut out = Vec::new();
     let dir = match walker.open_dir(path) {
@@ -649,7 +672,7 @@ fn read_tree_in(
             if b.starts_with(b".shade-trash-") || b.starts_with(b".shade-tmp-") {
                 continue;
             }
-            let s = state_at(dir.as_raw_fd(), &name, store.as_deref_mut())?;
+            let s = state_at(dir.as_raw_fd(), &name, store.as_deref_mut(), hash)?;
             let p = at.join(&name);
             if s.is_dir() {
                 match sys::open_dir_at(dir.as_raw_fd(), &name) {
@@ -729,7 +752,7 @@ impl Capture {
             return Ok(());
         }
         let orig = self.map_back(p);
-        for (q, s) in read_tree_in(&mut self.walker, &orig, None)? {
+        for (q, s) in read_tree_in(&mut self.walker, &orig, None, true)? {
             let at = rebase(&q, &orig, p).unwrap_or(q.clone());
             if !self.cur.contains_key(&at) {
                 self.cur.insert(at.clone(), s.clone());
