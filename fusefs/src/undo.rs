@@ -319,7 +319,7 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
         bases.insert(p.clone(), base);
         if base != again {
             conflicts.insert(p.clone(), "being changed right now".into());
-        } else if !after.same_as(&s) {
+        } else if !after.same_as(&s) || !same_unread(after, &s) {
             let why = if after.kind() == s.kind() {
                 format!("{} changed since the accept", s.kind())
             } else {
@@ -631,6 +631,27 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
     })
 }
 
+/// For a file of a renamed tree (recorded without its hash, known by size and times):
+/// whether `now` is still the one the accept left.
+fn same_unread(after: &State, now: &State) -> bool {
+    match (after, now) {
+        (
+            State::File {
+                sha256,
+                size,
+                mtime,
+                ..
+            },
+            State::File {
+                size: s2,
+                mtime: m2,
+                ..
+            },
+        ) if sha256.is_empty() => size == s2 && mtime == m2,
+        _ => true,
+    }
+}
+
 /// The content `before` had at `p`: from the history's store, else from where a rename put
 /// it in the project (`full`: every path once all the renames are undone, with where it is
 /// now), if it is still that content there. `None` if neither has it.
@@ -645,7 +666,10 @@ fn earlier_content(
         return Ok(None);
     };
     let obj = history::object_path(history_dir, sha256);
-    match std::fs::File::open(&obj) {
+    match (!sha256.is_empty())
+        .then(|| std::fs::File::open(&obj))
+        .unwrap_or_else(|| Err(std::io::Error::from(std::io::ErrorKind::NotFound)))
+    {
         Ok(f) => return Ok(Some(f)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => {
@@ -663,6 +687,10 @@ fn earlier_content(
         return Ok(None);
     }
     let mut f = look.open_file(q).map_err(|e| io(q.display(), e))?;
+    if sha256.is_empty() {
+        // A file of a renamed tree, never read: compared by size and times above.
+        return Ok(Some(f));
+    }
     // Checked again as it is read: it must be the content recorded.
     let (h, _) = if history::plain_hash(sha256) {
         history::plain_hash_file(&mut f)

@@ -521,8 +521,17 @@ impl Lookup {
     }
 
     /// As [`Lookup::read_state`], a file's content hash in the form `like` (a recorded
-    /// state) has it: a record made before the sparse form is compared by the plain one.
+    /// state) has it: a record made before the sparse form is compared by the plain one;
+    /// not read at all (empty hash) when `like` has none (a file of a renamed tree).
     pub fn read_state_as(&mut self, path: &Path, like: &State) -> io::Result<State> {
+        if matches!(like, State::File { sha256, .. } if sha256.is_empty()) {
+            let (parent, name) = match self.walker.open_parent(path) {
+                Ok(p) => p,
+                Err(e) if is_gone(&e) => return Ok(State::Absent),
+                Err(e) => return Err(e),
+            };
+            return state_at(parent.as_raw_fd(), &name, None, false);
+        }
         let mut now = self.read_state(path, None)?;
         let plain = matches!(like, State::File { sha256, .. } if plain_hash(sha256));
         if let (true, State::File { sha256, .. }) = (plain, &mut now) {
@@ -578,7 +587,7 @@ fn read_state_in(
 }
 
 /// The state of `name` in `dir`; a file's content is hashed only when `hash` (else its
-/// `sha256` is empty: a listing).
+/// `sha256` is empty: the file is known by its size, mode and times).
 fn state_at(
     dir: RawFd,
     name: &OsStr,
@@ -591,15 +600,18 @@ fn state_at(
     let (uid, gid) = (st.st_uid, st.st_gid);
     let mtime = Some((st.st_mtime, st.st_mtime_nsec));
     Ok(match st.st_mode & libc::S_IFMT {
-        libc::S_IFREG if !hash => State::File {
-            mode: st.st_mode & 0o7777,
-            uid,
-            gid,
-            size: st.st_size as u64,
-            sha256: String::new(),
-            mtime,
-            xattrs: Vec::new(),
-        },
+        libc::S_IFREG if !hash => {
+            let f = sys::open_file_at(dir, name)?;
+            State::File {
+                mode: st.st_mode & 0o7777,
+                uid,
+                gid,
+                size: st.st_size as u64,
+                sha256: String::new(),
+                mtime,
+                xattrs: xattrs_of(f.as_raw_fd()),
+            }
+        }
         libc::S_IFREG => {
             let mut f = sys::open_file_at(dir, name)?;
             let (sha256, size) = match store {
@@ -747,12 +759,19 @@ impl Capture {
 
     /// Make sure `cur` knows `p` and, for a directory, everything below it.
     fn ensure_tree(&mut self, p: &Path) -> io::Result<()> {
+        self.ensure_tree_as(p, true)
+    }
+
+    /// As [`Capture::ensure_tree`]; the files below `p` are not read when not `hash` (a
+    /// renamed tree: its contents stay in the project, known by size, mode and times, and
+    /// [`record`] reads only those it must keep).
+    fn ensure_tree_as(&mut self, p: &Path, hash: bool) -> io::Result<()> {
         self.ensure(p)?;
         if !self.cur.get(p).is_some_and(State::is_dir) || self.full.contains(p) {
             return Ok(());
         }
         let orig = self.map_back(p);
-        for (q, s) in read_tree_in(&mut self.walker, &orig, None, true)? {
+        for (q, s) in read_tree_in(&mut self.walker, &orig, None, hash)? {
             let at = rebase(&q, &orig, p).unwrap_or(q.clone());
             if !self.cur.contains_key(&at) {
                 self.cur.insert(at.clone(), s.clone());
@@ -883,7 +902,7 @@ impl Capture {
                 }
             }
             PlanOp::RenameDir { from, to, .. } => {
-                self.ensure_tree(from)?;
+                self.ensure_tree_as(from, false)?;
                 self.ensure_tree(to)?;
                 let moved: Vec<(PathBuf, State)> = self
                     .cur
@@ -1094,9 +1113,20 @@ pub fn record(
         if b == a && !(moved(p) && b.present()) {
             continue;
         }
-        if let State::File { sha256, size, .. } = &b {
-            let found =
-                matches!(back.get(p), Some(Some(State::File { sha256: h, .. })) if h == sha256);
+        if let State::File {
+            sha256,
+            size,
+            mtime,
+            ..
+        } = &b
+        {
+            // The same content back in place (a file of a renamed tree, never read: by its
+            // size and times as well).
+            let found = matches!(
+                back.get(p),
+                Some(Some(State::File { sha256: h, size: s2, mtime: m2, .. }))
+                    if h == sha256 && (!h.is_empty() || (s2 == size && m2 == mtime))
+            );
             if !found {
                 keep.push((p.clone(), sha256.clone(), *size));
             }
@@ -1108,9 +1138,12 @@ pub fn record(
         });
     }
     let kept_bytes: u64 = keep.iter().map(|(_, _, s)| *s).sum();
-    // Each distinct content once; what the store holds already costs nothing.
+    // Each distinct content once; what the store holds already costs nothing. (A file of a
+    // renamed tree was not read: its hash is not known yet.)
     let mut seen = BTreeSet::new();
-    keep.retain(|(_, h, _)| seen.insert(h.clone()) && !store.dir.join(h).exists());
+    keep.retain(|(_, h, _)| {
+        h.is_empty() || (seen.insert(h.clone()) && !store.dir.join(h).exists())
+    });
     let mut need = 0u64;
     for (p, _, size) in &keep {
         super::stage::check_cancel()?;
@@ -1145,7 +1178,14 @@ pub fn record(
             let (parent, name) = walker.open_parent(p)?;
             let mut f = sys::open_file_at(parent.as_raw_fd(), &name)?;
             let (got, _) = store.put(&mut f)?;
-            if &got != sha256 {
+            if sha256.is_empty() {
+                // Now it is known (the change is found by its path: `changes` is in order).
+                if let Ok(i) = changes.binary_search_by(|c| c.path.path().cmp(p.as_path())) {
+                    if let State::File { sha256: h, .. } = &mut changes[i].before {
+                        *h = got;
+                    }
+                }
+            } else if &got != sha256 {
                 return Err(io::Error::other(format!(
                     "{} changed while the accept recorded it",
                     p.display()
