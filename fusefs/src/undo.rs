@@ -666,10 +666,13 @@ fn earlier_content(
         return Ok(None);
     };
     let obj = history::object_path(history_dir, sha256);
-    match (!sha256.is_empty())
-        .then(|| std::fs::File::open(&obj))
-        .unwrap_or_else(|| Err(std::io::Error::from(std::io::ErrorKind::NotFound)))
-    {
+    let stored = if sha256.is_empty() {
+        // A file of a renamed tree, never read: never stored either.
+        Err(std::io::Error::from(std::io::ErrorKind::NotFound))
+    } else {
+        std::fs::File::open(&obj)
+    };
+    match stored {
         Ok(f) => return Ok(Some(f)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => {
