@@ -71,6 +71,10 @@ struct LogEntry {
     evicted: bool,
     /// `rolled_back` / `unfinished`: its journal was given up by `shade recover --drop`.
     dropped: Option<shade_fusefs::accept::history::Dropped>,
+    /// Why its earlier contents were never kept (it cannot be undone).
+    not_kept: Option<String>,
+    /// Directories it renamed (undo renames them back).
+    renamed: Vec<(String, String)>,
     stored_bytes: u64,
     paths: Vec<LogPath>,
 }
@@ -81,6 +85,20 @@ fn change_word(before: &State, after: &State) -> &'static str {
         (true, false) => "deleted",
         _ => "modified",
     }
+}
+
+/// An entry's directory renames as the user made them (without the temporary names a plan
+/// moves a directory through).
+fn renamed(e: &Entry) -> Vec<(String, String)> {
+    let raw: Vec<(PathBuf, PathBuf)> = e
+        .renames
+        .iter()
+        .map(|(f, t)| (f.path().to_path_buf(), t.path().to_path_buf()))
+        .collect();
+    history::shown_renames(&raw)
+        .iter()
+        .map(|(f, t)| (quote_path(f).into_owned(), quote_path(t).into_owned()))
+        .collect()
 }
 
 /// `YYYY-MM-DD HH:MM:SS` (UTC) of a time in ns since the epoch.
@@ -98,10 +116,12 @@ fn log_entry(all: &[Entry], e: &Entry) -> LogEntry {
         time_ns: e.time_ns,
         origin: e.origin.clone(),
         undoes: e.undoes.clone(),
-        undoable: !e.evicted && e.dropped.is_none() && undone_by.is_none(),
+        undoable: !e.evicted && e.dropped.is_none() && e.not_kept.is_none() && undone_by.is_none(),
         undone_by,
         evicted: e.evicted,
         dropped: e.dropped,
+        not_kept: e.not_kept.clone(),
+        renamed: renamed(e),
         stored_bytes: e.bytes,
         paths: e
             .changes
@@ -172,6 +192,8 @@ pub fn log_main(args: LogArgs) -> i32 {
             format!("undone by {u}")
         } else if e.evicted {
             "evicted (can no longer be undone)".into()
+        } else if let Some(why) = &e.not_kept {
+            format!("not undoable: {why}")
         } else {
             "undoable".into()
         };
@@ -184,6 +206,9 @@ pub fn log_main(args: LogArgs) -> i32 {
             e.paths.len(),
             format_size(size)
         );
+        for (f, t) in &e.renamed {
+            println!("    renamed  {f} -> {t}");
+        }
         for p in e.paths.iter().take(10) {
             println!("    {:<8} {}", p.change, p.path);
         }
@@ -202,6 +227,7 @@ struct UndoJson {
     undo_id: Option<String>,
     restored: Vec<String>,
     removed: Vec<String>,
+    renamed: Vec<(String, String)>,
     kept: Vec<KeptJson>,
     error: Option<String>,
 }
@@ -237,6 +263,9 @@ pub fn undo_main(args: UndoArgs) -> i32 {
                 for p in &r.restored {
                     println!("{verb}restore {}", q(p));
                 }
+                for (f, t) in &r.renamed {
+                    println!("{verb}rename {} back to {}", q(f), q(t));
+                }
                 for p in &r.removed {
                     println!("{verb}remove {}", q(p));
                 }
@@ -245,7 +274,7 @@ pub fn undo_main(args: UndoArgs) -> i32 {
                 }
                 if args.dry_run {
                     println!("(dry run: nothing changed)");
-                } else if r.restored.is_empty() && r.removed.is_empty() {
+                } else if r.restored.is_empty() && r.removed.is_empty() && r.renamed.is_empty() {
                     println!("nothing of accept {} left to undo", r.id);
                 } else {
                     println!(
@@ -267,6 +296,7 @@ pub fn undo_main(args: UndoArgs) -> i32 {
                     undo_id: r.undo_id,
                     restored: r.restored.iter().map(|p| q(p)).collect(),
                     removed: r.removed.iter().map(|p| q(p)).collect(),
+                    renamed: r.renamed.iter().map(|(f, t)| (q(f), q(t))).collect(),
                     kept: r
                         .kept
                         .iter()
@@ -315,6 +345,7 @@ pub fn undo_main(args: UndoArgs) -> i32 {
                     undo_id: None,
                     restored: Vec::new(),
                     removed: Vec::new(),
+                    renamed: Vec::new(),
                     kept: kept
                         .iter()
                         .map(|k| KeptJson {

@@ -522,3 +522,189 @@ fn a_state_dir_inside_the_project_cannot_be_swapped_nor_forged_records_replayed(
     assert_eq!(fx.read("a.txt"), "new\n");
     assert!(!fx.tmp.path().join("escaped").exists());
 }
+
+/// Bytes the history holds on disk (allocated, as `du` counts them).
+fn history_bytes(fx: &Fixture) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fn walk(p: &Path, sum: &mut u64) {
+        let Ok(rd) = std::fs::read_dir(p) else {
+            return;
+        };
+        for e in rd {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            *sum += m.blocks() * 512;
+            if m.is_dir() {
+                walk(&e.path(), sum);
+            }
+        }
+    }
+    let mut sum = 0;
+    walk(&fx.state.history(), &mut sum);
+    sum
+}
+
+/// `len` bytes no file system stores as holes nor dedups.
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed | 1;
+    (0..len / 8)
+        .flat_map(|_| lcg(&mut s).to_le_bytes())
+        .collect()
+}
+
+fn big_tree(fx: &Fixture, dir: &str, mib: usize) {
+    std::fs::create_dir_all(fx.project.join(dir).join("sub")).unwrap();
+    for i in 0..mib / 10 {
+        let at = if i % 2 == 0 {
+            format!("{dir}/f{i}.bin")
+        } else {
+            format!("{dir}/sub/f{i}.bin")
+        };
+        std::fs::write(fx.project.join(at), noise(10 << 20, i as u64 + 7)).unwrap();
+    }
+    fx.write(&format!("{dir}/small.txt"), "small\n");
+}
+
+#[test]
+fn a_renamed_tree_is_not_copied_into_the_history_and_undo_renames_it_back() {
+    let fx = Fixture::new();
+    big_tree(&fx, "big", 50);
+    let before = snapshot(&fx.project);
+    let held = history_bytes(&fx);
+    run_accept(&fx, "mv big big2");
+    assert!(fx.project.join("big2/sub").is_dir());
+    let grew = history_bytes(&fx) - held;
+    // The tree is 50 MiB; the history keeps its listing, never its contents.
+    assert!(grew < 1 << 20, "the history grew by {grew} bytes");
+    let log = log_json(&fx);
+    assert_eq!(log[0]["undoable"], true, "{log:?}");
+    assert_eq!(log[0]["renamed"][0][0], "big", "{log:?}");
+    assert_eq!(log[0]["renamed"][0][1], "big2", "{log:?}");
+    let inode = |p: &str| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(fx.project.join(p)).unwrap().ino()
+    };
+    let ino = inode("big2/f0.bin");
+
+    let (o, v) = undo_json(&fx, &[]);
+    assert!(o.status.success(), "{}", out(&o));
+    assert_eq!(snapshot(&fx.project), before, "{}", out(&o));
+    assert_eq!(v["renamed"][0][0], "big2", "{v}");
+    assert_eq!(v["renamed"][0][1], "big", "{v}");
+    // Renamed back, not copied back: the very same file.
+    assert_eq!(inode("big/f0.bin"), ino);
+    assert!(history_bytes(&fx) - held < 1 << 20);
+    // And the undo redoes as a rename too.
+    let o = shade(&fx, &["undo", v["undo_id"].as_str().unwrap()], &[], 120);
+    assert!(o.status.success(), "{}", out(&o));
+    assert_eq!(inode("big2/f0.bin"), ino);
+    assert!(!fx.project.join("big").exists());
+}
+
+#[test]
+fn undo_of_a_rename_with_writes_inside_puts_back_exactly() {
+    let fx = Fixture::new();
+    fx.write("a/keep.txt", "kept as is\n");
+    fx.write("a/edit.txt", "before\n");
+    fx.write("a/gone.txt", "deleted after the rename\n");
+    fx.write("a/in/deep.txt", "deep\n");
+    fx.write("a/moved/m.txt", "moved inside\n");
+    fx.write("b/old.txt", "b was here\n");
+    fx.write("other/x.txt", "x\n");
+    fx.write("nest/inner/i.txt", "inner\n");
+    fx.write("file.txt", "a file renamed\n");
+    set_mode(&fx.project.join("a/in"), 0o700);
+    let before = snapshot(&fx.project);
+    run_accept(
+        &fx,
+        // A rename over an existing directory, writes, a delete, a new file and a mode
+        // inside the renamed tree; a rename inside it; nested renames; a file rename; and
+        // something new where the old name was.
+        "rm -r b && mv a b && echo after > b/edit.txt && rm b/gone.txt && echo new > b/new.txt \
+         && chmod 755 b/in && mv b/moved b/moved2 && mkdir a && echo fresh > a/f && \
+         mv nest/inner nest/inner2 && mv nest nest2 && mv file.txt file2.txt",
+    );
+    let after = snapshot(&fx.project);
+    assert_eq!(
+        std::fs::read_to_string(fx.project.join("b/edit.txt")).unwrap(),
+        "after\n"
+    );
+    let (o, v) = undo_json(&fx, &[]);
+    assert!(o.status.success(), "{}", out(&o));
+    assert_eq!(snapshot(&fx.project), before, "{}", out(&o));
+    assert!(!fx.project.join("b/new.txt").exists());
+    // The undo of the undo is the accept again.
+    let o = shade(&fx, &["undo", v["undo_id"].as_str().unwrap()], &[], 120);
+    assert!(o.status.success(), "{}", out(&o));
+    assert_eq!(snapshot(&fx.project), after);
+}
+
+#[test]
+fn undo_of_a_rename_refuses_when_the_renamed_tree_changed_since() {
+    let fx = Fixture::new();
+    fx.write("a/x.txt", "x\n");
+    fx.write("a/y.txt", "y\n");
+    run_accept(&fx, "mv a b");
+    let after = snapshot(&fx.project);
+    // A file the user put in the renamed directory, and one they changed.
+    fx.write("b/mine.txt", "mine\n");
+    let (o, v) = undo_json(&fx, &[]);
+    assert_eq!(o.status.code(), Some(124), "{}", out(&o));
+    let kept = v["kept"].to_string();
+    assert!(kept.contains("b/mine.txt"), "{v}");
+    std::fs::remove_file(fx.project.join("b/mine.txt")).unwrap();
+    fx.write("b/y.txt", "z\n"); // same size: the accept never read it, its times tell
+    let (o, v) = undo_json(&fx, &[]);
+    assert_eq!(o.status.code(), Some(124), "{}", out(&o));
+    assert!(v["kept"].to_string().contains("b/y.txt"), "{v}");
+    // Nothing undone.
+    assert!(!fx.project.join("a").exists());
+    assert!(fx.project.join("b/x.txt").exists());
+    fx.write("b/y.txt", "y\n");
+    assert_eq!(snapshot(&fx.project), after);
+    // A symlink in the renamed directory's place is not followed.
+    std::fs::rename(fx.project.join("b"), fx.project.join("real")).unwrap();
+    std::os::unix::fs::symlink("real", fx.project.join("b")).unwrap();
+    let (o, _) = undo_json(&fx, &[]);
+    assert_ne!(o.status.code(), Some(0), "{}", out(&o));
+    assert!(fx.project.join("real/x.txt").exists());
+    assert!(!fx.project.join("a").exists());
+}
+
+#[test]
+fn an_accept_past_the_history_limit_is_applied_but_recorded_not_undoable() {
+    let fx = Fixture::new();
+    std::fs::write(
+        fx.tmp.path().join("config.toml"),
+        "[history]\nmax_size = \"4MiB\"\n",
+    )
+    .unwrap();
+    std::fs::write(fx.project.join("big.bin"), noise(8 << 20, 3)).unwrap();
+    fx.write("small.txt", "small\n");
+    let held = history_bytes(&fx);
+    let o = run_accept(&fx, "rm big.bin && echo changed > small.txt");
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(err.contains("cannot be undone"), "{}", out(&o));
+    assert!(!fx.project.join("big.bin").exists());
+    assert!(history_bytes(&fx) - held < 1 << 20, "nothing was copied");
+    let log = log_json(&fx);
+    assert_eq!(log[0]["undoable"], false, "{log:?}");
+    assert!(log[0]["not_kept"].as_str().unwrap().contains("max_size"));
+    let text = String::from_utf8_lossy(&shade(&fx, &["log"], &[], 60).stdout).to_string();
+    assert!(text.contains("not undoable"), "{text}");
+    let o = shade(&fx, &["undo"], &[], 60);
+    assert_eq!(o.status.code(), Some(125), "{}", out(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("cannot be undone"),
+        "{}",
+        out(&o)
+    );
+    // A rename needs no room: under the same limit it is undoable.
+    std::fs::create_dir(fx.project.join("d")).unwrap();
+    std::fs::write(fx.project.join("d/big.bin"), noise(8 << 20, 5)).unwrap();
+    let before = snapshot(&fx.project);
+    run_accept(&fx, "mv d d2");
+    let o = shade(&fx, &["undo"], &[], 120);
+    assert!(o.status.success(), "{}", out(&o));
+    assert_eq!(snapshot(&fx.project), before);
+}

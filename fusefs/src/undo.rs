@@ -48,6 +48,8 @@ pub struct UndoReport {
     pub restored: Vec<RelPath>,
     /// Paths the accept created, removed again.
     pub removed: Vec<RelPath>,
+    /// Directories renamed back (where the accept put them, where they were).
+    pub renamed: Vec<(RelPath, RelPath)>,
     /// Paths left as they are (changed since; only with `keep_mine`).
     pub kept: Vec<Kept>,
     /// The history id of the undo itself (none for a dry run or when nothing was to do).
@@ -63,6 +65,9 @@ pub enum UndoError {
     /// Its contents were dropped by the history's retention.
     #[error("accept {0} can no longer be undone: its earlier contents were dropped by the history's retention limit")]
     Evicted(String),
+    /// Its contents were never kept (more than the history could hold when it was made).
+    #[error("accept {id} cannot be undone: {why}")]
+    NotKept { id: String, why: String },
     /// Its journal was given up by `shade recover --drop`: the history does not know what
     /// the project holds of it.
     #[error("accept {id} cannot be undone: it {}", .how.describe())]
@@ -151,6 +156,12 @@ pub fn undo(
     if entry.evicted {
         return Err(UndoError::Evicted(entry.id.clone()));
     }
+    if let Some(why) = &entry.not_kept {
+        return Err(UndoError::NotKept {
+            id: entry.id.clone(),
+            why: format!("it was applied without keeping a way back: {why}"),
+        });
+    }
     let mut entry = entry.clone();
     history::load_changes(&state.history(), &mut entry)
         .map_err(|e| io(format!("the history of accept {}", entry.id), e))?;
@@ -169,6 +180,7 @@ pub fn undo(
         id: entry.id.clone(),
         restored: built.restored,
         removed: built.removed,
+        renamed: built.renamed,
         kept: built.kept,
         undo_id: None,
     };
@@ -235,6 +247,7 @@ struct Built {
     reads: Vec<ReadBase>,
     restored: Vec<RelPath>,
     removed: Vec<RelPath>,
+    renamed: Vec<(RelPath, RelPath)>,
     kept: Vec<Kept>,
 }
 
@@ -276,7 +289,13 @@ fn perms(s: &State) -> Perms {
     }
 }
 
-/// Compare the project with what the accept wrote and plan the way back.
+/// What is at a path once the undo's renames are done: its state and where it is now.
+type Placed = Option<(State, PathBuf)>;
+
+/// Compare the project with what the accept wrote and plan the way back: the accept's
+/// directory renames are undone by renaming back (after checking each renamed tree holds
+/// only what the accept left), then every path is put back as it was, from the store or,
+/// for a content a rename only moved, from where it is in the project now.
 fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoError> {
     let since = now_ns();
     let changes: BTreeMap<PathBuf, (&State, &State)> = entry
@@ -300,7 +319,7 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
         bases.insert(p.clone(), base);
         if base != again {
             conflicts.insert(p.clone(), "being changed right now".into());
-        } else if !after.same_as(&s) {
+        } else if !after.same_as(&s) || !same_unread(after, &s) {
             let why = if after.kind() == s.kind() {
                 format!("{} changed since the accept", s.kind())
             } else {
@@ -314,41 +333,162 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
         }
         now.insert(p.clone(), s);
     }
+    let renames: Vec<(PathBuf, PathBuf)> = entry
+        .renames
+        .iter()
+        .map(|(f, t)| (f.path().to_path_buf(), t.path().to_path_buf()))
+        .collect();
+    let start: BTreeMap<PathBuf, Placed> = now
+        .iter()
+        .map(|(p, s)| (p.clone(), s.present().then(|| (s.clone(), p.clone()))))
+        .collect();
+    let is_dir = |v: &(State, PathBuf)| v.0.is_dir();
+    // Every rename put back, whatever changed: where each earlier content is now, and which
+    // directories go back (or make room for one), to check their trees.
+    let mut full = start.clone();
+    let mut moving: Vec<PathBuf> = Vec::new();
+    history::rename_back(&mut full, &renames, is_dir, |f, t, m| {
+        if let Some(Some((_, q))) = m.get(t) {
+            moving.push(q.clone());
+        }
+        if let Some(Some((s, q))) = m.get(f) {
+            if s.is_dir() {
+                moving.push(q.clone());
+            }
+        }
+        false
+    });
+    // A directory renamed back (or removed to make room for one) must hold nothing the
+    // accept did not leave there.
+    let mut reads = Vec::new();
+    let mut read_trees: Vec<PathBuf> = Vec::new();
+    let mut check_tree = |look: &mut history::Lookup,
+                          q: &Path,
+                          conflicts: &mut BTreeMap<PathBuf, String>,
+                          reads: &mut Vec<ReadBase>|
+     -> Result<(), UndoError> {
+        if read_trees.iter().any(|r| q.starts_with(r)) {
+            return Ok(());
+        }
+        read_trees.push(q.to_path_buf());
+        // Names and kinds only: every content the accept left was compared above.
+        let tree = look.list_tree(q).map_err(|e| io(q.display(), e))?;
+        for (x, s) in tree {
+            let known = changes.get(&x).is_some_and(|(_, a)| a.present());
+            if !known {
+                conflicts
+                    .entry(x)
+                    .or_insert_with(|| format!("{} created since the accept", s.kind()));
+            }
+        }
+        if let Base::Present(fp) = look.observe(q).map_err(|e| io(q.display(), e))? {
+            reads.push(ReadBase {
+                path: q.to_path_buf(),
+                seen: fp,
+                listing: false,
+                subtree_since: Some(since),
+            });
+        }
+        Ok(())
+    };
+    moving.sort();
+    for q in &moving {
+        if !conflicts.contains_key(q) {
+            check_tree(&mut look, q, &mut conflicts, &mut reads)?;
+        }
+    }
+    // The renames done: those near a path changed since (in, around or in the way of the
+    // renamed directory) stay undone, with `keep_mine`.
+    let near = |q: &Path, conflicts: &BTreeMap<PathBuf, String>| {
+        conflicts
+            .keys()
+            .any(|c| c.starts_with(q) || q.starts_with(c))
+    };
+    let mut placed: Vec<(Option<PathBuf>, PathBuf)> = Vec::new();
+    let mut post = start.clone();
+    let steps = history::rename_back(&mut post, &renames, is_dir, |f, t, m| {
+        let Some(Some((_, src))) = m.get(t) else {
+            return true;
+        };
+        let occ: Vec<&PathBuf> = m
+            .range::<Path, _>((std::ops::Bound::Included(f), std::ops::Bound::Unbounded))
+            .take_while(|(q, _)| q.starts_with(f))
+            .filter_map(|(_, v)| v.as_ref().map(|(_, q)| q))
+            .collect();
+        if near(src, &conflicts) || near(f, &conflicts) || occ.iter().any(|q| near(q, &conflicts)) {
+            return true;
+        }
+        let at_f = match m.get(f) {
+            Some(Some((_, q))) => Some(q.clone()),
+            _ => None,
+        };
+        placed.push((at_f, src.clone()));
+        false
+    });
+    let base_of = |q: &Option<PathBuf>| {
+        q.as_ref()
+            .and_then(|q| bases.get(q).copied())
+            .unwrap_or(Base::Absent)
+    };
+    let mut plan = Vec::new();
+    let mut renamed: Vec<(PathBuf, PathBuf)> = Vec::new();
+    let mut placed = placed.into_iter();
+    let mut cur: Option<(Option<PathBuf>, PathBuf)> = None;
+    for step in &steps {
+        match step {
+            history::BackStep::Delete(f) => {
+                cur = placed.next();
+                let occ = cur.as_ref().and_then(|c| c.0.clone());
+                plan.push(PlanOp::Delete {
+                    path: f.clone(),
+                    base: base_of(&occ),
+                    base_at: None,
+                });
+            }
+            history::BackStep::Rename { from, to } => {
+                let c = match cur.take() {
+                    Some(c) => c,
+                    None => placed.next().unwrap_or((None, from.clone())),
+                };
+                plan.push(PlanOp::RenameDir {
+                    from: from.clone(),
+                    to: to.clone(),
+                    base_from: base_of(&Some(c.1)),
+                    base_to: Base::Absent,
+                });
+                renamed.push((from.clone(), to.clone()));
+            }
+        }
+    }
+    let before_of = |p: &Path| changes.get(p).map(|c| c.0).unwrap_or(&State::Absent);
+    let state_of = |p: &Path| match post.get(p) {
+        Some(Some((s, _))) => s.clone(),
+        _ => State::Absent,
+    };
+    let now_at = |p: &Path| match post.get(p) {
+        Some(Some((_, q))) => Some(q.clone()),
+        _ => None,
+    };
     // Which paths the undo deletes (outermost only; their trees go with them).
     let deletes = |before: &State, now: &State| {
         now.present() && (!before.present() || before.is_dir() != now.is_dir())
     };
     // A directory the undo removes must hold nothing the accept did not leave there.
-    // Only the outermost of nested ones is read: its tree holds theirs (`changes` is in
+    // Only the outermost of nested ones is read: its tree holds theirs (`post` is in
     // path order, so what lies below a directory follows it), and reading each level of a
     // deep chain again would be quadratic in its depth.
-    let mut reads = Vec::new();
     let mut read_below: Option<&PathBuf> = None;
-    for (p, (before, _)) in &changes {
-        let n = &now[p];
-        if conflicts.contains_key(p) || !n.is_dir() || !deletes(before, n) {
+    for p in post.keys() {
+        let n = state_of(p);
+        if conflicts.contains_key(p) || !n.is_dir() || !deletes(before_of(p), &n) {
             continue;
         }
         if read_below.is_some_and(|q| p.starts_with(q)) {
             continue;
         }
         read_below = Some(p);
-        let tree = look.read_tree(p, None).map_err(|e| io(p.display(), e))?;
-        for (q, s) in tree {
-            let known = changes.get(&q).is_some_and(|(_, a)| a.present());
-            if !known {
-                conflicts
-                    .entry(q)
-                    .or_insert_with(|| format!("{} created since the accept", s.kind()));
-            }
-        }
-        if let Base::Present(fp) = look.observe(p).map_err(|e| io(p.display(), e))? {
-            reads.push(ReadBase {
-                path: p.clone(),
-                seen: fp,
-                listing: false,
-                subtree_since: Some(since),
-            });
+        if let Some(q) = now_at(p) {
+            check_tree(&mut look, &q, &mut conflicts, &mut reads)?;
         }
     }
     // Keep what a conflict needs: its own path, what lies below it, and every directory
@@ -356,25 +496,20 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
     let mut skip: BTreeMap<PathBuf, String> = BTreeMap::new();
     for (c, why) in &conflicts {
         skip.insert(c.clone(), why.clone());
-        for (p, (before, _)) in &changes {
+        for p in post.keys() {
             if p != c && p.starts_with(c) {
                 skip.entry(p.clone())
                     .or_insert_with(|| format!("inside {}, kept", c.display()));
             }
-            if c != p && c.starts_with(p) {
-                if let Some(n) = now.get(p) {
-                    if deletes(before, n) {
-                        skip.entry(p.clone()).or_insert_with(|| {
-                            format!("holds {}, which changed since the accept", c.display())
-                        });
-                    }
-                }
+            if c != p && c.starts_with(p) && deletes(before_of(p), &state_of(p)) {
+                skip.entry(p.clone()).or_insert_with(|| {
+                    format!("holds {}, which changed since the accept", c.display())
+                });
             }
         }
     }
     reads.retain(|r| !skip.contains_key(&r.path));
 
-    let mut plan = Vec::new();
     let mut restored = Vec::new();
     let mut removed = Vec::new();
     let mut gone: BTreeSet<PathBuf> = BTreeSet::new(); // deleted or made new by the plan
@@ -385,15 +520,14 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
             .any(|a| set.contains(a))
     };
     // Deletes first (a directory replaced by a file and back needs its place free).
-    for (p, (before, _)) in &changes {
-        let n = &now[p];
-        if skip.contains_key(p) || !deletes(before, n) || under(&gone, p) {
+    for p in post.keys() {
+        let (before, n) = (before_of(p), state_of(p));
+        if skip.contains_key(p) || !deletes(before, &n) || under(&gone, p) {
             continue;
         }
-        let base = bases.get(p).copied().unwrap_or(Base::Absent);
         plan.push(PlanOp::Delete {
             path: p.clone(),
-            base,
+            base: base_of(&now_at(p)),
             base_at: None,
         });
         gone.insert(p.clone());
@@ -402,18 +536,28 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
         }
     }
     // Then, parents before children, everything that comes back.
-    for (p, (before, _)) in &changes {
+    let mut late: Vec<Kept> = Vec::new();
+    for p in post.keys() {
+        let before = before_of(p);
         if skip.contains_key(p) || !before.present() {
             continue;
         }
-        let n = &now[p];
+        let n = state_of(p);
         let fresh = gone.contains(p) || under(&gone, p) || !n.present();
         let base = if fresh {
             Base::Absent
         } else {
-            bases.get(p).copied().unwrap_or(Base::Absent)
+            base_of(&now_at(p))
         };
+        // Renamed back (it was elsewhere before the undo) and as it was: nothing to do.
+        let moved_back = !fresh && now_at(p).as_deref() != Some(p.as_path());
         let op = match before {
+            State::Dir { .. } if moved_back && *before == n => continue,
+            State::File { .. } | State::Symlink { .. } | State::Special { .. }
+                if moved_back && before.same_as(&n) =>
+            {
+                continue
+            }
             State::Dir { .. } if !fresh => PlanOp::SetPerms {
                 path: p.clone(),
                 perms: perms(before),
@@ -430,13 +574,18 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
                 }
             }
             State::File { sha256, .. } => {
-                let obj = history::object_path(history_dir, sha256);
-                let content = std::fs::File::open(&obj).map_err(|e| {
-                    io(
-                        format!("the earlier content of {} ({})", p.display(), obj.display()),
-                        e,
-                    )
-                })?;
+                let Some(content) = earlier_content(history_dir, &mut look, &full, p, before)?
+                else {
+                    late.push(Kept {
+                        path: p.clone(),
+                        reason: format!(
+                            "its earlier content was not kept: it went with a renamed \
+                             directory, which changed since the accept ({})",
+                            &sha256[..sha256.len().min(12)]
+                        ),
+                    });
+                    continue;
+                };
                 PlanOp::WriteFile {
                     path: p.clone(),
                     content,
@@ -461,18 +610,99 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
             },
             State::Absent => continue,
         };
+        if !(moved_back && before.same_as(&n)) {
+            // (Else only times or attributes differ, of a directory renamed back: not news.)
+            restored.push(p.clone());
+        }
         plan.push(op);
-        restored.push(p.clone());
     }
-    let kept = skip
+    let mut kept: Vec<Kept> = skip
         .into_iter()
         .map(|(path, reason)| Kept { path, reason })
         .collect();
+    kept.extend(late);
     Ok(Built {
         plan,
         reads,
         restored,
         removed,
+        renamed: history::shown_renames(&renamed),
         kept,
     })
+}
+
+/// For a file of a renamed tree (recorded without its hash, known by size and times):
+/// whether `now` is still the one the accept left.
+fn same_unread(after: &State, now: &State) -> bool {
+    match (after, now) {
+        (
+            State::File {
+                sha256,
+                size,
+                mtime,
+                ..
+            },
+            State::File {
+                size: s2,
+                mtime: m2,
+                ..
+            },
+        ) if sha256.is_empty() => size == s2 && mtime == m2,
+        _ => true,
+    }
+}
+
+/// The content `before` had at `p`: from the history's store, else from where a rename put
+/// it in the project (`full`: every path once all the renames are undone, with where it is
+/// now), if it is still that content there. `None` if neither has it.
+fn earlier_content(
+    history_dir: &Path,
+    look: &mut history::Lookup,
+    full: &BTreeMap<PathBuf, Placed>,
+    p: &Path,
+    before: &State,
+) -> Result<Option<std::fs::File>, UndoError> {
+    let State::File { sha256, .. } = before else {
+        return Ok(None);
+    };
+    let obj = history::object_path(history_dir, sha256);
+    let stored = if sha256.is_empty() {
+        // A file of a renamed tree, never read: never stored either.
+        Err(std::io::Error::from(std::io::ErrorKind::NotFound))
+    } else {
+        std::fs::File::open(&obj)
+    };
+    match stored {
+        Ok(f) => return Ok(Some(f)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(io(
+                format!("the earlier content of {} ({})", p.display(), obj.display()),
+                e,
+            ))
+        }
+    }
+    // The same content (its mode, owner and times come from `before`).
+    let Some(Some((State::File { sha256: now, .. }, q))) = full.get(p) else {
+        return Ok(None);
+    };
+    if now != sha256 {
+        return Ok(None);
+    }
+    let mut f = look.open_file(q).map_err(|e| io(q.display(), e))?;
+    if sha256.is_empty() {
+        // A file of a renamed tree, never read: compared by size and times above.
+        return Ok(Some(f));
+    }
+    // Checked again as it is read: it must be the content recorded.
+    let (h, _) = if history::plain_hash(sha256) {
+        history::plain_hash_file(&mut f)
+    } else {
+        history::hash_file(&mut f)
+    }
+    .map_err(|e| io(q.display(), e))?;
+    if &h != sha256 {
+        return Ok(None);
+    }
+    Ok(Some(f))
 }

@@ -188,3 +188,51 @@ fn a_change_inside_a_renamed_directory_is_kept_with_keep_mine() {
     );
     assert!(!r.kept.is_empty());
 }
+
+/// Every file below the history's object store.
+fn stored(env: &Env) -> usize {
+    std::fs::read_dir(env.state.history().join("objects"))
+        .map(|rd| rd.count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_rename_through_a_temporary_name_stores_only_what_was_overwritten_and_undoes_exactly() {
+    let mut env = Env::new();
+    materialize(&env.root, &old_tree());
+    let before = snapshot(&env.root);
+    // As a branch's plan has it: to a temporary name at the root, then to its place; a
+    // write inside it after.
+    let plan = vec![
+        PlanOp::RenameDir {
+            from: p("old"),
+            to: p(".shade-move-t-0"),
+            base_from: env.base("old"),
+            base_to: Base::Absent,
+        },
+        PlanOp::RenameDir {
+            from: p(".shade-move-t-0"),
+            to: p("sub/new"),
+            base_from: env.base("old"),
+            base_to: Base::Absent,
+        },
+        env.write("sub/new/x", b"new x", 0o644, env.base("old/x")),
+    ];
+    apply(&env.root, plan, &opts(&env)).unwrap();
+    let after = snapshot(&env.root);
+    // old/x was overwritten: its content is kept; old/y only moved: it is not.
+    assert_eq!(stored(&env), 1);
+    let r = undo(&env.state, &env.root, None, &UndoOptions::default()).unwrap();
+    assert_eq!(snapshot(&env.root), before, "{r:?}");
+    assert_eq!(r.renamed, vec![(p("sub/new"), p("old"))]);
+    env.assert_clean();
+    let again = undo(
+        &env.state,
+        &env.root,
+        r.undo_id.as_deref(),
+        &UndoOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(snapshot(&env.root), after, "{again:?}");
+    env.assert_clean();
+}

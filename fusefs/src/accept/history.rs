@@ -2,8 +2,12 @@
 //!
 //! Each accept records, per path it touches, the state before (content, mode, owner,
 //! symlink target, extended attributes, or absence) and the state it writes, in
-//! `StateDir::history()/entries/<id>.json` (`id` = the accept's journal id). Contents are
-//! stored once per distinct content in `objects/<sha256>` (content-addressed). The entry is
+//! `StateDir::history()/entries/<id>.json` (`id` = the accept's journal id), and its
+//! directory renames. Only before-contents the project will not hold after the accept are
+//! stored (overwritten or deleted ones; a renamed tree is still there, and undo renames it
+//! back), once per distinct content in `objects/<sha256>` (content-addressed); past the
+//! retention's `max_bytes` or the disk's free space, none are and the entry says the accept
+//! cannot be undone. The entry is
 //! written and fsynced before the accept's commit point; an accept that rolls back (before
 //! its commit point, or in recovery) removes it again, so an entry exists only for an
 //! accept that is (or will be, by recovery) in the project.
@@ -243,6 +247,15 @@ pub struct Entry {
     /// the project holds, and it is never undone.
     #[serde(default)]
     pub dropped: Option<Dropped>,
+    /// The directory renames it made (`from`, `to`, in plan order): undo renames them back
+    /// instead of keeping a copy of the renamed trees (the contents are still in the
+    /// project, under the new names).
+    #[serde(default)]
+    pub renames: Vec<(JPath, JPath)>,
+    /// Why its earlier contents were not kept (more than the history may hold, or than the
+    /// state directory's disk has free): it was applied, but it cannot be undone.
+    #[serde(default)]
+    pub not_kept: Option<String>,
 }
 
 /// How an accept's journal was given up by `shade recover --drop`.
@@ -508,8 +521,17 @@ impl Lookup {
     }
 
     /// As [`Lookup::read_state`], a file's content hash in the form `like` (a recorded
-    /// state) has it: a record made before the sparse form is compared by the plain one.
+    /// state) has it: a record made before the sparse form is compared by the plain one;
+    /// not read at all (empty hash) when `like` has none (a file of a renamed tree).
     pub fn read_state_as(&mut self, path: &Path, like: &State) -> io::Result<State> {
+        if matches!(like, State::File { sha256, .. } if sha256.is_empty()) {
+            let (parent, name) = match self.walker.open_parent(path) {
+                Ok(p) => p,
+                Err(e) if is_gone(&e) => return Ok(State::Absent),
+                Err(e) => return Err(e),
+            };
+            return state_at(parent.as_raw_fd(), &name, None, false);
+        }
         let mut now = self.read_state(path, None)?;
         let plain = matches!(like, State::File { sha256, .. } if plain_hash(sha256));
         if let (true, State::File { sha256, .. }) = (plain, &mut now) {
@@ -520,13 +542,26 @@ impl Lookup {
         Ok(now)
     }
 
+    /// The regular file at `path`, opened for reading without following a symlink at any
+    /// point (undo reads a content the project still holds, elsewhere, this way).
+    pub fn open_file(&mut self, path: &Path) -> io::Result<std::fs::File> {
+        let (parent, name) = self.walker.open_parent(path)?;
+        sys::open_file_at(parent.as_raw_fd(), &name)
+    }
+
     /// As [`read_tree`].
     pub fn read_tree(
         &mut self,
         path: &Path,
         store: Option<&mut Objects>,
     ) -> io::Result<Vec<(PathBuf, State)>> {
-        read_tree_in(&mut self.walker, path, store)
+        read_tree_in(&mut self.walker, path, store, true)
+    }
+
+    /// As [`Lookup::read_tree`] without reading any file's content: names and kinds (a
+    /// file's `sha256` is empty).
+    pub fn list_tree(&mut self, path: &Path) -> io::Result<Vec<(PathBuf, State)>> {
+        read_tree_in(&mut self.walker, path, None, false)
     }
 }
 
@@ -548,16 +583,35 @@ fn read_state_in(
         Err(e) if is_gone(&e) => return Ok(State::Absent),
         Err(e) => return Err(e),
     };
-    state_at(parent.as_raw_fd(), &name, store)
+    state_at(parent.as_raw_fd(), &name, store, true)
 }
 
-fn state_at(dir: RawFd, name: &OsStr, store: Option<&mut Objects>) -> io::Result<State> {
+/// The state of `name` in `dir`; a file's content is hashed only when `hash` (else its
+/// `sha256` is empty: the file is known by its size, mode and times).
+fn state_at(
+    dir: RawFd,
+    name: &OsStr,
+    store: Option<&mut Objects>,
+    hash: bool,
+) -> io::Result<State> {
     let Some(st) = sys::lstat_at(dir, name)? else {
         return Ok(State::Absent);
     };
     let (uid, gid) = (st.st_uid, st.st_gid);
     let mtime = Some((st.st_mtime, st.st_mtime_nsec));
     Ok(match st.st_mode & libc::S_IFMT {
+        libc::S_IFREG if !hash => {
+            let f = sys::open_file_at(dir, name)?;
+            State::File {
+                mode: st.st_mode & 0o7777,
+                uid,
+                gid,
+                size: st.st_size as u64,
+                sha256: String::new(),
+                mtime,
+                xattrs: xattrs_of(f.as_raw_fd()),
+            }
+        }
         libc::S_IFREG => {
             let mut f = sys::open_file_at(dir, name)?;
             let (sha256, size) = match store {
@@ -605,7 +659,7 @@ pub fn read_tree(
     path: &Path,
     store: Option<&mut Objects>,
 ) -> io::Result<Vec<(PathBuf, State)>> {
-    read_tree_in(&mut Walker::new(root), path, store)
+    read_tree_in(&mut Walker::new(root), path, store, true)
 }
 
 /// [`read_tree`] by `walker` (see [`read_state_in`]).
@@ -613,6 +667,7 @@ fn read_tree_in(
     walker: &mut Walker,
     path: &Path,
     mut store: Option<&mut Objects>,
+    hash: bool,
 ) -> io::Result<Vec<(PathBuf, State)>> {
     let mut out = Vec::new();
     let dir = match walker.open_dir(path) {
@@ -629,7 +684,7 @@ fn read_tree_in(
             if b.starts_with(b".shade-trash-") || b.starts_with(b".shade-tmp-") {
                 continue;
             }
-            let s = state_at(dir.as_raw_fd(), &name, store.as_deref_mut())?;
+            let s = state_at(dir.as_raw_fd(), &name, store.as_deref_mut(), hash)?;
             let p = at.join(&name);
             if s.is_dir() {
                 match sys::open_dir_at(dir.as_raw_fd(), &name) {
@@ -647,10 +702,13 @@ fn read_tree_in(
 
 /// A symbolic run of a plan over the states of the paths it touches, recording each
 /// touched path's state before the plan (where it was then) and after it.
-struct Capture<'a> {
+///
+/// Nothing is copied while the plan is run: contents are hashed only, and once the whole
+/// plan is known [`record`] stores the before-contents an undo cannot find in the project
+/// (a file that a rename only moved comes back by renaming its directory back).
+struct Capture {
     /// Looks in the project, keeping the directories of its last walk open.
     walker: Walker,
-    store: &'a mut Objects,
     /// Before-states, by path before the plan.
     before: BTreeMap<PathBuf, State>,
     /// States as the plan goes, by path at that point of the plan.
@@ -660,7 +718,7 @@ struct Capture<'a> {
     renames: Vec<(PathBuf, PathBuf)>,
 }
 
-impl Capture<'_> {
+impl Capture {
     fn map_back(&self, p: &Path) -> PathBuf {
         let mut cur = p.to_path_buf();
         for (from, to) in self.renames.iter().rev() {
@@ -690,7 +748,7 @@ impl Capture<'_> {
         let s = match self.before.get(&orig) {
             Some(s) => s.clone(),
             None => {
-                let s = read_state_in(&mut self.walker, &orig, Some(self.store))?;
+                let s = read_state_in(&mut self.walker, &orig, None)?;
                 self.before.insert(orig, s.clone());
                 s
             }
@@ -701,12 +759,19 @@ impl Capture<'_> {
 
     /// Make sure `cur` knows `p` and, for a directory, everything below it.
     fn ensure_tree(&mut self, p: &Path) -> io::Result<()> {
+        self.ensure_tree_as(p, true)
+    }
+
+    /// As [`Capture::ensure_tree`]; the files below `p` are not read when not `hash` (a
+    /// renamed tree: its contents stay in the project, known by size, mode and times, and
+    /// [`record`] reads only those it must keep).
+    fn ensure_tree_as(&mut self, p: &Path, hash: bool) -> io::Result<()> {
         self.ensure(p)?;
         if !self.cur.get(p).is_some_and(State::is_dir) || self.full.contains(p) {
             return Ok(());
         }
         let orig = self.map_back(p);
-        for (q, s) in read_tree_in(&mut self.walker, &orig, Some(self.store))? {
+        for (q, s) in read_tree_in(&mut self.walker, &orig, None, hash)? {
             let at = rebase(&q, &orig, p).unwrap_or(q.clone());
             if !self.cur.contains_key(&at) {
                 self.cur.insert(at.clone(), s.clone());
@@ -837,7 +902,7 @@ impl Capture<'_> {
                 }
             }
             PlanOp::RenameDir { from, to, .. } => {
-                self.ensure_tree(from)?;
+                self.ensure_tree_as(from, false)?;
                 self.ensure_tree(to)?;
                 let moved: Vec<(PathBuf, State)> = self
                     .cur
@@ -869,16 +934,141 @@ impl Capture<'_> {
     }
 }
 
+/// One step of putting an accept's directory renames back (see [`rename_back`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BackStep {
+    /// Remove what the accept left where a renamed directory goes back.
+    Delete(PathBuf),
+    /// Rename the directory at `from` (where the accept put it) back to `to`.
+    Rename { from: PathBuf, to: PathBuf },
+}
+
+fn below<'m, T>(
+    map: &'m BTreeMap<PathBuf, Option<T>>,
+    p: &'m Path,
+) -> impl Iterator<Item = (&'m PathBuf, &'m Option<T>)> + 'm {
+    map.range::<Path, _>((std::ops::Bound::Included(p), std::ops::Bound::Unbounded))
+        .take_while(move |(q, _)| q.starts_with(p))
+}
+
+/// Undo an accept's directory `renames` (in plan order) on `map` (every path the accept
+/// changed, in the namespace after it, with what is there or `None`), newest first: what
+/// the accept left where a directory goes back is removed first, then the directory is
+/// renamed back. A rename whose directory is no longer one, whose old parent is gone or
+/// that `skip` refuses is left out (its contents come back from the store, or not at all).
+/// Shared by [`record`] (which keeps the contents the renames will not bring back) and
+/// `shade undo` (which replays the steps): the two must agree.
+pub fn rename_back<T: Clone>(
+    map: &mut BTreeMap<PathBuf, Option<T>>,
+    renames: &[(PathBuf, PathBuf)],
+    is_dir: impl Fn(&T) -> bool,
+    mut skip: impl FnMut(&Path, &Path, &BTreeMap<PathBuf, Option<T>>) -> bool,
+) -> Vec<BackStep> {
+    let mut steps = Vec::new();
+    for (from, to) in renames.iter().rev() {
+        if !matches!(map.get(to.as_path()), Some(Some(v)) if is_dir(v)) {
+            continue;
+        }
+        let parent_ok = from
+            .ancestors()
+            .skip(1)
+            .filter(|a| !a.as_os_str().is_empty())
+            .all(|a| match map.get(a) {
+                None => true,
+                Some(None) => false,
+                Some(Some(v)) => is_dir(v),
+            });
+        if !parent_ok || skip(from, to, map) {
+            continue;
+        }
+        let occupied: Vec<PathBuf> = below(map, from)
+            .filter(|(_, v)| v.is_some())
+            .map(|(q, _)| q.clone())
+            .collect();
+        if !occupied.is_empty() {
+            steps.push(BackStep::Delete(from.clone()));
+            for q in occupied {
+                map.insert(q, None);
+            }
+        }
+        let moving: Vec<(PathBuf, T)> = below(map, to)
+            .filter_map(|(q, v)| v.clone().map(|v| (q.clone(), v)))
+            .collect();
+        for (q, v) in moving {
+            map.insert(q.clone(), None);
+            if let Some(at) = rebase(&q, to, from) {
+                map.insert(at, Some(v));
+            }
+        }
+        steps.push(BackStep::Rename {
+            from: to.clone(),
+            to: from.clone(),
+        });
+    }
+    steps
+}
+
+/// A plan's directory renames as the user made them: each from where it was to where it
+/// ended, without the temporary names (`.shade-move-…` at the root) a plan moves
+/// directories through.
+pub fn shown_renames(renames: &[(PathBuf, PathBuf)]) -> Vec<(PathBuf, PathBuf)> {
+    let temp = |p: &Path| {
+        p.components()
+            .next()
+            .is_some_and(|c| c.as_os_str().as_bytes().starts_with(b".shade-move-"))
+    };
+    let mut out = Vec::new();
+    for (i, (f, t)) in renames.iter().enumerate() {
+        if temp(f) && f.components().count() == 1 {
+            continue; // the second leg of a move through a temporary name
+        }
+        let mut from = f.clone();
+        for (pf, pt) in renames[..i].iter().rev() {
+            if let Some(b) = rebase(&from, pt, pf) {
+                from = b;
+            }
+        }
+        let mut to = t.clone();
+        for (nf, nt) in &renames[i + 1..] {
+            if let Some(b) = rebase(&to, nf, nt) {
+                to = b;
+            }
+        }
+        if !temp(&from) && !temp(&to) {
+            out.push((from, to));
+        }
+    }
+    out
+}
+
+/// Room kept free on the state directory's disk: the history never fills it.
+const FREE_MARGIN: u64 = 512 << 20;
+
+fn free_bytes(dir: &Path) -> io::Result<u64> {
+    let d = sys::open_dir_path(dir)?;
+    // SAFETY: fstatvfs fills the struct we pass, on a descriptor we hold.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstatvfs(d.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
 /// Record (before the accept's commit point, with the project locked and checked) what
-/// `plan` will change in the project at `root`: before-contents go to the store, and the
-/// entry is written durably. Returns `None` when history is off or not kept for this root.
+/// `plan` will change in the project at `root`: before-contents an undo cannot find in
+/// the project go to the store, and the entry is written durably. When those contents
+/// would take more than the retention's `max_bytes`, or than the state directory's disk
+/// has free (less a margin), nothing is copied and the entry says the accept cannot be
+/// undone (the accept itself goes ahead). Returns the entry's path, and why it is not
+/// undoable if it is not; `None` when history is off or not kept for this root.
 pub fn record(
     history: &Path,
     root_fd: RawFd,
     root: &Path,
     id: &str,
     plan: &mut [PlanOp],
-) -> io::Result<Option<PathBuf>> {
+) -> io::Result<Option<(PathBuf, Option<String>)>> {
     if retention().keep == 0 {
         return Ok(None);
     }
@@ -886,7 +1076,6 @@ pub fn record(
     let mut store = Objects::open(history)?;
     let mut cap = Capture {
         walker: Walker::new(root_fd),
-        store: &mut store,
         before: BTreeMap::new(),
         cur: BTreeMap::new(),
         full: BTreeSet::new(),
@@ -895,25 +1084,117 @@ pub fn record(
     for op in plan.iter_mut() {
         cap.op(op)?;
     }
-    let Capture { before, cur, .. } = cap;
+    let Capture {
+        mut walker,
+        before,
+        cur,
+        renames,
+        ..
+    } = cap;
     let mut paths: BTreeSet<&PathBuf> = before.keys().collect();
     paths.extend(cur.keys());
+    // Paths below a rename's ends are listed even when unchanged in place: undo moves them.
+    let ends: Vec<&PathBuf> = renames.iter().flat_map(|(f, t)| [f, t]).collect();
+    let moved = |p: &Path| ends.iter().any(|e| p.starts_with(e));
+    // What the project holds after the accept once its renames are undone: a before-content
+    // found there again need not be kept.
+    let mut back: BTreeMap<PathBuf, Option<State>> = paths
+        .iter()
+        .map(|p| ((*p).clone(), cur.get(*p).filter(|s| s.present()).cloned()))
+        .collect();
+    if !renames.is_empty() {
+        rename_back(&mut back, &renames, State::is_dir, |_, _, _| false);
+    }
     let mut changes = Vec::new();
-    let mut bytes = 0;
+    let mut keep: Vec<(PathBuf, String, u64)> = Vec::new();
     for p in paths {
         let b = before.get(p).cloned().unwrap_or(State::Absent);
         let a = cur.get(p).cloned().unwrap_or(State::Absent);
-        if b == a {
+        if b == a && !(moved(p) && b.present()) {
             continue;
         }
-        bytes += b.bytes();
+        if let State::File {
+            sha256,
+            size,
+            mtime,
+            ..
+        } = &b
+        {
+            // The same content back in place (a file of a renamed tree, never read: by its
+            // size and times as well).
+            let found = matches!(
+                back.get(p),
+                Some(Some(State::File { sha256: h, size: s2, mtime: m2, .. }))
+                    if h == sha256 && (!h.is_empty() || (s2 == size && m2 == mtime))
+            );
+            if !found {
+                keep.push((p.clone(), sha256.clone(), *size));
+            }
+        }
         changes.push(Change {
             path: JPath::new(p),
             before: b,
             after: a,
         });
     }
-    store.sync()?;
+    let kept_bytes: u64 = keep.iter().map(|(_, _, s)| *s).sum();
+    // Each distinct content once; what the store holds already costs nothing. (A file of a
+    // renamed tree was not read: its hash is not known yet.)
+    let mut seen = BTreeSet::new();
+    keep.retain(|(_, h, _)| {
+        h.is_empty() || (seen.insert(h.clone()) && !store.dir.join(h).exists())
+    });
+    let mut need = 0u64;
+    for (p, _, size) in &keep {
+        super::stage::check_cancel()?;
+        let (parent, name) = walker.open_parent(p)?;
+        let f = sys::open_file_at(parent.as_raw_fd(), &name)?;
+        let m = f.metadata()?;
+        use std::os::unix::fs::MetadataExt;
+        need = need.saturating_add((*size).min(m.blocks().saturating_mul(512)));
+    }
+    let r = retention();
+    let free = free_bytes(&store.dir)?;
+    let not_kept = if need > r.max_bytes {
+        Some(format!(
+            "its earlier contents ({}) are more than the history keeps ([history] max_size = {})",
+            crate::units::format_size(need),
+            crate::units::format_size(r.max_bytes)
+        ))
+    } else if need.saturating_add(FREE_MARGIN) > free {
+        Some(format!(
+            "its earlier contents ({}) do not fit in the {} free on the state directory's disk \
+             (less a margin of {})",
+            crate::units::format_size(need),
+            crate::units::format_size(free),
+            crate::units::format_size(FREE_MARGIN)
+        ))
+    } else {
+        None
+    };
+    let mut bytes = 0;
+    if not_kept.is_none() {
+        for (p, sha256, _) in &keep {
+            let (parent, name) = walker.open_parent(p)?;
+            let mut f = sys::open_file_at(parent.as_raw_fd(), &name)?;
+            let (got, _) = store.put(&mut f)?;
+            if sha256.is_empty() {
+                // Now it is known (the change is found by its path: `changes` is in order).
+                if let Ok(i) = changes.binary_search_by(|c| c.path.path().cmp(p.as_path())) {
+                    if let State::File { sha256: h, .. } = &mut changes[i].before {
+                        *h = got;
+                    }
+                }
+            } else if &got != sha256 {
+                return Err(io::Error::other(format!(
+                    "{} changed while the accept recorded it",
+                    p.display()
+                )));
+            }
+        }
+        bytes = kept_bytes;
+        store.sync()?;
+    }
     let entry = Entry {
         version: VERSION,
         id: id.to_string(),
@@ -926,9 +1207,20 @@ pub fn record(
         bytes,
         evicted: false,
         dropped: None,
+        renames: renames
+            .iter()
+            .map(|(f, t)| (JPath::new(f), JPath::new(t)))
+            .collect(),
+        not_kept: not_kept.clone(),
     };
     store_entry(history, &entry)?;
-    Ok(Some(entry_path(history, id)))
+    if let Some(why) = &not_kept {
+        tracing::warn!(
+            "accept {id} cannot be undone: {why}; it is applied all the same (`shade log` \
+             marks it not undoable)"
+        );
+    }
+    Ok(Some((entry_path(history, id), not_kept)))
 }
 
 fn changes_path(history: &Path, id: &str) -> PathBuf {
