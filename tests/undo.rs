@@ -662,6 +662,21 @@ fn undo_of_a_rename_refuses_when_the_renamed_tree_changed_since() {
     assert!(fx.project.join("b/x.txt").exists());
     fx.write("b/y.txt", "y\n");
     assert_eq!(snapshot(&fx.project), after);
+    // A same-size edit whose mtime is set back as it was (`touch -r`): its ctime tells.
+    let x = fx.project.join("b/x.txt");
+    let was = std::fs::metadata(&x).unwrap().modified().unwrap();
+    fx.write("b/x.txt", "q\n");
+    std::fs::File::options()
+        .write(true)
+        .open(&x)
+        .unwrap()
+        .set_modified(was)
+        .unwrap();
+    let (o, v) = undo_json(&fx, &[]);
+    assert_eq!(o.status.code(), Some(124), "{}", out(&o));
+    assert!(v["kept"].to_string().contains("b/x.txt"), "{v}");
+    assert_eq!(std::fs::read_to_string(&x).unwrap(), "q\n");
+    fx.write("b/x.txt", "x\n");
     // A symlink in the renamed directory's place is not followed.
     std::fs::rename(fx.project.join("b"), fx.project.join("real")).unwrap();
     std::os::unix::fs::symlink("real", fx.project.join("b")).unwrap();

@@ -631,8 +631,8 @@ fn build(history_dir: &Path, root: i32, entry: &Entry) -> Result<Built, UndoErro
     })
 }
 
-/// For a file of a renamed tree (recorded without its hash, known by size and times):
-/// whether `now` is still the one the accept left.
+/// For a file of a renamed tree (recorded without its hash, known by size, times, ctime and
+/// inode): whether `now` is still the one the accept left.
 fn same_unread(after: &State, now: &State) -> bool {
     match (after, now) {
         (
@@ -640,14 +640,16 @@ fn same_unread(after: &State, now: &State) -> bool {
                 sha256,
                 size,
                 mtime,
+                changed,
                 ..
             },
             State::File {
                 size: s2,
                 mtime: m2,
+                changed: c2,
                 ..
             },
-        ) if sha256.is_empty() => size == s2 && mtime == m2,
+        ) if sha256.is_empty() => size == s2 && mtime == m2 && (changed.is_none() || changed == c2),
         _ => true,
     }
 }

@@ -120,6 +120,12 @@ pub enum State {
         mtime: Option<Timestamp>,
         #[serde(default)]
         xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+        /// For a file known without its hash (`sha256` empty: one of a renamed tree): its
+        /// ctime and inode, which no write can keep as they were (an mtime can be set
+        /// back; a ctime cannot), so that undo tells an edit of the same size whose mtime
+        /// was reset.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        changed: Option<(i64, i64, u64)>,
     },
     /// A symbolic link.
     Symlink { target: JPath, uid: u32, gid: u32 },
@@ -610,6 +616,7 @@ fn state_at(
                 sha256: String::new(),
                 mtime,
                 xattrs: xattrs_of(f.as_raw_fd()),
+                changed: Some((st.st_ctime, st.st_ctime_nsec, st.st_ino)),
             }
         }
         libc::S_IFREG => {
@@ -626,6 +633,7 @@ fn state_at(
                 sha256,
                 mtime,
                 xattrs: xattrs_of(f.as_raw_fd()),
+                changed: None,
             }
         }
         libc::S_IFLNK => State::Symlink {
@@ -820,6 +828,7 @@ impl Capture {
                     sha256,
                     mtime: perms.times.map(|t| t.1),
                     xattrs: perms.xattrs.clone().unwrap_or_default(),
+                    changed: None,
                 };
                 self.set(path, s);
             }
