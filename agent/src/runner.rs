@@ -51,7 +51,7 @@ pub(crate) struct Inner {
 /// (issue 31: its connection's caches are warm from the server's earlier branches). The
 /// engine's answers are the same either way; a served one runs them in the server.
 pub(crate) enum ShadowBranch {
-    Local(Branch),
+    Local(Box<Branch>),
     Served(RemoteBranch),
 }
 
@@ -108,7 +108,7 @@ impl ShadowBranch {
 
     pub(crate) fn accept(self, flags: AcceptFlags) -> Result<AcceptReport, AcceptError> {
         match self {
-            ShadowBranch::Local(b) => b.accept(flags),
+            ShadowBranch::Local(b) => (*b).accept(flags),
             ShadowBranch::Served(b) => b.accept(flags),
         }
     }
@@ -123,7 +123,7 @@ impl ShadowBranch {
         match self {
             ShadowBranch::Local(b) => {
                 let r = b.accept_quiesced(flags);
-                *keep = Some(b);
+                *keep = Some(*b);
                 r
             }
             ShadowBranch::Served(b) => b.accept(flags),

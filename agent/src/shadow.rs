@@ -95,7 +95,12 @@ impl Shadow {
     pub fn create(project: &Path, options: ShadowOptions) -> Result<Shadow, ShadowError> {
         let branch = Branch::create(project, &options.branch)?;
         let project = branch.project().to_path_buf();
-        Self::around(ShadowBranch::Local(branch), project, options, None)
+        Self::around(
+            ShadowBranch::Local(Box::new(branch)),
+            project,
+            options,
+            None,
+        )
     }
 
     /// [`Shadow::create`], the branch asked of the project's branch server (issue 31) when
@@ -139,7 +144,12 @@ impl Shadow {
     ) -> Result<Shadow, ShadowError> {
         let branch = Branch::create(project, &options.branch)?;
         let project = branch.project().to_path_buf();
-        Self::around(ShadowBranch::Local(branch), project, options, Some(outside))
+        Self::around(
+            ShadowBranch::Local(Box::new(branch)),
+            project,
+            options,
+            Some(outside),
+        )
     }
 
     /// The shadow of `branch`, whose commands and paths show it at `project`.
@@ -404,7 +414,7 @@ impl Shadow {
         let caches = self.inner.stop_commands();
         self.inner.close_children();
         let branch = match lock(&self.inner.branch).take()? {
-            ShadowBranch::Local(b) => b,
+            ShadowBranch::Local(b) => *b,
             ShadowBranch::Served(b) => {
                 // Never made so (`create_served` is for shadows that are not handed out).
                 tracing::warn!("a served branch cannot be handed out; it is dropped");
@@ -446,7 +456,7 @@ impl ShadowBase {
         self.inner.attach()?;
         let branch = Branch::create(&self.inner.mount(), &options.branch)?;
         let child = Shadow::around(
-            ShadowBranch::Local(branch),
+            ShadowBranch::Local(Box::new(branch)),
             self.inner.project.clone(),
             options,
             None,
