@@ -115,6 +115,24 @@ impl Shadowed {
     }
 }
 
+/// `c` run as the plain test user instead (same arguments, environment and directory).
+fn as_plain(c: &Command) -> Command {
+    let argv = common::plain::argv(&c.get_program().to_string_lossy());
+    let mut out = Command::new(&argv[0]);
+    out.args(&argv[1..]).args(c.get_args());
+    for (k, v) in c.get_envs() {
+        match v {
+            Some(v) => out.env(k, v),
+            None => out.env_remove(k),
+        };
+    }
+    if let Some(d) = c.get_current_dir() {
+        out.current_dir(d);
+    }
+    out.stdin(Stdio::null());
+    out
+}
+
 impl Drop for Shadowed {
     fn drop(&mut self) {
         stop_branch_servers(self.fx.state.root());
@@ -168,6 +186,45 @@ fn exec_shadow_branches_are_served_warm_and_show_the_same_changes() {
     assert!(err.contains("shade: accepted 2 changes"), "{err}");
     assert!(p.fx.read("add.sh").contains("echo $(( $1 + $2 ))"));
     assert_eq!(p.fx.read("result.txt"), "PASS\n");
+    p.assert_clean();
+}
+
+/// The plain user's `exec --shadow` is served too, by a server of that user's.
+#[test]
+fn a_plain_users_exec_shadow_is_served_and_reused() {
+    let p = project();
+    common::plain::require_fuse();
+    std::fs::create_dir_all(p.fx.state.root()).unwrap();
+    common::plain::chown_tree(p.fx.tmp.path());
+    common::plain::chown_tree(p.config.path());
+    let before = snapshot(&p.fx.project);
+    let mut seen = Vec::new();
+    for _ in 0..8 {
+        let o = as_plain(&p.exec(&[])).output().unwrap();
+        let (out, err) = (text(&o.stdout), text(&o.stderr));
+        assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+        assert!(out.ends_with("M add.sh\nA result.txt\n"), "{out:?}");
+        let v = served(&o);
+        assert!(v.is_some(), "not served: {err}");
+        if v == Some(true) {
+            break;
+        }
+        seen.push(err);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(seen.len() < 8, "never reused: {seen:#?}");
+    // The server is the plain user's.
+    let (uid, _) = common::plain::ids();
+    let servers = p.fx.state.root().join("servers");
+    let socks: Vec<_> = std::fs::read_dir(&servers)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "sock"))
+        .collect();
+    assert_eq!(socks.len(), 1);
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(socks[0].metadata().unwrap().uid(), uid);
+    assert_eq!(snapshot(&p.fx.project), before);
     p.assert_clean();
 }
 
