@@ -59,10 +59,16 @@ fake=$!
 trap 'kill $fake 2>/dev/null || true' EXIT
 for _ in $(seq 50); do [[ -s $port_file ]] && break; sleep 0.1; done
 export OPENAI_BASE_URL=http://127.0.0.1:$(cat $port_file) SHADE_MODEL=fake OPENAI_API_KEY=x
-# exec --shadow whose agent runs CMD: the ms the command took inside the sandbox.
+# exec --shadow whose agent runs CMD: the ms the command took inside the sandbox, with
+# "r" appended when the branch was served on a reused connection ("n": served, new).
 shadow_ms() { # server(0|1) CMD
-  (cd $proj && SHADE_BRANCH_SERVER=$1 $SHADE exec --shadow --json --approval yolo "$2" 2>/dev/null) \
-    | grep -o 'ms=[0-9]*' | head -1 | cut -d= -f2
+  local ms
+  ms=$( (cd $proj && SHADE_BRANCH_SERVER=$1 SHADE_LOG=shade_fusefs::served=debug NO_COLOR=1 \
+      $SHADE exec --shadow --json --approval yolo "$2" 2>$base/exec.err) \
+    | grep -o "ms=[0-9][0-9]*" | head -1 | cut -d= -f2)
+  if grep -q "reused_connection=true" $base/exec.err; then echo "${ms}r"
+  elif grep -q "branch served" $base/exec.err; then echo "${ms}n"
+  else echo "$ms"; fi
 }
 echo "files $(find $proj -type f -not -path '*/.git/*' | wc -l), load $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores"
 shadow_ms 1 true >/dev/null  # start the server
