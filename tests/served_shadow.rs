@@ -270,7 +270,9 @@ fn a_served_branch_keeps_the_conflict_base() {
     std::fs::write(&gate, "").unwrap();
     let o = child.wait_with_output().unwrap();
     let err = text(&o.stderr);
-    assert_eq!(served(&o), Some(true), "{err}");
+    // Served; usually on the warmed connection, but reuse is the server's call (a
+    // connection something may still hold is not pooled): the conflict base holds either way.
+    assert!(served(&o).is_some(), "{err}");
     assert_eq!(o.status.code(), Some(124), "{}\n{err}", text(&o.stdout));
     assert!(err.contains("not accepted: 1 path changed"), "{err}");
     assert!(err.contains("add.sh"), "{err}");
