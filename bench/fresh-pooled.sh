@@ -86,7 +86,7 @@ exec {P[1]}>&-; wait $P_PID 2>/dev/null || true
 # connection, traced from outside through the mount point its debug line names).
 for k in status diff rg find; do
   (cd $proj && $SHADE run -- sh -c "${C[$k]} >/dev/null" 2>/dev/null)
-  smp=$(cd $proj && SHADE_LOG=shade::branch_server=debug NO_COLOR=1 $SHADE run -- sh -c "sleep 0.3; ${C[$k]} >/dev/null; sleep 0.3" 2>&1 >/dev/null \
+  smp=$(cd $proj && SHADE_LOG=shade_fusefs::served=debug NO_COLOR=1 $SHADE run -- sh -c "sleep 0.3; ${C[$k]} >/dev/null; sleep 0.3" 2>&1 >/dev/null \
     | grep -o 'mountpoint=[^ ]*' | head -1 | cut -d= -f2) || true
   # The traced run: its branch takes the connection the previous one let go.
   (cd $proj && $SHADE run -- sh -c "${C[$k]} >/dev/null" 2>/dev/null)

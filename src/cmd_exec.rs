@@ -191,7 +191,7 @@ async fn run(args: ExecArgs) -> i32 {
     }
     let shadow = if args.shadow {
         crate::cmd_run::startup_recovery(&StateDir::from_env());
-        match Shadow::create(workspace.root(), ShadowOptions::live()) {
+        match Shadow::create_served(workspace.root(), ShadowOptions::live()) {
             Ok(s) => Some(s),
             Err(e) => return exit::fail(&anyhow::anyhow!(e)),
         }

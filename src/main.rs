@@ -93,7 +93,9 @@ fn main() {
         }
     }
     if let Ok(exe) = std::env::current_exe() {
-        sandbox::set_foreground_helper(exe);
+        sandbox::set_foreground_helper(exe.clone());
+        // This binary serves branches (`__branch-server`): its commands may ask for them.
+        shade_fusefs::served::set_server_exe(exe);
     }
     config::install_default_sandbox();
     shade_fusefs::accept::history::set_origin(command_line());

@@ -120,7 +120,7 @@ impl Served {
         c.env_remove("SHADE_BRANCH_SERVER")
             .env(
                 "SHADE_LOG",
-                "shade::branch_server=debug,shade_fusefs::pool=debug",
+                "shade::branch_server=debug,shade_fusefs::served=debug,shade_fusefs::pool=debug",
             )
             .env("NO_COLOR", "1");
         // Same environment and directory, another binary.

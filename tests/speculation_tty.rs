@@ -739,3 +739,59 @@ fn a_speculated_command_writing_the_home_gets_the_live_result_and_the_host_home_
     wait_until("the session to end", 60, || !tty.alive());
     chat.assert_nothing_left();
 }
+
+/// What the session's branch servers logged.
+fn server_logs(chat: &Chat) -> String {
+    std::fs::read_dir(chat.state.join("servers"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+        .collect()
+}
+
+/// Speculation on the project gets its branch from the project's branch server (issue 31:
+/// a warm connection, not a fresh mount), and everything else stays: nothing reaches the
+/// tree until the suggestion is taken, the accept lands it, typing something else drops
+/// the next one.
+#[test]
+fn a_speculation_is_served_by_the_branch_server() {
+    let chat = setup();
+    let tty = chat.start_with(
+        &["--approval", "yolo"],
+        &[("SHADE_LOG", "warn,shade::branch_server=info".into())],
+    );
+    exchange(&tty, "hello", "Hello.");
+    tty.say("what is wrong?");
+    tty.wait_text("subtracts instead of adding", 60);
+    wait_ghost(&tty, "fix it and run the tests");
+    wait_until("the speculated answer", 60, || {
+        served(&chat, "fix it and run the tests", 2, "fast-model") == 1
+    });
+    wait_until("the pipelined suggestion request", 60, || {
+        chat.llm.requests().iter().any(|r| {
+            is_suggestion_request(r) && last_real_user(r) == "fix it and run the tests"
+                || shade_testkit::last_user(r).contains("The user just said")
+        })
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let logs = server_logs(&chat);
+    assert!(logs.contains("served a branch"), "not served: {logs}");
+    assert_eq!(read(&chat.project.join("add.sh")), BUGGY);
+    assert!(!chat.project.join("result.txt").exists());
+    tty.keys(&["Enter"]);
+    tty.wait_text("speculated ahead: 2 changes written", 60);
+    assert_eq!(read(&chat.project.join("add.sh")), FIXED);
+    assert_eq!(read(&chat.project.join("result.txt")), "PASS\n");
+    // The next suggestion's speculation runs in a served branch too; a new input drops it.
+    wait_ghost(&tty, "commit this");
+    tty.say("never mind");
+    tty.wait_text("You said: never mind", 60);
+    assert_eq!(read(&chat.project.join("result.txt")), "PASS\n");
+    tty.keys(&["C-d"]);
+    wait_until("the session to end", 60, || !tty.alive());
+    chat.assert_nothing_left();
+    common::stop_branch_servers(&chat.state);
+    assert_eq!(chat.mounts(), 0);
+}

@@ -9,7 +9,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use shade_fusefs::sandbox::{self, CacheBranches, Cancel, Isolation, Output, RunOutcome, RunSpec};
-use shade_fusefs::{Branch, BranchOptions, ChangeKind};
+use shade_fusefs::served::RemoteBranch;
+use shade_fusefs::{
+    AcceptError, AcceptFlags, AcceptReport, Branch, BranchError, BranchOptions, ChangeKind,
+    Changeset, LimitHit,
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::workspace::Workspace;
@@ -28,7 +32,7 @@ pub(crate) struct Inner {
     pub(crate) cache_dirs: Vec<PathBuf>,
     pub(crate) branch_options: BranchOptions,
     /// `None` once accepted or aborted.
-    pub(crate) branch: Mutex<Option<Branch>>,
+    pub(crate) branch: Mutex<Option<ShadowBranch>>,
     /// Created on the first read-only command; dropped with the branch.
     pub(crate) caches: Mutex<Option<CacheBranches>>,
     pub(crate) runs: Mutex<Runs>,
@@ -41,6 +45,110 @@ pub(crate) struct Inner {
     /// layer: a live session keeps one layer across the branches it renews
     /// ([`crate::shadow::Live`]).
     pub(crate) outside: Option<PathBuf>,
+}
+
+/// A shadow's branch: made in this process, or served by the project's branch server
+/// (issue 31: its connection's caches are warm from the server's earlier branches). The
+/// engine's answers are the same either way; a served one runs them in the server.
+pub(crate) enum ShadowBranch {
+    Local(Box<Branch>),
+    Served(RemoteBranch),
+}
+
+impl ShadowBranch {
+    pub(crate) fn mountpoint(&self) -> &Path {
+        match self {
+            ShadowBranch::Local(b) => b.mountpoint(),
+            ShadowBranch::Served(b) => b.mountpoint(),
+        }
+    }
+
+    pub(crate) fn outside_dir(&self) -> PathBuf {
+        match self {
+            ShadowBranch::Local(b) => b.outside_dir(),
+            ShadowBranch::Served(b) => b.outside_dir(),
+        }
+    }
+
+    pub(crate) fn take_limit_hits(&self) -> Vec<LimitHit> {
+        match self {
+            ShadowBranch::Local(b) => b.take_limit_hits(),
+            ShadowBranch::Served(b) => b.take_limits_hit(),
+        }
+    }
+
+    /// What the branch changed; for a served branch whose server failed, nothing (logged:
+    /// its mount went with the server).
+    pub(crate) fn changeset(&self, include_ignored: bool) -> Changeset {
+        match self {
+            ShadowBranch::Local(b) => b.changeset(include_ignored),
+            ShadowBranch::Served(b) => b.changeset(include_ignored).unwrap_or_else(|e| {
+                tracing::warn!("the branch's changes: {e}");
+                Changeset::default()
+            }),
+        }
+    }
+
+    pub(crate) fn diff(&self, changes: &Changeset) -> String {
+        match self {
+            ShadowBranch::Local(b) => b.diff(changes),
+            ShadowBranch::Served(b) => b.diff(changes).unwrap_or_else(|e| {
+                tracing::warn!("the branch's diff: {e}");
+                String::new()
+            }),
+        }
+    }
+
+    pub(crate) fn check_accept(&self, flags: AcceptFlags) -> Result<(), AcceptError> {
+        match self {
+            ShadowBranch::Local(b) => b.check_accept(flags),
+            ShadowBranch::Served(b) => b.check_accept(flags),
+        }
+    }
+
+    pub(crate) fn accept(self, flags: AcceptFlags) -> Result<AcceptReport, AcceptError> {
+        match self {
+            ShadowBranch::Local(b) => (*b).accept(flags),
+            ShadowBranch::Served(b) => b.accept(flags),
+        }
+    }
+
+    /// Accept with nothing running in the branch any more. A local branch stays mounted
+    /// (in `keep`) until the caller drops it; a served one is the server's to drop.
+    pub(crate) fn accept_quiesced(
+        self,
+        flags: AcceptFlags,
+        keep: &mut Option<Branch>,
+    ) -> Result<AcceptReport, AcceptError> {
+        match self {
+            ShadowBranch::Local(b) => {
+                let r = b.accept_quiesced(flags);
+                *keep = Some(*b);
+                r
+            }
+            ShadowBranch::Served(b) => b.accept(flags),
+        }
+    }
+
+    pub(crate) fn is_detached(&self) -> bool {
+        matches!(self, ShadowBranch::Local(b) if b.is_detached())
+    }
+
+    /// Let the connection go while idle (`Branch::detach`); a served branch's connection is
+    /// the server's, so it is refused.
+    pub(crate) fn detach(&mut self) -> Result<(), String> {
+        match self {
+            ShadowBranch::Local(b) => b.detach(),
+            ShadowBranch::Served(_) => Err("the branch is served by the branch server".into()),
+        }
+    }
+
+    pub(crate) fn attach(&mut self) -> Result<(), BranchError> {
+        match self {
+            ShadowBranch::Local(b) => b.attach(),
+            ShadowBranch::Served(_) => Ok(()),
+        }
+    }
 }
 
 /// Where a shadow's branch is mounted now, and the workspace of that mount.
@@ -75,7 +183,7 @@ impl Inner {
 
     /// Stops new commands, kills running ones, waits for them, drops the cache branches and
     /// hands back the branch (if not closed before).
-    pub(crate) fn close(&self) -> Option<Branch> {
+    pub(crate) fn close(&self) -> Option<ShadowBranch> {
         drop(self.stop_commands());
         self.close_children();
         lock(&self.branch).take()

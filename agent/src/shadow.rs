@@ -18,7 +18,7 @@ use shade_fusefs::{
     AcceptError, AcceptFlags, AcceptReport, Branch, BranchError, BranchOptions, Changeset,
 };
 
-use crate::runner::{lock, At, Inner, Runs};
+use crate::runner::{lock, At, Inner, Runs, ShadowBranch};
 pub use crate::runner::{Command, RunError, ShadowRunner};
 use crate::tools::ToolContext;
 use crate::workspace::Workspace;
@@ -91,11 +91,48 @@ pub struct Shadow {
 }
 
 impl Shadow {
-    /// Mounts a fresh branch of `project` (canonicalized).
+    /// Mounts a fresh branch of `project` (canonicalized) in this process.
     pub fn create(project: &Path, options: ShadowOptions) -> Result<Shadow, ShadowError> {
         let branch = Branch::create(project, &options.branch)?;
         let project = branch.project().to_path_buf();
-        Self::around(branch, project, options, None)
+        Self::around(
+            ShadowBranch::Local(Box::new(branch)),
+            project,
+            options,
+            None,
+        )
+    }
+
+    /// [`Shadow::create`], the branch asked of the project's branch server (issue 31) when
+    /// this process may use one (`shade_fusefs::served`): its connection comes warm from
+    /// the server's earlier branches, so the first command does not pay a cold mount. The
+    /// same fallback as `shade run`'s: `SHADE_BRANCH_SERVER=0`, or a server that cannot
+    /// start or answer, makes the branch in-process (said in a debug log). For shadows
+    /// that are never handed out as a [`Branch`] ([`Shadow::into_branch`]), detached or
+    /// branched off: `exec`/`chat --shadow`, speculation on the project.
+    pub fn create_served(project: &Path, options: ShadowOptions) -> Result<Shadow, ShadowError> {
+        if shade_fusefs::served::enabled() {
+            let canonical =
+                std::fs::canonicalize(project).map_err(|source| ShadowError::Workspace {
+                    path: project.to_path_buf(),
+                    source,
+                })?;
+            // Reusable: every command of a shadow runs in its sandbox, which tells the
+            // server (through `commands_left_it_reusable`) whether one may still hold it.
+            if let Some(b) =
+                shade_fusefs::served::RemoteBranch::create(&canonical, &options.branch, true)
+            {
+                let project = b.project().to_path_buf();
+                return Self::around(ShadowBranch::Served(b), project, options, None);
+            }
+        }
+        Self::create(project, options)
+    }
+
+    /// Whether the branch is served by the branch server ([`Shadow::create_served`]) on a
+    /// connection that served an earlier branch (its caches warm).
+    pub fn served_warm(&self) -> bool {
+        matches!(&*lock(&self.inner.branch), Some(ShadowBranch::Served(b)) if b.reused_connection())
     }
 
     /// [`Shadow::create`] whose commands write outside the project into `outside` (an
@@ -107,24 +144,42 @@ impl Shadow {
     ) -> Result<Shadow, ShadowError> {
         let branch = Branch::create(project, &options.branch)?;
         let project = branch.project().to_path_buf();
-        Self::around(branch, project, options, Some(outside))
+        Self::around(
+            ShadowBranch::Local(Box::new(branch)),
+            project,
+            options,
+            Some(outside),
+        )
     }
 
     /// The shadow of `branch`, whose commands and paths show it at `project`.
     fn around(
-        branch: Branch,
+        branch: ShadowBranch,
         project: PathBuf,
         options: ShadowOptions,
         outside: Option<PathBuf>,
     ) -> Result<Shadow, ShadowError> {
-        // Every shadow's first command comes after a model call (or an MCP client's next
-        // request): meanwhile a background walk fills the kernel's caches of the fresh
-        // branch, so that command's look-ups (`git status`, `find`, builds) are answered
-        // without round trips. Best effort: a failure only loses the speed.
-        if let Err(e) = branch.warm_up() {
-            tracing::debug!("warming up branch {}: {e}", branch.id());
-        }
-        let lower = branch.project().to_path_buf();
+        let (id, lower) = match &branch {
+            ShadowBranch::Local(b) => {
+                // Every shadow's first command comes after a model call (or an MCP client's
+                // next request): meanwhile a background walk fills the kernel's caches of
+                // the fresh branch, so that command's look-ups (`git status`, `find`,
+                // builds) are answered without round trips. Best effort: a failure only
+                // loses the speed.
+                if let Err(e) = b.warm_up() {
+                    tracing::debug!("warming up branch {}: {e}", b.id());
+                }
+                (b.id().to_string(), b.project().to_path_buf())
+            }
+            // The server's connection is warm already (or, new, warms as it serves).
+            ShadowBranch::Served(b) => {
+                let name = b.mountpoint().file_name().unwrap_or_default();
+                (
+                    format!("served-{}", name.to_string_lossy()),
+                    b.project().to_path_buf(),
+                )
+            }
+        };
         let mount = branch.mountpoint().to_path_buf();
         let workspace =
             Workspace::shadowed(&project, &mount).map_err(|source| ShadowError::Workspace {
@@ -133,7 +188,7 @@ impl Shadow {
             })?;
         Ok(Shadow {
             inner: Arc::new(Inner {
-                id: branch.id().to_string(),
+                id,
                 project,
                 lower,
                 at: Mutex::new(At { mount, workspace }),
@@ -210,7 +265,7 @@ impl Shadow {
     pub fn is_detached(&self) -> bool {
         lock(&self.inner.branch)
             .as_ref()
-            .is_some_and(Branch::is_detached)
+            .is_some_and(ShadowBranch::is_detached)
     }
 
     /// The branch's id (its FUSE fsname is `shade:ID`).
@@ -338,9 +393,10 @@ impl Shadow {
                 source: std::io::Error::other("the shadow was already closed"),
             });
         };
-        let result = branch.accept_quiesced(flags);
+        let mut kept = None;
+        let result = branch.accept_quiesced(flags, &mut kept);
         let leftover = Leftover {
-            _branch: Some(branch),
+            _branch: kept,
             _caches: caches,
         };
         result.map(|report| (report, leftover))
@@ -357,7 +413,15 @@ impl Shadow {
     pub fn into_branch(self) -> Option<(Branch, Leftover)> {
         let caches = self.inner.stop_commands();
         self.inner.close_children();
-        let branch = lock(&self.inner.branch).take()?;
+        let branch = match lock(&self.inner.branch).take()? {
+            ShadowBranch::Local(b) => *b,
+            ShadowBranch::Served(b) => {
+                // Never made so (`create_served` is for shadows that are not handed out).
+                tracing::warn!("a served branch cannot be handed out; it is dropped");
+                drop(b);
+                return None;
+            }
+        };
         Some((
             branch,
             Leftover {
@@ -391,7 +455,12 @@ impl ShadowBase {
         // lives (`detach_idle` refuses).
         self.inner.attach()?;
         let branch = Branch::create(&self.inner.mount(), &options.branch)?;
-        let child = Shadow::around(branch, self.inner.project.clone(), options, None)?;
+        let child = Shadow::around(
+            ShadowBranch::Local(Box::new(branch)),
+            self.inner.project.clone(),
+            options,
+            None,
+        )?;
         // Registered under the parent's run lock, so a close that began meanwhile is seen.
         let runs = lock(&self.inner.runs);
         if runs.closed {

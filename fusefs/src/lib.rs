@@ -31,6 +31,7 @@ mod reset;
 pub mod rootdir;
 pub mod sandbox;
 mod select;
+pub mod served;
 pub mod state;
 pub mod timing;
 mod tree;

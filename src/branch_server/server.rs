@@ -1,9 +1,9 @@
 //! The server's side: listen, check each peer is this user, serve each client's branch in a
 //! thread of its own, and exit when idle.
 
-use super::wire::{self, Reply, Request};
-use super::{Lock, Paths};
 use clap::Args;
+use shade_fusefs::served::wire::{self, Reply, Request};
+use shade_fusefs::served::{Lock, Paths};
 use shade_fusefs::{AcceptFlags, Branch, BranchLimits, BranchOptions, IdShift, StateDir};
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsRawFd;
@@ -218,11 +218,11 @@ fn accept_pending(listener: &UnixListener, clients: &Arc<AtomicUsize>, ctx: &Arc
 /// Only this user's processes may ask for branches (SO_PEERCRED; the socket's directory is
 /// 0700 too).
 fn check_peer(stream: &UnixStream) -> std::io::Result<()> {
-    let uid = super::peer_uid(stream)?;
-    if uid != super::euid() {
+    let uid = shade_fusefs::served::peer_uid(stream)?;
+    if uid != shade_fusefs::served::euid() {
         return Err(std::io::Error::other(format!(
             "peer is uid {uid}, not {}",
-            super::euid()
+            shade_fusefs::served::euid()
         )));
     }
     Ok(())
@@ -343,6 +343,15 @@ fn answer(
         }
         (Request::Create { .. }, Some(_)) => (Reply::Error("one branch per client".into()), true),
         (_, None) => (Reply::Error("no branch".into()), true),
+        (Request::LimitsHit, Some(b)) => (
+            Reply::Hits(
+                b.take_limit_hits()
+                    .iter()
+                    .filter_map(wire::WireHit::of)
+                    .collect(),
+            ),
+            false,
+        ),
         (Request::LimitHits, Some(b)) => (
             Reply::Lines(
                 b.take_limit_hits()

@@ -166,8 +166,9 @@ impl Session {
             agent.set_telemetry(shade_agent::followup::telemetry::Telemetry::from_env(id));
         }
         let shadow = if args.shadow {
-            let shadow = Shadow::create(agent.context().workspace.root(), ShadowOptions::live())
-                .context("cannot create the session's branch")?;
+            let shadow =
+                Shadow::create_served(agent.context().workspace.root(), ShadowOptions::live())
+                    .context("cannot create the session's branch")?;
             agent = agent.fork_into(&shadow, args.approval);
             Some(shadow)
         } else {
@@ -544,7 +545,7 @@ impl Session {
     /// keeps its model and approval mode.
     pub fn renew_shadow(&mut self) -> anyhow::Result<()> {
         let root = self.agent.context().workspace.shown_root().to_path_buf();
-        let shadow = Shadow::create(&root, ShadowOptions::live())
+        let shadow = Shadow::create_served(&root, ShadowOptions::live())
             .context("cannot create a new branch for the session")?;
         self.agent = self.agent.fork_into(&shadow, self.agent.options().approval);
         self.shadow = Some(shadow);

@@ -376,7 +376,7 @@ impl Live {
     /// fails the session goes on in a fresh branch and says so.
     fn keep(&self, st: &mut State, branch: shade_fusefs::Branch) {
         match Shadow::around(
-            branch,
+            crate::runner::ShadowBranch::Local(Box::new(branch)),
             self.project.clone(),
             self.options.clone(),
             Some(self.dir.join("outside")),

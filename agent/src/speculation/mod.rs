@@ -413,7 +413,7 @@ async fn run(
         let options = ShadowOptions::speculative(limit);
         match base {
             Some(base) => base.create_child(options),
-            None => Shadow::create(&project, options),
+            None => Shadow::create_served(&project, options),
         }
     })
     .await

@@ -82,7 +82,7 @@ pub fn set_origin(origin: impl Into<String>) {
 
 /// The origin to record, kept to one line of visible text: it comes from whoever started
 /// the accept (an MCP client's self-chosen name, a command line) and `shade log` prints it.
-fn origin() -> String {
+pub fn origin() -> String {
     let o = NOTE
         .with(|n| n.borrow().as_ref().map(|(o, _)| o.clone()))
         .or_else(|| ORIGIN.lock().ok().and_then(|g| g.clone()))

@@ -3,8 +3,8 @@
 //! results (changes, accept reports and refusals) as plain copies rebuilt on the client, so
 //! the client prints exactly what an in-process `shade run` prints.
 
+use crate::{AcceptError, AcceptReport, Base, Change, ChangeKind, Conflict, LimitHit, NotApplied};
 use serde::{Deserialize, Serialize};
-use shade_fusefs::{AcceptError, AcceptReport, Base, Change, ChangeKind, Conflict, NotApplied};
 use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
@@ -36,6 +36,9 @@ pub enum Request {
     },
     /// The limits the branch reached since the last ask, as the lines to print.
     LimitHits,
+    /// The same as the engine's values ([`Reply::Hits`]), for a client that reports them
+    /// (the agent's shell tool).
+    LimitsHit,
     Changeset {
         include_ignored: bool,
     },
@@ -79,6 +82,7 @@ pub enum Reply {
         dev: u64,
     },
     Lines(Vec<String>),
+    Hits(Vec<WireHit>),
     Changes(Vec<WireChange>),
     Text(String),
     Done,
@@ -86,6 +90,34 @@ pub enum Reply {
     Refused(WireAcceptError),
     /// The request failed (a branch that could not be made, a bad request).
     Error(String),
+}
+
+/// A branch's [`LimitHit`] (the branch reports only its own budgets).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy)]
+pub enum WireHit {
+    /// [`LimitHit::BranchSize`].
+    Size(u64),
+    /// [`LimitHit::BranchMetadata`].
+    Metadata(u64),
+}
+
+impl WireHit {
+    /// `h` for the wire; `None` for a limit that is not the branch's.
+    pub fn of(h: &LimitHit) -> Option<WireHit> {
+        match h {
+            LimitHit::BranchSize(n) => Some(WireHit::Size(*n)),
+            LimitHit::BranchMetadata(n) => Some(WireHit::Metadata(*n)),
+            _ => None,
+        }
+    }
+
+    /// The engine's value.
+    pub fn hit(self) -> LimitHit {
+        match self {
+            WireHit::Size(n) => LimitHit::BranchSize(n),
+            WireHit::Metadata(n) => LimitHit::BranchMetadata(n),
+        }
+    }
 }
 
 /// A [`Change`].
