@@ -13,14 +13,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SHADE=${SHADE:-$here/target/release/shade}
 base=${BASE:-/var/tmp/shade-exec-served}
 proj=$base/repo
-if [[ ! -d $proj/.git ]]; then
-  mkdir -p $proj
-  for c in ~/.cargo/registry/src/*/*/; do
-    cp -r "$c" $proj/; (( $(find $proj -type f | wc -l) >= 10000 )) && break
-  done
-  (cd $proj && git init -q && git config gc.auto 0 && git add -A -f && git -c user.name=b -c user.email=b@l commit -q -m t)
-  sleep 1.1; (cd $proj && git update-index -q --refresh && git status --porcelain >/dev/null)
-fi
+source "$here/bench/fresh-lib.sh"
+ten_k_repo "$proj"
 export SHADE_STATE_DIR=$base/state XDG_CONFIG_HOME=$base/config
 mkdir -p $XDG_CONFIG_HOME
 git -C $proj config gc.auto 0

@@ -18,3 +18,17 @@ fuse_requests() {
   echo "$(grep -c FUSE_ $T/trace) ($(grep -o '(FUSE_[A-Z]*)' $T/trace | sort | uniq -c | sort -rn | head -4 | tr -s ' \n' ' '))"
   rmdir $T
 }
+
+# ten_k_repo DIR: a git repository of about 10,000 files (crate sources from the cargo
+# registry) at DIR, made once, committed, its index refreshed (so the first `git status`
+# measured is a warm one).
+ten_k_repo() {
+  local proj=$1
+  [[ -d $proj/.git ]] && return
+  mkdir -p "$proj"
+  for c in ~/.cargo/registry/src/*/*/; do
+    cp -r "$c" "$proj"/; (( $(find "$proj" -type f | wc -l) >= 10000 )) && break
+  done
+  (cd "$proj" && git init -q && git config gc.auto 0 && git add -A -f && git -c user.name=b -c user.email=b@l commit -q -m t)
+  sleep 1.1; (cd "$proj" && git update-index -q --refresh && git status --porcelain >/dev/null)
+}

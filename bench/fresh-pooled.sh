@@ -16,19 +16,12 @@ POOLED=${POOLED:-$here/target/release/examples/pooled}
 SHADE=${SHADE:-$here/target/release/shade}
 base=${BASE:-/var/tmp/shade-fresh-pooled}
 proj=$base/repo
-if [[ ! -d $proj/.git ]]; then
-  mkdir -p $proj
-  for c in ~/.cargo/registry/src/*/*/; do
-    cp -r "$c" $proj/; (( $(find $proj -type f | wc -l) >= 10000 )) && break
-  done
-  (cd $proj && git init -q && git config gc.auto 0 && git add -A -f && git -c user.name=b -c user.email=b@l commit -q -m t)
-  sleep 1.1; (cd $proj && git update-index -q --refresh && git status --porcelain >/dev/null)
-fi
+source "$here/bench/fresh-lib.sh"
+ten_k_repo "$proj"
 export SHADE_STATE_DIR=$base/state
 # No background `git gc --auto` racing the measured commands.
 git -C $proj config gc.auto 0
 mountpoint -q /sys/kernel/tracing || mount -t tracefs tracefs /sys/kernel/tracing
-source "$here/bench/fresh-lib.sh"
 declare -A C=([status]="git status --porcelain" [diff]="git diff --stat" [rg]="rg --no-ignore -c 'fn '" [find]="find . -type f")
 coproc P { exec $POOLED $proj 2>/dev/null; }
 new() { echo "$1" >&"${P[1]}"; read -t 60 -r mp us reused drop_us <&"${P[0]}" || { echo "the pooled example did not answer" >&2; exit 1; }; echo "$1 $us $reused $drop_us" >> $base/create.log; }

@@ -26,14 +26,8 @@ mkdir -p $base/bin
 cc -O2 -o $base/bin/sysbench $here/sandbox-cost/sysbench.c
 cc -O2 -o $base/bin/tm $here/sandbox-cost/tm.c
 proj=$base/repo
-if [[ ! -d $proj/.git ]]; then
-  mkdir -p $proj
-  for c in ~/.cargo/registry/src/*/*/; do
-    cp -r "$c" $proj/; (( $(find $proj -type f | wc -l) >= 10000 )) && break
-  done
-  (cd $proj && git init -q && git config gc.auto 0 && git add -A -f && git -c user.name=b -c user.email=b@l commit -q -m t)
-  sleep 1.1; (cd $proj && git update-index -q --refresh && git status --porcelain >/dev/null)
-fi
+source "$here/fresh-lib.sh"
+ten_k_repo "$proj"
 export SHADE_STATE_DIR=$base/state
 SB=$base/bin/sysbench TM=$base/bin/tm
 cd $proj
