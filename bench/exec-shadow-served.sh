@@ -19,7 +19,6 @@ export SHADE_STATE_DIR=$base/state XDG_CONFIG_HOME=$base/config
 mkdir -p $XDG_CONFIG_HOME
 git -C $proj config gc.auto 0
 declare -A C=([status]="git status --porcelain" [diff]="git diff --stat" [rg]="rg --no-ignore -c 'fn '" [find]="find . -type f")
-ms() { local t0=$(date +%s%N); eval "$1" >/dev/null; echo $(( ($(date +%s%N) - t0) / 1000000 )); }
 # The fake model: its first answer runs $CMD timed, its second ends the turn.
 port_file=$base/port; rm -f $port_file
 python3 - "$port_file" <<'PY' &
