@@ -31,7 +31,6 @@ use std::sync::OnceLock;
 
 use super::outside::{self, Outside, RootStage, RootUnit, View};
 use super::{child, Result, RunSpec, SandboxError};
-use crate::StateDir;
 
 /// What this machine gives a confined command (see [`probe`]).
 #[derive(Debug)]
@@ -612,20 +611,38 @@ fn memfd_with(data: &[u8]) -> io::Result<OwnedFd> {
     Ok(OwnedFd::from(file))
 }
 
-/// Every path shade keeps state in that `spec` involves: the default state directory and
-/// the state directory of the branch mount and of each bind source (`ROOT/branches/ID/mnt`).
+/// Every shade state dir on this machine the command could otherwise reach, not only its
+/// run's: those the environment, the password database and the user's registry name
+/// ([`crate::state::known_state_dirs`]), those of the branch mount and of each bind source
+/// (`ROOT/branches/ID/mnt`), and those of every shade branch mounted in this namespace
+/// (another shade's, with another state dir): its ROOT when marked ([`crate::state::MARKER`]),
+/// else the branch's own directory (its `mnt`, `outside/`, `store/`), else the mount point.
+/// Resolved, deduplicated, outermost only, none holding or inside the project.
 fn state_dirs(spec: &RunSpec) -> Vec<PathBuf> {
-    let mut dirs = vec![StateDir::from_env().root().to_path_buf()];
-    for source in std::iter::once(&spec.mount).chain(spec.binds.iter().map(|b| &b.source)) {
-        let root = source
+    let mut dirs = crate::state::known_state_dirs();
+    let mounts = outside::branch_mounts()
+        .into_iter()
+        .map(|c| PathBuf::from(OsStr::from_bytes(c.as_bytes())));
+    let ours =
+        std::iter::once(spec.mount.clone()).chain(spec.binds.iter().map(|b| b.source.clone()));
+    for point in ours.chain(mounts) {
+        let branch = point
             .parent()
-            .filter(|_| source.file_name() == Some(OsStr::new("mnt")))
+            .filter(|_| point.file_name() == Some(OsStr::new("mnt")));
+        let root = branch
             .and_then(Path::parent)
             .filter(|b| b.file_name() == Some(OsStr::new("branches")))
             .and_then(Path::parent);
-        if let Some(root) = root {
-            dirs.push(root.to_path_buf());
-        }
+        dirs.push(match (root, branch) {
+            // Before the marker existed, a state dir was known by its layout alone.
+            (Some(r), Some(b))
+                if r.join(crate::state::MARKER).exists() || b.join("owner").exists() =>
+            {
+                r.to_path_buf()
+            }
+            (_, Some(b)) => b.to_path_buf(),
+            _ => point,
+        });
     }
     let mut real: Vec<PathBuf> = dirs
         .into_iter()
@@ -636,7 +653,14 @@ fn state_dirs(spec: &RunSpec) -> Vec<PathBuf> {
         .collect();
     real.sort();
     real.dedup();
-    real
+    // Outermost only: a hidden directory's inside needs no mount of its own.
+    let mut outer: Vec<PathBuf> = Vec::new();
+    for d in real {
+        if !outer.iter().any(|o| d.starts_with(o)) {
+            outer.push(d);
+        }
+    }
+    outer
 }
 
 /// The bwrap command that runs `spec` confined: its file system per
