@@ -2367,6 +2367,19 @@ fn agent_tools_race(who: Who) {
     assert_host_untouched(&host, &format!("exec --shadow\n{log}"));
 }
 
+/// Ends the other shade's command (its stop file) however the test ends.
+struct Ender {
+    child: Child,
+    stop: PathBuf,
+}
+
+impl Drop for Ender {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.stop, "");
+        let _ = self.child.wait();
+    }
+}
+
 /// Another shade of the same user with another state dir (red team 6 route 2: an MCP
 /// server with another XDG_STATE_HOME, a per-project SHADE_STATE_DIR) holds a live branch
 /// with a new file it has not accepted and a write it made outside its project: a command
@@ -2376,7 +2389,7 @@ fn other_state_dir_hidden(who: Who) {
     let e = env(who);
     let b = env(who);
     let w = own_dir(&b, "w");
-    let mut other: Child = b
+    let child: Child = b
         .shade()
         .args(["run", "--", "sh", "-c"])
         .arg(format!(
@@ -2389,6 +2402,10 @@ fn other_state_dir_hidden(who: Who) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut other = Ender {
+        child,
+        stop: b.out.join("stop"),
+    };
     common::wait_until("the other shade's command to start", 120, || {
         b.out.join("ready").exists()
     });
@@ -2449,8 +2466,8 @@ fn other_state_dir_hidden(who: Who) {
             std::os::unix::fs::lchown(entry, Some(uid), Some(gid)).unwrap();
         }
     }
-    std::fs::write(b.out.join("stop"), "").unwrap();
-    let status = other.wait().unwrap();
+    std::fs::write(&other.stop, "").unwrap();
+    let status = other.child.wait().unwrap();
     // No branch mounted any more: found from the registry alone.
     let listed = e.run(
         &[],

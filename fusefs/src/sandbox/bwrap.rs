@@ -619,7 +619,13 @@ fn memfd_with(data: &[u8]) -> io::Result<OwnedFd> {
 /// else the branch's own directory (its `mnt`, `outside/`, `store/`), else the mount point.
 /// Resolved, deduplicated, outermost only, none holding or inside the project.
 fn state_dirs(spec: &RunSpec) -> Vec<PathBuf> {
-    let mut dirs = crate::state::known_state_dirs();
+    // Per place, what to hide in order of preference: the first that exists and neither
+    // holds nor lies in the project (a branch of a branch: the project is a mount point
+    // there, and that branch's siblings are still hidden).
+    let mut options: Vec<Vec<PathBuf>> = crate::state::known_state_dirs()
+        .into_iter()
+        .map(|d| vec![d])
+        .collect();
     let mounts = outside::branch_mounts()
         .into_iter()
         .map(|c| PathBuf::from(OsStr::from_bytes(c.as_bytes())));
@@ -628,28 +634,33 @@ fn state_dirs(spec: &RunSpec) -> Vec<PathBuf> {
     for point in ours.chain(mounts) {
         let branch = point
             .parent()
-            .filter(|_| point.file_name() == Some(OsStr::new("mnt")));
+            .filter(|_| point.file_name() == Some(OsStr::new("mnt")))
+            .map(Path::to_path_buf);
         let root = branch
+            .as_deref()
             .and_then(Path::parent)
             .filter(|b| b.file_name() == Some(OsStr::new("branches")))
-            .and_then(Path::parent);
-        dirs.push(match (root, branch) {
+            .and_then(Path::parent)
             // Before the marker existed, a state dir was known by its layout alone.
-            (Some(r), Some(b))
-                if r.join(crate::state::MARKER).exists() || b.join("owner").exists() =>
-            {
-                r.to_path_buf()
-            }
-            (_, Some(b)) => b.to_path_buf(),
-            _ => point,
-        });
+            .filter(|r| {
+                r.join(crate::state::MARKER).exists()
+                    || branch.as_ref().is_some_and(|b| b.join("owner").exists())
+            })
+            .map(Path::to_path_buf);
+        options.push(root.into_iter().chain(branch).chain([point]).collect());
     }
-    let mut real: Vec<PathBuf> = dirs
+    let usable = |d: PathBuf| -> Option<PathBuf> {
+        let d = std::fs::canonicalize(d).ok()?;
+        let keep = d.is_dir()
+            && d != Path::new("/")
+            // Never hide what the command must see.
+            && !spec.project.starts_with(&d)
+            && !d.starts_with(&spec.project);
+        keep.then_some(d)
+    };
+    let mut real: Vec<PathBuf> = options
         .into_iter()
-        .filter_map(|d| std::fs::canonicalize(d).ok())
-        .filter(|d| d.is_dir() && d != Path::new("/"))
-        // Never hide what the command must see.
-        .filter(|d| !spec.project.starts_with(d) && !d.starts_with(&spec.project))
+        .filter_map(|alts| alts.into_iter().find_map(usable))
         .collect();
     real.sort();
     real.dedup();
