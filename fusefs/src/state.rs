@@ -151,3 +151,26 @@ pub fn known_state_dirs() -> Vec<PathBuf> {
     }
     dirs
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A state dir made anywhere is marked and listed, so another shade's sandbox finds it
+    /// without its environment; once gone it drops out of the list.
+    #[test]
+    fn marked_state_dirs_are_known_until_gone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("elsewhere/state");
+        let state = StateDir::at(root.clone());
+        state.mark().unwrap();
+        state.mark().unwrap();
+        assert!(root.join(MARKER).is_file());
+        let real = std::fs::canonicalize(&root).unwrap();
+        let known = known_state_dirs();
+        assert_eq!(known.iter().filter(|d| **d == real).count(), 1, "{known:?}");
+        drop(tmp);
+        assert!(!known_state_dirs().contains(&real));
+    }
+}
