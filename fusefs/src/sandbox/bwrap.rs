@@ -629,9 +629,18 @@ fn state_dirs(spec: &RunSpec) -> Vec<PathBuf> {
     let mounts = outside::branch_mounts()
         .into_iter()
         .map(|c| PathBuf::from(OsStr::from_bytes(c.as_bytes())));
-    let ours =
-        std::iter::once(spec.mount.clone()).chain(spec.binds.iter().map(|b| b.source.clone()));
-    for point in ours.chain(mounts) {
+    // The run's own branch and bind sources: their state dir, by its layout.
+    for source in std::iter::once(&spec.mount).chain(spec.binds.iter().map(|b| &b.source)) {
+        let root = source
+            .parent()
+            .filter(|_| source.file_name() == Some(OsStr::new("mnt")))
+            .and_then(Path::parent)
+            .filter(|b| b.file_name() == Some(OsStr::new("branches")))
+            .and_then(Path::parent);
+        options.extend(root.map(|r| vec![r.to_path_buf()]));
+    }
+    // Every shade branch mounted here, whoever's.
+    for point in mounts {
         let branch = point
             .parent()
             .filter(|_| point.file_name() == Some(OsStr::new("mnt")))
