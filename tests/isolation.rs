@@ -2367,6 +2367,138 @@ fn agent_tools_race(who: Who) {
     assert_host_untouched(&host, &format!("exec --shadow\n{log}"));
 }
 
+/// Ends the other shade's command (its stop file) however the test ends.
+struct Ender {
+    child: Child,
+    stop: PathBuf,
+}
+
+impl Drop for Ender {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.stop, "");
+        let _ = self.child.wait();
+    }
+}
+
+/// Another shade of the same user with another state dir (red team 6 route 2: an MCP
+/// server with another XDG_STATE_HOME, a per-project SHADE_STATE_DIR) holds a live branch
+/// with a new file it has not accepted and a write it made outside its project: a command
+/// of this shade reads neither, through that branch's mount, its outside layer or its
+/// store, and does not even list that state dir.
+fn other_state_dir_hidden(who: Who) {
+    let e = env(who);
+    let b = env(who);
+    let w = own_dir(&b, "w");
+    let child: Child = b
+        .shade()
+        .args(["run", "--", "sh", "-c"])
+        .arg(format!(
+            "echo B-NEW-h28 > new.txt; echo B-OUT-h28 > {W}/secret; echo up > {O}/ready; \
+             while [ ! -e {O}/stop ] && [ -d {O} ]; do sleep 0.2; done",
+            W = w.display(),
+            O = b.o()
+        ))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut other = Ender {
+        child,
+        stop: b.out.join("stop"),
+    };
+    common::wait_until("the other shade's command to start", 120, || {
+        b.out.join("ready").exists()
+    });
+    let mount = branch_mount(&b.state).expect("the other shade's branch is mounted");
+    let branch = mount.parent().unwrap().to_path_buf();
+    // What there is to read, seen from the host by the same user: the attack is real.
+    let mut cat = match who {
+        Who::Root => Command::new("cat"),
+        Who::Plain => {
+            let mut c = Command::new("/usr/bin/setpriv");
+            c.args([
+                &format!("--reuid={PLAIN}"),
+                &format!("--regid={PLAIN}"),
+                "--init-groups",
+                "cat",
+            ]);
+            c
+        }
+    };
+    let new = String::from_utf8(cat.arg(mount.join("new.txt")).output().unwrap().stdout).unwrap();
+    let grep = Command::new("grep")
+        .args(["-rl", "B-OUT-h28"])
+        .arg(branch.join("outside"))
+        .output()
+        .unwrap();
+    let s = b.state.display().to_string();
+    let probe = format!(
+        r#"v=$(cat {S}/branches/*/mnt/new.txt {M}/new.txt 2>/dev/null); [ -z "$v" ] || echo "$v" > {O}/mnt
+        v=$(grep -rh B-OUT-h28 {S} {B} 2>/dev/null); [ -z "$v" ] || echo "$v" > {O}/outside
+        v=$(ls -A {S} 2>/dev/null; ls -A {B} 2>/dev/null); [ -z "$v" ] || echo "$v" > {O}/listed
+        true"#,
+        S = s,
+        M = mount.display(),
+        B = branch.display(),
+        O = e.o()
+    );
+    // Found from the registry and from the mount table; then from the mount table alone
+    // (the other state dir's registry entry set aside for that run).
+    let both = e.run(&[], &probe);
+    let registry = match who {
+        Who::Root => PathBuf::from("/root"),
+        Who::Plain => PathBuf::from(format!("/home/{PLAIN}")),
+    }
+    .join(".local/state/shade-state-dirs");
+    let entry = std::fs::read_dir(&registry)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|l| std::fs::read_link(l).is_ok_and(|t| t == b.state));
+    if let Some(entry) = &entry {
+        std::fs::remove_file(entry).unwrap();
+    }
+    let mounted = e.run(&[], &probe);
+    if let Some(entry) = &entry {
+        std::os::unix::fs::symlink(&b.state, entry).unwrap();
+        if who == Who::Plain {
+            let (uid, gid) = plain_ids();
+            std::os::unix::fs::lchown(entry, Some(uid), Some(gid)).unwrap();
+        }
+    }
+    std::fs::write(&other.stop, "").unwrap();
+    let status = other.child.wait().unwrap();
+    // No branch mounted any more: found from the registry alone.
+    let listed = e.run(
+        &[],
+        &format!(
+            r#"v=$(ls -A {s} 2>/dev/null); [ -z "$v" ] || echo "$v" > {}/listed; true"#,
+            e.o()
+        ),
+    );
+    b.recover();
+    assert_eq!(
+        new.trim(),
+        "B-NEW-h28",
+        "the other branch holds no new file"
+    );
+    assert!(
+        !grep.stdout.is_empty(),
+        "the other branch's outside layer holds no write\n{}",
+        String::from_utf8_lossy(&grep.stderr)
+    );
+    assert!(status.success(), "the other shade failed");
+    assert!(
+        std::fs::read_dir(&b.state).unwrap().count() > 1,
+        "the other state dir is empty: nothing to hide"
+    );
+    for o in [&both, &mounted, &listed] {
+        ran(o);
+        e.assert_held(o);
+    }
+    assert!(entry.is_some(), "the other state dir is not registered");
+}
+
 macro_rules! both {
     ($($route:ident),* $(,)?) => {
         mod as_root {
@@ -2419,6 +2551,7 @@ both!(
     mcp_file_tools_race,
     lint_planted_symlink,
     agent_tools_race,
+    other_state_dir_hidden,
 );
 
 /// A command allocating past its memory limit (1 GiB touched, 256 MiB allowed) does not

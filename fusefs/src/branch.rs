@@ -294,6 +294,11 @@ impl Branch {
                 })
         };
         mk(&opts.state.branches(), 0o755)?;
+        // Marked and listed, so that every other shade's sandbox hides it too.
+        opts.state.mark().map_err(|source| BranchError::State {
+            path: opts.state.root().to_path_buf(),
+            source,
+        })?;
         if let Some(rel) = state_inside(&project, &opts.state)? {
             lower.hide(&rel);
         }

@@ -50,3 +50,127 @@ impl StateDir {
         self.root.join("journals")
     }
 }
+
+/// The file that marks a directory as a shade state dir, so that the sandbox of a command
+/// run with another state dir finds and hides it (see [`known_state_dirs`]).
+pub const MARKER: &str = "SHADE-STATE-DIR";
+
+/// Where each user's state dirs are listed (a symlink to each), in the user's home from the
+/// password database. Not hidden from commands: it holds paths only, every one of them
+/// hidden, and a command's writes there land in its outside layer. (Not in the default
+/// state dir: making that would hide it, and with it split the home's outside-layer unit.)
+fn registry() -> Option<PathBuf> {
+    let uid = nix::unistd::geteuid();
+    let home = nix::unistd::User::from_uid(uid).ok()??.dir;
+    Some(home.join(".local/state/shade-state-dirs"))
+}
+
+impl StateDir {
+    /// Marks the state dir ([`MARKER`]) and lists it in the user's registry, so that the
+    /// sandboxes of other state dirs hide it too. Called whenever a branch is made in it;
+    /// cheap when both are there already.
+    pub fn mark(&self) -> std::io::Result<()> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.root)?;
+        let marker = self.root.join(MARKER);
+        if !marker.exists() {
+            std::fs::write(
+                &marker,
+                "shade keeps its state here; the sandboxes of every shade hide this directory\n",
+            )?;
+        }
+        // The registry is best effort: the mount table finds a state dir with a live branch
+        // without it.
+        let (Some(reg), Ok(real)) = (registry(), std::fs::canonicalize(&self.root)) else {
+            return Ok(());
+        };
+        if std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&reg)
+            .is_err()
+        {
+            return Ok(());
+        }
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(&real, &mut h);
+        let base = std::hash::Hasher::finish(&h);
+        for k in 0..8u64 {
+            let link = reg.join(format!("{:016x}", base.wrapping_add(k)));
+            match std::fs::read_link(&link) {
+                Ok(t) if t == real => return Ok(()),
+                Ok(t) if t.join(MARKER).exists() => continue,
+                // A state dir no more: the slot is free.
+                Ok(_) => {
+                    let _ = std::fs::remove_file(&link);
+                }
+                Err(_) => {}
+            }
+            match std::os::unix::fs::symlink(&real, &link) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(_) => return Ok(()),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The state dirs the environment and the password database name (`$SHADE_STATE_DIR`,
+/// `$XDG_STATE_HOME/shade`, `$HOME/.local/state/shade`, the user's real home's) and those
+/// of the user's registry that are still marked ([`StateDir::mark`]; unmarked entries are
+/// pruned here). Found without walking the disk; some may not exist.
+pub fn known_state_dirs() -> Vec<PathBuf> {
+    let mut dirs = vec![StateDir::from_env().root];
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    dirs.extend(env("XDG_STATE_HOME").map(|x| x.join("shade")));
+    dirs.extend(env("HOME").map(|h| h.join(".local/state/shade")));
+    let Some(reg) = registry() else {
+        return dirs;
+    };
+    // The user's own default state dir, whatever the environment says.
+    if let Some(home) = reg.parent() {
+        dirs.push(home.join("shade"));
+    }
+    if let Ok(entries) = std::fs::read_dir(&reg) {
+        for e in entries.flatten() {
+            match std::fs::read_link(e.path()) {
+                Ok(t) if t.join(MARKER).exists() => dirs.push(t),
+                _ => {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+    }
+    dirs
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A state dir made anywhere is marked and listed, so another shade's sandbox finds it
+    /// without its environment; once gone it drops out of the list.
+    #[test]
+    fn marked_state_dirs_are_known_until_gone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("elsewhere/state");
+        let state = StateDir::at(root.clone());
+        state.mark().unwrap();
+        state.mark().unwrap();
+        assert!(root.join(MARKER).is_file());
+        let real = std::fs::canonicalize(&root).unwrap();
+        let known = known_state_dirs();
+        assert_eq!(known.iter().filter(|d| **d == real).count(), 1, "{known:?}");
+        drop(tmp);
+        assert!(!known_state_dirs().contains(&real));
+    }
+}

@@ -31,7 +31,6 @@ use std::sync::OnceLock;
 
 use super::outside::{self, Outside, RootStage, RootUnit, View};
 use super::{child, Result, RunSpec, SandboxError};
-use crate::StateDir;
 
 /// What this machine gives a confined command (see [`probe`]).
 #[derive(Debug)]
@@ -612,10 +611,25 @@ fn memfd_with(data: &[u8]) -> io::Result<OwnedFd> {
     Ok(OwnedFd::from(file))
 }
 
-/// Every path shade keeps state in that `spec` involves: the default state directory and
-/// the state directory of the branch mount and of each bind source (`ROOT/branches/ID/mnt`).
+/// Every shade state dir on this machine the command could otherwise reach, not only its
+/// run's: those the environment, the password database and the user's registry name
+/// ([`crate::state::known_state_dirs`]), those of the branch mount and of each bind source
+/// (`ROOT/branches/ID/mnt`), and those of every shade branch mounted in this namespace
+/// (another shade's, with another state dir): its ROOT when marked ([`crate::state::MARKER`]),
+/// else the branch's own directory (its `mnt`, `outside/`, `store/`), else the mount point.
+/// Resolved, deduplicated, outermost only, none holding or inside the project.
 fn state_dirs(spec: &RunSpec) -> Vec<PathBuf> {
-    let mut dirs = vec![StateDir::from_env().root().to_path_buf()];
+    // Per place, what to hide in order of preference: the first that exists and neither
+    // holds nor lies in the project (a branch of a branch: the project is a mount point
+    // there, and that branch's siblings are still hidden).
+    let mut options: Vec<Vec<PathBuf>> = crate::state::known_state_dirs()
+        .into_iter()
+        .map(|d| vec![d])
+        .collect();
+    let mounts = outside::branch_mounts()
+        .into_iter()
+        .map(|c| PathBuf::from(OsStr::from_bytes(c.as_bytes())));
+    // The run's own branch and bind sources: their state dir, by its layout.
     for source in std::iter::once(&spec.mount).chain(spec.binds.iter().map(|b| &b.source)) {
         let root = source
             .parent()
@@ -623,20 +637,50 @@ fn state_dirs(spec: &RunSpec) -> Vec<PathBuf> {
             .and_then(Path::parent)
             .filter(|b| b.file_name() == Some(OsStr::new("branches")))
             .and_then(Path::parent);
-        if let Some(root) = root {
-            dirs.push(root.to_path_buf());
-        }
+        options.extend(root.map(|r| vec![r.to_path_buf()]));
     }
-    let mut real: Vec<PathBuf> = dirs
+    // Every shade branch mounted here, whoever's.
+    for point in mounts {
+        let branch = point
+            .parent()
+            .filter(|_| point.file_name() == Some(OsStr::new("mnt")))
+            .map(Path::to_path_buf);
+        let root = branch
+            .as_deref()
+            .and_then(Path::parent)
+            .filter(|b| b.file_name() == Some(OsStr::new("branches")))
+            .and_then(Path::parent)
+            // Before the marker existed, a state dir was known by its layout alone.
+            .filter(|r| {
+                r.join(crate::state::MARKER).exists()
+                    || branch.as_ref().is_some_and(|b| b.join("owner").exists())
+            })
+            .map(Path::to_path_buf);
+        options.push(root.into_iter().chain(branch).chain([point]).collect());
+    }
+    let usable = |d: PathBuf| -> Option<PathBuf> {
+        let d = std::fs::canonicalize(d).ok()?;
+        let keep = d.is_dir()
+            && d != Path::new("/")
+            // Never hide what the command must see.
+            && !spec.project.starts_with(&d)
+            && !d.starts_with(&spec.project);
+        keep.then_some(d)
+    };
+    let mut real: Vec<PathBuf> = options
         .into_iter()
-        .filter_map(|d| std::fs::canonicalize(d).ok())
-        .filter(|d| d.is_dir() && d != Path::new("/"))
-        // Never hide what the command must see.
-        .filter(|d| !spec.project.starts_with(d) && !d.starts_with(&spec.project))
+        .filter_map(|alts| alts.into_iter().find_map(usable))
         .collect();
     real.sort();
     real.dedup();
-    real
+    // Outermost only: a hidden directory's inside needs no mount of its own.
+    let mut outer: Vec<PathBuf> = Vec::new();
+    for d in real {
+        if !outer.iter().any(|o| d.starts_with(o)) {
+            outer.push(d);
+        }
+    }
+    outer
 }
 
 /// The bwrap command that runs `spec` confined: its file system per

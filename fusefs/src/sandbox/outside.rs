@@ -850,9 +850,16 @@ fn user_outside(
         .into_iter()
         .map(|m| m.point)
         .collect();
+    // Every shade branch mounted here, whatever its state dir: never a unit, never shown
+    // (bwrap binds the command's own branches from their host paths).
+    let branches: Vec<PathBuf> = branch_mounts()
+        .into_iter()
+        .map(|c| PathBuf::from(std::ffi::OsStr::from_bytes(c.as_bytes())))
+        .collect();
     let mut rb = Rebuild {
         writable: &writable,
         points: &points,
+        branches: &branches,
         hide,
         project,
         outside,
@@ -1006,6 +1013,8 @@ enum Entry {
 struct Rebuild<'a> {
     writable: &'a [PathBuf],
     points: &'a [PathBuf],
+    /// Shade branch mount points (any state dir's): left out of the view.
+    branches: &'a [PathBuf],
     hide: &'a [PathBuf],
     project: &'a Path,
     outside: &'a Path,
@@ -1034,6 +1043,7 @@ impl Rebuild<'_> {
             || (self.private_tmp && p == Path::new("/tmp"))
             || p.starts_with(self.project)
             || under_any(p, self.hide)
+            || under_any(p, self.branches)
             || p.starts_with(self.outside);
         if own {
             return;
@@ -1056,9 +1066,12 @@ impl Rebuild<'_> {
             // A socket, a FIFO or a device: a way to a service, never shown.
             return;
         }
+        // A hidden directory below needs no split: bwrap's empty tmpfs covers it inside
+        // the unit's overlay as it does inside root's (a state dir with a branch mounted
+        // below splits for that mount). So another state dir in the home leaves the home
+        // one writable unit.
         let below = self.points.iter().any(|m| m != p && m.starts_with(p))
             || self.project.starts_with(p)
-            || self.hide.iter().any(|h| h.starts_with(p))
             || self.outside.starts_with(p)
             || self.writable.iter().any(|w| w != p && w.starts_with(p));
         if below {
