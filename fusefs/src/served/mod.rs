@@ -685,6 +685,23 @@ impl RunBranch {
         }
     }
 
+    /// The project the branch is of.
+    pub fn project(&self) -> &Path {
+        match self {
+            RunBranch::Local(b) => b.project(),
+            RunBranch::Remote(b) => b.project(),
+        }
+    }
+
+    /// Whether the branch server made it (its connection is the server's), and whether that
+    /// connection served an earlier branch: `None` for an in-process branch.
+    pub fn served_reused(&self) -> Option<bool> {
+        match self {
+            RunBranch::Local(_) => None,
+            RunBranch::Remote(b) => Some(b.reused_connection()),
+        }
+    }
+
     /// Where the branch's outside layer lives.
     pub fn outside_dir(&self) -> PathBuf {
         match self {
