@@ -797,9 +797,8 @@ for p in sorted(pathlib.Path('.').glob('*.py')):\n\
 
 /// `shade lint` with the branch server on (the fixture turns it off), its client's debug
 /// lines on stderr.
-fn served_lint(fx: &Fixture, args: &[&str], patch: &str, config: &Path) -> Output {
-    let mut child = fx
-        .shade()
+fn served_lint(fx: &Fixture, plain: bool, args: &[&str], patch: &str, config: &Path) -> Output {
+    let mut child = as_user(fx, plain)
         .arg("lint")
         .args(args)
         .env_remove("CARGO_TARGET_DIR")
@@ -819,6 +818,27 @@ fn served_lint(fx: &Fixture, args: &[&str], patch: &str, config: &Path) -> Outpu
         .write_all(patch.as_bytes())
         .unwrap();
     child.wait_with_output().unwrap()
+}
+
+/// `fx.shade()`, as the plain test user when `plain` (same environment and directory).
+fn as_user(fx: &Fixture, plain: bool) -> std::process::Command {
+    let c = fx.shade();
+    if !plain {
+        return c;
+    }
+    let argv = common::plain::argv(env!("CARGO_BIN_EXE_shade"));
+    let mut out = std::process::Command::new(&argv[0]);
+    out.args(&argv[1..]);
+    for (k, v) in c.get_envs() {
+        match v {
+            Some(v) => out.env(k, v),
+            None => out.env_remove(k),
+        };
+    }
+    if let Some(d) = c.get_current_dir() {
+        out.current_dir(d);
+    }
+    out
 }
 
 /// Text without terminal escapes.
@@ -857,8 +877,23 @@ fn served_line(text: &str) -> Option<String> {
 /// (rightly) refused.
 #[test]
 fn lint_branches_are_served_by_the_branch_server() {
+    lint_served(false);
+}
+
+/// The same as the plain test user, with a server of its own.
+#[test]
+fn lint_branches_are_served_by_the_branch_server_plain_user() {
+    lint_served(true);
+}
+
+fn lint_served(plain: bool) {
     let fx = py_fixture();
     fx.write("fixme_lint.py", FIXME_LINT);
+    if plain {
+        common::plain::require_fuse();
+        std::fs::create_dir_all(fx.state.root()).unwrap();
+        common::plain::chown_tree(fx.tmp.path());
+    }
     let config = fx.tmp.path().join("fixme.toml");
     std::fs::write(
         &config,
@@ -868,7 +903,7 @@ fn lint_branches_are_served_by_the_branch_server() {
     let before = snapshot(&fx.project);
     let patch = "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,3 @@\n import os\n+# FIXME new\n \n";
     let want = ["calc.py:2:3: error: FIXME left [fixme] (command)"];
-    let o = served_lint(&fx, &["--cold"], patch, &config);
+    let o = served_lint(&fx, plain, &["--cold"], patch, &config);
     assert_eq!(o.status.code(), Some(1), "{}", out(&o));
     assert_eq!(lines(&o), want, "{}", out(&o));
     let first = served_line(&no_escapes(&o.stderr))
@@ -879,7 +914,7 @@ fn lint_branches_are_served_by_the_branch_server() {
     let mut seen = Vec::new();
     let reused = (0..8).any(|_| {
         // No patch: the earlier one's line must not show in the reused branch.
-        let o = served_lint(&fx, &["--cold", "--all"], "", &config);
+        let o = served_lint(&fx, plain, &["--cold", "--all"], "", &config);
         assert_eq!(o.status.code(), Some(0), "{}", out(&o));
         assert!(lines(&o).is_empty(), "{}", out(&o));
         let line = served_line(&no_escapes(&o.stderr)).unwrap_or_default();
@@ -889,7 +924,7 @@ fn lint_branches_are_served_by_the_branch_server() {
     });
     assert!(reused, "no cold check reused a connection: {seen:#?}");
     // The warm daemon's session branch: served as well (its log is the daemon's stderr).
-    let o = served_lint(&fx, &[], patch, &config);
+    let o = served_lint(&fx, plain, &[], patch, &config);
     assert_eq!(o.status.code(), Some(1), "{}", out(&o));
     assert_eq!(lines(&o), want, "{}", out(&o));
     let log = std::fs::read_to_string(fx.state.root().join("lint/daemon.log")).unwrap();
@@ -897,7 +932,10 @@ fn lint_branches_are_served_by_the_branch_server() {
         served_line(&no_escapes(log.as_bytes())).is_some(),
         "the daemon's branch was not served:\n{log}"
     );
-    let o = fx.shade().args(["lint", "--stop"]).output().unwrap();
+    let o = as_user(&fx, plain)
+        .args(["lint", "--stop"])
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", out(&o));
     // The server's pooled connections go with it.
     assert_no_shade_mounts(&fx.state);
