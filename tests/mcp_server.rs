@@ -1342,8 +1342,7 @@ fn branch_server_pid(fx: &Fixture) -> u32 {
         .filter(|pid| {
             let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
-            args.get(1) == Some(&b"__branch-server".as_slice())
-                && args.iter().any(|a| *a == state.as_slice())
+            args.get(1) == Some(&b"__branch-server".as_slice()) && args.contains(&state.as_slice())
         })
         .collect();
     assert_eq!(found.len(), 1, "one branch server: {found:?}");
@@ -1501,6 +1500,60 @@ async fn many_idle_branches_keep_the_servers_threads_and_descriptors_flat() {
     let (err, text) = call(&client, "accept_branch", json!({"branch": ids[0]})).await;
     assert!(err && text.contains("a.txt"), "{text}");
     assert!(!fx.project.join("own/0.txt").exists());
+    disconnect(client).await;
+    assert_no_shade_mounts(&fx.state);
+}
+
+/// The plain test user's `shade mcp` parks its idle branches in its own branch server as
+/// root's does: each branch, resumed, shows only its own change, and the accept writes
+/// exactly the picked one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_users_branches_are_parked_in_its_own_server() {
+    let fx = Fixture::new();
+    fx.write("a.txt", "a\n");
+    common::plain::require_fuse();
+    std::fs::create_dir_all(fx.state.root()).unwrap();
+    common::plain::chown_tree(fx.tmp.path());
+    let argv = common::plain::argv(env!("CARGO_BIN_EXE_shade"));
+    let root_cmd = mcp_command(&fx, &["--no-lint"]);
+    let mut cmd = tokio::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..]).args(["mcp", "--no-lint"]);
+    for (k, v) in root_cmd.as_std().get_envs() {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    cmd.current_dir(&fx.project)
+        .env("SHADE_LOG", "shade::branch_server=info")
+        .env("NO_COLOR", "1");
+    let client = serve(cmd, TestClient::new(Some(ElicitationAction::Accept))).await;
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let b = branch(&client).await;
+        ok(
+            &client,
+            "write_file",
+            json!({"branch": b, "path": "a.txt", "content": format!("{i}\n")}),
+        )
+        .await;
+        ids.push(b);
+    }
+    for (i, b) in ids.iter().enumerate() {
+        let out = ok(
+            &client,
+            "run_command",
+            json!({"branch": b, "command": "cat a.txt"}),
+        )
+        .await;
+        assert!(out.contains(&format!("{i}\n")), "branch {b}: {out}");
+    }
+    let log = branch_server_logs(&fx);
+    assert!(log.matches("parked a branch").count() >= 4, "{log}");
+    assert!(log.contains("resumed a parked branch"), "{log}");
+    let accepted = ok(&client, "accept_branch", json!({"branch": ids[2]})).await;
+    assert!(accepted.contains("M a.txt"), "{accepted}");
+    assert_eq!(fx.read("a.txt"), "2\n");
     disconnect(client).await;
     assert_no_shade_mounts(&fx.state);
 }
