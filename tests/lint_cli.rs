@@ -786,3 +786,158 @@ fn compile_commands_are_checked_with_syntax_only_compiles() {
     assert_eq!(snapshot(&fx.project), before);
     assert_no_shade_mounts(&fx.state);
 }
+
+/// A line-based checker for the served tests: `FIXME` is an error.
+const FIXME_LINT: &str = "import pathlib\n\
+for p in sorted(pathlib.Path('.').glob('*.py')):\n\
+\x20   for i, line in enumerate(p.read_text().splitlines(), 1):\n\
+\x20       c = line.find('FIXME')\n\
+\x20       if c >= 0 and p.name != 'fixme_lint.py':\n\
+\x20           print(f'{p}:{i}:{c + 1}: error: FIXME left [fixme]')\n";
+
+/// `shade lint` with the branch server on (the fixture turns it off), its client's debug
+/// lines on stderr.
+fn served_lint(fx: &Fixture, plain: bool, args: &[&str], patch: &str, config: &Path) -> Output {
+    let mut child = as_user(fx, plain)
+        .arg("lint")
+        .args(args)
+        .env_remove("CARGO_TARGET_DIR")
+        .env_remove("SHADE_BRANCH_SERVER")
+        .env("SHADE_CONFIG", config)
+        .env("SHADE_LOG", "shade_fusefs::served=debug")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(patch.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// `fx.shade()`, as the plain test user when `plain` (same environment and directory).
+fn as_user(fx: &Fixture, plain: bool) -> std::process::Command {
+    let c = fx.shade();
+    if !plain {
+        return c;
+    }
+    let argv = common::plain::argv(env!("CARGO_BIN_EXE_shade"));
+    let mut out = std::process::Command::new(&argv[0]);
+    out.args(&argv[1..]);
+    for (k, v) in c.get_envs() {
+        match v {
+            Some(v) => out.env(k, v),
+            None => out.env_remove(k),
+        };
+    }
+    if let Some(d) = c.get_current_dir() {
+        out.current_dir(d);
+    }
+    out
+}
+
+/// Text without terminal escapes.
+fn no_escapes(s: &[u8]) -> String {
+    let s = String::from_utf8_lossy(s);
+    let mut out = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The served-branch debug line of `text`, if any.
+fn served_line(text: &str) -> Option<String> {
+    text.lines()
+        .find(|l| l.contains("branch served by the branch server"))
+        .map(str::to_string)
+}
+
+/// `shade lint` gets its branches from the project's branch server (issue 31), like `shade
+/// run`: a cold check's branch is served, a later cold check gets the same warm connection
+/// back (reset: the earlier patch is not in it), and the warm daemon's branch is served
+/// too; the diagnostics are the same as in-process, the project is untouched, and nothing
+/// is left mounted once the daemon and the server are gone. Fails where lint makes its
+/// branches in-process. Run in a private mount namespace (`unshare -m --propagation
+/// private`): elsewhere other sessions' sandboxes hold copies of the mounts and reuse is
+/// (rightly) refused.
+#[test]
+fn lint_branches_are_served_by_the_branch_server() {
+    lint_served(false);
+}
+
+/// The same as the plain test user, with a server of its own.
+#[test]
+fn lint_branches_are_served_by_the_branch_server_plain_user() {
+    lint_served(true);
+}
+
+fn lint_served(plain: bool) {
+    let fx = py_fixture();
+    fx.write("fixme_lint.py", FIXME_LINT);
+    if plain {
+        common::plain::require_fuse();
+        std::fs::create_dir_all(fx.state.root()).unwrap();
+        common::plain::chown_tree(fx.tmp.path());
+    }
+    let config = fx.tmp.path().join("fixme.toml");
+    std::fs::write(
+        &config,
+        "[lint]\nidle_secs = 30\ncheckers = [\"command\"]\ncommand = [\"python3\", \"fixme_lint.py\"]\n",
+    )
+    .unwrap();
+    let before = snapshot(&fx.project);
+    let patch = "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,3 @@\n import os\n+# FIXME new\n \n";
+    let want = ["calc.py:2:3: error: FIXME left [fixme] (command)"];
+    let o = served_lint(&fx, plain, &["--cold"], patch, &config);
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+    assert_eq!(lines(&o), want, "{}", out(&o));
+    let first = served_line(&no_escapes(&o.stderr))
+        .unwrap_or_else(|| panic!("the cold check's branch was not served:\n{}", out(&o)));
+    assert!(first.contains("reused_connection=false"), "{first}");
+    // The next cold check gets the connection back, reset (reuse may be refused for an
+    // instant while the first check's sandbox is still going away: a few tries).
+    let mut seen = Vec::new();
+    let reused = (0..8).any(|_| {
+        // No patch: the earlier one's line must not show in the reused branch.
+        let o = served_lint(&fx, plain, &["--cold", "--all"], "", &config);
+        assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+        assert!(lines(&o).is_empty(), "{}", out(&o));
+        let line = served_line(&no_escapes(&o.stderr)).unwrap_or_default();
+        seen.push(no_escapes(&o.stderr));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        line.contains("reused_connection=true")
+    });
+    assert!(reused, "no cold check reused a connection: {seen:#?}");
+    // The warm daemon's session branch: served as well (its log is the daemon's stderr).
+    let o = served_lint(&fx, plain, &[], patch, &config);
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+    assert_eq!(lines(&o), want, "{}", out(&o));
+    let log = std::fs::read_to_string(fx.state.root().join("lint/daemon.log")).unwrap();
+    assert!(
+        served_line(&no_escapes(log.as_bytes())).is_some(),
+        "the daemon's branch was not served:\n{log}"
+    );
+    let o = as_user(&fx, plain)
+        .args(["lint", "--stop"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", out(&o));
+    // The server's pooled connections go with it.
+    assert_no_shade_mounts(&fx.state);
+    assert_eq!(snapshot(&fx.project), before);
+}

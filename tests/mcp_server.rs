@@ -677,6 +677,48 @@ async fn sigterm_drops_every_branch() {
     drop(client);
 }
 
+/// `kill -9` of `shade mcp` leaves its idle branches parked in the branch server (issue
+/// 31): the server drops them once it sees their client gone, and nothing of them is left
+/// (no branch directory once the server ends, no mount, the project untouched).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_mcp_leaves_no_parked_branch_behind() {
+    let fx = Fixture::new();
+    fx.write("a.txt", "a\n");
+    let before = snapshot(&fx.project);
+    let mut cmd = mcp_command(&fx, &["--no-lint"]);
+    cmd.env("SHADE_LOG", "shade::branch_server=info")
+        .env("NO_COLOR", "1");
+    let transport = TokioChildProcess::new(cmd).unwrap();
+    let pid = transport.id().unwrap() as i32;
+    let client = TestClient::new(None).serve(transport).await.unwrap();
+    for _ in 0..3 {
+        let b = branch(&client).await;
+        ok(
+            &client,
+            "write_file",
+            json!({"branch": b, "path": "a.txt", "content": "b\n"}),
+        )
+        .await;
+    }
+    let log = branch_server_logs(&fx);
+    assert!(log.matches("parked a branch").count() >= 3, "{log}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    common::wait_until("the branch server to drop the parked branches", 30, || {
+        branch_server_logs(&fx).contains("dropped 3 parked branches of ended clients")
+    });
+    drop(client);
+    assert_no_shade_mounts(&fx.state);
+    let left: Vec<_> = std::fs::read_dir(fx.state.root().join("branches"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "branch directories left: {left:?}");
+    assert_eq!(snapshot(&fx.project), before);
+}
+
 /// Commands run in the speculative sandbox: no network (not even to the host's
 /// loopback), the rest of the file system read-only, a private /tmp.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1291,11 +1333,45 @@ fn threads_and_fds(pid: u32) -> (usize, usize) {
     )
 }
 
+/// The branch server serving `fx`'s project (`shade __branch-server`, its state directory).
+fn branch_server_pid(fx: &Fixture) -> u32 {
+    let state = fx.state.root().as_os_str().as_encoded_bytes().to_vec();
+    let found: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
+            args.get(1) == Some(&b"__branch-server".as_slice()) && args.contains(&state.as_slice())
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "one branch server: {found:?}");
+    found[0]
+}
+
+/// What the fixture's branch servers logged.
+fn branch_server_logs(fx: &Fixture) -> String {
+    let mut out = String::new();
+    for e in std::fs::read_dir(fx.state.root().join("servers"))
+        .map(|d| d.flatten().collect::<Vec<_>>())
+        .unwrap_or_default()
+    {
+        if e.path().extension().is_some_and(|x| x == "log") {
+            out += &std::fs::read_to_string(e.path()).unwrap_or_default();
+        }
+    }
+    out
+}
+
 /// Issue 31 (scale): an idle branch holds no FUSE connection, so a server holding many
 /// branches keeps its threads and descriptors flat — each branch attached for a call and
 /// let go after it — and every branch still shows its own changes (files, listings,
 /// commands) and accepts exactly them. Fails where each branch keeps its mount (3 threads
-/// and 3 descriptors per branch).
+/// and 3 descriptors per branch). The branches come from the project's branch server
+/// (issue 31: `shade mcp` gets its branches there too), which parks each idle one
+/// (detached there, no socket to it here): the branch server stays flat as well. Fails
+/// where mcp's branches are made in-process (no server, nothing parked). Run in a private
+/// mount namespace (`unshare -m --propagation private`) for the server's pool to be used.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_idle_branches_keep_the_servers_threads_and_descriptors_flat() {
     let fx = Fixture::new();
@@ -1308,12 +1384,16 @@ async fn many_idle_branches_keep_the_servers_threads_and_descriptors_flat() {
     )
     .unwrap();
     let mut cmd = mcp_command(&fx, &["--no-lint"]);
-    cmd.env("SHADE_CONFIG", &cfg);
+    // The branch server inherits it: its log says what it parked and resumed.
+    cmd.env("SHADE_CONFIG", &cfg)
+        .env("SHADE_LOG", "shade::branch_server=info")
+        .env("NO_COLOR", "1");
     let client = serve(cmd, TestClient::new(Some(ElicitationAction::Accept))).await;
     let pid = server_pid(&fx);
     const N: usize = 50;
     let mut ids = Vec::new();
     let mut base = None;
+    let mut served_base = None;
     for i in 0..N {
         let b = branch(&client).await;
         ok(
@@ -1342,11 +1422,32 @@ async fn many_idle_branches_keep_the_servers_threads_and_descriptors_flat() {
         if i == 4 {
             // Measured once a few branches went through the pool and a command ran.
             base = Some(threads_and_fds(pid));
+            served_base = Some(threads_and_fds(branch_server_pid(&fx)));
         }
     }
     let (threads0, fds0) = base.unwrap();
     let (threads, fds) = threads_and_fds(pid);
     eprintln!("shade mcp: {threads0} threads, {fds0} fds at 5 branches; {threads}, {fds} at {N}");
+    let (sthreads0, sfds0) = served_base.unwrap();
+    let (sthreads, sfds) = threads_and_fds(branch_server_pid(&fx));
+    eprintln!(
+        "branch server: {sthreads0} threads, {sfds0} fds at 5 branches; {sthreads}, {sfds} at {N}"
+    );
+    assert!(
+        sthreads <= sthreads0 + 10 && sfds <= sfds0 + 10,
+        "the branch server grew with idle branches: {sthreads0} threads, {sfds0} fds at 5; \
+         {sthreads}, {sfds} at {N}"
+    );
+    let log = branch_server_logs(&fx);
+    let parked = log.matches("parked a branch").count();
+    assert!(
+        parked >= N,
+        "{parked} branches parked by the branch server, not {N}:\n{log}"
+    );
+    assert!(
+        log.contains("resumed a parked branch"),
+        "no parked branch was resumed for a call:\n{log}"
+    );
     // Each attached branch would add 3 threads and 3 descriptors: 135 of each for 45.
     assert!(
         threads <= threads0 + 10,
@@ -1399,6 +1500,60 @@ async fn many_idle_branches_keep_the_servers_threads_and_descriptors_flat() {
     let (err, text) = call(&client, "accept_branch", json!({"branch": ids[0]})).await;
     assert!(err && text.contains("a.txt"), "{text}");
     assert!(!fx.project.join("own/0.txt").exists());
+    disconnect(client).await;
+    assert_no_shade_mounts(&fx.state);
+}
+
+/// The plain test user's `shade mcp` parks its idle branches in its own branch server as
+/// root's does: each branch, resumed, shows only its own change, and the accept writes
+/// exactly the picked one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_users_branches_are_parked_in_its_own_server() {
+    let fx = Fixture::new();
+    fx.write("a.txt", "a\n");
+    common::plain::require_fuse();
+    std::fs::create_dir_all(fx.state.root()).unwrap();
+    common::plain::chown_tree(fx.tmp.path());
+    let argv = common::plain::argv(env!("CARGO_BIN_EXE_shade"));
+    let root_cmd = mcp_command(&fx, &["--no-lint"]);
+    let mut cmd = tokio::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..]).args(["mcp", "--no-lint"]);
+    for (k, v) in root_cmd.as_std().get_envs() {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    cmd.current_dir(&fx.project)
+        .env("SHADE_LOG", "shade::branch_server=info")
+        .env("NO_COLOR", "1");
+    let client = serve(cmd, TestClient::new(Some(ElicitationAction::Accept))).await;
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let b = branch(&client).await;
+        ok(
+            &client,
+            "write_file",
+            json!({"branch": b, "path": "a.txt", "content": format!("{i}\n")}),
+        )
+        .await;
+        ids.push(b);
+    }
+    for (i, b) in ids.iter().enumerate() {
+        let out = ok(
+            &client,
+            "run_command",
+            json!({"branch": b, "command": "cat a.txt"}),
+        )
+        .await;
+        assert!(out.contains(&format!("{i}\n")), "branch {b}: {out}");
+    }
+    let log = branch_server_logs(&fx);
+    assert!(log.matches("parked a branch").count() >= 4, "{log}");
+    assert!(log.contains("resumed a parked branch"), "{log}");
+    let accepted = ok(&client, "accept_branch", json!({"branch": ids[2]})).await;
+    assert!(accepted.contains("M a.txt"), "{accepted}");
+    assert_eq!(fx.read("a.txt"), "2\n");
     disconnect(client).await;
     assert_no_shade_mounts(&fx.state);
 }

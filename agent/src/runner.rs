@@ -131,22 +131,28 @@ impl ShadowBranch {
     }
 
     pub(crate) fn is_detached(&self) -> bool {
-        matches!(self, ShadowBranch::Local(b) if b.is_detached())
+        match self {
+            ShadowBranch::Local(b) => b.is_detached(),
+            ShadowBranch::Served(b) => b.is_parked(),
+        }
     }
 
-    /// Let the connection go while idle (`Branch::detach`); a served branch's connection is
-    /// the server's, so it is refused.
+    /// Let the connection go while idle (`Branch::detach`); a served branch is parked in
+    /// the server (detached there, its socket closed here: `RemoteBranch::park`).
     pub(crate) fn detach(&mut self) -> Result<(), String> {
         match self {
             ShadowBranch::Local(b) => b.detach(),
-            ShadowBranch::Served(_) => Err("the branch is served by the branch server".into()),
+            ShadowBranch::Served(b) => b.park(),
         }
     }
 
     pub(crate) fn attach(&mut self) -> Result<(), BranchError> {
         match self {
             ShadowBranch::Local(b) => b.attach(),
-            ShadowBranch::Served(_) => Ok(()),
+            ShadowBranch::Served(b) => b.resume().map_err(|source| BranchError::Mount {
+                path: b.project().to_path_buf(),
+                source,
+            }),
         }
     }
 }

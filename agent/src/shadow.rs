@@ -108,8 +108,9 @@ impl Shadow {
     /// the server's earlier branches, so the first command does not pay a cold mount. The
     /// same fallback as `shade run`'s: `SHADE_BRANCH_SERVER=0`, or a server that cannot
     /// start or answer, makes the branch in-process (said in a debug log). For shadows
-    /// that are never handed out as a [`Branch`] ([`Shadow::into_branch`]), detached or
-    /// branched off: `exec`/`chat --shadow`, speculation on the project.
+    /// that are never handed out as a [`Branch`] ([`Shadow::into_branch`]) or branched
+    /// off: `exec`/`chat --shadow`, speculation on the project, `shade mcp` (an idle
+    /// served branch is parked in the server: [`Shadow::detach_idle`]).
     pub fn create_served(project: &Path, options: ShadowOptions) -> Result<Shadow, ShadowError> {
         if shade_fusefs::served::enabled() {
             let canonical =
@@ -228,8 +229,10 @@ impl Shadow {
     /// shadow is idle: no command running, no shadow branched off it. An MCP server holding
     /// many branches then keeps its threads and descriptors flat (issue 31); the branch
     /// keeps its changes and reads. Refused, with the reason, where the branch must stay
-    /// mounted ([`Branch::detach`]: something still refers into it). Call
-    /// [`Shadow::attach`] before using the mount, the workspace or the runner again.
+    /// mounted ([`Branch::detach`]: something still refers into it). A served branch is
+    /// parked in the branch server instead (detached there; no socket to it is kept here:
+    /// `RemoteBranch::park`). Call [`Shadow::attach`] before using the mount, the
+    /// workspace or the runner again.
     pub fn detach_idle(&self) -> Result<(), String> {
         let runs = lock(&self.inner.runs);
         if runs.closed {

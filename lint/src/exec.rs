@@ -80,6 +80,16 @@ impl BranchView {
         }
     }
 
+    /// The view of a branch the branch server may have made (`shade lint`'s own branches:
+    /// a served one's mount is the server's, seen in this mount namespace).
+    pub fn of_run(branch: &shade_fusefs::served::RunBranch) -> BranchView {
+        BranchView {
+            project: branch.project().to_path_buf(),
+            mount: branch.mountpoint().to_path_buf(),
+            runner: None,
+        }
+    }
+
     /// The branch's files, reached only beneath a descriptor of its mount: a checker or
     /// language server ran in the branch and may have made any directory a link to the
     /// host, so shade never opens a path in it by name.

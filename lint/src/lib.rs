@@ -39,7 +39,8 @@ use checker::{DetectError, Kind};
 use diag::PathBase;
 use matching::LineMap;
 use patch::{FileEdit, PatchError};
-use shade_fusefs::{Branch, BranchError, BranchOptions, StateDir};
+use shade_fusefs::served::RunBranch;
+use shade_fusefs::{BranchError, BranchOptions, StateDir};
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -113,7 +114,7 @@ struct Servers {
 struct Home {
     view: BranchView,
     /// The branch when the linter made it for its servers (a [`Session`] lends its own).
-    owned: Option<Branch>,
+    owned: Option<RunBranch>,
     /// Files a caller's state put there, restored to the project's before the next one.
     replayed: BTreeSet<String>,
     /// Throw-away branches of the build caches, for servers in the speculation sandbox
@@ -199,16 +200,15 @@ impl Linter {
         &self.checkers
     }
 
-    /// A fresh branch of the project.
-    pub fn branch(&self) -> Result<Branch, LintError> {
-        Ok(Branch::create(
-            &self.project,
-            &BranchOptions {
-                state: self.state.clone(),
-                id_shift: shade_fusefs::sandbox::branch_id_shift(&Default::default()),
-                ..BranchOptions::default()
-            },
-        )?)
+    /// A fresh branch of the project: from the project's branch server when it is on and
+    /// answers (its connection warm from earlier branches), else made in this process
+    /// (`SHADE_BRANCH_SERVER=0`, a server that cannot start, a process that names no
+    /// server: a library's tests). Lint never accepts, so the branch is only a view: its
+    /// commands run in this process's sandbox, which tells the server on drop whether the
+    /// connection may serve a later branch (a language server, started with
+    /// `sandbox::command`, keeps it from being reused).
+    pub fn branch(&self) -> Result<RunBranch, LintError> {
+        project_branch(&self.project, &self.state)
     }
 
     /// Check the state of `view`, in which `edits` are the files that differ from the
@@ -370,17 +370,10 @@ impl Linter {
         let runner: Arc<dyn exec::Runner> = Arc::new(exec::Stoppable(self.stop.clone()));
         std::thread::spawn(move || {
             let run = || -> Result<Vec<Diagnostic>, LintError> {
-                let b = Branch::create(
-                    &project,
-                    &BranchOptions {
-                        state,
-                        id_shift: shade_fusefs::sandbox::branch_id_shift(&Default::default()),
-                        ..BranchOptions::default()
-                    },
-                )?;
+                let b = project_branch(&project, &state)?;
                 let view = BranchView {
                     runner: Some(runner),
-                    ..BranchView::of(&b)
+                    ..BranchView::of_run(&b)
                 };
                 run_batch(&project, &view, &c, None)
             };
@@ -416,7 +409,7 @@ impl Linter {
         if sv.home.is_none() {
             let b = self.branch()?;
             sv.home = Some(Home {
-                view: BranchView::of(&b),
+                view: BranchView::of_run(&b),
                 owned: Some(b),
                 replayed: BTreeSet::new(),
                 caches: None,
@@ -700,7 +693,7 @@ fn telling_line(stderr: &str, stdout: &str) -> String {
 /// state) this way, one state at a time.
 pub struct Session {
     linter: Linter,
-    branch: Branch,
+    branch: RunBranch,
     view: BranchView,
     written: BTreeSet<String>,
 }
@@ -709,9 +702,15 @@ impl Session {
     /// A session over a fresh branch.
     pub fn new(linter: Linter) -> Result<Session, LintError> {
         let branch = linter.branch()?;
-        let mut view = BranchView::of(&branch);
+        let mut view = BranchView::of_run(&branch);
         // Checkers see the user's target/ through a kernel overlay of the session's own.
-        let dir = linter.state.root().join("lint/overlay").join(branch.id());
+        // A served branch's mount point is its connection's, which a later branch reuses:
+        // the overlay's directory is named for this session, not for the mount.
+        let name = match &branch {
+            RunBranch::Local(b) => b.id().to_string(),
+            RunBranch::Remote(_) => format!("served-{}-{}", std::process::id(), session_serial()),
+        };
+        let dir = linter.state.root().join("lint/overlay").join(name);
         if let Some(o) = target_overlay::TargetOverlay::new(&linter.project, dir) {
             view.runner = Some(Arc::new(o));
         }
@@ -770,7 +769,24 @@ impl Session {
     }
 
     /// The branch the session works in.
-    pub fn branch(&self) -> &Branch {
+    pub fn branch(&self) -> &RunBranch {
         &self.branch
     }
+}
+
+/// A number no other session of this process had (names its overlay directory).
+fn session_serial() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A fresh branch of `project` for a linter: served when the server is on and answers,
+/// else in-process ([`Linter::branch`]).
+fn project_branch(project: &Path, state: &StateDir) -> Result<RunBranch, LintError> {
+    let opts = BranchOptions {
+        state: state.clone(),
+        id_shift: shade_fusefs::sandbox::branch_id_shift(&Default::default()),
+        ..BranchOptions::default()
+    };
+    Ok(RunBranch::create(project, &opts, true)?)
 }

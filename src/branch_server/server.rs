@@ -89,19 +89,23 @@ fn serve(args: &ServerArgs) -> std::io::Result<()> {
         state,
         dropping: Mutex::new(0),
         dropped: Condvar::new(),
+        parked: Mutex::default(),
     });
     loop {
         accept_pending(&listener, &clients, &ctx);
+        ctx.forget_orphans();
         // Its socket removed or replaced (the state directory deleted, a test cleaning up), or
         // its project gone: no client can reach it or use it any more, so it goes as soon
         // as its clients have.
         let gone = socket_inode(&paths.socket) != bound || !ctx.project.is_dir();
         if gone && clients.load(Ordering::SeqCst) == 0 {
+            drop(std::mem::take(&mut *ctx.parked()));
             let n = shade_fusefs::drain_branch_pool();
             tracing::info!("socket or project gone: exiting ({n} pooled connections unmounted)");
             return Ok(());
         }
-        if clients.load(Ordering::SeqCst) > 0 {
+        // A parked branch is a client's, idle: the server is not.
+        if clients.load(Ordering::SeqCst) > 0 || !ctx.parked().is_empty() {
             idle_since = None;
         } else if let Some(t) = idle_since {
             if t.elapsed() >= idle {
@@ -109,7 +113,7 @@ fn serve(args: &ServerArgs) -> std::io::Result<()> {
                 // the socket goes. A client that connected just before is still served.
                 let lock = Lock::take(&paths.lock, true)?;
                 accept_pending(&listener, &clients, &ctx);
-                if clients.load(Ordering::SeqCst) == 0 {
+                if clients.load(Ordering::SeqCst) == 0 && ctx.parked().is_empty() {
                     let _ = std::fs::remove_file(&paths.socket);
                     drop(lock);
                     let _ = std::fs::remove_file(&paths.log);
@@ -151,6 +155,78 @@ struct Ctx {
     /// answered): a new branch waits for them, so it finds their connections pooled.
     dropping: Mutex<usize>,
     dropped: Condvar,
+    /// Branches their clients parked while idle (`Request::Park`), by token: detached, so
+    /// they hold no connection, descriptor or thread; each dropped when its client process
+    /// is gone.
+    parked: Mutex<std::collections::HashMap<String, Parked>>,
+}
+
+/// A parked branch and the process that parked it.
+struct Parked {
+    branch: Branch,
+    owner: Owner,
+}
+
+/// A process, told from a later one with its pid: (pid, start time in clock ticks).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+struct Owner(i32, u64);
+
+impl Owner {
+    /// The process at the other end of `stream`, if it can be named from here.
+    fn of(stream: &UnixStream) -> Option<Owner> {
+        let mut cred = libc::ucred {
+            pid: 0,
+            uid: 0,
+            gid: 0,
+        };
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: getsockopt fills `cred` (of the size given) for a socket we own.
+        let r = unsafe {
+            libc::getsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                std::ptr::addr_of_mut!(cred).cast(),
+                &mut len,
+            )
+        };
+        // pid 0: a process of a pid namespace this server cannot see.
+        if r != 0 || cred.pid <= 0 {
+            return None;
+        }
+        Some(Owner(cred.pid, start_time(cred.pid)?))
+    }
+
+    /// Whether the process still runs (the same one: its pid not reused; a zombie, dead
+    /// and not yet reaped, does not).
+    fn alive(self) -> bool {
+        stat(self.0).is_some_and(|(state, start)| start == self.1 && !matches!(state, 'Z' | 'X'))
+    }
+}
+
+/// The start time of process `pid` (`/proc/PID/stat`, field 22).
+fn start_time(pid: i32) -> Option<u64> {
+    stat(pid).map(|(_, start)| start)
+}
+
+/// The state letter and start time of process `pid` (`/proc/PID/stat`, fields 3 and 22).
+fn stat(pid: i32) -> Option<(char, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    Some((state, fields.nth(18)?.parse().ok()?))
+}
+
+/// A secret naming a parked branch: 128 random bits, hex.
+fn token() -> std::io::Result<String> {
+    let mut b = [0u8; 16];
+    // SAFETY: getrandom fills the buffer we pass, of the length we pass.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if usize::try_from(n).ok() != Some(b.len()) {
+        return Err(std::io::Error::other("getrandom gave too few bytes"));
+    }
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
 /// How long a new branch waits for dropped ones to be reset into the pool before it
@@ -158,6 +234,30 @@ struct Ctx {
 const DROP_WAIT: Duration = Duration::from_secs(2);
 
 impl Ctx {
+    fn parked(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Parked>> {
+        self.parked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Drop the parked branches whose client processes are gone (killed, or ended without
+    /// forgetting them): nobody can resume them.
+    fn forget_orphans(&self) {
+        let mut parked = self.parked();
+        if parked.is_empty() {
+            return;
+        }
+        let mut alive: std::collections::HashMap<Owner, bool> = Default::default();
+        let before = parked.len();
+        parked.retain(|_, p| *alive.entry(p.owner).or_insert_with(|| p.owner.alive()));
+        if parked.len() < before {
+            tracing::info!(
+                "dropped {} parked branches of ended clients",
+                before - parked.len()
+            );
+        }
+    }
+
     fn dropping(&self) -> std::sync::MutexGuard<'_, usize> {
         self.dropping
             .lock()
@@ -232,6 +332,7 @@ fn check_peer(stream: &UnixStream) -> std::io::Result<()> {
 fn client(stream: UnixStream, ctx: &Ctx) {
     let Ok(read) = stream.try_clone() else { return };
     let mut reader = BufReader::new(read);
+    let owner = Owner::of(&stream);
     let mut writer = stream;
     let mut branch: Option<Branch> = None;
     // A branch its client dropped: reset after the answer (the client's result is printed
@@ -245,7 +346,7 @@ fn client(stream: UnixStream, ctx: &Ctx) {
             Ok(_) => {}
         }
         let (reply, end) = match serde_json::from_str::<Request>(&line) {
-            Ok(req) => answer(req, &mut branch, &mut later, ctx),
+            Ok(req) => answer(req, &mut branch, &mut later, ctx, owner),
             Err(e) => (Reply::Error(format!("bad request: {e}")), true),
         };
         let mut out = match serde_json::to_vec(&reply) {
@@ -284,10 +385,18 @@ fn answer(
     branch: &mut Option<Branch>,
     later: &mut Option<Branch>,
     ctx: &Ctx,
+    owner: Option<Owner>,
 ) -> (Reply, bool) {
     let flags = |include_ignored, force| AcceptFlags {
         include_ignored,
         force,
+    };
+    let req = match branch.as_ref() {
+        Some(b) => match read_only(req, b) {
+            Ok(reply) => return (reply, false),
+            Err(req) => req,
+        },
+        None => req,
     };
     match (req, branch.as_ref()) {
         (
@@ -341,55 +450,67 @@ fn answer(
                 Err(e) => (Reply::Error(e.to_string()), true),
             }
         }
-        (Request::Create { .. }, Some(_)) => (Reply::Error("one branch per client".into()), true),
-        (_, None) => (Reply::Error("no branch".into()), true),
-        (Request::LimitsHit, Some(b)) => (
-            Reply::Hits(
-                b.take_limit_hits()
-                    .iter()
-                    .filter_map(wire::WireHit::of)
-                    .collect(),
-            ),
-            false,
-        ),
-        (Request::LimitHits, Some(b)) => (
-            Reply::Lines(
-                b.take_limit_hits()
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect(),
-            ),
-            false,
-        ),
-        (Request::Changeset { include_ignored }, Some(b)) => (
-            Reply::Changes(
-                b.changeset(include_ignored)
-                    .changes
-                    .iter()
-                    .map(Into::into)
-                    .collect(),
-            ),
-            false,
-        ),
-        (Request::Diff { changes }, Some(b)) => {
-            let changes = shade_fusefs::Changeset {
-                changes: changes
-                    .into_iter()
-                    .filter_map(wire::WireChange::change)
-                    .collect(),
-            };
-            (Reply::Text(b.diff(&changes)), false)
-        }
         (
-            Request::CheckAccept {
-                include_ignored,
-                force,
-            },
-            Some(b),
-        ) => match b.check_accept(flags(include_ignored, force)) {
-            Ok(()) => (Reply::Done, false),
-            Err(e) => (Reply::Refused((&e).into()), false),
-        },
+            Request::Create { .. }
+            | Request::Resume { .. }
+            | Request::Forget { .. }
+            | Request::OnParked { .. },
+            Some(_),
+        ) => (Reply::Error("one branch per client".into()), true),
+        (Request::Resume { token }, None) => {
+            let Some(mut p) = ctx.parked().remove(&token) else {
+                return (Reply::Error("no such parked branch".into()), true);
+            };
+            if let Err(e) = p.branch.attach() {
+                ctx.parked().insert(token, p);
+                return (Reply::Error(format!("attaching the branch: {e}")), true);
+            }
+            let b = p.branch;
+            use std::os::unix::fs::MetadataExt;
+            let dev = std::fs::metadata(b.mountpoint()).map_or(0, |m| m.dev());
+            let reply = Reply::Created {
+                dev,
+                mountpoint: wire::bytes(b.mountpoint()),
+                outside_dir: wire::bytes(&b.outside_dir()),
+                reused: b.reused_connection(),
+                server_pid: std::process::id(),
+            };
+            tracing::info!(branch = b.id(), "resumed a parked branch");
+            *branch = Some(b);
+            (reply, false)
+        }
+        (Request::OnParked { token, request }, None) => {
+            // Out of the table while it is read: other clients' parks and resumes go on.
+            let Some(p) = ctx.parked().remove(&token) else {
+                return (Reply::Error("no such parked branch".into()), true);
+            };
+            let reply = read_only(*request, &p.branch).unwrap_or_else(|other| {
+                Reply::Error(format!("not for a parked branch: {other:?}"))
+            });
+            ctx.parked().insert(token, p);
+            (reply, true)
+        }
+        (Request::Forget { token }, None) => {
+            let gone = ctx.parked().remove(&token);
+            if let Some(p) = &gone {
+                tracing::info!(branch = p.branch.id(), "dropped a parked branch");
+            }
+            drop(gone);
+            (Reply::Done, true)
+        }
+        (_, None) => (Reply::Error("no branch".into()), true),
+        // Answered by `read_only` above.
+        (
+            Request::LimitsHit
+            | Request::LimitHits
+            | Request::Changeset { .. }
+            | Request::Diff { .. }
+            | Request::CheckAccept { .. },
+            Some(_),
+        ) => (
+            Reply::Error("a read-only request was not answered".into()),
+            false,
+        ),
         (
             Request::Accept {
                 include_ignored,
@@ -415,6 +536,43 @@ fn answer(
                 Err(e) => Reply::Refused((&e).into()),
             };
             (r, true)
+        }
+        (Request::Park { reusable }, Some(_)) => {
+            let Some(owner) = owner else {
+                // Nobody could tell when its client is gone: it would never be dropped.
+                return (
+                    Reply::Error("the client's process cannot be named from the server".into()),
+                    false,
+                );
+            };
+            let Some(mut b) = branch.take() else {
+                return (Reply::Error("no branch".into()), true);
+            };
+            if !reusable {
+                tracing::info!("the client did not call its branch reusable: not pooling it");
+                shade_fusefs::served::taint_connection(
+                    b.mountpoint(),
+                    "the client did not call it reusable",
+                );
+            }
+            if let Err(why) = b.detach() {
+                *branch = Some(b);
+                return (
+                    Reply::Error(format!("the branch stays attached: {why}")),
+                    false,
+                );
+            }
+            let token = match token() {
+                Ok(t) => t,
+                Err(e) => {
+                    // Detached already: the client can do nothing with it; dropped.
+                    return (Reply::Error(e.to_string()), true);
+                }
+            };
+            tracing::info!(branch = b.id(), "parked a branch");
+            ctx.parked()
+                .insert(token.clone(), Parked { branch: b, owner });
+            (Reply::Parked { token }, true)
         }
         (Request::Drop { reusable }, Some(_)) => {
             if let Some(b) = branch.take() {
@@ -467,4 +625,52 @@ fn abort(mountpoint: &Path) {
         "could not detach the aborted branch at {}",
         mountpoint.display()
     );
+}
+
+/// The answer to a request that only reads branch `b` (limits, changes, diff, the accept
+/// check), or the request back when it is another kind. Served for an attached branch and
+/// for a parked one (`Request::OnParked`: `shade mcp` lists a branch's changes while it is
+/// idle).
+fn read_only(req: Request, b: &Branch) -> Result<Reply, Request> {
+    Ok(match req {
+        Request::LimitsHit => Reply::Hits(
+            b.take_limit_hits()
+                .iter()
+                .filter_map(wire::WireHit::of)
+                .collect(),
+        ),
+        Request::LimitHits => Reply::Lines(
+            b.take_limit_hits()
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+        ),
+        Request::Changeset { include_ignored } => Reply::Changes(
+            b.changeset(include_ignored)
+                .changes
+                .iter()
+                .map(Into::into)
+                .collect(),
+        ),
+        Request::Diff { changes } => {
+            let changes = shade_fusefs::Changeset {
+                changes: changes
+                    .into_iter()
+                    .filter_map(wire::WireChange::change)
+                    .collect(),
+            };
+            Reply::Text(b.diff(&changes))
+        }
+        Request::CheckAccept {
+            include_ignored,
+            force,
+        } => match b.check_accept(AcceptFlags {
+            include_ignored,
+            force,
+        }) {
+            Ok(()) => Reply::Done,
+            Err(e) => Reply::Refused((&e).into()),
+        },
+        other => return Err(other),
+    })
 }

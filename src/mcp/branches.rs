@@ -264,7 +264,11 @@ impl Branches {
         })?;
         let mut options = ShadowOptions::speculative(self.options.time_limit);
         options.branch.state = self.options.state.clone();
-        let shadow = Shadow::create(&self.options.project, options)?;
+        // From the project's branch server when it is on (issue 31): the connection comes
+        // warm, and an idle branch is parked there (`Shadow::detach_idle`), holding no
+        // socket here and no thread there. In-process otherwise (`SHADE_BRANCH_SERVER=0`,
+        // a server that cannot start).
+        let shadow = Shadow::create_served(&self.options.project, options)?;
         let mut base = ToolContext::new(shadow.workspace());
         base.output_dir = self.options.state.root().join("tool-output");
         base.lint = self.lint_hook();

@@ -223,8 +223,14 @@ impl Lock {
 /// A branch served by the branch server: the client's side of it. Dropping it drops the
 /// branch (its connection goes back to the server's pool).
 pub struct RemoteBranch {
-    conn: Mutex<(BufReader<UnixStream>, UnixStream)>,
+    /// The socket to the server; `None` while the branch is parked.
+    conn: Mutex<Option<(BufReader<UnixStream>, UnixStream)>>,
     project: PathBuf,
+    /// The state directory (absolute) the server was found by.
+    state: PathBuf,
+    /// Set while the branch is parked in the server ([`RemoteBranch::park`]): the secret
+    /// that names it there.
+    token: Option<String>,
     mountpoint: PathBuf,
     outside_dir: PathBuf,
     server_pid: u32,
@@ -278,8 +284,10 @@ impl RemoteBranch {
                 return None;
             };
             let mut b = RemoteBranch {
-                conn: Mutex::new((reader, stream)),
+                conn: Mutex::new(Some((reader, stream))),
                 project: project.to_path_buf(),
+                state: state.clone(),
+                token: None,
                 mountpoint: PathBuf::new(),
                 outside_dir: PathBuf::new(),
                 server_pid: 0,
@@ -300,12 +308,7 @@ impl RemoteBranch {
                     b.server_pid = server_pid;
                     b.reused = reused;
                     b.done = false;
-                    let untimed = b
-                        .conn
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .1
-                        .set_read_timeout(None);
+                    let untimed = b.untimed();
                     if let Err(e) = untimed {
                         tracing::debug!("branch server: {e}; the branch is made in-process");
                         return None;
@@ -354,12 +357,27 @@ impl RemoteBranch {
         None
     }
 
+    /// No read timeout on the socket from now on.
+    fn untimed(&self) -> std::io::Result<()> {
+        match &*self
+            .conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        {
+            Some((_, w)) => w.set_read_timeout(None),
+            None => Ok(()),
+        }
+    }
+
     fn call(&self, req: &Request) -> std::io::Result<Reply> {
         let mut g = self
             .conn
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (reader, writer) = &mut *g;
+        let Some((reader, writer)) = g.as_mut() else {
+            drop(g);
+            return self.call_parked(req);
+        };
         let mut line = serde_json::to_vec(req)?;
         line.push(b'\n');
         writer.write_all(&line)?;
@@ -495,8 +513,151 @@ impl RemoteBranch {
     }
 }
 
+impl RemoteBranch {
+    /// Let the branch's connection go while it is idle, keeping the branch in the server
+    /// (`Request::Park`): afterwards this process holds no socket for it and the server no
+    /// thread, and the mount point is a path that does not exist until
+    /// [`RemoteBranch::resume`]. Refused, with the reason, while something refers into the
+    /// mount (the branch stays attached and usable). The connection goes back to the
+    /// server's pool only on this process's word that its commands left nothing in it
+    /// ([`crate::commands_left_it_reusable`]), else it is torn down.
+    pub fn park(&mut self) -> Result<(), String> {
+        if self.token.is_some() {
+            return Ok(());
+        }
+        let reusable = self.reusable();
+        match self.call(&Request::Park { reusable }) {
+            Ok(Reply::Parked { token }) => {
+                *self
+                    .conn
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+                self.token = Some(token);
+                // Never the mount it had: that connection serves other branches now.
+                self.mountpoint = self.state.join("servers/parked");
+                Ok(())
+            }
+            Ok(Reply::Error(e)) => Err(e),
+            Ok(other) => Err(format!("the branch server answered {other:?}")),
+            Err(e) => Err(self.lost(e).to_string()),
+        }
+    }
+
+    /// `req` (one that only reads the branch) for the parked branch, over a socket of its
+    /// own closed after the answer: the branch stays parked.
+    fn call_parked(&self, req: &Request) -> std::io::Result<Reply> {
+        let Some(token) = self.token.clone() else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                "the branch's server connection is gone",
+            ));
+        };
+        let stream = Paths::new(&self.project, &self.state).connect()?;
+        let mut reader = BufReader::new(stream.try_clone()?);
+        let mut writer = stream;
+        let wrapped = Request::OnParked {
+            token,
+            request: Box::new(serde_json::from_value(serde_json::to_value(req)?)?),
+        };
+        let mut line = serde_json::to_vec(&wrapped)?;
+        line.push(b'\n');
+        writer.write_all(&line)?;
+        let mut answer = String::new();
+        if reader.read_line(&mut answer)? == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the branch server closed the connection",
+            ));
+        }
+        serde_json::from_str(&answer).map_err(std::io::Error::other)
+    }
+
+    /// Whether the branch is parked ([`RemoteBranch::park`]).
+    pub fn is_parked(&self) -> bool {
+        self.token.is_some()
+    }
+
+    /// Attach a parked branch again (nothing to do when it is attached): a new socket to
+    /// the same server (never a new server: only the one that parked it has it), which
+    /// mounts it on a pooled connection or a new one; [`RemoteBranch::mountpoint`] is where.
+    pub fn resume(&mut self) -> std::io::Result<()> {
+        let Some(token) = self.token.clone() else {
+            return Ok(());
+        };
+        let paths = Paths::new(&self.project, &self.state);
+        let stream = paths.connect().map_err(|e| self.lost(e))?;
+        stream.set_read_timeout(Some(CREATE_TIMEOUT))?;
+        let reader = BufReader::new(stream.try_clone()?);
+        *self
+            .conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((reader, stream));
+        let fail = |b: &RemoteBranch, e: std::io::Error| {
+            *b.conn
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+            Err(b.lost(e))
+        };
+        match self.call(&Request::Resume { token }) {
+            Ok(Reply::Created {
+                mountpoint,
+                outside_dir,
+                reused,
+                server_pid,
+                dev,
+            }) => {
+                let mountpoint = wire::path(mountpoint);
+                if server_pid != self.server_pid || !is_fuse_mount(&mountpoint, dev) {
+                    // Dropped by the server as the socket closes (EOF without `Drop`).
+                    return fail(
+                        self,
+                        std::io::Error::other(format!(
+                            "{} is not its mount here",
+                            mountpoint.display()
+                        )),
+                    );
+                }
+                self.untimed()?;
+                self.mountpoint = mountpoint;
+                self.outside_dir = wire::path(outside_dir);
+                self.reused = reused;
+                self.token = None;
+                tracing::debug!(
+                    server_pid,
+                    reused_connection = reused,
+                    mountpoint = %self.mountpoint.display(),
+                    "parked branch resumed by the branch server"
+                );
+                Ok(())
+            }
+            Ok(Reply::Error(e)) => fail(self, std::io::Error::other(e)),
+            Ok(other) => fail(self, std::io::Error::other(format!("{other:?}"))),
+            Err(e) => fail(self, e),
+        }
+    }
+}
+
 impl Drop for RemoteBranch {
     fn drop(&mut self) {
+        if let Some(token) = self.token.take() {
+            // Parked: the server drops it when told (a server that is gone has lost it
+            // already). Never a server started for this.
+            let told = Paths::new(&self.project, &self.state)
+                .connect()
+                .and_then(|s| {
+                    s.set_read_timeout(Some(CREATE_TIMEOUT))?;
+                    let reader = BufReader::new(s.try_clone()?);
+                    *self
+                        .conn
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((reader, s));
+                    self.call(&Request::Forget { token })
+                });
+            if let Err(e) = told {
+                tracing::debug!("dropping the parked served branch: {e}");
+            }
+            return;
+        }
         if !self.done {
             // The server answers at once and resets the connection after (a later branch
             // waits for that, so it finds the connection pooled).
@@ -685,6 +846,23 @@ impl RunBranch {
         }
     }
 
+    /// The project the branch is of.
+    pub fn project(&self) -> &Path {
+        match self {
+            RunBranch::Local(b) => b.project(),
+            RunBranch::Remote(b) => b.project(),
+        }
+    }
+
+    /// Whether the branch server made it (its connection is the server's), and whether that
+    /// connection served an earlier branch: `None` for an in-process branch.
+    pub fn served_reused(&self) -> Option<bool> {
+        match self {
+            RunBranch::Local(_) => None,
+            RunBranch::Remote(b) => Some(b.reused_connection()),
+        }
+    }
+
     /// Where the branch's outside layer lives.
     pub fn outside_dir(&self) -> PathBuf {
         match self {
@@ -736,4 +914,11 @@ impl RunBranch {
             RunBranch::Remote(b) => b.accept(flags),
         }
     }
+}
+
+/// Mark the connection mounted at `mount` as never to serve another branch: for the branch
+/// server, when a client parks a branch without its word that its commands left nothing in
+/// it (`Request::Park`), so that `Branch::detach` tears the connection down.
+pub fn taint_connection(mount: &Path, why: &str) {
+    crate::pool::taint(mount, why);
 }

@@ -67,6 +67,34 @@ pub enum Request {
         #[serde(default)]
         reusable: bool,
     },
+    /// Keep the branch but let its connection go while the client is idle (`shade mcp`'s
+    /// many idle branches): the server detaches it (`Branch::detach`: its connection is
+    /// reset into the pool, the branch keeps its changes and reads) and answers
+    /// [`Reply::Parked`]; the client then closes this socket, so an idle branch costs it
+    /// no descriptor and the server no thread. `reusable` as for `Drop`: without it the
+    /// connection is torn down, never pooled. Refused (the branch stays attached, the
+    /// conversation goes on) while something refers into the mount.
+    Park {
+        #[serde(default)]
+        reusable: bool,
+    },
+    /// On a new connection: attach the branch parked under `token` again and serve it
+    /// here, as if just created ([`Reply::Created`], with its new mount point).
+    Resume {
+        token: String,
+    },
+    /// On a new connection: answer `request`, one that only reads the branch (limits,
+    /// changes, diff, the accept check), for the branch parked under `token`, which stays
+    /// parked.
+    OnParked {
+        token: String,
+        request: Box<Request>,
+    },
+    /// On a new connection: drop the branch parked under `token` (its client ended it
+    /// while it was idle).
+    Forget {
+        token: String,
+    },
 }
 
 /// The server's answer to one request.
@@ -88,6 +116,11 @@ pub enum Reply {
     Done,
     Accepted(WireReport),
     Refused(WireAcceptError),
+    /// The branch is parked (`Request::Park`): `token`, a secret only this client has, names
+    /// it to `Resume` or `Forget`.
+    Parked {
+        token: String,
+    },
     /// The request failed (a branch that could not be made, a bad request).
     Error(String),
 }
