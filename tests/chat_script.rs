@@ -421,6 +421,9 @@ fn sigterm_and_sighup_end_a_shadow_script_session_cleanly() {
             "{what}"
         );
         assert_eq!(out.status.code(), Some(128 + sig), "{what}");
+        // The session's branch came from the project's branch server, which keeps its
+        // connection warm (mounted under the state dir) by design: ended first.
+        common::stop_branch_servers(&state);
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
         assert!(
             !mounts.contains(state.to_str().unwrap()),

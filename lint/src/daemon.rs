@@ -53,7 +53,8 @@ extern "C" fn on_signal(_: libc::c_int) {
 
 /// Serve the session `open` makes on `socket` until idle for `idle` (or told to stop, or
 /// SIGTERM/SIGINT/SIGHUP). Returns at once, before opening anything, when another daemon
-/// already serves this socket.
+/// already serves this socket. For the daemon process only, which exits when it returns:
+/// the daemon's lock is kept until then.
 pub fn serve(
     socket: &Path,
     idle: Duration,
@@ -70,7 +71,7 @@ pub fn serve(
         .write(true)
         .open(socket.with_extension("lock"))
         .map_err(io)?;
-    let Ok(_held) = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock)
+    let Ok(held) = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock)
     else {
         return Ok(());
     };
@@ -108,6 +109,10 @@ pub fn serve(
         last = Instant::now();
     };
     let _ = std::fs::remove_file(socket);
+    drop(session);
+    // The lock goes with the process: `--stop` waits for it (see [`request`]), so a stop
+    // returns once this process is gone, not while it is still on its way out.
+    std::mem::forget(held);
     result
 }
 
