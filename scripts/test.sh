@@ -31,7 +31,8 @@ stage() {
 
 echo "== unit and integration tests"
 # The integrity tests run below, once, with their figures shown.
-stage "cargo test" 2700 cargo test --workspace --locked -- --skip integrity::
+# --no-fail-fast: every failing test binary is reported, not only the first.
+stage "cargo test" 2700 cargo test --workspace --locked --no-fail-fast -- --skip integrity::
 
 echo "== POSIX conformance (pjdfstest) inside a branch, through shade run"
 cargo build --locked -q -p shade
