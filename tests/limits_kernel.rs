@@ -350,6 +350,73 @@ print("opened", len(fds), err)
     );
 }
 
+/// Queued signals and POSIX message queue bytes are counted per host user, root's too (a
+/// user namespace's counts go up to its creator's): a command gets an eighth of shade's
+/// own, so that it cannot leave the user's other programs unable to queue a signal or
+/// open a queue (red team round 7: one command took all of host root's). Fails on a shade
+/// that leaves them as they are.
+fn user_queues_bounded(who: Who) {
+    let own = |r| {
+        let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+        // SAFETY: getrlimit(2) into a zeroed struct.
+        assert_eq!(unsafe { libc::getrlimit(r, &mut lim) }, 0);
+        lim.rlim_cur
+    };
+    let sig_share = (own(libc::RLIMIT_SIGPENDING) / 8).max(64);
+    let mq_share = (own(libc::RLIMIT_MSGQUEUE) / 8).max(96 * 1024);
+    let e = env(who);
+    let o = e.run_python(
+        "",
+        r#"
+import errno, os, resource, signal, threading
+print("sigpending", *resource.getrlimit(resource.RLIMIT_SIGPENDING))
+print("msgqueue", *resource.getrlimit(resource.RLIMIT_MSGQUEUE))
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])
+n, err = 0, "none"
+while n < 1000000:
+    try:
+        # tgkill: a signal that cannot be queued is refused (kill(2)'s is sent without
+        # its queue entry instead).
+        signal.pthread_kill(threading.get_ident(), signal.SIGRTMIN)
+        n += 1
+    except OSError as e:
+        err = errno.errorcode[e.errno]
+        break
+print("queued", n, err)
+"#,
+    );
+    let sig = said(&o, "sigpending");
+    let hard: u64 = sig[1].parse().unwrap();
+    assert!(
+        hard <= sig_share,
+        "{who:?}: RLIMIT_SIGPENDING {hard} > {sig_share}\n{}",
+        show(&o)
+    );
+    let queued = said(&o, "queued");
+    assert_eq!(queued[1], "EAGAIN", "{who:?}\n{}", show(&o));
+    assert!(
+        queued[0].parse::<u64>().unwrap() <= sig_share,
+        "{who:?}\n{}",
+        show(&o)
+    );
+    let mq: u64 = said(&o, "msgqueue")[1].parse().unwrap();
+    assert!(
+        mq <= mq_share,
+        "{who:?}: RLIMIT_MSGQUEUE {mq} > {mq_share}\n{}",
+        show(&o)
+    );
+}
+
+#[test]
+fn user_queues_bounded_as_root() {
+    user_queues_bounded(Who::Root);
+}
+
+#[test]
+fn user_queues_bounded_as_plain_user() {
+    user_queues_bounded(Who::Plain);
+}
+
 #[test]
 fn open_files_bounded_as_root() {
     open_files_bounded(Who::Root);

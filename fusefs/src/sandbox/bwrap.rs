@@ -1032,6 +1032,7 @@ pub(crate) fn build(
     });
     let cpu = super::limits::CpuPriority::of(&iso.limits);
     let open_files = iso.limits.open_files;
+    let queues = super::limits::QueueLimits::share();
     let ipc = super::ipc::IpcPlan::new(&iso.limits, conf.root_userns());
     // SAFETY: only async-signal-safe system calls on data prepared before the fork.
     unsafe {
@@ -1042,6 +1043,7 @@ pub(crate) fn build(
             if let Some(n) = open_files {
                 super::limits::set_open_files(n)?;
             }
+            queues.apply()?;
             if own_session {
                 child::detach_from_terminal()?;
             } else {

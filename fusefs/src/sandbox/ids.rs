@@ -100,19 +100,19 @@ pub(crate) fn userns_limits(shared: bool) -> Vec<NsLimit> {
     for (name, value) in [
         (
             "max_inotify_instances",
-            (host("max_inotify_instances", 128) / 4).max(8),
+            (host("max_inotify_instances", 128) / 8).max(8),
         ),
         (
             "max_inotify_watches",
-            (host("max_inotify_watches", 8192) / 4).max(1024),
+            (host("max_inotify_watches", 8192) / 8).max(1024),
         ),
         (
             "max_fanotify_groups",
-            (host("max_fanotify_groups", 128) / 4).max(1),
+            (host("max_fanotify_groups", 128) / 8).max(1),
         ),
         (
             "max_fanotify_marks",
-            (host("max_fanotify_marks", 8192) / 4).max(1024),
+            (host("max_fanotify_marks", 8192) / 8).max(1024),
         ),
         // bwrap's, and the one that owns the command's IPC namespace (see ipc.rs).
         ("max_user_namespaces", if shared { namespaces } else { 3 }),

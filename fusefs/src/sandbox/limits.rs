@@ -547,6 +547,67 @@ pub(crate) fn set_open_files(n: u64) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The share of the per-user queues the kernel charges to the sandbox's host user (root's
+/// too: a user namespace's counts go up to its creator's) that one command gets:
+/// `RLIMIT_SIGPENDING` (queued signals) and `RLIMIT_MSGQUEUE` (POSIX message queue bytes),
+/// each an eighth of shade's own (at least one default queue's bytes), so that a command
+/// cannot leave its user's other programs unable to queue a signal (EAGAIN) or open a
+/// message queue (EMFILE) — the red team filled both from one command (round 7).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QueueLimits {
+    sigpending: u64,
+    msgqueue: u64,
+}
+
+impl QueueLimits {
+    /// The share of shade's own limits, read before the fork.
+    pub(crate) fn share() -> QueueLimits {
+        let own = |r| {
+            // SAFETY: getrlimit(2) into a zeroed struct.
+            unsafe {
+                let mut lim: libc::rlimit = std::mem::zeroed();
+                if libc::getrlimit(r, &mut lim) == 0 {
+                    lim.rlim_cur
+                } else {
+                    libc::RLIM_INFINITY
+                }
+            }
+        };
+        let share = |v: u64, floor: u64| {
+            if v == libc::RLIM_INFINITY {
+                v
+            } else {
+                (v / 8).max(floor).min(v)
+            }
+        };
+        QueueLimits {
+            sigpending: share(own(libc::RLIMIT_SIGPENDING), 64),
+            // One queue of the default size (10 messages of 8 KiB, with the kernel's
+            // per-message overhead).
+            msgqueue: share(own(libc::RLIMIT_MSGQUEUE), 96 * 1024),
+        }
+    }
+
+    /// Set both on the calling process (inherited by what it execs and starts; it cannot
+    /// raise them again). Async-signal-safe.
+    pub(crate) fn apply(&self) -> std::io::Result<()> {
+        for (r, v) in [
+            (libc::RLIMIT_SIGPENDING, self.sigpending),
+            (libc::RLIMIT_MSGQUEUE, self.msgqueue),
+        ] {
+            let lim = libc::rlimit {
+                rlim_cur: v,
+                rlim_max: v,
+            };
+            // SAFETY: setrlimit(2) with a valid struct.
+            if unsafe { libc::setrlimit(r, &lim) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `RLIMIT_AS` of the calling process (and what it execs) to `bytes`: a plain user's memory
 /// limit, set last in bwrap's pre-exec hook. Async-signal-safe.
 pub(crate) fn set_address_space(bytes: u64) -> std::io::Result<()> {
