@@ -687,7 +687,7 @@ fn undo_of_a_rename_refuses_when_the_renamed_tree_changed_since() {
 }
 
 #[test]
-fn an_accept_past_the_history_limit_is_applied_but_recorded_not_undoable() {
+fn an_accept_past_the_history_limit_is_refused_or_with_force_recorded_not_undoable() {
     let fx = Fixture::new();
     std::fs::write(
         fx.tmp.path().join("config.toml"),
@@ -697,7 +697,45 @@ fn an_accept_past_the_history_limit_is_applied_but_recorded_not_undoable() {
     std::fs::write(fx.project.join("big.bin"), noise(8 << 20, 3)).unwrap();
     fx.write("small.txt", "small\n");
     let held = history_bytes(&fx);
-    let o = run_accept(&fx, "rm big.bin && echo changed > small.txt");
+    // Refused: the command must not decide that what it deletes cannot be had back.
+    let o = shade(
+        &fx,
+        &[
+            "run",
+            "--accept",
+            "--",
+            "sh",
+            "-c",
+            "rm big.bin && echo changed > small.txt",
+        ],
+        &[],
+        300,
+    );
+    assert!(!o.status.success(), "{}", out(&o));
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(
+        err.contains("could not be undone") && err.contains("nothing was written"),
+        "{}",
+        out(&o)
+    );
+    assert!(fx.project.join("big.bin").exists());
+    assert_eq!(fx.read("small.txt"), "small\n");
+    // With --force it goes ahead, not undoable.
+    let o = shade(
+        &fx,
+        &[
+            "run",
+            "--accept",
+            "--force",
+            "--",
+            "sh",
+            "-c",
+            "rm big.bin && echo changed > small.txt",
+        ],
+        &[],
+        300,
+    );
+    assert!(o.status.success(), "{}", out(&o));
     let err = String::from_utf8_lossy(&o.stderr).to_string();
     assert!(err.contains("cannot be undone"), "{}", out(&o));
     assert!(!fx.project.join("big.bin").exists());

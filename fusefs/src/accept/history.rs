@@ -1068,15 +1068,19 @@ fn free_bytes(dir: &Path) -> io::Result<u64> {
 /// `plan` will change in the project at `root`: before-contents an undo cannot find in
 /// the project go to the store, and the entry is written durably. When those contents
 /// would take more than the retention's `max_bytes`, or than the state directory's disk
-/// has free (less a margin), nothing is copied and the entry says the accept cannot be
-/// undone (the accept itself goes ahead). Returns the entry's path, and why it is not
-/// undoable if it is not; `None` when history is off or not kept for this root.
+/// has free (less a margin), nothing is copied, and the accept is refused (an error:
+/// nothing is written) unless `anyway` (the user's `--force`): then the entry says the
+/// accept cannot be undone and it goes ahead. A command decides how much it deletes and
+/// how full the state directory's disk is (its outside layer may live there), so it must
+/// not decide that what it destroys cannot be had back. Returns the entry's path, and why
+/// it is not undoable if it is not; `None` when history is off or not kept for this root.
 pub fn record(
     history: &Path,
     root_fd: RawFd,
     root: &Path,
     id: &str,
     plan: &mut [PlanOp],
+    anyway: bool,
 ) -> io::Result<Option<(PathBuf, Option<String>)>> {
     if retention().keep == 0 {
         return Ok(None);
@@ -1181,6 +1185,13 @@ pub fn record(
     } else {
         None
     };
+    if let (Some(why), false) = (&not_kept, anyway) {
+        return Err(io::Error::other(format!(
+            "the accept could not be undone: {why}; nothing was written (free space on the \
+             state directory's disk or raise [history] max_size, or accept with --force to \
+             do without undo)"
+        )));
+    }
     let mut bytes = 0;
     if not_kept.is_none() {
         for (p, sha256, _) in &keep {

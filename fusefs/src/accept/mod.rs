@@ -406,6 +406,7 @@ pub fn apply(
             &root,
             &id,
             &mut plan,
+            opts.force,
         );
         if let Err(e) = recorded {
             let e = AcceptError::Io {
