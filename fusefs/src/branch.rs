@@ -313,11 +313,7 @@ impl Branch {
             mk(&mountpoint, 0o755)?;
         }
         let owner = dir.join("owner");
-        std::fs::write(
-            &owner,
-            format!("{}\n{}\n", std::process::id(), project.display()),
-        )
-        .map_err(|source| BranchError::State {
+        std::fs::write(&owner, owner_text(&project)).map_err(|source| BranchError::State {
             path: owner,
             source,
         })?;
@@ -1051,11 +1047,7 @@ fn make_conn_dir(dir: &Path, project: &Path) -> Result<(), BranchError> {
         .mode(0o755)
         .create(dir.join("mnt"))
         .map_err(err(dir))?;
-    std::fs::write(
-        dir.join("owner"),
-        format!("{}\n{}\n", std::process::id(), project.display()),
-    )
-    .map_err(err(dir))
+    std::fs::write(dir.join("owner"), owner_text(project)).map_err(err(dir))
 }
 
 /// Mount a new FUSE connection at `dir/mnt` serving `overlay`, with `key`'s options.
@@ -1181,16 +1173,35 @@ pub fn cleanup_stale(state: &StateDir) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(state.branches()) else {
         return cleaned;
     };
+    let own_ns = pid_namespace();
     for e in entries.flatten() {
         let dir = e.path();
         let owner = std::fs::read_to_string(dir.join("owner")).unwrap_or_default();
-        let pid: i32 = owner
-            .lines()
+        let mut lines = owner.lines();
+        // A directory whose owner file is not written yet (its shade is making it right
+        // now) is known by its name, `PID-N-…`.
+        let pid: i32 = lines
             .next()
             .and_then(|l| l.trim().parse().ok())
+            .or_else(|| {
+                e.file_name()
+                    .to_str()
+                    .and_then(|n| n.split('-').next())
+                    .and_then(|p| p.parse().ok())
+            })
             .unwrap_or(0);
         if pid > 0 && pid_alive(pid) {
             continue;
+        }
+        // A shade of another PID namespace: its pid says nothing here.
+        let ns = lines
+            .nth(1)
+            .and_then(|l| l.strip_prefix("pidns "))
+            .map(str::trim);
+        if let (Some(ns), Some(own)) = (ns, own_ns.as_deref()) {
+            if ns != own {
+                continue;
+            }
         }
         lazy_unmount(&dir.join("mnt"));
         // Its outside layer's overlays too, before the removal walks into them.
@@ -1200,6 +1211,24 @@ pub fn cleanup_stale(state: &StateDir) -> Vec<String> {
         }
     }
     cleaned
+}
+
+/// What a branch directory's `owner` file says: the pid of the shade that made it, the
+/// project, and that shade's PID namespace (a pid means nothing in another).
+fn owner_text(project: &Path) -> String {
+    format!(
+        "{}\n{}\npidns {}\n",
+        std::process::id(),
+        project.display(),
+        pid_namespace().unwrap_or_default()
+    )
+}
+
+/// This process's PID namespace, as `readlink /proc/self/ns/pid` says it.
+fn pid_namespace() -> Option<String> {
+    std::fs::read_link("/proc/self/ns/pid")
+        .ok()
+        .map(|l| l.to_string_lossy().into_owned())
 }
 
 fn pid_alive(pid: i32) -> bool {
