@@ -2819,7 +2819,8 @@ fn killed_shades_cgroups_are_swept() {
         .spawn()
         .unwrap();
     common::wait_until("the command to start", 60, || e.out.join("ready").exists());
-    let name = format!("shade-{}-0", child.id());
+    // `shade-PID-N-PIDNS`.
+    let name = format!("shade-{}-0-", child.id());
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
     let mut dirs: Vec<PathBuf> = vec![
         PathBuf::from("/sys/fs/cgroup"),
@@ -2840,7 +2841,12 @@ fn killed_shades_cgroups_are_swept() {
     }
     let made: Vec<PathBuf> = dirs
         .iter()
-        .map(|d| d.join(&name))
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flat_map(|r| r.flatten().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&name))
+        })
         .filter(|d| d.is_dir())
         .collect();
     assert!(!made.is_empty(), "no cgroup {name} for the command");

@@ -118,9 +118,10 @@ impl Cgroup {
             return (None, None);
         }
         let name = format!(
-            "shade-{}-{}",
+            "shade-{}-{}-{}",
             std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
+            SEQ.fetch_add(1, Ordering::Relaxed),
+            pid_namespace()
         );
         let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
         let memory = memory.map(|m| m.max(MIN_MEMORY));
@@ -330,7 +331,7 @@ fn remove_dir(dir: &Path) {
 }
 
 /// Removes the cgroups a shade that is gone left in `parent` (killed with SIGKILL, it had
-/// no chance to): `shade-PID-N` whose PID is not a live process. Processes still in one
+/// no chance to): `shade-PID-N-NS` of our PID namespace whose PID is not a live process. Processes still in one
 /// are that shade's command, left running: a shade killed while its sandbox was being set
 /// up (bubblewrap binds its inner process to the outer one only at the end of its set-up)
 /// leaves the sandbox unwatched, with no time limit; they are killed first (see
@@ -339,21 +340,38 @@ fn sweep(parent: &Path) {
     let Ok(entries) = fs::read_dir(parent) else {
         return;
     };
+    let own_ns = pid_namespace();
     for e in entries.flatten() {
         let name = e.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("shade-"))
-            .and_then(|n| n.split_once('-'))
-            .and_then(|(pid, _)| pid.parse::<u32>().ok())
-        else {
+        let Some(fields) = name.to_str().and_then(|n| n.strip_prefix("shade-")) else {
             continue;
         };
+        let mut fields = fields.split('-');
+        let Some(pid) = fields.next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        let ns = fields.nth(1);
+        // A pid is only a pid in its own namespace: another namespace's shade is none of
+        // ours to judge (a name without one is an older shade's: removed if empty).
+        if ns.is_some_and(|ns| ns != own_ns) {
+            continue;
+        }
         if !Path::new("/proc").join(pid.to_string()).exists() {
-            kill_all(&e.path());
+            if ns.is_some() {
+                kill_all(&e.path());
+            }
             let _ = fs::remove_dir(e.path());
         }
     }
+}
+
+/// This process's PID namespace (the inode number of /proc/self/ns/pid), named in its
+/// commands' cgroups so that [`sweep`] judges only its own namespace's pids.
+fn pid_namespace() -> String {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata("/proc/self/ns/pid")
+        .map(|m| m.ino().to_string())
+        .unwrap_or_default()
 }
 
 /// SIGKILL every process in the cgroup `dir` and wait (at most about 1 s) until it is
