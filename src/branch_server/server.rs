@@ -174,24 +174,9 @@ struct Owner(i32, u64);
 impl Owner {
     /// The process at the other end of `stream`, if it can be named from here.
     fn of(stream: &UnixStream) -> Option<Owner> {
-        let mut cred = libc::ucred {
-            pid: 0,
-            uid: 0,
-            gid: 0,
-        };
-        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-        // SAFETY: getsockopt fills `cred` (of the size given) for a socket we own.
-        let r = unsafe {
-            libc::getsockopt(
-                stream.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_PEERCRED,
-                std::ptr::addr_of_mut!(cred).cast(),
-                &mut len,
-            )
-        };
+        let cred = shade_fusefs::served::peer_cred(stream).ok()?;
         // pid 0: a process of a pid namespace this server cannot see.
-        if r != 0 || cred.pid <= 0 {
+        if cred.pid <= 0 {
             return None;
         }
         Some(Owner(cred.pid, start_time(cred.pid)?))

@@ -172,6 +172,12 @@ fn owned(path: &Path, strict: bool) -> std::io::Result<()> {
 /// The user id of the process at the other end of `stream` (as it was when it connected,
 /// or listened).
 pub fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
+    peer_cred(stream).map(|c| c.uid)
+}
+
+/// The credentials (pid, uid, gid) of the process at the other end of `stream`, as they
+/// were when it connected or listened; a pid of 0 is one of a PID namespace we cannot see.
+pub fn peer_cred(stream: &UnixStream) -> std::io::Result<libc::ucred> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: u32::MAX,
@@ -191,7 +197,26 @@ pub fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
     if r != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(cred.uid)
+    Ok(cred)
+}
+
+/// One request and its answer over a server connection: a JSON line each way.
+fn exchange(
+    reader: &mut impl BufRead,
+    writer: &mut impl Write,
+    req: &Request,
+) -> std::io::Result<Reply> {
+    let mut line = serde_json::to_vec(req)?;
+    line.push(b'\n');
+    writer.write_all(&line)?;
+    let mut answer = String::new();
+    if reader.read_line(&mut answer)? == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "the branch server closed the connection",
+        ));
+    }
+    serde_json::from_str(&answer).map_err(std::io::Error::other)
 }
 
 /// An exclusive `flock` on a file, released when dropped.
@@ -378,17 +403,7 @@ impl RemoteBranch {
             drop(g);
             return self.call_parked(req);
         };
-        let mut line = serde_json::to_vec(req)?;
-        line.push(b'\n');
-        writer.write_all(&line)?;
-        let mut answer = String::new();
-        if reader.read_line(&mut answer)? == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "the branch server closed the connection",
-            ));
-        }
-        serde_json::from_str(&answer).map_err(std::io::Error::other)
+        exchange(reader, writer, req)
     }
 
     /// Whether the connection may serve a later branch, as only this process can know: the
@@ -559,17 +574,7 @@ impl RemoteBranch {
             token,
             request: Box::new(serde_json::from_value(serde_json::to_value(req)?)?),
         };
-        let mut line = serde_json::to_vec(&wrapped)?;
-        line.push(b'\n');
-        writer.write_all(&line)?;
-        let mut answer = String::new();
-        if reader.read_line(&mut answer)? == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "the branch server closed the connection",
-            ));
-        }
-        serde_json::from_str(&answer).map_err(std::io::Error::other)
+        exchange(&mut reader, &mut writer, &wrapped)
     }
 
     /// Whether the branch is parked ([`RemoteBranch::park`]).
