@@ -606,6 +606,33 @@ os.setxattr('dir','user.dir',b'changed'); os.setxattr('dir/inner.txt','user.i',b
     );
 }
 
+/// Inside a directory the branch renamed, an entry replaced by another kind (a file by a
+/// symlink or a directory), also after a second rename: accept gives what a plain run
+/// gives. The accept's pre-check simulated the plan and forgot a delete made while the
+/// directory sat at its temporary name, then found "nothing instead of a file" where the
+/// symlink went, and set the symlink aside (red team round 7).
+#[test]
+fn entries_replaced_inside_a_renamed_directory_accept_as_a_plain_run() {
+    let _alone = namespaces_alone();
+    for script in [
+        "mv d d2; rm d2/f; ln -s g d2/f",
+        "mv d d2; rm d2/f; mkdir d2/f; echo in > d2/f/x",
+        "mv d d2; mv d2 d3; rm d3/f; ln -s g d3/f; rm d3/g; echo new > d3/g",
+    ] {
+        let fx = open_fixture();
+        fx.write("d/f", "f\n");
+        fx.write("d/g", "g\n");
+        let plain = plain_copy(&fx);
+        let p = sh_in(&plain, script);
+        assert!(p.status.success(), "plain run: {}", out(&p));
+        let b = shade_run(&fx, &["--accept"], script);
+        assert!(b.status.success(), "{script}: {}", out(&b));
+        let no_times = |_: &Path, _: u32| false;
+        let diff = differences(&seen(&plain, &no_times), &seen(&fx.project, &no_times));
+        assert!(diff.is_empty(), "{script}:\n{}", diff.join("\n"));
+    }
+}
+
 /// Poll `f` for up to 3 s: lower changes reach the kernel's caches asynchronously
 /// (inotify), within milliseconds; a stale cache entry would live 30 s.
 fn eventually(what: &str, mut f: impl FnMut() -> bool) {

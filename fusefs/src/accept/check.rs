@@ -55,6 +55,27 @@ impl Planning {
         n.state = Some(k);
     }
 
+    /// What is planned below `p` (not at `p` itself), taken out: a directory rename moves it.
+    fn take_below(&mut self, p: &Path) -> HashMap<OsString, Planning> {
+        let mut n = self;
+        for c in comps(p) {
+            match n.children.get_mut(c) {
+                Some(next) => n = next,
+                None => return HashMap::new(),
+            }
+        }
+        std::mem::take(&mut n.children)
+    }
+
+    /// Put `below` (see [`Planning::take_below`]) under `p`.
+    fn put_below(&mut self, p: &Path, below: HashMap<OsString, Planning>) {
+        let mut n = self;
+        for c in comps(p) {
+            n = n.children.entry(c.to_os_string()).or_default();
+        }
+        n.children = below;
+    }
+
     /// The planned states along `p`, outermost first: (number of components of the path
     /// it is at — `p` itself has all of them —, state).
     fn along(&self, p: &Path) -> Vec<(usize, Planned)> {
@@ -485,8 +506,12 @@ pub fn preflight(
             PlanOp::Mkdir { path, .. } => sim.set(path, Planned::Mkdir),
             PlanOp::SetPerms { .. } => {}
             PlanOp::RenameDir { from, to, .. } => {
+                // What earlier ops planned inside the directory goes with it (a delete in a
+                // directory parked at its temporary name is not undone by moving it on).
+                let below = sim.planned.take_below(from);
                 sim.set(from, Planned::Gone);
                 sim.set(to, Planned::Moved);
+                sim.planned.put_below(to, below);
                 sim.renames.push((from.clone(), to.clone()));
             }
             PlanOp::Delete { path, .. } => sim.set(path, Planned::Gone),
