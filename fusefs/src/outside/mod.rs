@@ -60,10 +60,26 @@ pub struct Layer {
 /// it (`shade mcp`'s `diff`).
 pub const MASKED_FILE: &str = "masked.json";
 
+/// `outside/hidden.json`: the directories the sandbox covered with an empty tmpfs (shade's
+/// state directories) for the branch's commands. bwrap makes a mount point that is missing
+/// — one deleted on the host after the command's start looked for it — in the layer's
+/// upper; those directories are not the command's doing and are not listed.
+pub const HIDDEN_FILE: &str = "hidden.json";
+
 /// Adds `paths` to the layer's masked paths ([`MASKED_FILE`]).
 pub fn record_masked(outside_dir: &Path, paths: &[PathBuf]) -> io::Result<()> {
-    let file = outside_dir.join(MASKED_FILE);
-    let mut all = read_masked(outside_dir);
+    record_paths(outside_dir, MASKED_FILE, paths)
+}
+
+/// Adds `paths` to the layer's hidden directories ([`HIDDEN_FILE`]).
+pub fn record_hidden(outside_dir: &Path, paths: &[PathBuf]) -> io::Result<()> {
+    record_paths(outside_dir, HIDDEN_FILE, paths)
+}
+
+/// Adds `paths` to the JSON list of byte strings `name` in `outside_dir` (atomically).
+fn record_paths(outside_dir: &Path, name: &str, paths: &[PathBuf]) -> io::Result<()> {
+    let file = outside_dir.join(name);
+    let mut all = read_paths(outside_dir, name);
     let before = all.len();
     for p in paths {
         if !all.contains(p) {
@@ -75,20 +91,49 @@ pub fn record_masked(outside_dir: &Path, paths: &[PathBuf]) -> io::Result<()> {
     }
     let bytes: Vec<&[u8]> = all.iter().map(|p| p.as_os_str().as_bytes()).collect();
     let json = serde_json::to_vec(&bytes).map_err(io::Error::other)?;
-    let tmp = outside_dir.join(format!(".masked.json.{}", std::process::id()));
+    let tmp = outside_dir.join(format!(".{name}.{}", std::process::id()));
     std::fs::write(&tmp, json)?;
     std::fs::rename(&tmp, &file)
 }
 
 /// The layer's masked paths ([`MASKED_FILE`]); none when there is no file.
 fn read_masked(outside_dir: &Path) -> Vec<PathBuf> {
-    std::fs::read(outside_dir.join(MASKED_FILE))
+    read_paths(outside_dir, MASKED_FILE)
+}
+
+/// The JSON list of paths `name` in `outside_dir`; none when there is no file.
+fn read_paths(outside_dir: &Path, name: &str) -> Vec<PathBuf> {
+    std::fs::read(outside_dir.join(name))
         .ok()
         .and_then(|b| serde_json::from_slice::<Vec<Vec<u8>>>(&b).ok())
         .unwrap_or_default()
         .into_iter()
         .map(|b| PathBuf::from(OsString::from(std::ffi::OsStr::from_bytes(&b))))
         .collect()
+}
+
+/// Drop the directories bwrap made as mount points of `hidden` directories (see
+/// [`HIDDEN_FILE`]): an added directory that is a hidden one or holds one, with nothing
+/// else added below it.
+fn drop_mount_points(changes: &mut Vec<OutsideChange>, hidden: &[PathBuf]) {
+    if hidden.is_empty() {
+        return;
+    }
+    let point = |c: &OutsideChange| {
+        c.kind == OutsideKind::Added && c.is_dir && hidden.iter().any(|h| h.starts_with(&c.path))
+    };
+    let spurious: Vec<PathBuf> = changes
+        .iter()
+        .filter(|c| point(c))
+        .filter(|c| {
+            changes
+                .iter()
+                .filter(|o| o.path.starts_with(&c.path))
+                .all(&point)
+        })
+        .map(|c| c.path.clone())
+        .collect();
+    changes.retain(|c| !spurious.contains(&c.path));
 }
 
 /// What happened to one outside path.
@@ -245,6 +290,7 @@ impl OutsideChanges {
         }
         changes.sort_by(|a, b| a.path.cmp(&b.path));
         changes.dedup_by(|a, b| a.path == b.path);
+        drop_mount_points(&mut changes, &read_paths(outside_dir, HIDDEN_FILE));
         let masked = read_masked(outside_dir);
         for c in &mut changes {
             c.host_hidden = masked.iter().any(|m| c.path.starts_with(m));

@@ -575,3 +575,49 @@ fn masked_paths_never_show_the_host_side() {
     assert!(!d.contains("HOST-TOKEN"), "{d}");
     assert!(d.contains("+mine") && d.contains("+\ty = z"), "{d}");
 }
+
+/// The directories bwrap made as mount points of hidden directories (deleted on the host
+/// after the command's start found them) are not listed; a directory the command added
+/// beside or inside such a chain is.
+#[test]
+fn mount_points_of_hidden_directories_are_not_changes() {
+    let added = |p: &str, is_dir: bool| OutsideChange {
+        path: PathBuf::from(p),
+        kind: OutsideKind::Added,
+        is_dir,
+        size_old: None,
+        mode_old: None,
+        owner_old: None,
+        target_old: None,
+        size_new: None,
+        mode_new: None,
+        owner_new: None,
+        target_new: None,
+        foreign_owner: false,
+        upper: None,
+        redirected: false,
+        metacopy: false,
+        xattrs_changed: false,
+        kept: false,
+        host_hidden: false,
+    };
+    let hidden = vec![
+        PathBuf::from("/var/tmp/t1/state"),
+        PathBuf::from("/var/tmp/t2/state"),
+    ];
+    let mut changes = vec![
+        added("/var/tmp/t1", true),
+        added("/var/tmp/t1/state", true),
+        added("/var/tmp/t2", true),
+        added("/var/tmp/t2/mine.txt", false),
+        added("/var/tmp/t2/state", true),
+        added("/var/tmp/other", true),
+    ];
+    drop_mount_points(&mut changes, &hidden);
+    let left: Vec<&str> = changes.iter().map(|c| c.path.to_str().unwrap()).collect();
+    assert_eq!(
+        left,
+        ["/var/tmp/t2", "/var/tmp/t2/mine.txt", "/var/tmp/other"],
+        "{left:?}"
+    );
+}

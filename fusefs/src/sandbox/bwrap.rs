@@ -774,6 +774,13 @@ pub(crate) fn build(
             }
         }
     }
+    if let Some(dir) = &spec.outside {
+        // bwrap makes a hidden directory's mount point where it is missing (deleted on the
+        // host since it was found), in the layer's upper: not the command's doing.
+        if let Err(e) = crate::outside::record_hidden(dir, &hide) {
+            tracing::debug!("recording the hidden directories in {}: {e}", dir.display());
+        }
+    }
     // The home's credentials absent and its secret-bearing configuration sanitized, in a
     // mask layer of the outside layer's units (see masks.rs).
     let homes = super::env::homes();
