@@ -472,6 +472,9 @@ fn sighup_at_the_speculations_question_leaves_no_mount_and_no_process() {
     }
     assert_eq!(tty.exit_status(10), Ok(128 + libc::SIGHUP));
     assert!(mounts_of(&chat).is_empty(), "{:?}", mounts_of(&chat));
+    // The speculation's branch came from the project's branch server, a daemon of its own
+    // that outlives the chat by design (it exits when idle): ended first, and it must go.
+    common::stop_branch_servers(&chat.state);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !processes_naming(&chat.state).is_empty() {
         assert!(
