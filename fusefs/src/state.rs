@@ -71,11 +71,25 @@ impl StateDir {
     /// cheap when both are there already.
     pub fn mark(&self) -> std::io::Result<()> {
         use std::os::unix::fs::DirBuilderExt;
+        let marker = self.root.join(MARKER);
+        // Once per state dir per process: every branch calls this (10,000 of them in one
+        // `shade mcp`), and the registry's entry does not change meanwhile.
+        static MARKED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+        let mut marked = MARKED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if marked.contains(&self.root) {
+            if marker.exists() {
+                return Ok(());
+            }
+        } else {
+            marked.push(self.root.clone());
+        }
+        drop(marked);
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&self.root)?;
-        let marker = self.root.join(MARKER);
         if !marker.exists() {
             std::fs::write(
                 &marker,
