@@ -1193,6 +1193,18 @@ pub fn cleanup_stale(state: &StateDir) -> Vec<String> {
         if pid > 0 && pid_alive(pid) {
             continue;
         }
+        // No owner file yet and just made: a shade (maybe of another PID namespace, whose
+        // pid says nothing here) is making it right now.
+        let young = || {
+            std::fs::symlink_metadata(&dir)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age < std::time::Duration::from_secs(60))
+        };
+        if owner.is_empty() && young() {
+            continue;
+        }
         // A shade of another PID namespace: its pid says nothing here.
         let ns = lines
             .nth(1)

@@ -91,7 +91,10 @@ fn record_paths(outside_dir: &Path, name: &str, paths: &[PathBuf]) -> io::Result
     }
     let bytes: Vec<&[u8]> = all.iter().map(|p| p.as_os_str().as_bytes()).collect();
     let json = serde_json::to_vec(&bytes).map_err(io::Error::other)?;
-    let tmp = outside_dir.join(format!(".{name}.{}", std::process::id()));
+    // A name of its own per write: two commands of one process may record at once.
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = outside_dir.join(format!(".{name}.{}.{n}", std::process::id()));
     std::fs::write(&tmp, json)?;
     std::fs::rename(&tmp, &file)
 }

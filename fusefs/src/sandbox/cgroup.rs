@@ -353,10 +353,12 @@ fn sweep(parent: &Path) {
         let ns = fields.nth(1);
         // A pid is only a pid in its own namespace: another namespace's shade is none of
         // ours to judge (a name without one is an older shade's: removed if empty).
-        if ns.is_some_and(|ns| ns != own_ns) {
+        if ns.is_some_and(|ns| ns.is_empty() || ns != own_ns) {
             continue;
         }
-        if !Path::new("/proc").join(pid.to_string()).exists() {
+        // kill(pid, 0) in our own PID namespace, whatever /proc is mounted here.
+        let alive = i32::try_from(pid).map_or(true, crate::accept::process_alive);
+        if !alive {
             if ns.is_some() {
                 kill_all(&e.path());
             }
