@@ -488,6 +488,12 @@ impl Branch {
         if self.detached {
             return Ok(());
         }
+        if self.conn.is_none() {
+            return Err("the branch is unmounted".into());
+        }
+        // The warm-up walk reads through the mount (an open directory is a reference into
+        // it): it ends first, or an idle branch still warming could never be detached.
+        self.stop_warming();
         let Some(conn) = self.conn.as_ref() else {
             return Err("the branch is unmounted".into());
         };
@@ -495,7 +501,6 @@ impl Branch {
             return Err(why);
         }
         let unsafe_to_pool = conn.unsafe_to_pool();
-        self.stop_warming();
         let Some(conn) = self.conn.take() else {
             return Err("the branch is unmounted".into());
         };

@@ -240,6 +240,50 @@ fn a_branch_something_refers_into_stays_attached() {
     assert!(shade_mounts_under(&state).is_empty());
 }
 
+/// A branch whose warm-up walk (`Branch::warm_up`: it lists every directory through the
+/// mount) is still going detaches anyway: the walk is only speed, and it ends first. It
+/// used to count as something referring into the mount (CI: an idle speculation's shadow
+/// could not be detached under load).
+#[test]
+fn a_branch_still_warming_up_detaches() {
+    require_root();
+    let _s = serial();
+    shade_fusefs::set_pool_size(2);
+    let tmp = tempfile::Builder::new()
+        .prefix("shade-detach-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let p = project(tmp.path());
+    // Wide directories: the walk spends its time listing them, a directory open all along.
+    for d in 0..10 {
+        let d = p.join(format!("w/{d}"));
+        fs::create_dir_all(&d).unwrap();
+        for i in 0..2000 {
+            fs::write(d.join(format!("file-with-a-long-name-{i}")), "").unwrap();
+        }
+    }
+    let state = tmp.path().join("state");
+    let mut b = Branch::create(&p, &opts(&state)).unwrap();
+    fs::write(b.mountpoint().join("a.txt"), "mine\n").unwrap();
+    b.warm_up().unwrap();
+    // Let the walk get going: it lists the big directories now.
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    assert!(
+        !b.warmed(),
+        "the walk ended before the detach: make the tree bigger"
+    );
+    b.detach().unwrap();
+    assert!(b.is_detached());
+    b.attach().unwrap();
+    assert_eq!(
+        fs::read_to_string(b.mountpoint().join("a.txt")).unwrap(),
+        "mine\n"
+    );
+    drop(b);
+    shade_fusefs::drain_branch_pool();
+    assert!(shade_mounts_under(&state).is_empty());
+}
+
 /// Many detached branches: threads and descriptors do not grow with them, and each sees
 /// its own change when it attaches again.
 #[test]
