@@ -233,6 +233,20 @@ fn a_served_branch_keeps_the_conflict_base() {
     let p = project();
     // Warm the server first, so the branch under test is a reused connection's.
     let _ = p.run_reused(&[]);
+    // The server resets the warm-up's branch after answering it: until then its mount
+    // still shows the warm-up's result.txt, which the wait below would take for this run's
+    // (CI16: the user's edit then came before the command read add.sh).
+    let branches = p.fx.state.branches();
+    let any_result = || {
+        std::fs::read_dir(&branches).ok().and_then(|d| {
+            d.flatten()
+                .map(|e| e.path().join("mnt/result.txt"))
+                .find(|r| r.exists())
+        })
+    };
+    common::wait_until("the warm-up branch to be reset", 20, || {
+        any_result().is_none()
+    });
     let gate = p.fx.tmp.path().join("gate");
     std::fs::create_dir_all(p.config.path().join("shade")).unwrap();
     std::fs::write(
@@ -249,14 +263,8 @@ fn a_served_branch_keeps_the_conflict_base() {
         .unwrap();
     // The command holds at the gate once it wrote result.txt (after the edit of add.sh):
     // find it in the served mount, then change add.sh in the real tree and open the gate.
-    let branches = p.fx.state.branches();
     loop {
-        let found = std::fs::read_dir(&branches).ok().and_then(|d| {
-            d.flatten()
-                .map(|e| e.path().join("mnt/result.txt"))
-                .find(|r| r.exists())
-        });
-        if found.is_some() {
+        if any_result().is_some() {
             break;
         }
         assert!(child.try_wait().unwrap().is_none(), "shade ended early");
