@@ -1220,6 +1220,18 @@ pub fn cleanup_stale(state: &StateDir) -> Vec<String> {
                 continue;
             }
         }
+        // Only what shade makes: a real directory whose `mnt` and `outside` are real
+        // directories. A planted symlink there would turn the unmount and the outside
+        // layer's release onto any path (red team round 8); such a directory is left alone.
+        let real_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+        let not_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| !m.is_dir());
+        if !real_dir(&dir) || not_dir(&dir.join("mnt")) || not_dir(&dir.join("outside")) {
+            tracing::warn!(
+                "{}: not a branch directory shade made (a symlink in it); left as it is",
+                dir.display()
+            );
+            continue;
+        }
         lazy_unmount(&dir.join("mnt"));
         // Its outside layer's overlays too, before the removal walks into them.
         crate::sandbox::release_outside(&dir.join("outside"));

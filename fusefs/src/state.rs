@@ -79,7 +79,7 @@ impl StateDir {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if marked.contains(&self.root) {
-            if marker.exists() {
+            if plain_file(&marker) {
                 return Ok(());
             }
         } else {
@@ -90,11 +90,19 @@ impl StateDir {
             .recursive(true)
             .mode(0o700)
             .create(&self.root)?;
-        if !marker.exists() {
-            std::fs::write(
-                &marker,
-                "shade keeps its state here; the sandboxes of every shade hide this directory\n",
-            )?;
+        if !plain_file(&marker) {
+            // Never through a link: a marker replaced by a dangling symlink would have this
+            // write create whatever file it names (red team round 8).
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&marker)?
+                .write_all(
+                    b"shade keeps its state here; the sandboxes of every shade hide this directory\n",
+                )?;
         }
         // The registry is best effort: the mount table finds a state dir with a live branch
         // without it.
@@ -106,6 +114,7 @@ impl StateDir {
             .mode(0o700)
             .create(&reg)
             .is_err()
+            || !own_dir(&reg)
         {
             return Ok(());
         }
@@ -116,7 +125,7 @@ impl StateDir {
             let link = reg.join(format!("{:016x}", base.wrapping_add(k)));
             match std::fs::read_link(&link) {
                 Ok(t) if t == real => return Ok(()),
-                Ok(t) if t.join(MARKER).exists() => continue,
+                Ok(t) if plain_file(&t.join(MARKER)) => continue,
                 // A state dir no more: the slot is free.
                 Ok(_) => {
                     let _ = std::fs::remove_file(&link);
@@ -153,10 +162,26 @@ pub fn known_state_dirs() -> Vec<PathBuf> {
     if let Some(home) = reg.parent() {
         dirs.push(home.join("shade"));
     }
-    if let Ok(entries) = std::fs::read_dir(&reg) {
+    dirs.extend(registered(&reg));
+    dirs
+}
+
+/// The marked state dirs registry `reg` lists, its stale entries pruned. Only a real
+/// directory of ours is read, and only its symlinks are removed: a registry replaced by a
+/// symlink (a command whose project is the home can do that) would otherwise have the
+/// pruning delete the files of whatever directory it names (red team round 8).
+fn registered(reg: &Path) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if !own_dir(reg) {
+        return dirs;
+    }
+    if let Ok(entries) = std::fs::read_dir(reg) {
         for e in entries.flatten() {
+            if !e.file_type().is_ok_and(|t| t.is_symlink()) {
+                continue;
+            }
             match std::fs::read_link(e.path()) {
-                Ok(t) if t.join(MARKER).exists() => dirs.push(t),
+                Ok(t) if plain_file(&t.join(MARKER)) => dirs.push(t),
                 _ => {
                     let _ = std::fs::remove_file(e.path());
                 }
@@ -164,6 +189,18 @@ pub fn known_state_dirs() -> Vec<PathBuf> {
         }
     }
     dirs
+}
+
+/// Whether `p`, not followed, is a regular file.
+fn plain_file(p: &Path) -> bool {
+    std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_file())
+}
+
+/// Whether `p`, not followed, is a directory of the effective user's.
+fn own_dir(p: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p)
+        .is_ok_and(|m| m.file_type().is_dir() && m.uid() == nix::unistd::geteuid().as_raw())
 }
 
 #[cfg(test)]
@@ -186,5 +223,36 @@ mod tests {
         assert_eq!(known.iter().filter(|d| **d == real).count(), 1, "{known:?}");
         drop(tmp);
         assert!(!known_state_dirs().contains(&real));
+    }
+
+    /// A registry that is a symlink is not read, so its pruning deletes nothing of the
+    /// directory it names; in a real one only symlinks are pruned (red team round 8, 05).
+    #[test]
+    fn a_symlinked_registry_deletes_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let victim = tmp.path().join("victim");
+        std::fs::create_dir(&victim).unwrap();
+        std::fs::write(victim.join("passwd"), "precious").unwrap();
+        let reg = tmp.path().join("shade-state-dirs");
+        std::os::unix::fs::symlink(&victim, &reg).unwrap();
+        assert!(registered(&reg).is_empty());
+        assert!(victim.join("passwd").is_file());
+        // The victim as a registry of its own: its file stays, a stale link goes.
+        std::os::unix::fs::symlink(tmp.path().join("gone"), victim.join("stale")).unwrap();
+        assert!(registered(&victim).is_empty());
+        assert!(victim.join("passwd").is_file());
+        assert!(std::fs::symlink_metadata(victim.join("stale")).is_err());
+    }
+
+    /// A marker replaced by a dangling symlink is refused, never written through.
+    #[test]
+    fn a_symlinked_marker_is_not_written_through() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("state");
+        std::fs::create_dir(&root).unwrap();
+        let target = tmp.path().join("etc-nologin");
+        std::os::unix::fs::symlink(&target, root.join(MARKER)).unwrap();
+        assert!(StateDir::at(root).mark().is_err());
+        assert!(std::fs::symlink_metadata(&target).is_err());
     }
 }

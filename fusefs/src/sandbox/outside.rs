@@ -760,13 +760,21 @@ fn root_outside(
 /// number of times.
 pub fn release_outside(outside: &Path) {
     super::sized::release(outside);
+    // Never through a link: the chmods and the unmounts below would follow it anywhere.
+    if std::fs::symlink_metadata(outside).is_ok_and(|m| !m.is_dir()) {
+        return;
+    }
+    let real_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
     // overlayfs leaves `uN/work/work` with mode 000: a plain user could not remove the
     // branch's directory otherwise.
     if let Ok(units) = std::fs::read_dir(outside) {
         for unit in units.flatten() {
             let work = unit.path().join("work");
+            if !real_dir(&unit.path()) || !real_dir(&work) {
+                continue;
+            }
             for dir in [work.join("work"), work.join("index"), work] {
-                if dir.is_dir() {
+                if real_dir(&dir) {
                     let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
                 }
             }
