@@ -225,6 +225,57 @@ fn cpu_priority(who: Who) {
     }
 }
 
+/// The FUSE work a command causes — every write, create and uncached look-up is served by
+/// a thread of the branch server — is done at the commands' priority, not at shade's own
+/// (red team round 8, route 7: four writers at nice 5 made the server burn 3.9 CPU-s at
+/// nice 0). The server's FUSE threads that served take the least nice of the modes and
+/// SCHED_BATCH.
+fn fuse_work_at_the_commands_priority(who: Who) {
+    let e = env(who);
+    e.run_python(
+        "[sandbox.run]\nnice = 7\n[sandbox.speculation]\nnice = 12\n",
+        "for i in range(400):\n    open('f%d' % (i % 20), 'w').write(str(i))\nprint('done', 1)",
+    );
+    // The server made the branch directories (`PID-N-…`) and keeps the connection pooled.
+    let server = std::fs::read_dir(e.state.join("branches"))
+        .unwrap()
+        .flatten()
+        .filter_map(|d| {
+            d.file_name()
+                .to_str()?
+                .split('-')
+                .next()?
+                .parse::<u32>()
+                .ok()
+        })
+        .find(|pid| std::path::Path::new(&format!("/proc/{pid}/task")).exists())
+        .unwrap_or_else(|| panic!("{who:?}: no live branch server made a branch"));
+    let mut fuse = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{server}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("fuser") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        let f: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        // Fields 19 (nice) and 41 (policy) of proc(5), counted from 3 here.
+        fuse.push((
+            comm.trim().to_string(),
+            f[16].to_string(),
+            f[38].to_string(),
+        ));
+    }
+    assert!(!fuse.is_empty(), "{who:?}: the server has no FUSE threads");
+    assert!(
+        fuse.iter()
+            .any(|(_, nice, policy)| nice == "7" && policy == "3"),
+        "{who:?}: no FUSE thread of the server runs at the commands' nice 7, SCHED_BATCH: {fuse:?}"
+    );
+}
+
 /// SysV shared memory, message queues and semaphores, and POSIX message queues, in the
 /// command's IPC namespace (a 256 MiB memory limit): a segment past the memory limit is
 /// refused (EINVAL), segments past it in all too (ENOSPC), queues past an eighth of it,
@@ -435,6 +486,16 @@ fn cpu_priority_as_root() {
 #[test]
 fn cpu_priority_as_plain_user() {
     cpu_priority(Who::Plain);
+}
+
+#[test]
+fn fuse_work_at_the_commands_priority_as_root() {
+    fuse_work_at_the_commands_priority(Who::Root);
+}
+
+#[test]
+fn fuse_work_at_the_commands_priority_as_plain_user() {
+    fuse_work_at_the_commands_priority(Who::Plain);
 }
 
 #[test]

@@ -256,6 +256,9 @@ impl ShadeFs {
     /// The overlay to serve this request with: called once per request, whose every step
     /// then uses what it returned (helpers take it as `o: &Overlay`).
     fn ov(&self) -> arc_swap::Guard<Arc<Overlay>> {
+        // Every request passes here, on one of the session's threads: they work for the
+        // commands, at the commands' priority.
+        crate::priority::serve_at_commands_priority();
         self.current.0.load()
     }
 

@@ -24,6 +24,7 @@ mod overlay;
 mod passthrough;
 pub mod plan;
 mod pool;
+mod priority;
 mod privs;
 pub mod quote;
 mod reads;

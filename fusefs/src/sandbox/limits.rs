@@ -356,6 +356,19 @@ fn configured() -> Option<Configured> {
 /// Sets the limits of `shade run` and of speculation/MCP commands for this process, from
 /// the config file (a later call, for a file named with `--config`, replaces them).
 pub fn configure(run: Limits, speculation: Limits) {
+    // The FUSE threads work for these commands: the least nice of the modes (one
+    // connection serves every mode in turn, and a plain user's thread can never be made
+    // less nice again), the least strict policy (normal unless both are batch or idle).
+    let nice = match (run.nice, speculation.nice) {
+        (Some(a), Some(b)) => Some(libc::c_int::from(a.min(b))),
+        _ => None,
+    };
+    let policy = match (run.scheduler.policy(), speculation.scheduler.policy()) {
+        (Some(a), Some(b)) if a == b => Some(a),
+        (Some(_), Some(_)) => Some(libc::SCHED_BATCH),
+        _ => None,
+    };
+    crate::priority::set_serving(nice, policy);
     *CONFIGURED.write().unwrap_or_else(PoisonError::into_inner) =
         Some(Configured { run, speculation });
 }
