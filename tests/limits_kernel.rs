@@ -643,9 +643,10 @@ fn host_tables_bound_explicit_limits_as_plain_user() {
 /// table), in children of up to 900 each (its open-file limit), says how many, and holds
 /// them until its stdin has a line.
 const PTY_PROBE: &str = r#"
-import errno, os, pty, subprocess, sys
+import errno, os, pty, subprocess, sys, tty
 cap = int(sys.argv[1])
 m, s = os.openpty()
+tty.setraw(s)  # no echo: the master reads only what the slave writes
 os.write(m, b"ping\n")
 print("slave_read", os.read(s, 100).decode().strip(), os.ttyname(s))
 os.write(s, b"pong")
