@@ -930,7 +930,7 @@ mod tests {
             };
             let (l, notes) = bounded(&Limits::RUN, &host);
             assert!(notes.is_empty(), "{notes:?}");
-            let p = u64::from(l.ptys.unwrap());
+            let p = u64::from(l.ptys.unwrap_or(0));
             assert!(
                 p * DEFAULT_SHARE < room && p >= room / DEFAULT_SHARE - 1,
                 "{room}: {p}"
