@@ -62,8 +62,8 @@ fn own_seccomp() -> String {
 /// the process and memory limits are enforced here.
 fn print_limits(root: bool) {
     use shade_fusefs::sandbox::{bounded_limits, HostTables, Limits};
-    // As the sandbox will enforce them: processes and open files bounded by this host's
-    // tables (fs.file-max, kernel.pid_max).
+    // As the sandbox will enforce them: processes, open files and ptys bounded by this
+    // host's tables (fs.file-max, kernel.pid_max, kernel.pty.*).
     let host = HostTables::read();
     let here = |l: Limits| bounded_limits(&l, &host).0.describe();
     println!("limits (shade run):   {}", here(Limits::run()));
@@ -72,8 +72,9 @@ fn print_limits(root: bool) {
         here(Limits::speculation())
     );
     println!(
-        "host tables:          fs.file-max {}, fs.nr_open {}, tasks the host may still start {}",
-        host.file_max, host.nr_open, host.task_room
+        "host tables:          fs.file-max {}, fs.nr_open {}, tasks the host may still start {}, \
+         ptys sandboxes may still open {} (kernel.pty.max less the reserve and those open)",
+        host.file_max, host.nr_open, host.task_room, host.pty_room
     );
     println!(
         "process limit:        {}",

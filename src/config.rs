@@ -250,6 +250,9 @@ pub struct LimitsConfig {
     /// Files each of its processes may have open (`RLIMIT_NOFILE`); 0: the host's default
     /// share (processes × files within half of `fs.file-max` at most).
     pub open_files: Option<u64>,
+    /// Ptys it may have at once (its devpts's `max=`); 0: the host's default share (less
+    /// than an eighth of the ptys sandboxes and containers may still open, half at most).
+    pub ptys: Option<u32>,
 }
 
 /// A size in the config: a number of bytes or a string such as "512MiB" or "unlimited".
@@ -315,6 +318,9 @@ impl LimitsConfig {
         }
         if let Some(n) = self.open_files {
             l.open_files = (n > 0).then_some(n);
+        }
+        if let Some(n) = self.ptys {
+            l.ptys = (n > 0).then_some(n);
         }
         if let Some(s) = &self.scheduler {
             l.scheduler = shade_fusefs::sandbox::Scheduler::parse(s.trim()).ok_or_else(|| {
@@ -662,6 +668,14 @@ mod tests {
         assert_eq!(spec.scheduler, shade_fusefs::sandbox::Scheduler::Batch);
         assert_eq!(spec.open_files, None);
         assert_eq!(run.open_files, None);
+        assert_eq!(run.ptys, None);
+        std::fs::write(
+            &path,
+            "[sandbox.run]\nptys = 16\n[sandbox.speculation]\nptys = 0\n",
+        )
+        .unwrap();
+        let (run, spec) = sandbox_limits(Some(path.clone())).unwrap();
+        assert_eq!((run.ptys, spec.ptys), (Some(16), None));
         for bad in ["nice = 20", "cpu_weight = 10001", "scheduler = \"fifo\""] {
             std::fs::write(&path, format!("[sandbox.run]\n{bad}\n")).unwrap();
             assert!(sandbox_limits(Some(path.clone())).is_err(), "{bad}");

@@ -73,6 +73,23 @@ fn env(who: Who) -> Env {
 impl Env {
     /// `shade run -- python3 -c script` as this test's user, with `config` as its config.
     fn run_python(&self, config: &str, script: &str) -> Output {
+        let out = self
+            .python(config, script)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{:?}: the command did not run to its end\n{}",
+            self.who,
+            show(&out)
+        );
+        out
+    }
+
+    /// The command of [`Env::run_python`], its stdio left to the caller.
+    fn python(&self, config: &str, script: &str) -> Command {
         let cfg = self.root.join("config.toml");
         std::fs::write(&cfg, config).unwrap();
         std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -92,23 +109,12 @@ impl Env {
                 c
             }
         };
-        let out = c
-            .env("SHADE_STATE_DIR", &self.state)
+        c.env("SHADE_STATE_DIR", &self.state)
             .env("SHADE_CONFIG", &cfg)
             .env_remove("CARGO_TARGET_DIR")
             .current_dir(&self.project)
-            .stdin(Stdio::null())
-            .args(["run", "--", PYTHON, "-c", script])
-            .output()
-            .unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{:?}: the command did not run to its end\n{}",
-            self.who,
-            show(&out)
-        );
-        out
+            .args(["run", "--", PYTHON, "-c", script]);
+        c
     }
 }
 
@@ -690,4 +696,211 @@ fn host_tables_bound_explicit_limits_as_root() {
 #[test]
 fn host_tables_bound_explicit_limits_as_plain_user() {
     host_tables_bound_explicit_limits(Who::Plain);
+}
+
+/// A pty works in the sandbox (master to slave and back, `pty.fork`'s controlling
+/// terminal, util-linux `script`), then the command opens /dev/ptmx until it is refused or
+/// it holds `sys.argv[1]` (so that a shade without the bound does not take the host's
+/// table), in children of up to 900 each (its open-file limit), says how many, and holds
+/// them until its stdin has a line.
+const PTY_PROBE: &str = r#"
+import errno, os, pty, subprocess, sys, tty
+cap = int(sys.argv[1])
+m, s = os.openpty()
+tty.setraw(s)  # no echo: the master reads only what the slave writes
+os.write(m, b"ping\n")
+print("slave_read", os.read(s, 100).decode().strip(), os.ttyname(s))
+os.write(s, b"pong")
+print("master_read", os.read(m, 100).decode().strip())
+os.close(m); os.close(s)
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvp("tty", ["tty"])
+out = b""
+while True:
+    try:
+        b = os.read(fd, 100)
+    except OSError:
+        break
+    if not b:
+        break
+    out += b
+os.waitpid(pid, 0); os.close(fd)
+print("pty_fork", out.decode().strip())
+r = subprocess.run(["script", "-qec", "tty", "/dev/null"], stdin=subprocess.DEVNULL,
+                   capture_output=True, text=True)
+print("script", r.returncode, r.stdout.strip())
+mounts = [l.split(" - ")[1].split()[2] for l in open("/proc/self/mountinfo")
+          if l.split()[4] == "/dev/pts"]
+print("devpts_options", mounts[-1])
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+ctypes.set_errno(0)
+libc.mount(b"devpts", b"/dev/pts", b"devpts", 32, b"max=1000000")  # MS_REMOUNT
+print("remount", errno.errorcode.get(ctypes.get_errno(), "allowed"))
+ctypes.set_errno(0)
+libc.umount2(b"/dev/pts", 2)  # MNT_DETACH
+print("umount", errno.errorcode.get(ctypes.get_errno(), "allowed"))
+def grab(limit):
+    got = []
+    try:
+        while len(got) < limit:
+            got.append(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))
+    except OSError as e:
+        return got, errno.errorcode[e.errno]
+    return got, "none"
+total, err, kids = 0, "none", []
+while total < cap:
+    r, w = os.pipe(); hold_r, hold_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r); os.close(hold_w)
+        got, e = grab(min(900, cap - total))
+        os.write(w, ("%d %s" % (len(got), e)).encode()); os.close(w)
+        os.read(hold_r, 1); os._exit(0)
+    os.close(w); os.close(hold_r)
+    n, e = os.read(r, 100).decode().split()
+    os.close(r)
+    kids.append((pid, hold_w)); total += int(n)
+    if e != "none":
+        err = e
+        break
+print("ptys", total, err, flush=True)
+print("READY", flush=True)
+sys.stdin.readline()
+for pid, hold in kids:
+    os.close(hold); os.waitpid(pid, 0)
+"#;
+
+/// Opens one pty in another sandbox: master to slave.
+const PTY_SECOND: &str = r#"
+import os
+m, s = os.openpty()
+os.write(m, b"x\n")
+print("second", os.read(s, 10).decode().strip())
+"#;
+
+/// Every devpts but the host's shares `kernel.pty.max` less `kernel.pty.reserve`: a
+/// command's own devpts has a `max=` (`ptys`, by default less than an eighth of that), so
+/// one command opening ptys gets ENOSPC there while another sandbox still opens one (red
+/// team round 7: one command took all 3,071 and the next `shade run`'s openpty failed).
+/// Its terminals work as before, and it cannot remount its devpts to lift the bound.
+/// Fails on a shade whose commands get bubblewrap's devpts as it is.
+fn ptys_bounded(who: Who, config: &str, expect: Option<u64>) {
+    use std::io::{BufRead, Write};
+    let e = env(who);
+    let room = proc_sys("kernel/pty/max") - proc_sys("kernel/pty/reserve");
+    // Past the default share, far below the host's table.
+    let cap = room / 8 + 64;
+    let probe = e.root.join("pty_probe.py");
+    std::fs::write(&probe, PTY_PROBE).unwrap();
+    std::fs::set_permissions(&probe, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut first = e
+        .python(
+            config,
+            &format!(
+                "import sys; sys.argv = ['probe', '{cap}']; exec(open({:?}).read())",
+                probe.display().to_string()
+            ),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said_lines = Vec::new();
+    let mut lines = std::io::BufReader::new(first.stdout.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if line == "READY" {
+            break;
+        }
+        said_lines.push(line);
+    }
+    // While the first holds what it could open: another sandbox and the host each open one.
+    let second = e.run_python(config, PTY_SECOND);
+    // SAFETY: posix_openpt(3) and close(2) on our own fd.
+    let host = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY) };
+    let host_err = std::io::Error::last_os_error();
+    if host >= 0 {
+        // SAFETY: our own fd, opened above.
+        unsafe { libc::close(host) };
+    }
+    let mut stdin = first.stdin.take().unwrap();
+    let _ = stdin.write_all(b"go\n");
+    drop(stdin);
+    said_lines.extend(lines.map_while(Result::ok));
+    let mut out = first.wait_with_output().unwrap();
+    out.stdout = (said_lines.join("\n") + "\n").into_bytes();
+    assert_eq!(out.status.code(), Some(0), "{who:?}\n{}", show(&out));
+    let o = &out;
+    assert_eq!(
+        said(o, "slave_read")[0],
+        "ping",
+        "{who:?}: a pty does not carry data\n{}",
+        show(o)
+    );
+    assert!(
+        said(o, "slave_read")[1].starts_with("/dev/pts/"),
+        "{}",
+        show(o)
+    );
+    assert_eq!(said(o, "master_read"), ["pong"], "{who:?}\n{}", show(o));
+    assert!(
+        said(o, "pty_fork")[0].starts_with("/dev/pts/"),
+        "{who:?}: pty.fork's child has no terminal\n{}",
+        show(o)
+    );
+    assert_eq!(said(o, "script")[0], "0", "{who:?}: script(1)\n{}", show(o));
+    assert!(said(o, "script")[1].starts_with("/dev/pts/"), "{}", show(o));
+    let options = said(o, "devpts_options").join(" ");
+    assert!(options.contains("max="), "{who:?}: {options}\n{}", show(o));
+    assert_eq!(said(o, "remount"), ["EPERM"], "{who:?}\n{}", show(o));
+    assert_eq!(said(o, "umount"), ["EPERM"], "{who:?}\n{}", show(o));
+    let ptys = said(o, "ptys");
+    let n: u64 = ptys[0].parse().unwrap();
+    assert_eq!(
+        ptys[1],
+        "ENOSPC",
+        "{who:?}: the command opened {n} ptys unrefused (the host's room {room})\n{}",
+        show(o)
+    );
+    match expect {
+        Some(want) => assert_eq!(n, want, "{who:?}\n{}", show(o)),
+        None => assert!(
+            n * 8 < room && n >= 8,
+            "{who:?}: {n} ptys of the host's {room}\n{}",
+            show(o)
+        ),
+    }
+    assert_eq!(
+        said(&second, "second"),
+        ["x"],
+        "{who:?}: another sandbox could not open a pty\n{}",
+        show(&second)
+    );
+    assert!(
+        host >= 0,
+        "{who:?}: the host could not open a pty: {host_err}"
+    );
+}
+
+#[test]
+fn ptys_bounded_as_root() {
+    ptys_bounded(Who::Root, "", None);
+}
+
+#[test]
+fn ptys_bounded_as_plain_user() {
+    ptys_bounded(Who::Plain, "", None);
+}
+
+#[test]
+fn ptys_configured_as_root() {
+    ptys_bounded(Who::Root, "[sandbox.run]\nptys = 5\n", Some(5));
+}
+
+#[test]
+fn ptys_configured_as_plain_user() {
+    ptys_bounded(Who::Plain, "[sandbox.run]\nptys = 5\n", Some(5));
 }

@@ -265,6 +265,9 @@ struct Layout<'a> {
     /// bubblewrap's own (which cannot bound their inodes).
     tmp_source: Option<PathBuf>,
     shm_source: Option<PathBuf>,
+    /// The command's devpts with its pty limit, made in the stage (root's or the plain
+    /// user's: see outside::DevPts), bound over bubblewrap's own.
+    pts_source: Option<PathBuf>,
     /// The branch's outside layer, in place of the host's `/`.
     outside: Option<&'a Outside>,
     /// bwrap starts in the command's IPC namespace already (made with its limits in the
@@ -286,6 +289,7 @@ impl Layout<'_> {
             shm_size: None,
             tmp_source: None,
             shm_source: None,
+            pts_source: None,
             outside: None,
             own_ipc: false,
         }
@@ -348,6 +352,11 @@ impl Confinement {
             "--dev",
             "/dev",
         ]);
+        if let Some(source) = &layout.pts_source {
+            // Over `--dev`'s devpts, which has no pty limit (its `/dev/ptmx` is a link to
+            // `pts/ptmx`: this one). `--dev-bind`: device nodes work there.
+            cmd.arg("--dev-bind").arg(source).arg("/dev/pts");
+        }
         proc_knobs(&mut cmd);
         match &layout.shm_source {
             Some(source) => {
@@ -914,6 +923,27 @@ pub(crate) fn build(
     } else {
         None
     };
+    // The command's own devpts, of at most its share of the host's ptys (see limits.rs),
+    // made in the stage: host root's, or the plain user's user namespace.
+    let ptys = iso.limits.ptys.unwrap_or_else(|| {
+        let (l, _) = super::limits::bounded(&iso.limits, &super::limits::HostTables::read());
+        l.ptys.unwrap_or(1)
+    });
+    let pts_source = if plain {
+        let st = match user_stage.as_mut() {
+            Some(st) => st,
+            None => user_stage.insert(outside::UserStage::bare(&stage_at)?),
+        };
+        Some(st.add_devpts("pts", ptys)?)
+    } else if let Some(st) = stage.as_mut() {
+        let to = stage_at.join("pts");
+        let c = super::cstring(&to)?;
+        st.dirs.push(c.clone());
+        st.devpts = Some(outside::DevPts::new(c, ptys)?);
+        Some(to)
+    } else {
+        None
+    };
     let layout = Layout {
         read_only: iso.read_only,
         private_tmp: iso.private_tmp,
@@ -930,6 +960,7 @@ pub(crate) fn build(
         shm_size: iso.limits.shm_size,
         tmp_source,
         shm_source,
+        pts_source,
         outside: outside.as_ref(),
         own_ipc: true,
     };

@@ -61,6 +61,11 @@ pub struct Limits {
     /// times the process limit it stays within an eighth of `fs.file-max`. What a command
     /// pins in pipe buffers, socket buffers and memfds grows with it.
     pub open_files: Option<u64>,
+    /// Ptys the command may have at once: the `max=` of its sandbox's own devpts, root or
+    /// plain user. Every devpts but the host's shares one count (`kernel.pty.max` less
+    /// `kernel.pty.reserve`) with every other sandbox and container; past it their
+    /// terminals fail. `None`: the host's default share (see [`bounded`]).
+    pub ptys: Option<u32>,
 }
 
 /// The CPU scheduling policy of a command's processes (sched(7)).
@@ -127,6 +132,7 @@ impl Limits {
         nice: Some(10),
         scheduler: Scheduler::Batch,
         open_files: None,
+        ptys: None,
     };
 
     /// What `shade run` gets unless the config says otherwise: nothing below the system's
@@ -148,6 +154,7 @@ impl Limits {
         nice: Some(5),
         scheduler: Scheduler::Batch,
         open_files: None,
+        ptys: None,
     };
 
     /// The speculation limits in force (the config's, see [`configure`]).
@@ -175,7 +182,7 @@ impl Limits {
         format!(
             "processes {}, /tmp {}, /dev/shm {}, branch contents {}, branch metadata {}, \
              outside layer {}, memory {}, time {}, cpu weight {}, nice {}, scheduler {}, \
-             open files {}",
+             open files {}, ptys {}",
             self.max_processes
                 .map_or("the host's share".to_string(), |n| n.to_string()),
             size(self.tmp_size, "half of RAM"),
@@ -193,6 +200,8 @@ impl Limits {
             self.scheduler.name(),
             self.open_files
                 .map_or("the host's share".to_string(), |n| n.to_string()),
+            self.ptys
+                .map_or("the host's share".to_string(), |n| n.to_string()),
         )
     }
 }
@@ -209,6 +218,10 @@ pub struct HostTables {
     /// Tasks (processes and threads) the machine may still start: the lower of
     /// `kernel.pid_max` and `kernel.threads-max`, less the tasks alive now.
     pub task_room: u64,
+    /// Ptys every devpts but the host's own may still open, together: `kernel.pty.max`
+    /// less `kernel.pty.reserve` (kept for the host's devpts), less the ptys open now
+    /// (`kernel.pty.nr`, which counts the host's too).
+    pub pty_room: u64,
 }
 
 /// One command's default share of the host's tables: its processes times its open files
@@ -227,6 +240,9 @@ pub const DEFAULT_OPEN_FILES: u64 = 1024;
 const FLOOR_PROCESSES: u64 = 32;
 /// As [`FLOOR_PROCESSES`], for each process's open files.
 const FLOOR_OPEN_FILES: u64 = 64;
+/// As [`FLOOR_PROCESSES`], for ptys: a few terminals (`script`, `tmux`, a test runner's).
+/// Never 0, which devpts would take for no limit.
+const FLOOR_PTYS: u64 = 8;
 
 impl HostTables {
     /// The tables as /proc/sys says now; what cannot be read is taken as a small host's
@@ -249,10 +265,14 @@ impl HostTables {
                 field.split_once('/')?.1.parse::<u64>().ok()
             })
             .unwrap_or(0);
+        let pty_max = num("/proc/sys/kernel/pty/max").unwrap_or(4096);
+        let pty_reserve = num("/proc/sys/kernel/pty/reserve").unwrap_or(1024);
+        let pty_nr = num("/proc/sys/kernel/pty/nr").unwrap_or(0);
         HostTables {
             file_max,
             nr_open,
             task_room: pid_max.min(threads_max).saturating_sub(tasks),
+            pty_room: pty_max.saturating_sub(pty_reserve).saturating_sub(pty_nr),
         }
     }
 }
@@ -270,8 +290,25 @@ impl HostTables {
 /// A set value is kept up to 1/[`EXPLICIT_SHARE`] of the tables: processes up to half the
 /// task room, open files up to `fs.nr_open` and so that processes × open files stays
 /// within half of `fs.file-max` (open files are lowered first).
+///
+/// Ptys likewise: by default less than 1/[`DEFAULT_SHARE`] of the pty room (so that that
+/// many commands at once leave one for everyone else), a set value up to half of it.
 pub fn bounded(limits: &Limits, host: &HostTables) -> (Limits, Vec<String>) {
     let mut notes = Vec::new();
+    let pty_default = (host.pty_room.saturating_sub(1) / DEFAULT_SHARE).max(FLOOR_PTYS);
+    let pty_cap = (host.pty_room / EXPLICIT_SHARE).max(pty_default);
+    let ptys = match limits.ptys.map(u64::from) {
+        Some(t) if t > pty_cap => {
+            notes.push(format!(
+                "the pty limit {t} is lowered to {pty_cap}: half of the ptys this host's \
+                 sandboxes and containers may still open (kernel.pty.max less \
+                 kernel.pty.reserve and the ptys open)"
+            ));
+            pty_cap
+        }
+        Some(t) => t.max(1),
+        None => pty_default,
+    };
     let file_default = (host.file_max / DEFAULT_SHARE).max(FLOOR_PROCESSES * FLOOR_OPEN_FILES);
     let file_cap = (host.file_max / EXPLICIT_SHARE).max(file_default);
     let task_default = (host.task_room / DEFAULT_SHARE).max(FLOOR_PROCESSES);
@@ -325,6 +362,7 @@ pub fn bounded(limits: &Limits, host: &HostTables) -> (Limits, Vec<String>) {
     let mut out = *limits;
     out.max_processes = Some(u32::try_from(p).unwrap_or(u32::MAX));
     out.open_files = Some(n);
+    out.ptys = Some(u32::try_from(ptys).unwrap_or(u32::MAX));
     (out, notes)
 }
 
@@ -783,7 +821,8 @@ mod tests {
             d,
             "processes 512, /tmp 512 MiB, /dev/shm 512 MiB, branch contents 1 GiB, \
              branch metadata 64 MiB, outside layer 1 GiB, memory 4 GiB, time 300 s, \
-             cpu weight 50, nice 10, scheduler batch, open files the host's share"
+             cpu weight 50, nice 10, scheduler batch, open files the host's share, \
+             ptys the host's share"
         );
         assert!(Limits::RUN
             .describe()
@@ -810,11 +849,13 @@ mod tests {
     }
 
     /// This host's tables as measured by the red team: fs.file-max 2,466,170, pid_max
-    /// 32768 with ~150 tasks alive.
+    /// 32768 with ~150 tasks alive, kernel.pty.max 4096 less the reserve 1024 and one
+    /// pty open.
     const HOST: HostTables = HostTables {
         file_max: 2_466_170,
         nr_open: 1 << 20,
         task_room: 32_618,
+        pty_room: 3071,
     };
 
     /// Processes and open files, 0 where unset.
@@ -890,6 +931,42 @@ mod tests {
         );
         let (p, n) = both(&l);
         assert!(p == 4000 && p * n <= HOST.file_max / 8);
+    }
+
+    #[test]
+    fn every_command_gets_ptys_within_the_hosts_share() {
+        // Less than an eighth: eight commands at once leave ptys for everyone else.
+        for room in [3071, 3072, 3073, 1 << 20] {
+            let host = HostTables {
+                pty_room: room,
+                ..HOST
+            };
+            let (l, notes) = bounded(&Limits::RUN, &host);
+            assert!(notes.is_empty(), "{notes:?}");
+            let p = u64::from(l.ptys.unwrap_or(0));
+            assert!(
+                p * DEFAULT_SHARE < room && p >= room / DEFAULT_SHARE - 1,
+                "{room}: {p}"
+            );
+        }
+        assert_eq!(bounded(&Limits::SPECULATION, &HOST).0.ptys, Some(383));
+        // A table all taken (or unreadable) still leaves a command a few, never 0 (which
+        // devpts takes for no limit).
+        let full = HostTables {
+            pty_room: 0,
+            ..HOST
+        };
+        assert_eq!(bounded(&Limits::RUN, &full).0.ptys, Some(8));
+        // A set value is kept up to half of the room, and said when lowered.
+        let ask = |t: u32| Limits {
+            ptys: Some(t),
+            ..Limits::RUN
+        };
+        let (l, notes) = bounded(&ask(1000), &HOST);
+        assert_eq!((l.ptys, notes.len()), (Some(1000), 0));
+        let (l, notes) = bounded(&ask(u32::MAX), &HOST);
+        assert_eq!(l.ptys, Some(1535));
+        assert!(notes[0].contains("pty limit"), "{notes:?}");
     }
 
     #[test]

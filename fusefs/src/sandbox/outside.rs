@@ -125,6 +125,9 @@ pub(crate) struct UserStage {
     /// /dev/shm, made here rather than by bubblewrap (whose `--size` cannot bound
     /// `nr_inodes`) so that their inodes and user extended attributes are bounded too.
     tmpfs: Vec<(CString, CString)>,
+    /// The command's devpts (mount point, options), with the `max=` bubblewrap's own
+    /// cannot have (see [`DevPts`]).
+    devpts: Option<DevPts>,
     /// Allowed unix sockets (see sockets.rs), each bound on its (empty) file in the stage
     /// from the very socket checked.
     sockets: Vec<super::sockets::StagedSocket>,
@@ -973,6 +976,7 @@ fn user_outside(
             dirs,
             mounts: stage_mounts,
             tmpfs: Vec::new(),
+            devpts: None,
             sockets: Vec::new(),
             masks: mask_plans,
             files,
@@ -1124,6 +1128,7 @@ impl UserStage {
             dirs: Vec::new(),
             mounts: Vec::new(),
             tmpfs: Vec::new(),
+            devpts: None,
             sockets: Vec::new(),
             masks: Vec::new(),
             files: Vec::new(),
@@ -1153,6 +1158,16 @@ impl UserStage {
             c,
             CString::new(options).map_err(|_| SandboxError::Invalid("tmpfs options".into()))?,
         ));
+        Ok(at)
+    }
+
+    /// Adds the command's devpts, of at most `ptys` ptys, at `name` in the stage; its
+    /// path, for bwrap to bind over `/dev/pts`.
+    pub(crate) fn add_devpts(&mut self, name: &str, ptys: u32) -> Result<PathBuf> {
+        let at = Path::new(std::ffi::OsStr::from_bytes(self.stage.as_bytes())).join(name);
+        let c = super::cstring(&at)?;
+        self.dirs.push(c.clone());
+        self.devpts = Some(DevPts::new(c, ptys)?);
         Ok(at)
     }
 
@@ -1208,6 +1223,9 @@ impl UserStage {
                 {
                     return Err(io::Error::last_os_error());
                 }
+            }
+            if let Some(pts) = &self.devpts {
+                pts.mount()?;
             }
             // The masks before the overlays that take them (a mask that cannot be made
             // fails the command: its unit would show the secrets).
@@ -1294,6 +1312,9 @@ pub(crate) struct RootStage {
     /// /dev/shm, made here rather than by bubblewrap so that their inodes (and the user
     /// extended attributes tmpfs counts with them) are bounded with their size.
     pub tmpfs: Vec<(CString, CString)>,
+    /// The command's devpts, with its `max=` (see [`DevPts`]); its mount point is one of
+    /// `dirs`.
+    pub devpts: Option<DevPts>,
     /// Allowed unix sockets (see sockets.rs), each bound on its file in the stage from the
     /// very socket checked, idmapped so that the sandbox's root may connect where host
     /// root may.
@@ -1376,6 +1397,9 @@ impl RootStage {
                     return fail();
                 }
             }
+            if let Some(pts) = &self.devpts {
+                pts.mount()?;
+            }
             for (source, target, read_only, recursive) in &self.binds {
                 let rec = if *recursive { libc::MS_REC } else { 0 };
                 if libc::mount(
@@ -1425,6 +1449,52 @@ impl RootStage {
             for m in &self.foreign {
                 libc::umount2(m.as_ptr(), libc::MNT_DETACH);
             }
+        }
+        Ok(())
+    }
+}
+
+/// A command's own devpts instance, made in its stage and bound over the `/dev/pts` of
+/// bubblewrap's `--dev` (whose devpts has no `max=`; `/dev/ptmx` is its link to
+/// `pts/ptmx`, so it opens this one). Every devpts but the host's shares the host's
+/// `kernel.pty.max` less `kernel.pty.reserve`: without a `max=` one command takes every
+/// pty of every other sandbox and container (red team round 7). It is mounted by the stage's
+/// owner (host root, or the plain user in the stage's user namespace), in a mount namespace
+/// whose user namespace the command holds no capability in, so it can neither remount it
+/// nor lift its `max=` (nor, under seccomp, mount anything).
+#[derive(Debug)]
+pub(crate) struct DevPts {
+    /// The mount point in the stage.
+    at: CString,
+    /// bubblewrap's own options, plus `max=`.
+    options: CString,
+}
+
+impl DevPts {
+    /// A devpts at `at` of at most `ptys` ptys (at least 1: devpts takes `max=0` for no
+    /// limit at all).
+    pub(crate) fn new(at: CString, ptys: u32) -> Result<DevPts> {
+        // The kernel refuses more than NR_UNIX98_PTY_MAX.
+        let max = ptys.clamp(1, 1 << 20);
+        let options = CString::new(format!("newinstance,ptmxmode=0666,mode=620,max={max}"))
+            .map_err(|_| SandboxError::Invalid("devpts options".into()))?;
+        Ok(DevPts { at, options })
+    }
+
+    /// Mounts it (async-signal-safe: the pre-exec hook's stage).
+    fn mount(&self) -> io::Result<()> {
+        // SAFETY: mount(2) on C strings built before the fork.
+        let r = unsafe {
+            libc::mount(
+                c"devpts".as_ptr(),
+                self.at.as_ptr(),
+                c"devpts".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NOEXEC,
+                self.options.as_ptr().cast(),
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
         }
         Ok(())
     }

@@ -991,3 +991,42 @@ fn a_sized_outside_layer_refuses_writes_past_it_and_mounts_nothing_on_the_host()
     release_outside(&outside);
     fs::remove_dir_all(&outside).unwrap();
 }
+
+/// Whatever runs it (a speculation's read-only sandbox through [`run`], a checker or
+/// language server through [`command`]), a command's devpts holds at most its `ptys`: the
+/// next /dev/ptmx open gets ENOSPC, and a pty it has carries data (red team round 7: one
+/// command took every pty of every sandbox on the host).
+#[test]
+fn every_sandbox_kind_bounds_its_ptys() {
+    let f = fixture();
+    let script = r#"/usr/bin/python3 - <<'P' > "$OUT" 2>&1
+import errno, os, tty
+m, s = os.openpty()
+tty.setraw(s)
+os.write(m, b"ping")
+got = os.read(s, 10)
+fds, err = [], "none"
+while len(fds) < 100:
+    try:
+        fds.append(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))
+    except OSError as e:
+        err = errno.errorcode[e.errno]
+        break
+print(got.decode(), len(fds), err)
+P"#;
+    let expect = "ping 2 ENOSPC";
+    let mut spec = f.spec(&script.replace("$OUT", &f.out.join("spec").to_string_lossy()));
+    spec.isolation = Isolation::speculative(Duration::from_secs(30));
+    spec.isolation.limits.ptys = Some(3);
+    assert_eq!(run(&spec).unwrap().termination, Termination::Exited(0));
+    assert_eq!(f.out("spec").trim(), expect, "speculation's sandbox");
+    let mut spec = f.spec(&script.replace("$OUT", &f.out.join("cmd").to_string_lossy()));
+    spec.isolation.limits.ptys = Some(3);
+    let status = command(&spec).unwrap().status().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(
+        f.out("cmd").trim(),
+        expect,
+        "an unsupervised command's sandbox"
+    );
+}
