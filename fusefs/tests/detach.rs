@@ -212,10 +212,9 @@ fn a_reattached_branch_sees_its_own_changes_without_a_pool() {
     shade_fusefs::set_pool_size(2);
 }
 
-#[test]
-fn a_branch_something_refers_into_stays_attached() {
-    require_root();
-    let _s = serial();
+/// A pooled-connection test's project and state dir, in a temp dir that lives as long as
+/// the first value.
+fn pooled_project() -> (tempfile::TempDir, PathBuf, PathBuf) {
     shade_fusefs::set_pool_size(2);
     let tmp = tempfile::Builder::new()
         .prefix("shade-detach-")
@@ -223,6 +222,21 @@ fn a_branch_something_refers_into_stays_attached() {
         .unwrap();
     let p = project(tmp.path());
     let state = tmp.path().join("state");
+    (tmp, p, state)
+}
+
+/// Drop the branch and the pool: nothing of the state dir stays mounted.
+fn drop_all(b: Branch, state: &Path) {
+    drop(b);
+    shade_fusefs::drain_branch_pool();
+    assert!(shade_mounts_under(state).is_empty());
+}
+
+#[test]
+fn a_branch_something_refers_into_stays_attached() {
+    require_root();
+    let _s = serial();
+    let (_tmp, p, state) = pooled_project();
     let mut b = Branch::create(&p, &opts(&state)).unwrap();
     let m = b.mountpoint().to_path_buf();
     fs::write(m.join("a.txt"), "mine\n").unwrap();
@@ -235,9 +249,7 @@ fn a_branch_something_refers_into_stays_attached() {
     assert_eq!(fs::read_to_string(m.join("a.txt")).unwrap(), "mine\n");
     drop(held);
     b.detach().unwrap();
-    drop(b);
-    shade_fusefs::drain_branch_pool();
-    assert!(shade_mounts_under(&state).is_empty());
+    drop_all(b, &state);
 }
 
 /// A branch whose warm-up walk (`Branch::warm_up`: it lists every directory through the
@@ -248,12 +260,7 @@ fn a_branch_something_refers_into_stays_attached() {
 fn a_branch_still_warming_up_detaches() {
     require_root();
     let _s = serial();
-    shade_fusefs::set_pool_size(2);
-    let tmp = tempfile::Builder::new()
-        .prefix("shade-detach-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    let p = project(tmp.path());
+    let (_tmp, p, state) = pooled_project();
     // Wide directories: the walk spends its time listing them, a directory open all along.
     for d in 0..10 {
         let d = p.join(format!("w/{d}"));
@@ -262,7 +269,6 @@ fn a_branch_still_warming_up_detaches() {
             fs::write(d.join(format!("file-with-a-long-name-{i}")), "").unwrap();
         }
     }
-    let state = tmp.path().join("state");
     let mut b = Branch::create(&p, &opts(&state)).unwrap();
     fs::write(b.mountpoint().join("a.txt"), "mine\n").unwrap();
     b.warm_up().unwrap();
@@ -279,9 +285,7 @@ fn a_branch_still_warming_up_detaches() {
         fs::read_to_string(b.mountpoint().join("a.txt")).unwrap(),
         "mine\n"
     );
-    drop(b);
-    shade_fusefs::drain_branch_pool();
-    assert!(shade_mounts_under(&state).is_empty());
+    drop_all(b, &state);
 }
 
 /// Many detached branches: threads and descriptors do not grow with them, and each sees
@@ -290,13 +294,7 @@ fn a_branch_still_warming_up_detaches() {
 fn many_detached_branches_hold_no_threads_or_descriptors() {
     require_root();
     let _s = serial();
-    shade_fusefs::set_pool_size(2);
-    let tmp = tempfile::Builder::new()
-        .prefix("shade-detach-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    let p = project(tmp.path());
-    let state = tmp.path().join("state");
+    let (_tmp, p, state) = pooled_project();
     let count = |d: &str| fs::read_dir(d).unwrap().count();
     let mut warm = Branch::create(&p, &opts(&state)).unwrap();
     warm.detach().unwrap();
