@@ -79,7 +79,10 @@ impl HostCode {
                 whole.push(PathBuf::from(d));
             }
         }
-        let whole = whole.iter().flat_map(|p| both(p)).collect();
+        // A relative `XDG_CONFIG_HOME` (against the spec, yet read so) is relative to the
+        // current directory, which is the project's.
+        let cwd = std::env::current_dir().unwrap_or_default();
+        let whole = whole.iter().flat_map(|p| both(&cwd.join(p))).collect();
         HostCode {
             project: project.to_path_buf(),
             homes,
