@@ -344,6 +344,7 @@ pub fn sandbox_limits(config_file: Option<PathBuf>) -> Result<(Limits, Limits), 
     if !explicit && !path.exists() {
         return Ok(defaults);
     }
+    shade_agent::paths::note_config_file(&path);
     let text = std::fs::read_to_string(&path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mut table: toml::Table =
@@ -501,6 +502,7 @@ pub fn load_file_config(overrides: &Overrides) -> Result<FileConfig, LlmError> {
 }
 
 fn read_file_config(path: &Path) -> Result<FileConfig, LlmError> {
+    shade_agent::paths::note_config_file(path);
     let text = std::fs::read_to_string(path)
         .map_err(|e| LlmError::Config(format!("cannot read {}: {e}", path.display())))?;
     toml::from_str(&text).map_err(|e| LlmError::Config(format!("{}: {e}", path.display())))

@@ -301,3 +301,80 @@ fn holds_git_config(plain: bool) {
     wait_until("the session to end", 60, || !tty.alive());
     chat.assert_nothing_left();
 }
+
+/// Red team round 8, route 2: a live chat whose project is the home. One call appends a
+/// socket to shade's own `[sandbox] allow_sockets` and a line to `.bashrc` and writes
+/// `src/x.rs`: the code file goes in, the two are held — the host's files untouched, the
+/// screen names them, the model is told — and `/accept` (after `/diff`) writes them.
+#[test]
+fn live_chat_in_the_home_holds_bashrc_and_shades_config() {
+    common::require_fuse_root();
+    holds_in_home(false);
+}
+
+#[test]
+fn live_chat_in_the_home_holds_bashrc_and_shades_config_as_plain_user() {
+    common::require_fuse_root();
+    holds_in_home(true);
+}
+
+fn holds_in_home(plain: bool) {
+    let chat = Chat::new(|body: &Value| {
+        match (last_real_user(body).as_str(), tool_results_since_user(body)) {
+            ("set up", 0) => Reply::tool(
+                "shell",
+                json!({"command": "printf '[sandbox]\\nallow_sockets = [\"/run/x.sock\"]\\n' >> .config/shade/config.toml; echo 'echo PWNED' >> .bashrc; mkdir -p src && echo 'pub fn x() {}' > src/x.rs"}),
+            ),
+            ("set up", _) => Reply::text("Set up."),
+            (other, _) => Reply::text(&format!("You said: {other}")),
+        }
+    });
+    std::fs::create_dir_all(chat.project.join(".config/shade")).unwrap();
+    std::fs::write(chat.project.join(".config/shade/config.toml"), "# mine\n").unwrap();
+    std::fs::write(chat.project.join(".bashrc"), "# rc\n").unwrap();
+    let chat = if plain {
+        chat.run_by_plain_user()
+    } else {
+        chat
+    };
+    let home = chat.project.display().to_string();
+    let tty = chat.start_with(
+        ARGS,
+        &[
+            ("HOME", home.clone()),
+            ("XDG_CONFIG_HOME", format!("{home}/.config")),
+        ],
+    );
+    tty.say("set up");
+    tty.wait_text("Set up.", 60);
+    let screen = tty.wait_text("held, not accepted", 60);
+    assert!(
+        screen.contains(".bashrc") && screen.contains(".config/shade/config.toml"),
+        "{screen}"
+    );
+    wait_prompt(&tty);
+    assert_eq!(read(&chat, "src/x.rs"), "pub fn x() {}\n");
+    assert_eq!(read(&chat, ".bashrc"), "# rc\n");
+    assert_eq!(read(&chat, ".config/shade/config.toml"), "# mine\n");
+    let results: Vec<String> = chat
+        .llm
+        .requests()
+        .iter()
+        .filter_map(last_tool_result)
+        .collect();
+    assert!(
+        results.iter().any(|r| r.contains("NOT in the project")),
+        "{results:?}"
+    );
+    tty.say("/diff");
+    tty.wait_text("allow_sockets", 60);
+    wait_prompt(&tty);
+    tty.say("/accept");
+    tty.wait_text("accepted 2 changes", 60);
+    wait_prompt(&tty);
+    assert_eq!(read(&chat, ".bashrc"), "# rc\necho PWNED\n");
+    assert!(read(&chat, ".config/shade/config.toml").contains("allow_sockets"));
+    tty.keys(&["C-d"]);
+    wait_until("the session to end", 60, || !tty.alive());
+    chat.assert_nothing_left();
+}

@@ -12,7 +12,9 @@
 //! - **Code for the host**: a change that could make programs run code or write where the
 //!   branch chose when the user works in the project (`.git/config`, `.git/hooks/…`: a
 //!   sandboxed command could set `core.fsmonitor` for the user's next `git status`; a
-//!   bare-repository shape anywhere in the project; a symbolic link; see [`held_changes`])
+//!   bare-repository shape anywhere in the project; a symbolic link; with the home as the
+//!   project, `~/.bashrc`, `~/.local/bin/…` and shade's own `~/.config/shade/config.toml`;
+//!   see [`held_changes`])
 //!   is never accepted automatically: it is held pending like a conflict, the user is told
 //!   which paths, the model in the tool result; `/accept` writes it (after `/diff`),
 //!   `/abort` drops it. What is accepted live is an allowlist over the whole change set:
@@ -33,6 +35,7 @@ use shade_fusefs::{AcceptError, AcceptFlags, AcceptReport, StateDir};
 use tokio_util::sync::CancellationToken;
 
 mod git_code;
+mod host_code;
 
 use super::{Shadow, ShadowError, ShadowOptions};
 use crate::llm::{BoxFuture, ToolSpec};
@@ -196,7 +199,10 @@ impl Live {
             shade_fusefs::rootdir::RootDir::open(&self.project),
             code,
         ) {
-            (Ok(branch), Ok(project), Ok(code)) => held_changes(&changes, &branch, &project, &code),
+            (Ok(branch), Ok(project), Ok(code)) => {
+                let host = host_code::HostCode::read(&self.project);
+                held_changes(&changes, &branch, &project, &code, &host)
+            }
             // Nothing can be vouched for: all of it waits for the user.
             _ => (0..n).collect(),
         };
@@ -509,17 +515,25 @@ fn note_branch(dir: &Path, shadow: &Shadow) {
 ///   filter or alias names), or a directory holding one made, moved or removed (red team
 ///   round 5);
 /// - under `objects/`: an object rewritten in place, a new loose object that does not hash
-///   to its name, a new pack, pack index or commit-graph (git reads them unchecked).
+///   to its name, a new pack, pack index or commit-graph (git reads them unchecked);
+/// - a path that is code for the host by where it is ([`host_code::HostCode`]: when the
+///   project is or holds a home, its shell start-up files, `~/.local/bin`, autostart, git's
+///   and agents' config…; shade's own config directory and files always; a directory on
+///   `PATH`; `/etc`, and the system's code directories the project holds), made, changed,
+///   removed or renamed onto or away, or a directory holding one made, moved or removed
+///   (red team round 8).
 fn held_changes(
     changes: &shade_fusefs::Changeset,
     branch: &shade_fusefs::rootdir::RootDir,
     project: &shade_fusefs::rootdir::RootDir,
     code: &git_code::GitCode,
+    host: &host_code::HostCode,
 ) -> Vec<usize> {
     let mut holds = Holds {
         branch,
         project,
         code,
+        host,
         after: HashMap::new(),
         before: HashMap::new(),
     };
@@ -564,6 +578,8 @@ struct Holds<'a> {
     project: &'a shade_fusefs::rootdir::RootDir,
     /// The project's files git's configuration makes code.
     code: &'a git_code::GitCode,
+    /// The project's paths that are code for the host by where they are.
+    host: &'a host_code::HostCode,
     after: HashMap<PathBuf, bool>,
     before: HashMap<PathBuf, bool>,
 }
@@ -598,7 +614,7 @@ impl Holds<'_> {
         let whole = c.kind != ChangeKind::Modified;
         if std::iter::once(&c.path)
             .chain(c.old_path.as_ref())
-            .any(|p| self.code.names(p, whole))
+            .any(|p| self.code.names(p, whole) || self.host.names(p, whole))
         {
             return true;
         }
@@ -650,7 +666,7 @@ impl Holds<'_> {
 
     /// `path` gone (deleted, or the old name of a rename).
     fn deletion_held(&mut self, path: &Path) -> bool {
-        if named_dot_git(path) || self.shaped(path, false) {
+        if named_dot_git(path) || self.shaped(path, false) || self.host.names(path, false) {
             return true;
         }
         self.git_dirs_above(path, false)
@@ -660,6 +676,11 @@ impl Holds<'_> {
 
     /// `path` as the branch has it now (added, changed, or the new name of a rename).
     fn write_held(&mut self, path: &Path) -> bool {
+        // A start-up file, shade's config, a program on `PATH`… (also beneath a directory
+        // renamed into place: this runs for each path in it).
+        if self.host.names(path, false) {
+            return true;
+        }
         let Ok(meta) = self.branch.symlink_metadata(path) else {
             // Gone again, or unreadable: nothing to vouch for.
             return true;
@@ -856,7 +877,8 @@ fn held_line(held: &[PathBuf], n: usize) -> String {
     }
     format!(
         "held, not accepted: {} could make programs on the host run code or write where the \
-         branch chose (git's config, hooks, repository shape, links: {}); the branch keeps \
+         branch chose (git's config, hooks, repository shape, links, start-up files, shade's \
+         config: {}); the branch keeps \
          its {} pending, nothing written (/diff shows them, /accept writes them, /abort drops \
          them)",
         if held.len() == 1 {
@@ -1048,12 +1070,22 @@ mod tests {
 
         /// The indices [`held_changes`] holds of `changes`.
         fn held(&self, changes: Vec<Change>) -> Vec<usize> {
+            self.held_with(changes, &host_code::HostCode::default())
+        }
+
+        /// The same with the project (before) as the home.
+        fn held_in_home(&self, changes: Vec<Change>) -> Vec<usize> {
+            self.held_with(changes, &host_code::HostCode::home_only(self.before.path()))
+        }
+
+        fn held_with(&self, changes: Vec<Change>, host: &host_code::HostCode) -> Vec<usize> {
             let set = Changeset { changes };
             held_changes(
                 &set,
                 &RootDir::open(self.after.path()).unwrap(),
                 &RootDir::open(self.before.path()).unwrap(),
                 &git_code::GitCode::default(),
+                host,
             )
         }
     }
@@ -1287,6 +1319,44 @@ mod tests {
         );
         assert!(t
             .held(vec![ch(ChangeKind::Added, ".git/packed-refs")])
+            .is_empty());
+    }
+
+    /// Red team round 8, route 2: the home as the project. Start-up files and shade's own
+    /// config are held however they are made (written, renamed onto, carried in by a
+    /// directory renamed into place) or removed; the project's other files go in.
+    #[test]
+    fn start_up_files_and_shades_config_are_held_in_a_home() {
+        let t = Trees::new();
+        write(t.a(), ".bashrc", "id\n");
+        write(t.a(), ".config/shade/config.toml", "[sandbox]\n");
+        write(t.a(), ".profile", "id\n");
+        write(t.a(), ".mytool/hooks/post", "id\n");
+        write(t.a(), "src/x.rs", "fn x() {}\n");
+        write(t.a(), ".notes", "n\n");
+        let held = t.held_in_home(vec![
+            ch(ChangeKind::Added, ".bashrc"),
+            renamed_dir("stuff", ".config"),
+            Change::new(
+                ChangeKind::Renamed,
+                PathBuf::from(".profile"),
+                Some(PathBuf::from("old.txt")),
+                false,
+            ),
+            renamed_dir("dots", ".mytool"),
+            ch(ChangeKind::Added, "src/x.rs"),
+            ch(ChangeKind::Added, ".notes"),
+            ch(ChangeKind::Modified, "notes.txt"),
+            Change::new(ChangeKind::Deleted, PathBuf::from(".local"), None, true),
+            ch(ChangeKind::Deleted, ".config/shade/AGENTS.md"),
+        ]);
+        assert_eq!(held, vec![0, 1, 2, 3, 7, 8]);
+        // Not in a home: the same names are the project's.
+        assert!(t
+            .held(vec![
+                ch(ChangeKind::Added, ".bashrc"),
+                ch(ChangeKind::Added, ".config/shade/config.toml"),
+            ])
             .is_empty());
     }
 

@@ -135,6 +135,9 @@ const HOME_CODE: &[&str] = &[
     ".config/zed",
     ".gitconfig",
     ".config/git",
+    // shade's own config, instructions and memory: the sandbox rules and the prompt of every
+    // later session (red team round 8).
+    ".config/shade",
     ".githooks",
     ".ssh",
     ".config/autostart",
@@ -249,6 +252,49 @@ const SYSTEM_CODE: &[&str] = &[
     "/var/spool/cron",
     "/var/lib/systemd",
 ];
+
+/// Whether `rel` (relative to a home) is in [`HOME_CODE`] and not an agent's data.
+pub fn home_listed(rel: &Path) -> bool {
+    let agent_data = AGENT_DIRS.iter().any(|d| {
+        rel.strip_prefix(d)
+            .is_ok_and(|inner| AGENT_DATA.iter().any(|data| inner.starts_with(data)))
+    });
+    !agent_data && HOME_CODE.iter().any(|c| rel.starts_with(c))
+}
+
+/// Whether a path of a home (`rel`, relative to it) makes the user's programs run code
+/// or configures shade, by where it is: [`HOME_CODE`] (agents' data excepted), or beneath a
+/// hidden entry of the home (programs' config and data) a name that marks code (hooks,
+/// `*rc`, scripts, autostart entries, …). What a live session holds for the user when its
+/// project is, or holds, a home (a project's ordinary files elsewhere in the home are not
+/// named: `src/x.py` is no start-up file).
+pub fn home_path_runs_code(rel: &Path) -> bool {
+    if home_listed(rel) {
+        return true;
+    }
+    let mut names = rel
+        .components()
+        .map(|c| c.as_os_str().to_str().unwrap_or(""));
+    names
+        .next()
+        .is_some_and(|first| first.len() > 1 && first.starts_with('.'))
+        && rel
+            .components()
+            .filter_map(|c| c.as_os_str().to_str())
+            .any(code_name)
+}
+
+/// Whether a directory of a home (`rel`, relative to it; empty for the home itself) holds
+/// a [`HOME_CODE`] path: making, moving or removing it makes, moves or removes that one.
+pub fn home_code_within(rel: &Path) -> bool {
+    HOME_CODE.iter().any(|c| Path::new(c).starts_with(rel))
+}
+
+/// The host directories outside any home whose files the system runs or configures
+/// ([`SYSTEM_CODE`]).
+pub fn system_code_dirs() -> &'static [&'static str] {
+    SYSTEM_CODE
+}
 
 /// A file or directory name that marks code wherever it is: hooks, MCP server lists,
 /// git's own config, autostart entries, cron tables, desktop entries.
@@ -521,11 +567,7 @@ impl OutsideChange {
             return true;
         }
         if let Some(rel) = home.and_then(|h| p.strip_prefix(h).ok()) {
-            let agent_data = AGENT_DIRS.iter().any(|d| {
-                rel.strip_prefix(d)
-                    .is_ok_and(|inner| AGENT_DATA.iter().any(|data| inner.starts_with(data)))
-            });
-            if !agent_data && HOME_CODE.iter().any(|c| rel.starts_with(c)) {
+            if home_listed(rel) {
                 return true;
             }
         } else if SYSTEM_CODE.iter().any(|d| p.starts_with(d)) {
@@ -1003,6 +1045,40 @@ mod tests {
         let mut gone = change("/home/u/.bashrc", 0o644);
         gone.kind = OutsideKind::Deleted;
         assert!(!gone.runs_code(home));
+    }
+
+    /// Red team round 8: what a live session holds in a home it edits as its project.
+    #[test]
+    fn home_paths_that_run_code_are_told_by_place() {
+        for p in [
+            ".bashrc",
+            ".config/shade/config.toml",
+            ".config/shade/AGENTS.md",
+            ".gitconfig",
+            ".config/git/config",
+            ".local/bin/x",
+            ".config/foo/hooks/x",
+            ".hgrc",
+            ".mytool/init.lua",
+        ] {
+            assert!(home_path_runs_code(Path::new(p)), "{p} runs code");
+        }
+        for p in [
+            "src/x.rs",
+            "src/x.py",
+            "proj/tools/build.sh",
+            "notes.txt",
+            ".notes.txt",
+            ".config/foo/settings.json",
+            ".claude/projects/p/t.jsonl",
+        ] {
+            assert!(!home_path_runs_code(Path::new(p)), "{p} is data");
+        }
+        assert!(home_code_within(Path::new("")));
+        assert!(home_code_within(Path::new(".config")));
+        assert!(home_code_within(Path::new(".local")));
+        assert!(!home_code_within(Path::new("src")));
+        assert!(!home_code_within(Path::new(".cache")));
     }
 
     #[test]

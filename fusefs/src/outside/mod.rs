@@ -19,8 +19,9 @@ mod show;
 
 pub use keep::{
     git_data, git_dir_shape, git_head_valid, git_index_hidden, git_loose_object_valid,
-    git_path_runs_code, set_standing_rules, KeepError, KeepReport, OutsideConflict,
-    GIT_DIR_COMMONDIR, GIT_DIR_HEAD, GIT_DIR_STORES,
+    git_path_runs_code, home_code_within, home_listed, home_path_runs_code, set_standing_rules,
+    system_code_dirs, KeepError, KeepReport, OutsideConflict, GIT_DIR_COMMONDIR, GIT_DIR_HEAD,
+    GIT_DIR_STORES,
 };
 pub use show::{display_path, home_dir};
 

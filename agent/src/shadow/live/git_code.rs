@@ -115,7 +115,7 @@ fn kind(key: &str, value: &str) -> Option<Kind> {
 }
 
 /// `path` with links resolved as far as it exists on the host (the rest appended).
-fn canonical_prefix(path: &Path) -> Option<PathBuf> {
+pub(super) fn canonical_prefix(path: &Path) -> Option<PathBuf> {
     let path = shade_lint::diag::lexical(path);
     let mut rest = Vec::new();
     let mut at = path.as_path();
