@@ -91,6 +91,31 @@ pub fn decide(mode: ApprovalMode, kind: ToolKind, read_only: bool, summary: &str
     }
 }
 
+/// [`decide`] for a call that may also write what outlives every branch and reaches
+/// every later session (`lasting`: the global memory, read into each session's prompt).
+/// Such a write never passes through a branch or an accept, and text a model saved there
+/// steers all sessions after it (a prompt injection that stays): it is asked in every
+/// mode, yolo and auto-edit included, and refused in plan mode.
+pub fn decide_call(
+    mode: ApprovalMode,
+    kind: ToolKind,
+    read_only: bool,
+    lasting: bool,
+    summary: &str,
+) -> Decision {
+    if !lasting {
+        return decide(mode, kind, read_only, summary);
+    }
+    match mode {
+        ApprovalMode::Plan => Decision::Deny(format!(
+            "plan mode does not allow saving to the global memory (`{summary}`)"
+        )),
+        _ => Decision::Ask(format!(
+            "save to your global memory, which every later session reads: `{summary}`"
+        )),
+    }
+}
+
 /// The user's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
@@ -176,6 +201,21 @@ mod tests {
         assert!(matches!(d(AutoEdit, Mcp, false), Decision::Ask(_)));
         assert!(matches!(d(Yolo, Mcp, false), Decision::Allow));
         assert!(matches!(d(Plan, Mcp, false), Decision::Deny(_)));
+        // What outlives the branch (the global memory) is asked in every mode.
+        for m in [Default, AutoEdit, Yolo] {
+            assert!(matches!(
+                decide_call(m, Memory, false, true, "x"),
+                Decision::Ask(_)
+            ));
+        }
+        assert!(matches!(
+            decide_call(Plan, Memory, false, true, "x"),
+            Decision::Deny(_)
+        ));
+        assert_eq!(
+            decide_call(Yolo, Memory, false, false, "x"),
+            Decision::Allow
+        );
         assert_eq!("auto-edit".parse::<ApprovalMode>(), Ok(AutoEdit));
         assert!("nope".parse::<ApprovalMode>().is_err());
     }

@@ -8,7 +8,7 @@ use futures::future::join_all;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::approval::{decide, Answer, ApprovalMode, ApprovalRequest, Approver, Decision};
+use crate::approval::{decide_call, Answer, ApprovalMode, ApprovalRequest, Approver, Decision};
 use crate::events::{AgentEvent, StopReason};
 use crate::followup::telemetry::Telemetry;
 use crate::llm::{
@@ -126,6 +126,8 @@ struct Planned {
     tool: Option<Arc<dyn Tool>>,
     args: Result<Value, String>,
     read_only: bool,
+    /// [`Tool::outlives_the_branch`]: asked in every mode.
+    lasting: bool,
     summary: String,
     /// What [`Tool::prepare`] repaired, for the result.
     note: Option<String>,
@@ -545,15 +547,20 @@ impl Agent {
     fn plan(&self, call: &ToolCall) -> Planned {
         let tool = self.tools.get(&call.name);
         let args = parse_arguments(&call.arguments);
-        let (read_only, summary) = match (&tool, &args) {
-            (Some(t), Ok(a)) => (t.is_read_only_in(a, &self.ctx), t.describe(a)),
-            _ => (false, call.name.clone()),
+        let (read_only, lasting, summary) = match (&tool, &args) {
+            (Some(t), Ok(a)) => (
+                t.is_read_only_in(a, &self.ctx),
+                t.outlives_the_branch(a),
+                t.describe(a),
+            ),
+            _ => (false, false, call.name.clone()),
         };
         Planned {
             call: call.clone(),
             tool,
             args,
             read_only,
+            lasting,
             summary,
             note: None,
         }
@@ -565,7 +572,13 @@ impl Agent {
             return p.clone();
         };
         if matches!(
-            decide(self.options.approval, tool.kind(), p.read_only, &p.summary),
+            decide_call(
+                self.options.approval,
+                tool.kind(),
+                p.read_only,
+                p.lasting,
+                &p.summary,
+            ),
             Decision::Deny(_)
         ) {
             return p.clone();
@@ -655,8 +668,13 @@ impl Agent {
         match (&p.tool, &p.args) {
             (Some(t), Ok(_)) => {
                 p.read_only
-                    && decide(self.options.approval, t.kind(), p.read_only, &p.summary)
-                        == Decision::Allow
+                    && decide_call(
+                        self.options.approval,
+                        t.kind(),
+                        p.read_only,
+                        p.lasting,
+                        &p.summary,
+                    ) == Decision::Allow
             }
             _ => true, // unknown tool / bad JSON: the "execution" is just an error result
         }
@@ -667,7 +685,13 @@ impl Agent {
         if p.args.is_err() {
             return Ok(());
         }
-        match decide(self.options.approval, tool.kind(), p.read_only, &p.summary) {
+        match decide_call(
+            self.options.approval,
+            tool.kind(),
+            p.read_only,
+            p.lasting,
+            &p.summary,
+        ) {
             Decision::Allow => Ok(()),
             Decision::Deny(why) => Err(format!(
                 "Refused without running: {why}. Do not retry; continue without it."

@@ -87,6 +87,11 @@ impl Tool for Memory {
         ToolKind::Memory
     }
 
+    fn outlives_the_branch(&self, args: &Value) -> bool {
+        // The project's memory is a file of the branch; the global one is not.
+        parse_args::<Params>(args.clone()).is_ok_and(|p| p.scope == Some(Scope::Global))
+    }
+
     fn preview(&self, args: &Value, ctx: &ToolContext) -> Option<String> {
         let p: Params = parse_args(args.clone()).ok()?;
         let scope = p.scope?;

@@ -158,6 +158,12 @@ pub trait Tool: Send + Sync {
     fn is_read_only_in(&self, args: &Value, _ctx: &ToolContext) -> bool {
         self.is_read_only(args)
     }
+    /// Whether this call writes what outlives every branch and every later session reads
+    /// (the global memory): such a call is asked in every approval mode
+    /// ([`crate::approval::decide_call`]).
+    fn outlives_the_branch(&self, _args: &Value) -> bool {
+        false
+    }
     /// A short description of the call for the user (`read src/main.rs`).
     fn describe(&self, args: &Value) -> String {
         summarize_args(self.name(), args)
