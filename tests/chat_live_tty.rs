@@ -190,16 +190,7 @@ fn live_accept_conflicting_with_a_user_edit_keeps_both() {
         "user\n",
         "the user's edit was overwritten"
     );
-    let results: Vec<String> = chat
-        .llm
-        .requests()
-        .iter()
-        .filter_map(last_tool_result)
-        .collect();
-    assert!(
-        results.iter().any(|r| r.contains("NOT in the project")),
-        "{results:?}"
-    );
+    assert_model_told_not_in_project(&chat);
     tty.say("/diff");
     tty.wait_text("+agent", 60);
     wait_prompt(&tty);
@@ -279,16 +270,7 @@ fn holds_git_config(plain: bool) {
         index,
         "the staging (index) was not accepted"
     );
-    let results: Vec<String> = chat
-        .llm
-        .requests()
-        .iter()
-        .filter_map(last_tool_result)
-        .collect();
-    assert!(
-        results.iter().any(|r| r.contains("NOT in the project")),
-        "{results:?}"
-    );
+    assert_model_told_not_in_project(&chat);
     tty.say("/diff");
     tty.wait_text("fsmonitor", 60);
     wait_prompt(&tty);
@@ -356,16 +338,7 @@ fn holds_in_home(plain: bool) {
     assert_eq!(read(&chat, "src/x.rs"), "pub fn x() {}\n");
     assert_eq!(read(&chat, ".bashrc"), "# rc\n");
     assert_eq!(read(&chat, ".config/shade/config.toml"), "# mine\n");
-    let results: Vec<String> = chat
-        .llm
-        .requests()
-        .iter()
-        .filter_map(last_tool_result)
-        .collect();
-    assert!(
-        results.iter().any(|r| r.contains("NOT in the project")),
-        "{results:?}"
-    );
+    assert_model_told_not_in_project(&chat);
     tty.say("/diff");
     tty.wait_text("allow_sockets", 60);
     wait_prompt(&tty);
@@ -377,4 +350,18 @@ fn holds_in_home(plain: bool) {
     tty.keys(&["C-d"]);
     wait_until("the session to end", 60, || !tty.alive());
     chat.assert_nothing_left();
+}
+
+/// The model was told (in a tool result) that a change is not in the project.
+fn assert_model_told_not_in_project(chat: &Chat) {
+    let results: Vec<String> = chat
+        .llm
+        .requests()
+        .iter()
+        .filter_map(last_tool_result)
+        .collect();
+    assert!(
+        results.iter().any(|r| r.contains("NOT in the project")),
+        "{results:?}"
+    );
 }

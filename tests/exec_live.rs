@@ -121,15 +121,7 @@ impl Held {
     /// before the session; `calls` get `MARK` replaced by the marker file's path, which
     /// any command the branch planted for the host writes.
     fn new(plain: bool, setup: &str, calls: &[&str]) -> Held {
-        let base = tempfile::Builder::new()
-            .prefix("shade-live-held-")
-            .tempdir_in("/var/tmp")
-            .unwrap();
-        std::fs::set_permissions(
-            base.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
+        let base = open_temp_dir("shade-live-held-");
         let project = base.path().join("proj");
         std::fs::create_dir_all(project.join("src")).unwrap();
         std::fs::create_dir_all(base.path().join("home")).unwrap();
@@ -793,15 +785,7 @@ fn live_holds_a_forged_pack_as_plain_user() {
 /// files are held (the host's copies untouched, the model told, the dropped branch's diff
 /// kept for the user).
 fn home_as_project(plain: bool) {
-    let base = tempfile::Builder::new()
-        .prefix("shade-live-home-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    std::fs::set_permissions(
-        base.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    let base = open_temp_dir("shade-live-home-");
     let home = base.path().join("home");
     std::fs::create_dir_all(home.join(".config/shade")).unwrap();
     std::fs::create_dir_all(home.join("src")).unwrap();
@@ -914,4 +898,18 @@ fn live_holds_start_up_files_and_shades_config_with_the_home_as_the_project() {
 fn live_holds_start_up_files_and_shades_config_with_the_home_as_the_project_as_plain_user() {
     common::require_fuse_root();
     home_as_project(true);
+}
+
+/// A temp dir under /var/tmp that the plain user may enter (0755).
+fn open_temp_dir(prefix: &str) -> tempfile::TempDir {
+    let base = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        base.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    base
 }
