@@ -391,6 +391,7 @@ fn answer(
                 size,
                 metadata,
                 memory_budget,
+                hide_credentials,
             },
             None,
         ) => {
@@ -411,6 +412,7 @@ fn answer(
                 memory_budget,
                 limits: BranchLimits { size, metadata },
                 id_shift: id_shift.map(|base| IdShift { base }),
+                hide_credentials,
                 ..BranchOptions::default()
             };
             match Branch::create(&ctx.project, &opts) {

@@ -287,6 +287,7 @@ impl RemoteBranch {
             size: opts.limits.size,
             metadata: opts.limits.metadata,
             memory_budget: opts.memory_budget,
+            hide_credentials: opts.hide_credentials,
         };
         // A server that was exiting as we connected closes on us: start another.
         for _ in 0..3 {
