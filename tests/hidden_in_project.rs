@@ -32,6 +32,7 @@ const PROBE: &str = r#"
 for f in .ssh/id_ed25519 proj/.env other/state/history/entry .local/state/shade-state-dirs/0000000000000001/history/entry; do
   v=$(cat "$f" 2>/dev/null) && echo "READ $f: $v"
 done
+v=$(cat xdg/shade/history/entry 2>/dev/null) && echo "READ-XDG $v"
 echo "LS-other: $(ls -A other 2>&1 | tr '\n' ' ')"
 echo "LS-state: $(ls -A .local/state 2>&1 | tr '\n' ' ')"
 echo "LS-ssh: $(ls -A .ssh 2>&1 | tr '\n' ' ')"
@@ -104,6 +105,8 @@ export HOME="$PH"
 unset SHADE_STATE_DIR XDG_STATE_HOME XDG_CONFIG_HOME SHADE_CONFIG
 echo "== run (served)"
 timeout 120 "$@" run -- sh "$T/probe.sh" 2>&1
+echo "== run (served, another environment)"
+SHADE_LOG=shade_fusefs::served=debug SHADE_STATE_DIR="$PH/.local/state/shade" XDG_STATE_HOME="$PH/xdg" timeout 120 "$@" run -- sh "$T/probe.sh" 2>&1
 echo "== run (in-process)"
 SHADE_BRANCH_SERVER=0 timeout 120 "$@" run -- sh "$T/probe.sh" 2>&1
 echo "== accept"
@@ -152,6 +155,9 @@ fn scenario(who: Who) -> (Vec<String>, tempfile::TempDir, PathBuf) {
         ("other/state/history/entry", "SECRET-STATE-h39"),
         // A marked one no list names: found at accept by its marker.
         ("far/st2/SHADE-STATE-DIR", "marker"),
+        // `$XDG_STATE_HOME/shade` of a client whose environment the branch server (started
+        // by another client) does not share: a state dir for that client only.
+        ("xdg/shade/history/entry", "XDG-STATE-h39"),
     ];
     for (rel, text) in files {
         let p = home.join(rel);
@@ -212,8 +218,8 @@ fn scenario(who: Who) -> (Vec<String>, tempfile::TempDir, PathBuf) {
         .split("\n== ")
         .map(str::to_string)
         .collect();
-    assert_eq!(sections.len(), 6, "sections missing:\n{text}");
-    (sections[1..5].to_vec(), tmp, home)
+    assert_eq!(sections.len(), 7, "sections missing:\n{text}");
+    (sections[1..6].to_vec(), tmp, home)
 }
 
 /// Lines of `s` that show something hidden was read, listed, made, moved or replaced.
@@ -246,8 +252,21 @@ fn breaches(s: &str, credentials_hidden: bool) -> Vec<String> {
 
 fn hidden_in_project(who: Who) {
     let (s, _tmp, home) = scenario(who);
-    let (run, inproc, accept, mcp) = (&s[0], &s[1], &s[2], &s[3]);
-    for (what, out) in [("served", run), ("in-process", inproc)] {
+    let (run, other_env, inproc, accept, mcp) = (&s[0], &s[1], &s[2], &s[3], &s[4]);
+    // The server was started by the first run, without XDG_STATE_HOME: what the second
+    // client's environment names is hidden all the same (the client sends it along).
+    assert!(run.contains("READ-XDG XDG-STATE-h39"), "{run}");
+    assert!(other_env.contains("PROBE-END"), "{other_env}");
+    assert!(
+        other_env.contains("branch served by the branch server"),
+        "{other_env}"
+    );
+    assert!(!other_env.contains("XDG-STATE-h39"), "{other_env}");
+    for (what, out) in [
+        ("served", run),
+        ("served, another environment", other_env),
+        ("in-process", inproc),
+    ] {
         assert!(
             out.contains("PROBE-END"),
             "{what} run did not finish:\n{out}"

@@ -44,6 +44,10 @@ pub struct BranchOptions {
     /// the agent's modes, `shade run` sets it from `[sandbox] hide_credentials`. Shade's
     /// state dirs and their registry inside the project are hidden whatever this says.
     pub hide_credentials: bool,
+    /// More paths to hide (absolute; those outside the project are ignored): what the
+    /// environment of a branch server's client names (`hidden_paths`), which may differ
+    /// from the server's own (another `XDG_STATE_HOME`, `HOME`, `KUBECONFIG`).
+    pub also_hide: Vec<PathBuf>,
 }
 
 impl Default for BranchOptions {
@@ -59,6 +63,7 @@ impl Default for BranchOptions {
             id_shift: None,
             limits: BranchLimits::default(),
             hide_credentials: true,
+            also_hide: Vec::new(),
         }
     }
 }
@@ -229,11 +234,9 @@ fn state_inside(project: &Path, state: &StateDir) -> Result<Option<PathBuf>, Bra
 /// with `credentials`, the home's credentials inside it (`sandbox::credentials_inside`).
 /// Found when the branch is made; a state dir made inside the project later by a shade of
 /// another environment is still refused at accept by its marker (`accept::Protected`).
-fn hidden_in(project: &Path, credentials: bool) -> Vec<PathBuf> {
-    let mut abs = crate::state::state_places(project);
-    if credentials {
-        abs.extend(crate::sandbox::credentials_inside(project));
-    }
+fn hidden_in(project: &Path, credentials: bool, also: &[PathBuf]) -> Vec<PathBuf> {
+    let mut abs = hidden_paths(project, credentials);
+    abs.extend(also.iter().cloned());
     let mut rels: Vec<PathBuf> = abs
         .iter()
         .filter_map(|p| p.strip_prefix(project).ok())
@@ -243,6 +246,19 @@ fn hidden_in(project: &Path, credentials: bool) -> Vec<PathBuf> {
     rels.sort();
     rels.dedup();
     rels
+}
+
+/// The absolute paths inside `project` (canonical) a branch of it hides as this process's
+/// environment sees them (see `hidden_in`); a branch server's client sends them along.
+pub(crate) fn hidden_paths(project: &Path, credentials: bool) -> Vec<PathBuf> {
+    let Ok(project) = std::fs::canonicalize(project) else {
+        return Vec::new();
+    };
+    let mut abs = crate::state::state_places(&project);
+    if credentials {
+        abs.extend(crate::sandbox::credentials_inside(&project));
+    }
+    abs
 }
 
 impl Branch {
@@ -326,7 +342,7 @@ impl Branch {
             path: opts.state.root().to_path_buf(),
             source,
         })?;
-        let mut hidden = hidden_in(&project, opts.hide_credentials);
+        let mut hidden = hidden_in(&project, opts.hide_credentials, &opts.also_hide);
         if let Some(rel) = state_inside(&project, &opts.state)? {
             hidden.push(rel);
         }

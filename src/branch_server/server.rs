@@ -392,6 +392,7 @@ fn answer(
                 metadata,
                 memory_budget,
                 hide_credentials,
+                also_hide,
             },
             None,
         ) => {
@@ -413,6 +414,7 @@ fn answer(
                 limits: BranchLimits { size, metadata },
                 id_shift: id_shift.map(|base| IdShift { base }),
                 hide_credentials,
+                also_hide: also_hide.into_iter().map(wire::path).collect(),
                 ..BranchOptions::default()
             };
             match Branch::create(&ctx.project, &opts) {
