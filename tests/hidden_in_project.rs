@@ -33,6 +33,7 @@ for f in .ssh/id_ed25519 proj/.env other/state/history/entry .local/state/shade-
   v=$(cat "$f" 2>/dev/null) && echo "READ $f: $v"
 done
 v=$(cat xdg/shade/history/entry 2>/dev/null) && echo "READ-XDG $v"
+v=$(cat .aws/credentials dotfiles/aws/credentials 2>/dev/null) && echo "READ aws: $v"
 echo "LS-other: $(ls -A other 2>&1 | tr '\n' ' ')"
 echo "LS-state: $(ls -A .local/state 2>&1 | tr '\n' ' ')"
 echo "LS-ssh: $(ls -A .ssh 2>&1 | tr '\n' ' ')"
@@ -45,6 +46,7 @@ mv .local .local2 2>/dev/null && echo "MOVED .local"
 rmdir other 2>/dev/null && echo "REMOVED other"
 echo key > .ssh/id_ed25519 2>/dev/null && echo "REPLACED .ssh/id_ed25519"
 echo key > .ssh/authorized_keys 2>/dev/null && echo "MADE .ssh/authorized_keys"
+rm .aws 2>/dev/null && mkdir .aws 2>/dev/null && echo "REPLACED .aws"
 echo PROBE-END
 "#;
 
@@ -158,6 +160,8 @@ fn scenario(who: Who) -> (Vec<String>, tempfile::TempDir, PathBuf) {
         // `$XDG_STATE_HOME/shade` of a client whose environment the branch server (started
         // by another client) does not share: a state dir for that client only.
         ("xdg/shade/history/entry", "XDG-STATE-h39"),
+        // A credential directory that is a symlink to another place in the project.
+        ("dotfiles/aws/credentials", "SECRET-AWS-h39"),
     ];
     for (rel, text) in files {
         let p = home.join(rel);
@@ -173,6 +177,7 @@ fn scenario(who: Who) -> (Vec<String>, tempfile::TempDir, PathBuf) {
     )
     .unwrap();
     std::fs::set_permissions(home.join(".ssh"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::symlink("dotfiles/aws", home.join(".aws")).unwrap();
     std::fs::write(t.join("probe.sh"), PROBE).unwrap();
     std::fs::write(t.join("client.py"), CLIENT).unwrap();
     if who == Who::Plain {
@@ -225,9 +230,17 @@ fn scenario(who: Who) -> (Vec<String>, tempfile::TempDir, PathBuf) {
 /// Lines of `s` that show something hidden was read, listed, made, moved or replaced.
 fn breaches(s: &str, credentials_hidden: bool) -> Vec<String> {
     let mut bad = Vec::new();
-    for line in s.lines() {
+    // A tool's result is one line, its output lines joined by " | ".
+    let lines = s.lines().flat_map(|l| match l.split_once(" => ") {
+        Some((call, result)) if call.starts_with("TOOL ") => result.split(" | ").collect(),
+        _ => vec![l],
+    });
+    for line in lines {
         let l = line.trim();
-        let cred = l.contains(".ssh") || l.contains(".env") || l.contains("SECRET-SSH");
+        let cred = l.contains(".ssh")
+            || l.contains(".env")
+            || l.contains("aws")
+            || l.contains("SECRET-SSH");
         let state_read = l.contains("SECRET-STATE");
         let made = ["MADE ", "MOVED ", "REMOVED ", "REPLACED "]
             .iter()
@@ -239,7 +252,10 @@ fn breaches(s: &str, credentials_hidden: bool) -> Vec<String> {
             bad.push(line.to_string());
         }
         if credentials_hidden
-            && (l.contains("SECRET-SSH") || l.contains("SECRET-ENV") || (made && cred))
+            && (l.contains("SECRET-SSH")
+                || l.contains("SECRET-ENV")
+                || l.contains("SECRET-AWS")
+                || (made && cred))
         {
             bad.push(line.to_string());
         }
@@ -301,7 +317,12 @@ fn hidden_in_project(who: Who) {
     // The agent's file tools: no secret, no listing of what is hidden, no write there.
     for line in mcp.lines().filter(|l| l.starts_with("TOOL ")) {
         let (call, result) = line.split_once(" => ").unwrap_or((line, ""));
-        for secret in ["SECRET-SSH-h39", "SECRET-ENV-h39", "SECRET-STATE-h39"] {
+        for secret in [
+            "SECRET-SSH-h39",
+            "SECRET-ENV-h39",
+            "SECRET-STATE-h39",
+            "SECRET-AWS-h39",
+        ] {
             assert!(!result.contains(secret), "{line}");
         }
         if call.starts_with("TOOL ls") {
@@ -325,6 +346,9 @@ fn hidden_in_project(who: Who) {
         std::fs::read_to_string(home.join(".ssh/id_ed25519")).unwrap(),
         "SECRET-SSH-h39"
     );
+    assert!(std::fs::symlink_metadata(home.join(".aws"))
+        .unwrap()
+        .is_symlink());
     assert!(
         std::fs::symlink_metadata(home.join(".local/state/shade-state-dirs"))
             .unwrap()

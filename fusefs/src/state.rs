@@ -240,10 +240,20 @@ pub fn state_places(project: &Path) -> Vec<PathBuf> {
     }
     cands.extend(mounted_state_dirs());
     cands.extend(registries);
+    // As named and as resolved: a symlink in a state dir's path inside the project is hidden
+    // (and guarded) by its own name too, so that it cannot be replaced by a tree of the
+    // command's that a later shade would take for its state.
+    let lexical = |c: &&PathBuf| {
+        c.is_absolute()
+            && !c
+                .components()
+                .any(|p| matches!(p, std::path::Component::ParentDir))
+    };
     let mut out: Vec<PathBuf> = cands
         .iter()
-        .filter(|c| c.is_absolute())
-        .filter_map(|c| resolved(c))
+        .filter(lexical)
+        .flat_map(|c| [Some(c.clone()), resolved(c)])
+        .flatten()
         .filter(|c| c.starts_with(project) && c.as_path() != project)
         .collect();
     out.sort();

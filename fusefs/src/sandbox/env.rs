@@ -999,10 +999,16 @@ pub(crate) fn credential_paths_inside(homes: &[PathBuf], project: &Path) -> Vec<
     if let Some(docker) = std::env::var_os("DOCKER_CONFIG").filter(|v| !v.is_empty()) {
         candidates.push(PathBuf::from(docker).join("config.json"));
     }
+    // Those that exist, as named and as resolved: a symlinked `~/.ssh` inside the project
+    // is hidden by its own name too, or the command could put a directory of its own there.
     let mut real: Vec<PathBuf> = candidates
         .into_iter()
-        .filter(|p| p.is_absolute())
-        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .filter(|p| p.is_absolute() && std::fs::symlink_metadata(p).is_ok())
+        .flat_map(|p| {
+            let r = std::fs::canonicalize(&p).ok();
+            [Some(p), r]
+        })
+        .flatten()
         .filter(|p| p.starts_with(project) && p != project)
         .collect();
     real.sort();
