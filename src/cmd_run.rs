@@ -187,6 +187,8 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
         // As root, the command is root of a namespace mapped to unprivileged ids: the
         // branch shows it its files as its own (see fusefs/src/idmap.rs).
         id_shift: sandbox::branch_id_shift(&iso_for_ids),
+        // The user's own command keeps the home's credentials, as outside the project.
+        hide_credentials: sandbox::env::config().hide_credentials,
         ..BranchOptions::default()
     };
     // From the mount to the unmount, Ctrl-C/SIGTERM/SIGHUP outside the command's own run

@@ -39,6 +39,15 @@ pub struct BranchOptions {
     /// How much the branch may hold: contents beyond `size` and metadata beyond
     /// `metadata` get ENOSPC (see [`Branch::take_limit_hits`]).
     pub limits: BranchLimits,
+    /// Hide the home's credentials that lie inside the project (the home as the project:
+    /// `~/.ssh`, `~/.aws`, `.env` files, …), as the sandbox hides those outside it: on for
+    /// the agent's modes, `shade run` sets it from `[sandbox] hide_credentials`. Shade's
+    /// state dirs and their registry inside the project are hidden whatever this says.
+    pub hide_credentials: bool,
+    /// More paths to hide (absolute; those outside the project are ignored): what the
+    /// environment of a branch server's client names (`hidden_paths`), which may differ
+    /// from the server's own (another `XDG_STATE_HOME`, `HOME`, `KUBECONFIG`).
+    pub also_hide: Vec<PathBuf>,
 }
 
 impl Default for BranchOptions {
@@ -53,6 +62,8 @@ impl Default for BranchOptions {
             // host shows its ids as they are.
             id_shift: None,
             limits: BranchLimits::default(),
+            hide_credentials: true,
+            also_hide: Vec::new(),
         }
     }
 }
@@ -218,6 +229,38 @@ fn state_inside(project: &Path, state: &StateDir) -> Result<Option<PathBuf>, Bra
     Ok(None)
 }
 
+/// What a branch of `project` (canonical) hides besides shade's own state dir, relative to
+/// it: every other state dir and state-dir registry inside it (`state::state_places`) and,
+/// with `credentials`, the home's credentials inside it (`sandbox::credentials_inside`).
+/// Found when the branch is made; a state dir made inside the project later by a shade of
+/// another environment is still refused at accept by its marker (`accept::Protected`).
+fn hidden_in(project: &Path, credentials: bool, also: &[PathBuf]) -> Vec<PathBuf> {
+    let mut abs = hidden_paths(project, credentials);
+    abs.extend(also.iter().cloned());
+    let mut rels: Vec<PathBuf> = abs
+        .iter()
+        .filter_map(|p| p.strip_prefix(project).ok())
+        .filter(|r| !r.as_os_str().is_empty())
+        .map(Path::to_path_buf)
+        .collect();
+    rels.sort();
+    rels.dedup();
+    rels
+}
+
+/// The absolute paths inside `project` (canonical) a branch of it hides as this process's
+/// environment sees them (see `hidden_in`); a branch server's client sends them along.
+pub(crate) fn hidden_paths(project: &Path, credentials: bool) -> Vec<PathBuf> {
+    let Ok(project) = std::fs::canonicalize(project) else {
+        return Vec::new();
+    };
+    let mut abs = crate::state::state_places(&project);
+    if credentials {
+        abs.extend(crate::sandbox::credentials_inside(&project));
+    }
+    abs
+}
+
 impl Branch {
     /// Create and mount a new branch of `project`.
     pub fn create(project: &Path, opts: &BranchOptions) -> Result<Branch, BranchError> {
@@ -299,9 +342,13 @@ impl Branch {
             path: opts.state.root().to_path_buf(),
             source,
         })?;
+        let mut hidden = hidden_in(&project, opts.hide_credentials, &opts.also_hide);
         if let Some(rel) = state_inside(&project, &opts.state)? {
-            lower.hide(&rel);
+            hidden.push(rel);
         }
+        hidden.sort();
+        hidden.dedup();
+        lower.hide(&hidden);
         // The mount admits every uid (allow_other): this 0700 directory is what keeps
         // users outside the command away from it. The command reaches the branch through
         // its bind mount over the project's path, which needs no path through here.
@@ -333,6 +380,7 @@ impl Branch {
             shift: opts.id_shift,
             passthrough: crate::passthrough::wanted(),
             euid,
+            hidden,
         };
         if detached {
             let root_dev = lower
@@ -773,9 +821,7 @@ impl Branch {
         conn: &crate::pool::Conn,
     ) -> std::io::Result<impl FnOnce(crate::tree::Tree) -> Overlay> {
         let mut lower = Lower::open(&self.project)?;
-        if let Ok(Some(rel)) = state_inside(&self.project, &self.state) {
-            lower.hide(&rel);
-        }
+        lower.hide(&self.overlay.lower.hidden());
         let none = BranchLimits {
             size: Some(0),
             metadata: Some(0),
@@ -816,11 +862,21 @@ impl Branch {
         self.overlay.tree().reads.len()
     }
 
+    /// Refuse a plan that touches what the branch hides (the accept engine guards the state
+    /// dirs and their registry itself; this adds the credentials a mode hid).
+    fn guard(&self, plan: &[crate::plan::PlanOp]) -> Result<(), AcceptError> {
+        accept::Protected::default()
+            .with(&self.overlay.lower.hidden())
+            .check_plan(plan)
+    }
+
     /// Plan and apply: the accept's common part.
     fn apply(&self, flags: AcceptFlags) -> Result<AcceptReport, AcceptError> {
+        let plan = self.plan(flags)?;
+        self.guard(&plan)?;
         accept::apply(
             &self.project,
-            self.plan(flags)?,
+            plan,
             &AcceptOptions {
                 force: flags.force,
                 state: self.state.clone(),
@@ -834,9 +890,11 @@ impl Branch {
     /// keeps the branch mounted, so an interactive caller can report and let the user decide.
     /// (The accept checks again: the project may change in between.)
     pub fn check_accept(&self, flags: AcceptFlags) -> Result<(), AcceptError> {
+        let plan = self.plan(flags)?;
+        self.guard(&plan)?;
         accept::check_plan(
             &self.project,
-            &self.plan(flags)?,
+            &plan,
             &self.read_bases(flags),
             flags.force,
             self.own,
@@ -911,9 +969,11 @@ impl Branch {
         flags: AcceptFlags,
         sel: &Selection,
     ) -> Result<(), AcceptError> {
+        let plan = self.plan_selected(flags, sel)?;
+        self.guard(&plan)?;
         accept::check_plan(
             &self.project,
-            &self.plan_selected(flags, sel)?,
+            &plan,
             &self.read_bases_selected(flags, sel),
             flags.force,
             self.own,
@@ -931,6 +991,7 @@ impl Branch {
     ) -> Result<AcceptReport, AcceptError> {
         self.unmount();
         let plan = self.plan_selected(flags, sel)?;
+        self.guard(&plan)?;
         accept::apply(
             &self.project,
             plan,

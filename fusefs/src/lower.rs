@@ -18,11 +18,67 @@ pub(crate) struct Lower {
     /// Shared by every branch of the same project directory in this process (`shared_root`):
     /// ten thousand branches of one project hold one descriptor, not ten thousand.
     fd: std::sync::Arc<OwnedFd>,
-    /// shade's state directory when it lies inside the project (relative to the root): the
-    /// branch neither shows nor reads it. Its branch mount points are under it, so reading
-    /// it through lower would make the FUSE server wait on its own mount (a deadlock), and
-    /// a command must not reach other branches' stores or the accept journals through it.
-    hidden: Option<PathBuf>,
+    /// What the branch neither shows nor reads (relative to the root, see `hidden.rs`):
+    /// shade's state directories inside the project (its own holds the branch mount points,
+    /// so reading it through lower would make the FUSE server wait on its own mount, a
+    /// deadlock; any of them holds other branches' stores, journals and history), the
+    /// state-dir registry, and for a mode that hides them the home's credentials.
+    hidden: std::sync::Arc<Hidden>,
+}
+
+/// A set of hidden relative paths, and every directory above one (which the branch may not
+/// move or remove: that would move what is hidden).
+#[derive(Default, Debug)]
+pub(crate) struct Hidden {
+    paths: std::collections::HashSet<PathBuf>,
+    holders: std::collections::HashSet<PathBuf>,
+}
+
+impl Hidden {
+    /// The set of `rels` (relative, non-empty paths; others are ignored).
+    pub fn new(rels: &[PathBuf]) -> Hidden {
+        let mut h = Hidden::default();
+        for r in rels {
+            if r.as_os_str().is_empty() || r.is_absolute() {
+                continue;
+            }
+            let mut up = r.clone();
+            while up.pop() {
+                h.holders.insert(up.clone());
+            }
+            h.paths.insert(r.clone());
+        }
+        h
+    }
+
+    /// Whether `rel` is a hidden path or lies under one.
+    pub fn covers(&self, rel: &Path) -> bool {
+        if self.paths.is_empty() {
+            return false;
+        }
+        let mut p = rel;
+        loop {
+            if self.paths.contains(p) {
+                return true;
+            }
+            match p.parent() {
+                Some(up) if !up.as_os_str().is_empty() => p = up,
+                _ => return false,
+            }
+        }
+    }
+
+    /// Whether `rel` is a directory above a hidden path (not one itself).
+    pub fn holds(&self, rel: &Path) -> bool {
+        self.holders.contains(rel) && !self.covers(rel)
+    }
+
+    /// The hidden paths, sorted.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = self.paths.iter().cloned().collect();
+        v.sort();
+        v
+    }
 }
 
 /// One entry of a lower directory listing.
@@ -97,28 +153,30 @@ impl Lower {
         Ok(Lower {
             root: root.to_path_buf(),
             fd: shared_root(root, fd)?,
-            hidden: None,
+            hidden: Default::default(),
         })
     }
 
-    /// Hide `rel` (and everything under it) from this lower: it does not exist here.
-    pub fn hide(&mut self, rel: &Path) {
-        self.hidden = Some(rel.to_path_buf());
+    /// Hide `rels` (and everything under each) from this lower: they do not exist here.
+    pub fn hide(&mut self, rels: &[PathBuf]) {
+        self.hidden = std::sync::Arc::new(Hidden::new(rels));
     }
 
-    /// Is `rel` the hidden path or under it? Such paths do not exist in lower, and the
+    /// The hidden paths (relative), sorted.
+    pub fn hidden(&self) -> Vec<PathBuf> {
+        self.hidden.paths()
+    }
+
+    /// Is `rel` a hidden path or under one? Such paths do not exist in lower, and the
     /// branch refuses to create them.
     pub fn is_hidden(&self, rel: &Path) -> bool {
-        self.hidden.as_deref().is_some_and(|h| rel.starts_with(h))
+        self.hidden.covers(rel)
     }
 
-    /// Is `rel` a parent directory of the hidden path? Renaming or removing it would move
-    /// shade's state directory's place (accept refuses such a plan; the branch says so at
-    /// once with EBUSY).
+    /// Is `rel` a parent directory of a hidden path? Renaming or removing it would move
+    /// what is hidden (accept refuses such a plan; the branch says so at once with EBUSY).
     pub fn holds_hidden(&self, rel: &Path) -> bool {
-        self.hidden
-            .as_deref()
-            .is_some_and(|h| h != rel && h.starts_with(rel))
+        self.hidden.holds(rel)
     }
 
     /// The C path of `rel` for an `*at()` call, or ENOENT for a hidden path.
@@ -328,5 +386,53 @@ fn read_sized(call: impl Fn(*mut libc::c_void, usize) -> isize) -> io::Result<Ve
         if e.raw_os_error() != Some(libc::ERANGE) {
             return Err(e);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each hidden path and what is under it is covered; only the directories above one
+    /// hold it (renaming them would move it); siblings and prefixes of a name are neither.
+    #[test]
+    fn hidden_set_covers_and_holds() {
+        let h = Hidden::new(&[
+            PathBuf::from(".local/state/shade"),
+            PathBuf::from(".local/state/shade-state-dirs"),
+            PathBuf::from(".ssh"),
+            PathBuf::from("other/state"),
+        ]);
+        for p in [
+            ".ssh",
+            ".ssh/id_ed25519",
+            ".local/state/shade/branches",
+            "other/state",
+        ] {
+            assert!(h.covers(Path::new(p)), "{p}");
+        }
+        for p in [
+            "",
+            ".local",
+            ".local/state",
+            "other",
+            ".sshx",
+            "other/stat",
+            "x",
+        ] {
+            assert!(!h.covers(Path::new(p)), "{p}");
+        }
+        for p in [".local", ".local/state", "other", ""] {
+            assert!(h.holds(Path::new(p)), "{p}");
+        }
+        for p in [
+            ".ssh",
+            ".local/state/shade",
+            ".local/share",
+            "other/state/x",
+        ] {
+            assert!(!h.holds(Path::new(p)), "{p}");
+        }
+        assert!(!Hidden::default().covers(Path::new("a")));
     }
 }

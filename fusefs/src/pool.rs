@@ -35,6 +35,9 @@ pub(crate) struct Key {
     pub shift: Option<crate::idmap::IdShift>,
     pub passthrough: bool,
     pub euid: u32,
+    /// What the branch hides (relative, sorted): the kernel may hold entries of what one
+    /// set showed, so a connection serves only branches that hide the same.
+    pub hidden: Vec<PathBuf>,
 }
 
 /// A mounted FUSE connection and what serving it takes.

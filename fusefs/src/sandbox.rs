@@ -216,6 +216,13 @@ impl Isolation {
 
 pub use ids::sandbox_base;
 
+/// The home's credential paths inside `project` (canonical) that a mode hiding credentials
+/// keeps from its commands (see masks.rs `inside_project`): the branch hides them, as the
+/// outside layer's masks hide those outside the project.
+pub(crate) fn credentials_inside(project: &Path) -> Vec<PathBuf> {
+    masks::inside_project(&env::homes(), project)
+}
+
 /// The id shift a branch must present for a command run with `iso`: when shade runs as
 /// root a confined command is root of a user namespace mapped to [`sandbox_base`], and
 /// sees the branch's files only through that shift; unconfined commands and other users'

@@ -56,14 +56,19 @@ impl StateDir {
 pub const MARKER: &str = "SHADE-STATE-DIR";
 
 /// Where each user's state dirs are listed (a symlink to each), in the user's home from the
-/// password database. Not hidden from commands: it holds paths only, every one of them
-/// hidden, and a command's writes there land in its outside layer. (Not in the default
+/// password database. Hidden from commands and guarded at accept when it lies inside their
+/// project ([`state_places`]): it names the state dirs every sandbox hides, and a forged
+/// entry or a link in its place were followed. Elsewhere a command's writes there land in
+/// its outside layer. (Not in the default
 /// state dir: making that would hide it, and with it split the home's outside-layer unit.)
 fn registry() -> Option<PathBuf> {
     let uid = nix::unistd::geteuid();
     let home = nix::unistd::User::from_uid(uid).ok()??.dir;
-    Some(home.join(".local/state/shade-state-dirs"))
+    Some(home.join(REGISTRY))
 }
+
+/// The registry's place in a home.
+const REGISTRY: &str = ".local/state/shade-state-dirs";
 
 impl StateDir {
     /// Marks the state dir ([`MARKER`]) and lists it in the user's registry, so that the
@@ -189,6 +194,159 @@ fn registered(reg: &Path) -> Vec<PathBuf> {
         }
     }
     dirs
+}
+
+/// The state dirs and state-dir registries that lie inside `project` (canonical), as
+/// absolute paths with their existing part resolved: every [`known_state_dirs`] (present
+/// or not: an absent one may not be made there by a command either, or another shade would
+/// later take a command's tree for its history), the directories of this user's and — as
+/// root — every home's registry, the state dirs those registries list, and every state dir
+/// of a shade branch mounted here. Neither the project itself nor a directory holding it
+/// (a branch of a branch has a mount point inside a state dir as its project).
+///
+/// A branch hides these and accept refuses to write them (red team round 8: another state
+/// dir inside the project was read and written whole, its history forged for `shade undo`).
+/// A marked directory none of these lists (made by a shade of another environment whose
+/// registry is elsewhere) is caught at accept by its marker ([`marked_above`]).
+pub fn state_places(project: &Path) -> Vec<PathBuf> {
+    let mut cands: Vec<PathBuf> = known_state_dirs();
+    let mut registries: Vec<PathBuf> = registry().into_iter().collect();
+    if nix::unistd::geteuid().is_root() {
+        // Another user's registry is read, never pruned (its entries are that user's).
+        let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+        for home in passwd.lines().filter_map(|l| l.split(':').nth(5)) {
+            let home = Path::new(home);
+            if home.is_absolute() && home != Path::new("/") {
+                registries.push(home.join(REGISTRY));
+            }
+        }
+    }
+    for reg in &registries {
+        if !plain_dir(reg) {
+            continue;
+        }
+        if let Ok(entries) = std::fs::read_dir(reg) {
+            for e in entries.flatten() {
+                if !e.file_type().is_ok_and(|t| t.is_symlink()) {
+                    continue;
+                }
+                if let Ok(t) = std::fs::read_link(e.path()) {
+                    if t.is_absolute() && plain_file(&t.join(MARKER)) {
+                        cands.push(t);
+                    }
+                }
+            }
+        }
+    }
+    cands.extend(mounted_state_dirs());
+    cands.extend(registries);
+    // As named and as resolved: a symlink in a state dir's path inside the project is hidden
+    // (and guarded) by its own name too, so that it cannot be replaced by a tree of the
+    // command's that a later shade would take for its state.
+    let lexical = |c: &&PathBuf| {
+        c.is_absolute()
+            && !c
+                .components()
+                .any(|p| matches!(p, std::path::Component::ParentDir))
+    };
+    let mut out: Vec<PathBuf> = cands
+        .iter()
+        .filter(lexical)
+        .flat_map(|c| [Some(c.clone()), resolved(c)])
+        .flatten()
+        .filter(|c| c.starts_with(project) && c.as_path() != project)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The state dirs of the shade branches mounted here (`<state>/branches/<id>/mnt`), those
+/// that are marked or whose branch has an owner file.
+fn mounted_state_dirs() -> Vec<PathBuf> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for l in info.lines() {
+        let Some((head, tail)) = l.split_once(" - ") else {
+            continue;
+        };
+        let mut t = tail.split(' ');
+        let (Some(fstype), Some(source)) = (t.next(), t.next()) else {
+            continue;
+        };
+        if !(fstype == "fuse" || fstype.starts_with("fuse.")) || !source.starts_with("shade:") {
+            continue;
+        }
+        let Some(point) = head.split(' ').nth(4) else {
+            continue;
+        };
+        // Mount points with escapes (`\040`) are rare under a state dir: skipped.
+        if point.contains('\\') {
+            continue;
+        }
+        let point = Path::new(point);
+        let root = point
+            .parent()
+            .filter(|_| point.file_name() == Some(std::ffi::OsStr::new("mnt")))
+            .and_then(Path::parent)
+            .filter(|b| b.file_name() == Some(std::ffi::OsStr::new("branches")))
+            .and_then(Path::parent);
+        if let Some(r) = root {
+            if plain_file(&r.join(MARKER)) {
+                out.push(r.to_path_buf());
+            }
+        }
+    }
+    out
+}
+
+/// `p` with its longest existing prefix resolved (the rest appended as is).
+fn resolved(p: &Path) -> Option<PathBuf> {
+    let mut rest = Vec::new();
+    let mut cur = p.to_path_buf();
+    loop {
+        if let Ok(c) = std::fs::canonicalize(&cur) {
+            let mut out = c;
+            for r in rest.iter().rev() {
+                out.push(r);
+            }
+            return Some(out);
+        }
+        rest.push(cur.file_name()?.to_os_string());
+        if !cur.pop() {
+            return None;
+        }
+    }
+}
+
+/// The nearest directory at or above `rel` (relative to the project `root`, the root itself
+/// excluded) that holds a state-dir [`MARKER`] in the real project, if any: a state dir no
+/// list names. `seen` caches answers per directory for one plan.
+pub fn marked_above(
+    root: &Path,
+    rel: &Path,
+    seen: &mut std::collections::HashMap<PathBuf, bool>,
+) -> Option<PathBuf> {
+    let mut found = None;
+    let mut dir = PathBuf::new();
+    for c in rel.components() {
+        dir.push(c);
+        let marked = *seen
+            .entry(dir.clone())
+            .or_insert_with(|| plain_file(&root.join(&dir).join(MARKER)));
+        if marked {
+            found = Some(dir.clone());
+            break;
+        }
+    }
+    found
+}
+
+/// Whether `p`, not followed, is a directory.
+fn plain_dir(p: &Path) -> bool {
+    std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_dir())
 }
 
 /// Whether `p`, not followed, is a regular file.

@@ -166,6 +166,27 @@ fn a_symlinked_ancestor_of_the_state_dir_is_protected_by_both_names() {
     refused(apply(&env.root, vec![away], &opts(&env)), "dotfiles");
 }
 
+/// Another shade's state dir inside the project (red team round 8, route 3): one only its
+/// marker names (no registry or environment lists it) is off limits to accept too: nothing
+/// of the plan is written.
+#[test]
+fn another_state_dir_inside_the_project_is_refused() {
+    let mut env = Env::new();
+    std::fs::create_dir_all(env.root.join("work/st2/history")).unwrap();
+    std::fs::write(env.root.join("work/st2/SHADE-STATE-DIR"), "marker").unwrap();
+    let forge = env.write("work/st2/history/entry", b"forged", 0o644, Base::Absent);
+    let ok = env.write("b.txt", b"fine", 0o644, Base::Absent);
+    match apply(&env.root, vec![ok, forge], &opts(&env)) {
+        Err(AcceptError::Unsafe { path, reason }) => {
+            assert_eq!(path, p("work/st2/history/entry"), "{reason}");
+            assert!(reason.contains("state-dir marker"), "{reason}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(!env.root.join("b.txt").exists());
+    assert!(!env.root.join("work/st2/history/entry").exists());
+}
+
 #[test]
 fn device_nodes_are_not_accepted_fifos_and_sockets_are() {
     let env = Env::new();

@@ -391,6 +391,8 @@ fn answer(
                 size,
                 metadata,
                 memory_budget,
+                hide_credentials,
+                also_hide,
             },
             None,
         ) => {
@@ -411,6 +413,8 @@ fn answer(
                 memory_budget,
                 limits: BranchLimits { size, metadata },
                 id_shift: id_shift.map(|base| IdShift { base }),
+                hide_credentials,
+                also_hide: also_hide.into_iter().map(wire::path).collect(),
                 ..BranchOptions::default()
             };
             match Branch::create(&ctx.project, &opts) {

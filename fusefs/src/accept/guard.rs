@@ -17,11 +17,16 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
-/// The state directory's place(s) relative to a project root: as given and as resolved
-/// (a symlinked ancestor inside the project protects both its own name and its target).
+/// The places no plan may touch, relative to a project root: shade's state directory as
+/// given and as resolved (a symlinked ancestor inside the project protects both its own name
+/// and its target), every other state dir and state-dir registry inside the project
+/// ([`crate::state::state_places`]), and what the branch hid besides ([`Protected::with`]).
+/// A directory of the project holding a state-dir marker is protected too, found per op.
 #[derive(Clone, Debug, Default)]
 pub struct Protected {
     rels: Vec<PathBuf>,
+    /// The project (canonical), whose directories are checked for a marker.
+    root: Option<PathBuf>,
 }
 
 /// `p` made absolute and without `.` components (lexically; `..` kept for the caller).
@@ -75,6 +80,10 @@ impl Protected {
         if let Some(c) = resolved(&abs) {
             states.push(c);
         }
+        let real_root = roots.last().cloned();
+        if let Some(r) = &real_root {
+            states.extend(crate::state::state_places(r));
+        }
         let mut rels: Vec<PathBuf> = Vec::new();
         for s in &states {
             if s.components().any(|c| matches!(c, Component::ParentDir)) {
@@ -89,7 +98,21 @@ impl Protected {
                 }
             }
         }
-        Protected { rels }
+        Protected {
+            rels,
+            root: real_root,
+        }
+    }
+
+    /// These places (relative to the project root) protected as well: what a branch hides
+    /// (for a mode that hides them, the home's credentials inside the project).
+    pub fn with(mut self, rels: &[PathBuf]) -> Protected {
+        for r in rels {
+            if !r.as_os_str().is_empty() && r.is_relative() && !self.rels.contains(r) {
+                self.rels.push(r.clone());
+            }
+        }
+        self
     }
 
     /// The state directory's place this `p` (relative) is at, inside or above, if any.
@@ -113,18 +136,34 @@ impl Protected {
             self.hit(path)
         }?;
         Some(format!(
-            "it is shade's state directory ({}), inside it or one of its parent directories; \
-             a command in a branch may not move, replace or write it; nothing was written",
+            "it is shade's state directory, another state dir or their registry, or a path the \
+             branch hides ({}), inside it or one of its parent directories; a command in a \
+             branch may not move, replace or write it; nothing was written",
             r.display()
         ))
     }
 
     /// Refuse `plan` if any op touches the state directory (see the module doc).
     pub fn check_plan(&self, plan: &[PlanOp]) -> Result<(), AcceptError> {
-        if self.rels.is_empty() {
-            return Ok(());
-        }
+        let mut seen = std::collections::HashMap::new();
         for op in plan {
+            if let Some(root) = &self.root {
+                for p in op_paths(op) {
+                    if let Some(m) = crate::state::marked_above(root, p, &mut seen) {
+                        return Err(AcceptError::Unsafe {
+                            path: p.to_path_buf(),
+                            reason: format!(
+                                "{} holds a shade state-dir marker: it is a state directory \
+                                 of shade's, which a command may not write; nothing was written",
+                                m.display()
+                            ),
+                        });
+                    }
+                }
+            }
+            if self.rels.is_empty() {
+                continue;
+            }
             let paths: Vec<(&Path, bool)> = match op {
                 PlanOp::RenameDir { from, to, .. } => vec![(from, false), (to, false)],
                 PlanOp::Link { path, target, .. } => vec![(path, false), (target, false)],
@@ -141,6 +180,15 @@ impl Protected {
             }
         }
         Ok(())
+    }
+}
+
+/// The paths an op writes (all of them, for the marker check).
+fn op_paths(op: &PlanOp) -> Vec<&Path> {
+    match op {
+        PlanOp::RenameDir { from, to, .. } => vec![from, to],
+        PlanOp::Link { path, target, .. } => vec![path, target],
+        other => vec![other.path()],
     }
 }
 

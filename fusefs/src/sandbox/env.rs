@@ -966,6 +966,62 @@ pub fn credential_paths(homes: &[PathBuf], project: Option<&Path>) -> Vec<PathBu
     outermost
 }
 
+/// The credential paths of `homes` and of this process's environment that lie inside
+/// `project` (canonical), resolved: the other half of [`credential_paths`], which leaves
+/// them out because the sandbox's masks cannot hide inside the branch. A home inside the
+/// project is walked for credential-looking files whole ([`home_pattern_paths`]); in a
+/// project inside a home only the listed paths count (the walk never enters a project, so
+/// the project's own `.env` stays as it is outside). The branch hides what this returns.
+pub(crate) fn credential_paths_inside(homes: &[PathBuf], project: &Path) -> Vec<PathBuf> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    for home in homes {
+        let Ok(real) = std::fs::canonicalize(home) else {
+            continue;
+        };
+        if real.starts_with(project) {
+            candidates.extend(HOME_CREDENTIALS.iter().map(|rel| real.join(rel)));
+            candidates.extend(home_pattern_paths(&real, None));
+        } else if project.starts_with(&real) {
+            candidates.extend(HOME_CREDENTIALS.iter().map(|rel| real.join(rel)));
+        }
+    }
+    if let Some(xdg) = std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
+        candidates.push(PathBuf::from(xdg).join("shade"));
+    }
+    for var in CREDENTIAL_VARS {
+        if let Some(v) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+            candidates.push(PathBuf::from(v));
+        }
+    }
+    if let Some(kube) = std::env::var_os("KUBECONFIG") {
+        candidates.extend(std::env::split_paths(&kube));
+    }
+    if let Some(docker) = std::env::var_os("DOCKER_CONFIG").filter(|v| !v.is_empty()) {
+        candidates.push(PathBuf::from(docker).join("config.json"));
+    }
+    // Those that exist, as named and as resolved: a symlinked `~/.ssh` inside the project
+    // is hidden by its own name too, or the command could put a directory of its own there.
+    let mut real: Vec<PathBuf> = candidates
+        .into_iter()
+        .filter(|p| p.is_absolute() && std::fs::symlink_metadata(p).is_ok())
+        .flat_map(|p| {
+            let r = std::fs::canonicalize(&p).ok();
+            [Some(p), r]
+        })
+        .flatten()
+        .filter(|p| p.starts_with(project) && p != project)
+        .collect();
+    real.sort();
+    real.dedup();
+    let mut outermost: Vec<PathBuf> = Vec::new();
+    for p in real {
+        if !outermost.iter().any(|o| p.starts_with(o)) {
+            outermost.push(p);
+        }
+    }
+    outermost
+}
+
 /// The bwrap arguments that hide the credentials of `homes` from a command of `policy`
 /// (nothing for [`EnvPolicy::User`] unless the config's `hide_credentials`): each directory
 /// under an empty read-only tmpfs, each other file (sockets too) bound to /dev/null. They

@@ -113,9 +113,46 @@ pub(crate) fn masks_of(
     let project_real = std::fs::canonicalize(project).unwrap_or_else(|_| project.to_path_buf());
     let clear =
         |p: &Path| !(p.starts_with(&project_real) || project_real.starts_with(p) || p == project);
-    let mut out: Vec<(PathBuf, Masked)> = credentials
+    let credentials: Vec<PathBuf> = credentials
         .iter()
         .filter(|p| real_homes.iter().any(|h| p.starts_with(h) && *p != h))
+        .cloned()
+        .collect();
+    masks_where(&credentials, homes, clear)
+}
+
+/// The paths of the home a command of a mode that hides credentials may not see that lie
+/// inside `project` (canonical): the credential paths there
+/// ([`env::credential_paths_inside`]) and the secret-bearing configuration files and build
+/// scripts [`masks_of`] would sanitize or hide outside it. The branch hides them all, the
+/// sanitized copies too (a copy would be a change of the branch, written back by accept).
+pub(crate) fn inside_project(homes: &[PathBuf], project: &Path) -> Vec<PathBuf> {
+    let credentials = env::credential_paths_inside(homes, project);
+    let inside = |p: &Path| p.starts_with(project) && p != project;
+    // Only homes that meet the project have configuration files inside it.
+    let homes: Vec<PathBuf> = homes
+        .iter()
+        .filter_map(|h| std::fs::canonicalize(h).ok())
+        .filter(|h| h.starts_with(project) || project.starts_with(h))
+        .collect();
+    let mut out: Vec<PathBuf> = masks_where(&credentials, &homes, inside)
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The masks of `credentials` (hidden) and of the configuration files of `homes`, of the
+/// paths `clear` lets through.
+fn masks_where(
+    credentials: &[PathBuf],
+    homes: &[PathBuf],
+    clear: impl Fn(&Path) -> bool,
+) -> Vec<(PathBuf, Masked)> {
+    let mut out: Vec<(PathBuf, Masked)> = credentials
+        .iter()
         .filter(|p| clear(p))
         .map(|p| (p.clone(), Masked::Hidden))
         .collect();

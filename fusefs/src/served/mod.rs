@@ -287,6 +287,13 @@ impl RemoteBranch {
             size: opts.limits.size,
             metadata: opts.limits.metadata,
             memory_budget: opts.memory_budget,
+            hide_credentials: opts.hide_credentials,
+            // The server's environment is its first client's: this one's may name other
+            // state dirs or credentials.
+            also_hide: crate::branch::hidden_paths(project, opts.hide_credentials)
+                .iter()
+                .map(|p| wire::bytes(p))
+                .collect(),
         };
         // A server that was exiting as we connected closes on us: start another.
         for _ in 0..3 {

@@ -33,6 +33,10 @@ pub enum Request {
         size: Option<u64>,
         metadata: Option<u64>,
         memory_budget: u64,
+        /// [`crate::BranchOptions::hide_credentials`].
+        hide_credentials: bool,
+        /// What the client's environment hides (`branch::hidden_paths`).
+        also_hide: Vec<Bytes>,
     },
     /// The limits the branch reached since the last ask, as the lines to print.
     LimitHits,
