@@ -254,10 +254,33 @@ pub(crate) fn hidden_paths(project: &Path, credentials: bool) -> Vec<PathBuf> {
     let Ok(project) = std::fs::canonicalize(project) else {
         return Vec::new();
     };
+    // Worked out at most once a second per project: it reads the registries, the mount
+    // table, as root the password database, and may walk a home — a few milliseconds that
+    // every one of a holder's ten thousand branches paid. The set is a snapshot anyway
+    // (fixed when the branch is made); accept refuses a state dir made later all the same.
+    type Seen = std::collections::HashMap<(PathBuf, bool), (std::time::Instant, Vec<PathBuf>)>;
+    static SEEN: std::sync::Mutex<Option<Seen>> = std::sync::Mutex::new(None);
+    let key = (project.clone(), credentials);
+    let fresh = |at: &std::time::Instant| at.elapsed() < std::time::Duration::from_secs(1);
+    if let Some((_, abs)) = SEEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .as_ref()
+        .and_then(|m| m.get(&key))
+        .filter(|(at, _)| fresh(at))
+    {
+        return abs.clone();
+    }
     let mut abs = crate::state::state_places(&project);
     if credentials {
         abs.extend(crate::sandbox::credentials_inside(&project));
     }
+    let mut seen = SEEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let m = seen.get_or_insert_with(Default::default);
+    m.retain(|_, (at, _)| fresh(at));
+    m.insert(key, (std::time::Instant::now(), abs.clone()));
     abs
 }
 
