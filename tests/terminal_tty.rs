@@ -583,6 +583,55 @@ fn shade_run_hands_the_terminal_only_to_its_foreground_job() {
     common::assert_no_shade_mounts(&fx.state);
 }
 
+/// A command given the user's terminal leaves it as it found it: its modes (`stty -echo`)
+/// are put back when it ends, and it cannot change the terminal's line discipline at all
+/// (TIOCSETD: N_NULL would leave the user's shell deaf after the command; red team round 9).
+#[test]
+fn a_command_leaves_the_users_terminal_as_it_found_it() {
+    let fx = common::Fixture::new();
+    fx.write("README", "a project\n");
+    let dir = fx.tmp.path();
+    let out = dir.join("tty.out");
+    let cmd = dir.join("cmd.sh");
+    std::fs::write(
+        &cmd,
+        "stty -echo\n\
+         python3 -c '\n\
+import errno, fcntl, struct\n\
+try:\n    fcntl.ioctl(0, 0x5423, struct.pack(\"i\", 27))\n    print(\"SETD allowed\")\n\
+except OSError as e:\n    print(\"SETD\", errno.errorcode[e.errno])\n'\n",
+    )
+    .unwrap();
+    let after = dir.join("after.sh");
+    std::fs::write(
+        &after,
+        "stty -a | tr ' ;' '\\n\\n' | grep -x -e echo -e -echo | sed 's/^/MODE /'\n\
+         python3 -c 'import fcntl, struct; print(\"LDISC\", struct.unpack(\"i\", fcntl.ioctl(0, 0x5424, bytes(4)))[0])'\n",
+    )
+    .unwrap();
+    let line = format!(
+        "{} run -- sh {} >{out} 2>&1; sh {} >>{out} 2>&1; echo FINISHED >>{out}; sleep 60",
+        shade_bin(),
+        cmd.display(),
+        after.display(),
+        out = out.display()
+    );
+    let env = [("SHADE_STATE_DIR", fx.state.root().display().to_string())];
+    let tty = Tty::start(&["bash", "-c", &line], &fx.project, &env);
+    wait_until("the command and the check to finish", 60, || {
+        std::fs::read_to_string(&out).is_ok_and(|s| s.contains("FINISHED"))
+    });
+    drop(tty);
+    let got = std::fs::read_to_string(&out).unwrap();
+    assert!(got.contains("SETD EPERM"), "the line discipline: {got}");
+    assert!(got.contains("MODE echo\n"), "echo was left off: {got}");
+    assert!(
+        got.contains("LDISC 0"),
+        "the terminal's line discipline: {got}"
+    );
+    common::assert_no_shade_mounts(&fx.state);
+}
+
 #[test]
 fn shade_run_diff_shows_a_files_escapes_instead_of_sending_them() {
     let fx = common::Fixture::new();

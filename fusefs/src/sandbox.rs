@@ -615,8 +615,9 @@ pub(crate) struct Running {
     /// The child's private mount namespace, to find processes that left its process group
     /// (setsid daemons) but still live in the branch. Held open so its identity stays unique.
     pub mnt_ns: Option<std::fs::File>,
-    /// Whether we gave the terminal's foreground to the child; restored afterwards.
-    pub tty_handed: bool,
+    /// Whether we gave the terminal's foreground to the child (and its modes then);
+    /// restored afterwards.
+    pub tty_handed: Option<child::Handed>,
     /// Readers of the command's stdout and stderr, with [`Output::Capture`].
     pub capture: Option<capture::Readers>,
     /// Confined runs: what bwrap reports (its sandbox's PID namespace, the exit status).
@@ -791,7 +792,8 @@ fn spawn_confined(
 ) -> Result<Running> {
     let (status_rd, status_wr) =
         bwrap::status_pipe().map_err(SandboxError::io("creating a pipe"))?;
-    let tty_handed = spec.foreground && child::can_hand_tty();
+    let tty = child::hand_tty(spec.foreground);
+    let tty_handed = tty.is_some();
     let mut cmd = bwrap::build(conf, spec, tty_handed, Some(status_wr), cgroup)?;
     set_output(&mut cmd, spec.output, tty_handed)?;
     crate::timing::mark("bwrap-built");
@@ -802,7 +804,7 @@ fn spawn_confined(
     let mut child = match spawned {
         Ok(child) => child,
         Err(err) => {
-            child::restore_tty(tty_handed);
+            child::restore_tty(tty.as_ref());
             return Err(SandboxError::Io {
                 what: format!("starting the sandbox ({})", conf.bwrap.display()),
                 err,
@@ -820,7 +822,7 @@ fn spawn_confined(
     Ok(Running {
         child,
         mnt_ns: None,
-        tty_handed,
+        tty_handed: tty,
         capture,
         status: Some(status),
     })
@@ -829,7 +831,8 @@ fn spawn_confined(
 fn spawn(spec: &RunSpec, mode: Mode) -> Result<Spawned> {
     let (report_rd, report_wr) =
         report::channel().map_err(SandboxError::io("creating a socket pair"))?;
-    let tty_handed = spec.foreground && child::can_hand_tty();
+    let tty = child::hand_tty(spec.foreground);
+    let tty_handed = tty.is_some();
     let plan = ChildPlan::new(mode, &report_wr, tty_handed, spec.user_session);
 
     let mut cmd = Command::new(&spec.argv[0]);
@@ -864,13 +867,13 @@ fn spawn(spec: &RunSpec, mode: Mode) -> Result<Spawned> {
             Ok(Spawned::Running(Running {
                 child,
                 mnt_ns: report.mnt_ns,
-                tty_handed,
+                tty_handed: tty,
                 capture,
                 status: None,
             }))
         }
         Err(err) => {
-            child::restore_tty(tty_handed);
+            child::restore_tty(tty.as_ref());
             let errno = Errno::from_raw(err.raw_os_error().unwrap_or(0));
             let program = spec.argv[0].to_string_lossy();
             match report.last_stage {

@@ -493,12 +493,53 @@ pub(crate) fn take_tty() {
     }
 }
 
-/// In the parent, after the command: take the terminal's foreground back.
-pub(crate) fn restore_tty(handed: bool) {
-    if handed {
-        // SAFETY: getpgrp(2) cannot fail.
-        set_foreground(unsafe { libc::getpgrp() });
+/// The terminal as it was when shade handed it to a command: what [`restore_tty`] puts
+/// back, whatever the command left (`stty -echo`, raw mode, a killed editor's settings).
+#[derive(Clone, Copy)]
+pub(crate) struct Handed {
+    modes: Option<libc::termios>,
+}
+
+/// Whether a foreground command gets the terminal ([`can_hand_tty`]), with the terminal's
+/// modes saved to be put back after it.
+pub(crate) fn hand_tty(foreground: bool) -> Option<Handed> {
+    if !foreground || !can_hand_tty() {
+        return None;
     }
+    // SAFETY: tcgetattr(3) fills the struct it is given.
+    let modes = unsafe {
+        let mut t: libc::termios = std::mem::zeroed();
+        (libc::tcgetattr(0, &mut t) == 0).then_some(t)
+    };
+    Some(Handed { modes })
+}
+
+/// In the parent, after the command: take the terminal's foreground back, and its modes
+/// as they were before the command (red team round 9: `stty -echo` outlived it).
+pub(crate) fn restore_tty(handed: Option<&Handed>) {
+    let Some(handed) = handed else { return };
+    // SAFETY: getpgrp(2) cannot fail.
+    set_foreground(unsafe { libc::getpgrp() });
+    if let Some(modes) = &handed.modes {
+        // SAFETY: as in set_foreground; tcsetattr(3) reads the saved struct. We are the
+        // foreground group again, so no SIGTTOU; blocked anyway in case we are not.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGTTOU);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            libc::tcsetattr(0, libc::TCSADRAIN, modes);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Take the terminal's foreground back (the command was stopped: the user's shell will
+/// see to its modes, and the command's own on `fg`).
+pub(crate) fn take_back_foreground() {
+    // SAFETY: getpgrp(2) cannot fail.
+    set_foreground(unsafe { libc::getpgrp() });
 }
 
 /// Makes `pgid` the terminal's foreground group; SIGTTOU is blocked meanwhile because the

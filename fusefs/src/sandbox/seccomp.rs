@@ -27,7 +27,9 @@
 //!    accounting, quotas, kernel log, reboot, host and domain names, vhangup, x86 port I/O,
 //!    fanotify_init, the terminal injection ioctls TIOCSTI and TIOCLINUX (bwrap's
 //!    `--new-session` would also stop them, but takes job control from interactive
-//!    commands), personalities other than the harmless ones (`setarch -R`, `linux32`,
+//!    commands) and TIOCSETD (a line discipline set on the user's terminal outlives the
+//!    command — N_NULL left the user's shell deaf — and setting one on any tty may load
+//!    its kernel module, n_gsm's among them, with `dev.tty.ldisc_autoload`), personalities other than the harmless ones (`setarch -R`, `linux32`,
 //!    `uname26`; READ_IMPLIES_EXEC and friends weaken the command's own memory
 //!    protections), and sockets of the families AF_ALG (the kernel's crypto, a long line of
 //!    exploits), AF_VSOCK (the hypervisor) and AF_NETLINK other than NETLINK_ROUTE (which
@@ -551,7 +553,7 @@ fn refused() -> Result<BpfProgram, String> {
         .map(|&f| rule(vec![cond(0, SeccompCmpOp::MaskedEq(f), f)?]))
         .collect::<Result<_, _>>()?;
     rules.insert(libc::SYS_clone, clone);
-    let tty = [libc::TIOCSTI, libc::TIOCLINUX]
+    let tty = [libc::TIOCSTI, libc::TIOCLINUX, libc::TIOCSETD]
         .iter()
         .map(|&req| rule(vec![cond(1, SeccompCmpOp::Eq, req)?]))
         .collect::<Result<_, _>>()?;
@@ -838,6 +840,7 @@ mod tests {
             (libc::SYS_clone, a(&[0x1_0000_0000]), ALLOW), // upper half not compared
             (libc::SYS_ioctl, a(&[0, 0x5412]), EPERM),     // TIOCSTI
             (libc::SYS_ioctl, a(&[0, 0x541c]), EPERM),     // TIOCLINUX
+            (libc::SYS_ioctl, a(&[0, 0x5423]), EPERM),     // TIOCSETD
             (libc::SYS_ioctl, a(&[0, 0x541b]), ALLOW),     // FIONREAD
             (libc::SYS_ioctl, a(&[0, 0x5401]), ALLOW),     // TCGETS
             (libc::SYS_ioctl, a(&[0, 0x1_0000_5412]), EPERM),

@@ -64,7 +64,7 @@ pub(crate) fn wait(mut running: Running, ctl: &Control, namespaced: bool) -> Res
     let stop_reason = loop {
         if has_exited(pid).map_err(SandboxError::io("waiting for the command"))? {
             crate::timing::mark("exited");
-            child::restore_tty(running.tty_handed);
+            child::restore_tty(running.tty_handed.as_ref());
             // Reap only after the sweep: the zombie keeps its pid, and so the process
             // group id, from being reused by an unrelated process meanwhile.
             // Confined, the kernel is already killing what is left (bwrap's monitor has
@@ -85,10 +85,10 @@ pub(crate) fn wait(mut running: Running, ctl: &Control, namespaced: bool) -> Res
             };
             return Ok(finish(running, termination, namespaced, leftovers_killed));
         }
-        if running.tty_handed && has_stopped(pid) {
+        if running.tty_handed.is_some() && has_stopped(pid) {
             suspend_with(pid);
         }
-        if running.tty_handed && running.status.is_some() {
+        if running.tty_handed.is_some() && running.status.is_some() {
             // Confined, the command owns the terminal in a group of its own (see
             // bwrap::foreground_helper), which stops without bwrap noticing.
             if let Some(group) = stopped_foreground(pid) {
@@ -128,7 +128,7 @@ pub(crate) fn wait(mut running: Running, ctl: &Control, namespaced: bool) -> Res
         .child
         .wait()
         .map_err(SandboxError::io("reaping the command"))?;
-    child::restore_tty(running.tty_handed);
+    child::restore_tty(running.tty_handed.as_ref());
     Ok(finish(running, stop_reason, namespaced, leftovers_killed))
 }
 
@@ -206,7 +206,7 @@ fn stopped_foreground(monitor: i32) -> Option<i32> {
 /// Ctrl-Z stopped the command, which owns the terminal: stop ourselves too so the user's
 /// shell gets its prompt back, and on `fg` hand the terminal back and continue the command.
 fn suspend_with(pgid: i32) {
-    child::restore_tty(true);
+    child::take_back_foreground();
     // SAFETY: raise/killpg on our own job; we resume here when the shell continues us.
     unsafe { libc::raise(libc::SIGTSTP) };
     child::set_foreground(pgid);
