@@ -388,6 +388,10 @@ impl ShadeFs {
             if from.starts_with(&to) || to.starts_with(&from) {
                 return Err(libc::EINVAL);
             }
+            let growth = t
+                .moved_growth(&from, &to)
+                .saturating_add(t.moved_growth(&to, &from));
+            o.room_for(&t, &to, growth)?;
             return Self::exchange(o, &mut t, (&from, src), (&to, dst));
         }
         if from == to {
@@ -399,8 +403,14 @@ impl ShadeFs {
         if to.starts_with(&from) {
             return Err(libc::EINVAL);
         }
-        o.room_for(&t, &to, 0)?;
         let src_dir = src.is_dir();
+        // Everything below a directory moves with it, its paths longer by the difference.
+        let growth = if src_dir {
+            t.moved_growth(&from, &to)
+        } else {
+            0
+        };
+        o.room_for(&t, &to, growth)?;
         if let Some(dst) = &dst {
             match (src_dir, dst.is_dir()) {
                 (true, false) => return Err(libc::ENOTDIR),

@@ -345,6 +345,27 @@ impl Tree {
             .collect()
     }
 
+    /// What moving everything at and below `from` to `to` adds to the daemon's memory: the
+    /// path of each slot and of each inode the kernel knows grows by the difference. A
+    /// directory of 25,000 files renamed under a chain of 64 names of 255 bytes grew the
+    /// branch server by 493 MiB against a 16 MiB budget (red team round 9), since only the
+    /// renamed entry was charged. Counting the known inodes scans their index, as the
+    /// move itself does.
+    pub fn moved_growth(&self, from: &Path, to: &Path) -> u64 {
+        let delta = to.as_os_str().len().saturating_sub(from.as_os_str().len()) as u64;
+        if delta == 0 {
+            return 0;
+        }
+        let slots = self
+            .slots
+            .range::<Path, _>((std::ops::Bound::Excluded(from), std::ops::Bound::Unbounded))
+            .take_while(|(p, _)| p.starts_with(from))
+            .count();
+        let inodes = self.path_ino.keys().filter(|p| p.starts_with(from)).count();
+        // A path is kept twice per slot (its key and its parent's child set) at most.
+        delta.saturating_mul(2 * slots as u64 + inodes as u64)
+    }
+
     /// Remove what `rel` shows (and, for a directory, every slot below it): a whiteout
     /// stays where lower has something, so it keeps hiding it.
     pub fn remove(&mut self, lower: &Lower, rel: &Path) {
