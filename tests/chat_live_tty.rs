@@ -330,23 +330,22 @@ fn holds_in_home(plain: bool) {
     tty.say("set up");
     tty.wait_text("Set up.", 60);
     let screen = tty.wait_text("held, not accepted", 60);
-    assert!(
-        screen.contains(".bashrc") && screen.contains(".config/shade/config.toml"),
-        "{screen}"
-    );
+    assert!(screen.contains(".bashrc"), "{screen}");
     wait_prompt(&tty);
     assert_eq!(read(&chat, "src/x.rs"), "pub fn x() {}\n");
     assert_eq!(read(&chat, ".bashrc"), "# rc\n");
+    // shade's config directory holds API keys: the branch hides it from the model's
+    // commands as every credential path of the home, so the append failed outright.
     assert_eq!(read(&chat, ".config/shade/config.toml"), "# mine\n");
     assert_model_told_not_in_project(&chat);
     tty.say("/diff");
-    tty.wait_text("allow_sockets", 60);
+    tty.wait_text("PWNED", 60);
     wait_prompt(&tty);
     tty.say("/accept");
-    tty.wait_text("accepted 2 changes", 60);
+    tty.wait_text("accepted 1 change", 60);
     wait_prompt(&tty);
     assert_eq!(read(&chat, ".bashrc"), "# rc\necho PWNED\n");
-    assert!(read(&chat, ".config/shade/config.toml").contains("allow_sockets"));
+    assert_eq!(read(&chat, ".config/shade/config.toml"), "# mine\n");
     tty.keys(&["C-d"]);
     wait_until("the session to end", 60, || !tty.alive());
     chat.assert_nothing_left();
