@@ -474,7 +474,10 @@ async fn accept_holds_host_code_with_the_home_as_the_project() {
         !text.contains("src/x.rs"),
         "only the held path is named: {text}"
     );
-    assert!(text.contains("branch is kept"), "{text}");
+    assert!(
+        text.contains("branch is kept") && text.contains("abort"),
+        "{text}"
+    );
     assert_eq!(fx.read(".bashrc"), "# rc\n");
     assert!(!fx.project.join("src/x.rs").exists(), "all or nothing");
     ok(&client, "abort_branch", json!({"branch": b})).await;

@@ -1032,8 +1032,9 @@ fn host_code_refusal(held: &[std::path::PathBuf]) -> Result<(), String> {
         "Not accepted: held for the user: {} code for the host by where it lies (a shell \
          start-up file, ~/.ssh, git's global config, shade's own config, autostart, a \
          directory on PATH, /etc…): {}. Only the user writes these, by hand. Nothing was \
-         written and the branch is kept: abort it and redo the work without those paths (tell \
-         the user what they should change there), or restore them in it and accept again.",
+         written and the branch is kept: abort it and redo the work in a new branch without \
+         touching those paths (a change there stays one even when undone), and tell the user \
+         what to change in them.",
         if held.len() == 1 {
             "this change is"
         } else {
