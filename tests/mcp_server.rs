@@ -454,12 +454,29 @@ async fn conflicting_accept_is_refused() {
 /// Red team round 8: with the home as the project, the model's `accept_branch` writes no
 /// code for the host (a shell start-up file): refused whole like a conflict, the held path
 /// named, nothing written, the branch kept; a branch without one is accepted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn accept_holds_host_code_with_the_home_as_the_project() {
+async fn accept_holds_host_code_with_the_home_as_the_project(plain: bool) {
     let fx = Fixture::new();
     fx.write(".bashrc", "# rc\n");
     fx.write("src/lib.rs", "// lib\n");
-    let client = connect_with(&fx, None, &["--no-lint"], &[("HOME", fx.project.as_path())]).await;
+    let mut cmd = mcp_command(&fx, &["--no-lint"]);
+    cmd.env("HOME", &fx.project);
+    if plain {
+        common::plain::require_fuse();
+        std::fs::create_dir_all(fx.state.root()).unwrap();
+        common::plain::chown_tree(fx.tmp.path());
+        let argv = common::plain::argv(env!("CARGO_BIN_EXE_shade"));
+        let mut as_plain = tokio::process::Command::new(&argv[0]);
+        as_plain.args(&argv[1..]).args(["mcp", "--no-lint"]);
+        for (k, v) in cmd.as_std().get_envs() {
+            match v {
+                Some(v) => as_plain.env(k, v),
+                None => as_plain.env_remove(k),
+            };
+        }
+        as_plain.current_dir(&fx.project);
+        cmd = as_plain;
+    }
+    let client = serve(cmd, TestClient::new(None)).await;
     let b = branch(&client).await;
     ok(
         &client,
@@ -495,6 +512,16 @@ async fn accept_holds_host_code_with_the_home_as_the_project() {
     assert_eq!(fx.read(".bashrc"), "# rc\n");
     disconnect(client).await;
     assert_no_shade_mounts(&fx.state);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_holds_host_code_with_the_home_as_the_project_as_root() {
+    accept_holds_host_code_with_the_home_as_the_project(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_holds_host_code_with_the_home_as_the_project_as_plain_user() {
+    accept_holds_host_code_with_the_home_as_the_project(true).await;
 }
 
 /// A client undoes its own accept: the project is as before it; a path the user changed
