@@ -34,7 +34,7 @@ README), then OPENAI_BASE_URL, OPENAI_API_KEY, SHADE_MODEL, \
 SHADE_FAST_MODEL, then the flags.
 
 Exit status: 0 answered, 2 turn limit reached, 130 interrupted (Ctrl-C; 143 SIGTERM, 129 SIGHUP), 124 --accept refused \
-(conflicts), 125 shade or model error; with --attempts, 1 when no attempt passed.")]
+(conflicts, or changes to code for the host held), 125 shade or model error; with --attempts, 1 when no attempt passed.")]
 pub struct ExecArgs {
     /// What may run without asking: default (ask before edits and writing commands),
     /// auto-edit, yolo, plan (read-only). Without a terminal, what would be asked is refused.
@@ -67,7 +67,8 @@ pub struct ExecArgs {
     #[arg(long, conflicts_with_all = ["shadow", "attempts"])]
     pub unconfined: bool,
     /// With --shadow: write the branch into the project when the run finished cleanly
-    /// (refused, nothing written, exit 124, if a changed path was edited meanwhile).
+    /// (refused, nothing written, exit 124, if a changed path was edited meanwhile, or if a
+    /// change is code for the host: `~/.bashrc`, shade's config… with the home as the project).
     #[arg(long, requires = "shadow")]
     pub accept: bool,
     /// Best of N: run this many attempts at the prompt at once, each in its own confined
@@ -402,8 +403,42 @@ struct ChangesetEvent<'a> {
     outside: &'a [shade_fusefs::outside::OutsideChange],
     accepted: bool,
     conflicts: Vec<crate::review::conflicts::ConflictJson>,
+    /// Changes `--accept` refused as code for the host (nothing was written).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    held: Vec<std::path::PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
+}
+
+/// `--accept` refused for changes that are code for the host (`held`): says which and why,
+/// and keeps the branch's diff in the state directory for the user (the branch is dropped,
+/// as on a conflict).
+fn hold_host_code(shadow: &Shadow, changes: &shade_fusefs::Changeset, held: &[std::path::PathBuf]) {
+    let path = shade_fusefs::StateDir::from_env().root().join(format!(
+        "held-{}-{}.diff",
+        std::process::id(),
+        chrono::Utc::now().format("%Y%m%dT%H%M%S")
+    ));
+    let saved = std::fs::write(&path, shadow.diff(changes)).is_ok();
+    eprintln!(
+        "shade: not accepted: {} would write code for the host by where {} (a shell start-up \
+         file, ~/.ssh, git's global config, shade's own config, autostart, a directory on PATH, \
+         /etc…); --accept never writes these, only you do; nothing was written{}:",
+        shade_agent::tools::text::plural(held.len(), "change"),
+        if held.len() == 1 {
+            "it lies"
+        } else {
+            "they lie"
+        },
+        if saved {
+            format!("; the branch's diff is in {}", path.display())
+        } else {
+            String::new()
+        }
+    );
+    for p in held {
+        eprintln!("  {}", shade_fusefs::quote::quote_path(p));
+    }
 }
 
 /// `--shadow`: show what the branch changed, then accept it (`--accept`, clean runs only)
@@ -434,12 +469,25 @@ fn finish_shadow(shadow: Shadow, args: &ExecArgs, stop: Option<StopReason>, code
         outside: &outside.changes,
         accepted: false,
         conflicts: Vec::new(),
+        held: Vec::new(),
         error: None,
     };
     let mut final_code = code;
     let signals =
         (args.accept && stop == Some(StopReason::Completed)).then(shade_fusefs::DeferSignals::new);
-    if args.accept && stop == Some(StopReason::Completed) {
+    let held = if args.accept && stop == Some(StopReason::Completed) {
+        shadow.host_code_changes(&changes)
+    } else {
+        Vec::new()
+    };
+    if !held.is_empty() {
+        // Red team round 8: `--accept` takes whatever the model did, but never code for
+        // the host (the project is or holds the home): all or nothing, as for a conflict.
+        hold_host_code(&shadow, &changes, &held);
+        event.held = held;
+        final_code = exit::CONFLICT;
+        shadow.abort();
+    } else if args.accept && stop == Some(StopReason::Completed) {
         let n = changes.changes.len();
         match shadow.accept(AcceptFlags::default()) {
             Ok(report) => {

@@ -331,7 +331,9 @@ pub fn all(time_limit_secs: u64) -> Vec<Entry> {
                     "Write the branch's changes into the user's real project, all or nothing, then close \
                      the branch. Refused, with nothing written and the branch kept, if any path the \
                      branch changed or read was changed in the project meanwhile (the paths are listed: \
-                     read them again in a new branch, or abort). Ignored build output (target/, …) is \
+                     read them again in a new branch, or abort); likewise if it changed code for the host by \
+                     where it lies (with the home as the project: ~/.bashrc, ~/.ssh, shade's config…), which \
+                     only the user writes. Ignored build output (target/, …) is \
                      not written. Call it only when the user wants the changes applied; the user is asked \
                      to confirm where the client supports it. From the start of the call the branch is \
                      frozen: its running commands are killed and other calls on it refused, and exactly \

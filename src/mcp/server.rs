@@ -418,10 +418,17 @@ impl ShadeServer {
             )
         };
         let check = entry.clone();
+        let listed = changes.clone();
         blocking(move || match check.shadow().as_ref() {
-            Some(s) => s
-                .check_accept(AcceptFlags::default())
-                .map_err(|e| refusal(&e, "Nothing was written and the branch is kept")),
+            Some(s) => {
+                s.check_accept(AcceptFlags::default())
+                    .map_err(|e| refusal(&e, "Nothing was written and the branch is kept"))?;
+                // Red team round 8: the model's own accept never writes code for the host
+                // (the project is or holds the home): only the user does.
+                host_code_refusal(
+                    &s.host_code_changes(&shade_fusefs::Changeset { changes: listed }),
+                )
+            }
             None => Err("the branch is being accepted or aborted".to_string()),
         })
         .await?;
@@ -1012,4 +1019,27 @@ impl ServerHandler for ShadeServer {
         }
         .into())
     }
+}
+
+/// The refusal of an accept whose changes include code for the host (`held`, from
+/// [`shade_agent::Shadow::host_code_changes`]); Ok when there is none.
+fn host_code_refusal(held: &[std::path::PathBuf]) -> Result<(), String> {
+    if held.is_empty() {
+        return Ok(());
+    }
+    let paths: Vec<String> = held.iter().map(|p| quote_path(p).into_owned()).collect();
+    Err(format!(
+        "Not accepted: held for the user: {} code for the host by where it lies (a shell \
+         start-up file, ~/.ssh, git's global config, shade's own config, autostart, a \
+         directory on PATH, /etc…): {}. Only the user writes these, by hand. Nothing was \
+         written and the branch is kept: abort it and redo the work in a new branch without \
+         touching those paths (a change there stays one even when undone), and tell the user \
+         what to change in them.",
+        if held.len() == 1 {
+            "this change is"
+        } else {
+            "these changes are"
+        },
+        paths.join(", ")
+    ))
 }

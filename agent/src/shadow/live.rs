@@ -546,6 +546,60 @@ fn held_changes(
         .collect()
 }
 
+impl Shadow {
+    /// The paths of `changes` (this shadow's changeset) that are code for the host by where
+    /// they are ([`host_code::HostCode`], the rules live mode holds by, red team round 8):
+    /// an accept the model makes itself (`shade mcp`'s `accept_branch`, `exec --shadow
+    /// --accept`) must not write `~/.bashrc` or shade's config when the project is or holds
+    /// the home. A directory renamed into place counts for every path beneath it (one too
+    /// big to walk counts whole). Judged in this process's environment (its homes, `PATH`).
+    pub fn host_code_changes(&self, changes: &shade_fusefs::Changeset) -> Vec<PathBuf> {
+        let host = host_code::HostCode::read(self.project());
+        let mount = self.mountpoint();
+        changes
+            .changes
+            .iter()
+            .filter(|c| {
+                let whole = c.kind != shade_fusefs::ChangeKind::Modified;
+                std::iter::once(&c.path)
+                    .chain(c.old_path.as_ref())
+                    .any(|p| host.names(p, whole))
+                    || (c.kind == shade_fusefs::ChangeKind::Renamed
+                        && c.is_dir
+                        && renamed_dir_names_host_code(&mount, &c.path, &host))
+            })
+            .map(|c| c.path.clone())
+            .collect()
+    }
+}
+
+/// Whether a path beneath directory `dir` (relative to the project; read in the branch at
+/// `mount`) is code for the host; true for one too big to walk or unreadable.
+fn renamed_dir_names_host_code(mount: &Path, dir: &Path, host: &host_code::HostCode) -> bool {
+    let mut stack = vec![dir.to_path_buf()];
+    let mut seen = 0usize;
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(mount.join(&d)) else {
+            return true;
+        };
+        for e in entries {
+            let Ok(e) = e else { return true };
+            seen += 1;
+            if seen > WALK_MAX {
+                return true;
+            }
+            let rel = d.join(e.file_name());
+            if host.names(&rel, false) {
+                return true;
+            }
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(rel);
+            }
+        }
+    }
+    false
+}
+
 /// Most entries a renamed directory may hold for [`held_changes`] to check them one by one;
 /// a bigger one is held whole.
 const WALK_MAX: usize = 200_000;
