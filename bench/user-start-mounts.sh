@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Issue h36: a plain user's `shade run -- true` against the number of host mounts below
+# directories the sandbox rebuilds (an Ubuntu desktop with snaps has ~60 squashfs mounts
+# under /snap). For each N: a private mount namespace (`unshare -m --propagation private`,
+# so nothing reaches the host), tmpfs over /tmp and /var/tmp (no other session's units),
+# a tmpfs on /snap with N tmpfs mounts at /snap/app(K%20)/K, each holding one file; then
+# bench/run-latency.sh BEFORE AFTER ROUNDS as the plain user (interleaved rounds).
+# Usage (root): bench/user-start-mounts.sh BEFORE AFTER [ROUNDS] [N...]
+#   BASE (default /opt/shade-user-start-mounts) holds the copied binaries and projects:
+#   not under /tmp or /var/tmp, which each run covers.
+set -euo pipefail
+before=$(realpath "${1:?usage: user-start-mounts.sh BEFORE AFTER [ROUNDS] [N...]}")
+after=$(realpath "${2:?usage: user-start-mounts.sh BEFORE AFTER [ROUNDS] [N...]}")
+rounds=${3:-5}
+shift 3 || shift $#
+ns=("$@"); (( ${#ns[@]} )) || ns=(0 20 60 120)
+here=$(cd "$(dirname "$0")" && pwd)
+base=${BASE:-/opt/shade-user-start-mounts}
+for n in "${ns[@]}"; do
+  echo "### N=$n"
+  timeout 1200 unshare -m --propagation private bash -c '
+    set -e
+    mount -t tmpfs -o mode=1777 tmpfs /var/tmp; mount -t tmpfs -o mode=1777 tmpfs /tmp
+    mkdir -p /snap; mount -t tmpfs tmpfs /snap
+    for i in $(seq '"$n"'); do
+      d=/snap/app$((i%20))/$i; mkdir -p $d; mount -t tmpfs -o size=1m tmpfs $d; echo x > $d/f
+    done
+    echo "mounts in the namespace: $(wc -l < /proc/self/mountinfo)"
+    WHO=user BASE='"$base"' bash '"$here"'/run-latency.sh '"$before $after $rounds"'
+  '
+done
