@@ -650,8 +650,10 @@ fn run_confined(
         let cgroup = process_cgroup(conf, spec);
         // An earlier command's overlays are gone before this one mounts its own on the
         // same upper directories.
-        if !teardown::settle(TEARDOWN_WAIT) {
-            tracing::debug!("an earlier command's namespaces are still being torn down");
+        if let Some(outside) = &spec.outside {
+            if !teardown::settle(outside, TEARDOWN_WAIT) {
+                tracing::debug!("an earlier command's namespaces are still being torn down");
+            }
         }
         let mut running = spawn_confined(conf, &this, cgroup.as_ref())?;
         // Held past the command's end, to see whether its /tmp or /dev/shm filled up.
@@ -671,7 +673,7 @@ fn run_confined(
         // Their mounts (a plain user's rebuilt `/`: an overlay per unit and per
         // read-only directory) are torn down while the result is reported.
         if let Some(ns) = namespaces {
-            teardown::release(ns);
+            teardown::release(ns, spec.outside.as_deref());
         }
         if let Some(size) = spec.outside.as_deref().and_then(sized::full) {
             outcome.limits_hit.push(LimitHit::Outside(size));

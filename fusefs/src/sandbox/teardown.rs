@@ -8,17 +8,20 @@
 //! The namespaces are handed instead to a short-lived child (`true`, with them as its stdin
 //! and stdout), whose exit ends them while shade reports. Nothing of it was ever mounted on
 //! the host (the mounts are the command's namespaces' own), and the child ends by itself,
-//! even when shade is gone. The next command waits until every earlier teardown is done
-//! (bounded, see [`settle`]), so a unit's upper directory is never in two overlays at once.
+//! even when shade is gone. Its stderr is the outside layer's teardown lock
+//! (`outside/.teardown`, locked shared until the child has exited): the layer's next
+//! command, in this process or another, waits for it (bounded, see [`settle`]) so that a
+//! unit's upper directory is never in two overlays at once.
 
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// Teardowns under way in this process: their count, and the signal that one ended.
-static PENDING: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
+/// The teardown lock's name in the outside directory.
+const LOCK: &str = ".teardown";
 
 /// The program that holds the namespaces until it exits: one that does nothing at all.
 fn holder() -> Option<&'static Path> {
@@ -32,21 +35,30 @@ fn holder() -> Option<&'static Path> {
     .as_deref()
 }
 
-fn finished() {
-    let (count, cv) = &PENDING;
-    let mut n = count.lock().unwrap_or_else(PoisonError::into_inner);
-    *n = n.saturating_sub(1);
-    cv.notify_all();
+/// `outside`'s teardown lock, opened (made if missing).
+fn open_lock(outside: &Path) -> Option<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(outside.join(LOCK))
+        .ok()
 }
 
 /// Ends the command's held namespaces (user, mount) in the background: a child holds them
-/// and ends them as it exits; a thread reaps it. Where no child can be started they are
-/// closed here, as before.
-pub(crate) fn release(ns: (File, File)) {
+/// and ends them as it exits, holding `outside`'s teardown lock till then; a thread reaps
+/// it. Where no child can be started they are closed here, as before.
+pub(crate) fn release(ns: (File, File), outside: Option<&Path>) {
     let Some(prog) = holder() else {
         drop(ns);
         return;
     };
+    // Shared: the lock is the open file's, and goes with the child's copy of it.
+    let lock = outside.and_then(open_lock).filter(|f| {
+        // SAFETY: flock(2) on an fd we own.
+        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH) == 0 }
+    });
     let (user, mnt) = ns;
     let spawned = Command::new(prog)
         .env_clear()
@@ -54,52 +66,60 @@ pub(crate) fn release(ns: (File, File)) {
         .current_dir("/")
         .stdin(Stdio::from(user))
         .stdout(Stdio::from(mnt))
-        .stderr(Stdio::null())
+        .stderr(lock.map_or_else(Stdio::null, Stdio::from))
         .spawn();
     // Failing to start, the namespaces were closed with the command: ended already.
     let Ok(mut child) = spawned else { return };
-    *PENDING.0.lock().unwrap_or_else(PoisonError::into_inner) += 1;
     let reaper = std::thread::Builder::new()
         .name("shade-teardown".into())
         .spawn(move || {
             let _ = child.wait();
-            finished();
         });
-    if reaper.is_err() {
-        // The child ends by itself (reaped when shade exits); nothing to wait for.
-        finished();
-    }
+    // Without a reaper the child ends by itself, reaped when shade exits.
+    drop(reaper);
 }
 
-/// Waits until every teardown this process started has ended, at most `limit`; whether
-/// they all did.
-pub(crate) fn settle(limit: Duration) -> bool {
+/// Waits until every teardown of `outside`'s earlier commands has ended, at most `limit`;
+/// whether they all did (or there is no lock to wait on).
+pub(crate) fn settle(outside: &Path, limit: Duration) -> bool {
+    let Some(lock) = open_lock(outside) else {
+        return true;
+    };
     let deadline = Instant::now() + limit;
-    let (count, cv) = &PENDING;
-    let mut n = count.lock().unwrap_or_else(PoisonError::into_inner);
-    while *n > 0 {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
+    loop {
+        // SAFETY: flock(2) on an fd we own; released as it closes.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return true;
+        }
+        if Instant::now() >= deadline {
             return false;
         }
-        n = cv
-            .wait_timeout(n, left)
-            .unwrap_or_else(PoisonError::into_inner)
-            .0;
+        std::thread::sleep(Duration::from_millis(5));
     }
-    true
 }
 
 #[cfg(test)]
 mod unit_tests {
     use super::*;
 
-    /// A namespace handed off is ended by the child, and `settle` sees it.
+    /// A namespace handed off is ended by the child, which holds the layer's teardown lock
+    /// until then; `settle` waits for it.
     #[test]
     fn a_released_namespace_is_ended_and_settled() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
         let user = File::open("/proc/self/ns/user").expect("own user namespace");
         let mnt = File::open("/proc/self/ns/mnt").expect("own mount namespace");
-        release((user, mnt));
-        assert!(settle(Duration::from_secs(30)), "the teardown never ended");
+        release((user, mnt), Some(dir.path()));
+        assert!(
+            settle(dir.path(), Duration::from_secs(30)),
+            "the teardown never ended"
+        );
+        // A held lock is waited on, boundedly.
+        let held = open_lock(dir.path()).expect("the lock");
+        // SAFETY: flock(2) on an fd we own.
+        assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_SH) }, 0);
+        assert!(!settle(dir.path(), Duration::from_millis(50)));
+        drop(held);
+        assert!(settle(dir.path(), Duration::from_secs(30)));
     }
 }
