@@ -5,7 +5,9 @@
 //! On disk (`Branch::outside_dir`, read by the lister): `layer.json` (when it was made, the
 //! id shift, whether the overlays keep their attributes in `user.*` xattrs, and which host
 //! path each unit covers) and per unit `uN/upper` (the written files) and `uN/work`
-//! (overlayfs's scratch). `stage/uN` is where a unit's overlay is mounted for bwrap to bind.
+//! (overlayfs's scratch). `stage/` is where a plain user's command stage (a tmpfs in the
+//! command's own mount namespace) holds the mask layers and assembles the rebuilt `/` at
+//! `stage/root` for bwrap to bind (root's stage is elsewhere: see [`RootStage`]).
 //!
 //! - **Root**: one overlay per real file system mounted on the host (`/` and each other
 //!   disk, tmpfs, … not under /proc, /sys or /dev), mounted in shade's own mount namespace
@@ -21,8 +23,8 @@
 //!   top-level directories it can write — each split into its subdirectories where mounts
 //!   lie below (a branch mounted under the state directory, say); a split directory itself
 //!   stays read-only. The overlays are mounted for each command in a user and mount
-//!   namespace of its own that bwrap starts in, so they see every mount of that moment; the
-//!   rest of `/` is bound read-only.
+//!   namespace of its own that bwrap starts in, so they see every mount of that moment,
+//!   inside the rebuilt `/` assembled there (see [`RebuiltRoot`]), which bwrap binds whole.
 
 use std::collections::HashMap;
 use std::ffi::CString;
