@@ -5,13 +5,17 @@
 //! overlays (a plain user's `/` rebuilt around 60 snap mounts) that took 70–130 ms on a
 //! loaded machine, all before the result was reported.
 //!
-//! The namespaces are handed instead to a short-lived child (`true`, with them as its stdin
-//! and stdout), whose exit ends them while shade reports. Nothing of it was ever mounted on
-//! the host (the mounts are the command's namespaces' own), and the child ends by itself,
-//! even when shade is gone. Its stderr is the outside layer's teardown lock
-//! (`outside/.teardown`, locked shared until the child has exited): the layer's next
-//! command, in this process or another, waits for it (bounded, see [`settle`]) so that a
-//! unit's upper directory is never in two overlays at once.
+//! The mount namespace is handed instead to a short-lived child (`cat`, with it as its
+//! stdout), whose exit ends it while shade reports. The child's stdin is a pipe shade closes
+//! only once its own copies of the namespace are closed: a child that exited first would
+//! leave the last close (and the teardown) to shade again. Its user namespace is closed
+//! here (the mount namespace holds it, and closing it ends no mount). Nothing of it was
+//! ever mounted on the host (the mounts are the command's namespaces' own), and the child
+//! ends by itself, even when shade is gone (its stdin's writer then closes). Its stderr is
+//! the outside layer's teardown lock (`outside/.teardown`, locked shared until the child
+//! has exited): the layer's next command, in this process or another, waits for it
+//! (bounded, see [`settle`]) so that a unit's upper directory is never in two overlays at
+//! once.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -23,11 +27,12 @@ use std::time::{Duration, Instant};
 /// The teardown lock's name in the outside directory.
 const LOCK: &str = ".teardown";
 
-/// The program that holds the namespaces until it exits: one that does nothing at all.
+/// The program that holds the namespace until its stdin ends: one that reads it, writes
+/// what it read (nothing) and exits.
 fn holder() -> Option<&'static Path> {
-    static TRUE: OnceLock<Option<PathBuf>> = OnceLock::new();
-    TRUE.get_or_init(|| {
-        ["/usr/bin/true", "/bin/true"]
+    static CAT: OnceLock<Option<PathBuf>> = OnceLock::new();
+    CAT.get_or_init(|| {
+        ["/usr/bin/cat", "/bin/cat"]
             .iter()
             .map(PathBuf::from)
             .find(|p| p.is_file())
@@ -46,12 +51,18 @@ fn open_lock(outside: &Path) -> Option<File> {
         .ok()
 }
 
-/// Ends the command's held namespaces (user, mount) in the background: a child holds them
-/// and ends them as it exits, holding `outside`'s teardown lock till then; a thread reaps
-/// it. Where no child can be started they are closed here, as before.
+/// Ends the command's held namespaces (user, mount) in the background: a child holds the
+/// mount namespace and ends it as it exits, holding `outside`'s teardown lock till then; a
+/// thread reaps it. Where no child can be started they are closed here, as before.
 pub(crate) fn release(ns: (File, File), outside: Option<&Path>) {
+    let (user, mnt) = ns;
+    drop(user);
     let Some(prog) = holder() else {
-        drop(ns);
+        drop(mnt);
+        return;
+    };
+    let Ok((stdin, go)) = std::io::pipe() else {
+        drop(mnt);
         return;
     };
     // Shared: the lock is the open file's, and goes with the child's copy of it.
@@ -59,16 +70,19 @@ pub(crate) fn release(ns: (File, File), outside: Option<&Path>) {
         // SAFETY: flock(2) on an fd we own.
         unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH) == 0 }
     });
-    let (user, mnt) = ns;
-    let spawned = Command::new(prog)
-        .env_clear()
+    let mut cmd = Command::new(prog);
+    cmd.env_clear()
         // Pins no directory of the caller's (a branch, the project).
         .current_dir("/")
-        .stdin(Stdio::from(user))
+        .stdin(Stdio::from(stdin))
         .stdout(Stdio::from(mnt))
-        .stderr(lock.map_or_else(Stdio::null, Stdio::from))
-        .spawn();
-    // Failing to start, the namespaces were closed with the command: ended already.
+        .stderr(lock.map_or_else(Stdio::null, Stdio::from));
+    let spawned = cmd.spawn();
+    // Our copies of the namespace (and of the lock) are closed first, then the child is
+    // let go: its exit is the last close. Failing to start, the namespace was closed with
+    // the command, here.
+    drop(cmd);
+    drop(go);
     let Ok(mut child) = spawned else { return };
     let reaper = std::thread::Builder::new()
         .name("shade-teardown".into())
