@@ -10,6 +10,7 @@
 # SNAP=ro: as on Ubuntu, /snap is root's 0755 and each mount is read-only (squashfs), so
 # each is a read-only overlay.
 # Usage (root): bench/user-start-mounts.sh BEFORE AFTER [ROUNDS] [N...]
+#   WHO=root measures root's runs instead (default user: the plain test user).
 #   BASE (default /opt/shade-user-start-mounts) holds the copied binaries and projects:
 #   not under /tmp or /var/tmp, which each run covers.
 set -euo pipefail
@@ -38,6 +39,6 @@ for n in "${ns[@]}"; do
       [[ -z "'"$ro"'" ]] || mount -o remount,ro $d
     done
     echo "mounts in the namespace: $(wc -l < /proc/self/mountinfo)"
-    WHO=user BASE='"$base"' bash '"$here"'/run-latency.sh '"$before $after $rounds"'
+    WHO=${WHO:-user} BASE='"$base"' bash '"$here"'/run-latency.sh '"$before $after $rounds"'
   '
 done
