@@ -230,3 +230,133 @@ fn root_outside_socket_is_closed() {
 fn plain_user_outside_socket_is_closed() {
     outside_socket_is_closed(true);
 }
+
+/// A plain user's directory with a mount below it is made anew for each command (since
+/// h36 assembled in the command's stage and bound by bwrap in one recursive bind, no longer
+/// view by view): its file is the host's but read-only (EROFS; its mount ro, nosuid and
+/// nodev), no file can be made in it, none of its sockets or FIFOs shows, its symlink
+/// does, its subdirectory is a unit (written in the layer, not on the host). The mount
+/// below it (a tmpfs made here in a private mount namespace, as a snap is mounted) is an
+/// overlay: its file reads, its socket accepts nothing.
+#[test]
+fn plain_user_rebuilt_directory_is_read_only_and_holds_no_socket() {
+    use std::os::unix::net::UnixListener;
+    let e = env(true);
+    let dir = e.project.parent().unwrap().to_path_buf();
+    let (uid, gid) = plain_ids();
+    let own = |p: &Path| std::os::unix::fs::chown(p, Some(uid), Some(gid)).unwrap();
+    std::fs::write(dir.join("f.txt"), "host file\n").unwrap();
+    own(&dir.join("f.txt"));
+    nix::unistd::mkfifo(
+        &dir.join("fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("f.txt", dir.join("link")).unwrap();
+    std::fs::create_dir(dir.join("sub")).unwrap();
+    std::fs::write(dir.join("sub/g.txt"), "sub file\n").unwrap();
+    for p in ["sub", "sub/g.txt", "fifo"] {
+        own(&dir.join(p));
+    }
+    let script = "cd .. && cat f.txt; \
+         (echo x >> f.txt) 2>&1 | grep -q 'Read-only file system' && echo f-erofs; \
+         (touch new.txt) 2>&1 | grep -q 'Read-only file system' && echo new-erofs; \
+         [ -e fifo ] || [ -p fifo ] || echo no-fifo; \
+         [ -e sock ] || [ -S sock ] || echo no-sock; \
+         readlink link; cat sub/g.txt; echo y > sub/new.txt && cat sub/new.txt; \
+         cat snap/h.txt; \
+         for s in sock snap/s.sock; do /usr/bin/python3 -c \"import socket, sys; \
+         c = socket.socket(socket.AF_UNIX); c.connect(sys.argv[1]); print('CONNECTED')\" \
+         $s 2>/dev/null || echo refused $s; done; \
+         awk -v p=\"$PWD/f.txt\" '$5 == p {print \"opts\", $6}' /proc/self/mountinfo; \
+         awk -v p=\"$PWD/snap\" '$5 == p {print \"opts\", $6}' /proc/self/mountinfo";
+    let run_dir = dir.clone();
+    // In a thread of its own that leaves the host's mount namespace: the tmpfs, its
+    // listener and the command exist only there.
+    let (o, wrong) = std::thread::spawn(move || {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).unwrap();
+        use nix::mount::{mount, MsFlags};
+        mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None::<&str>,
+        )
+        .unwrap();
+        let snap = run_dir.join("snap");
+        std::fs::create_dir(&snap).unwrap();
+        mount(
+            Some("tmpfs"),
+            &snap,
+            Some("tmpfs"),
+            MsFlags::empty(),
+            Some("mode=0755,size=1m"),
+        )
+        .unwrap();
+        std::fs::write(snap.join("h.txt"), "snap file\n").unwrap();
+        let listen = |p: &Path| {
+            let l = UnixListener::bind(p).unwrap();
+            l.set_nonblocking(true).unwrap();
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777)).unwrap();
+            l
+        };
+        let beside = listen(&run_dir.join("sock"));
+        let in_snap = listen(&snap.join("s.sock"));
+        let o = e.run(script);
+        let mut wrong: Vec<String> = [(&beside, "sock"), (&in_snap, "snap/s.sock")]
+            .into_iter()
+            .filter(|(l, _)| l.accept().is_ok())
+            .map(|(_, name)| format!("{name} was reached"))
+            .collect();
+        for gone in ["sub/new.txt", "new.txt"] {
+            if run_dir.join(gone).exists() {
+                wrong.push(format!("{gone} was written on the host"));
+            }
+        }
+        if std::fs::read_to_string(run_dir.join("f.txt")).unwrap() != "host file\n" {
+            wrong.push("f.txt was changed on the host".into());
+        }
+        drop((beside, in_snap));
+        nix::mount::umount2(&snap, nix::mount::MntFlags::MNT_DETACH).unwrap();
+        drop(e);
+        (o, wrong)
+    })
+    .join()
+    .unwrap();
+    let log = show(&o);
+    assert_eq!(o.status.code(), Some(0), "{log}");
+    assert!(wrong.is_empty(), "{wrong:?}\n{log}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines.len() >= 13, "{log}");
+    assert_eq!(
+        lines[..13],
+        [
+            "host file",
+            "f-erofs",
+            "new-erofs",
+            "no-fifo",
+            "no-sock",
+            "f.txt",
+            "sub file",
+            "y",
+            "snap file",
+            "refused sock",
+            "refused snap/s.sock",
+            lines.get(11).copied().unwrap_or("missing"),
+            lines.get(12).copied().unwrap_or("missing"),
+        ],
+        "{log}"
+    );
+    for (line, what) in [(lines[11], "f.txt"), (lines[12], "snap")] {
+        let opts: Vec<&str> = line.trim_start_matches("opts ").split(',').collect();
+        assert!(line.starts_with("opts "), "{what}: no mount\n{log}");
+        for want in ["nosuid", "nodev"] {
+            assert!(opts.contains(&want), "{what} is not {want}: {line}\n{log}");
+        }
+        if what == "f.txt" {
+            assert!(opts.contains(&"ro"), "{what} is writable: {line}\n{log}");
+        }
+    }
+}

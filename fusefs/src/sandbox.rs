@@ -34,6 +34,7 @@ mod signals;
 mod sized;
 mod sockets;
 mod supervise;
+mod teardown;
 #[cfg(test)]
 mod tests;
 
@@ -636,6 +637,10 @@ enum Spawned {
 /// command never started then, so trying again is safe.
 pub(crate) const SETUP_ATTEMPTS: u64 = 20;
 
+/// How long a command waits for earlier commands' namespaces to be torn down (see
+/// teardown.rs): well past what hundreds of overlays take on a loaded machine.
+const TEARDOWN_WAIT: Duration = Duration::from_secs(10);
+
 fn run_confined(
     conf: &Confinement,
     spec: &RunSpec,
@@ -651,6 +656,13 @@ fn run_confined(
         let mut this = spec.clone();
         this.tee = held.as_ref().map(capture::HeldTee::tee);
         let cgroup = process_cgroup(conf, spec);
+        // An earlier command's overlays are gone before this one mounts its own on the
+        // same upper directories.
+        if let Some(outside) = &spec.outside {
+            if !teardown::settle(outside, TEARDOWN_WAIT) {
+                tracing::debug!("an earlier command's namespaces are still being torn down");
+            }
+        }
         let mut running = spawn_confined(conf, &this, cgroup.as_ref())?;
         // Held past the command's end, to see whether its /tmp or /dev/shm filled up.
         let namespaces = running.status.as_mut().and_then(|s| s.user_mnt_ns.take());
@@ -666,7 +678,11 @@ fn run_confined(
                 .limits_hit
                 .extend(limits::full_tmpfs(ns, &iso.limits, private_tmp));
         }
-        drop(namespaces);
+        // Their mounts (a plain user's rebuilt `/`: an overlay per unit and per
+        // read-only directory) are torn down while the result is reported.
+        if let Some(ns) = namespaces {
+            teardown::release(ns, spec.outside.as_deref());
+        }
         if let Some(size) = spec.outside.as_deref().and_then(sized::full) {
             outcome.limits_hit.push(LimitHit::Outside(size));
         }

@@ -458,12 +458,21 @@ fn outside_binds(cmd: &mut Command, outside: &Outside) {
     if outside.ro_root || (!root_unit && !outside.rebuilt) {
         cmd.args(["--ro-bind", "/", "/"]);
     }
+    if outside.rebuilt {
+        // The plain user's rebuilt `/`, assembled whole in the stage (see
+        // outside::RebuiltRoot): one recursive bind, never skipped (without it the
+        // command's `/` would be bwrap's empty one).
+        for view in &outside.views {
+            if let View::Layer { path, merged } = view {
+                cmd.arg("--bind").arg(merged).arg(path);
+            }
+        }
+        return;
+    }
     for view in &outside.views {
         match view {
             // -try: a mount or directory that went away since the layer was planned (another
-            // program's temporary directory) is skipped rather than failing the sandbox;
-            // a plain user's unit whose directory vanished has no stage (see
-            // outside::UserStage::enter).
+            // program's temporary directory) is skipped rather than failing the sandbox.
             View::Layer { path, merged } => {
                 cmd.arg("--bind-try").arg(merged).arg(path);
             }
@@ -472,13 +481,6 @@ fn outside_binds(cmd: &mut Command, outside: &Outside) {
             }
             View::Staged { path, source } => {
                 cmd.arg("--ro-bind-try").arg(source).arg(path);
-            }
-            View::Dir { path, mode } => {
-                cmd.args(["--perms", &format!("{mode:04o}"), "--dir"])
-                    .arg(path);
-            }
-            View::Symlink { path, target } => {
-                cmd.arg("--symlink").arg(target).arg(path);
             }
         }
     }

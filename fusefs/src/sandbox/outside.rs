@@ -5,7 +5,9 @@
 //! On disk (`Branch::outside_dir`, read by the lister): `layer.json` (when it was made, the
 //! id shift, whether the overlays keep their attributes in `user.*` xattrs, and which host
 //! path each unit covers) and per unit `uN/upper` (the written files) and `uN/work`
-//! (overlayfs's scratch). `stage/uN` is where a unit's overlay is mounted for bwrap to bind.
+//! (overlayfs's scratch). `stage/` is where a plain user's command stage (a tmpfs in the
+//! command's own mount namespace) holds the mask layers and assembles the rebuilt `/` at
+//! `stage/root` for bwrap to bind (root's stage is elsewhere: see [`RootStage`]).
 //!
 //! - **Root**: one overlay per real file system mounted on the host (`/` and each other
 //!   disk, tmpfs, … not under /proc, /sys or /dev), mounted in shade's own mount namespace
@@ -21,8 +23,8 @@
 //!   top-level directories it can write — each split into its subdirectories where mounts
 //!   lie below (a branch mounted under the state directory, say); a split directory itself
 //!   stays read-only. The overlays are mounted for each command in a user and mount
-//!   namespace of its own that bwrap starts in, so they see every mount of that moment; the
-//!   rest of `/` is bound read-only.
+//!   namespace of its own that bwrap starts in, so they see every mount of that moment,
+//!   inside the rebuilt `/` assembled there (see [`RebuiltRoot`]), which bwrap binds whole.
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -81,10 +83,6 @@ pub(crate) enum View {
     ReadOnly(PathBuf),
     /// As root: the host's `path`, bound read-only into the command's stage at `source`.
     Staged { path: PathBuf, source: PathBuf },
-    /// The plain user's: a directory made in the sandbox's root, with this mode.
-    Dir { path: PathBuf, mode: u32 },
-    /// The plain user's: a symlink made in the sandbox's root.
-    Symlink { path: PathBuf, target: PathBuf },
 }
 
 /// What a command with an outside layer gets: its views in mount order, and for the plain
@@ -94,8 +92,8 @@ pub(crate) struct Outside {
     pub views: Vec<View>,
     /// A `--ro-bind / /` under the views (root without a `/` unit).
     pub ro_root: bool,
-    /// The plain user's: `/` is the sandbox's own, rebuilt from the views and made
-    /// read-only once every mount is made (see `user_outside`).
+    /// The plain user's: `/` is the sandbox's own, assembled in the stage (the one view,
+    /// bound over `/`) and made read-only once every mount is made (see `user_outside`).
     pub rebuilt: bool,
     pub stage: Option<UserStage>,
     /// Root: the units the command's stage mounts (see [`RootStage`]).
@@ -119,8 +117,6 @@ pub(crate) struct UserStage {
     stage: CString,
     /// Directories to make in it first: the empty lower, then each mount point.
     dirs: Vec<CString>,
-    /// (overlay options, mount point); a failing one leaves its mount point empty.
-    mounts: Vec<(CString, CString)>,
     /// Sized tmpfs to mount in the stage (mount point, options): the private /tmp and
     /// /dev/shm, made here rather than by bubblewrap (whose `--size` cannot bound
     /// `nr_inodes`) so that their inodes and user extended attributes are bounded too.
@@ -133,9 +129,48 @@ pub(crate) struct UserStage {
     sockets: Vec<super::sockets::StagedSocket>,
     /// The units' mask layers (see masks.rs), made before the overlays.
     masks: Vec<MaskPlan>,
-    /// Sanitized copies of files bound read-only one by one (path in the stage, content,
-    /// mode).
-    files: Vec<(CString, Vec<u8>, u32)>,
+    /// The rebuilt `/` of a command with an outside layer, assembled last.
+    root: Option<RebuiltRoot>,
+}
+
+/// The plain user's rebuilt `/` (see `user_outside`), assembled in the stage in the
+/// pre-exec hook: a tmpfs at `at` holding every view at its path — the overlays mounted
+/// there, the files bound read-only, the directories and symlinks made — which bwrap then
+/// binds over `/` in one recursive bind (rather than one bind or `--dir` per view, each of
+/// which reads the whole mount table again: quadratic in the host's mounts) and makes
+/// read-only once its own mounts are made on it, as it did with its own root. Every mount
+/// in it is nosuid and nodev already, which bwrap's bind keeps (it adds both to each
+/// submount, and never takes a read-only flag away).
+#[derive(Debug)]
+struct RebuiltRoot {
+    at: CString,
+    /// In mount order: a directory before what lies in it.
+    ops: Vec<RootOp>,
+}
+
+/// One path of a [`RebuiltRoot`], in the stage.
+#[derive(Debug)]
+enum RootOp {
+    /// A directory made with this mode (given last, deepest first).
+    Dir { at: CString, mode: u32 },
+    /// An overlay (a unit, or read-only) mounted on a directory made for it; a failing one
+    /// shows an empty read-only directory.
+    Overlay {
+        at: CString,
+        options: CString,
+        read_only: bool,
+    },
+    /// A host file bound read-only from `source`, if it is still a regular file (else
+    /// nothing is there).
+    File { at: CString, source: CString },
+    /// A masked file's sanitized copy (see masks.rs), read-only with the root.
+    Copy {
+        at: CString,
+        content: Vec<u8>,
+        mode: u32,
+    },
+    /// A symlink to `target`.
+    Symlink { at: CString, target: CString },
 }
 
 /// A mount of /proc/self/mountinfo.
@@ -477,11 +512,6 @@ unsafe fn write_file(
         && libc::fchmod(fd, mode) == 0;
     libc::close(fd);
     ok
-}
-
-fn stage_dir(outside: &Path, unit: &Path) -> PathBuf {
-    let name = unit.file_name().map(PathBuf::from).unwrap_or_default();
-    outside.join("stage").join(name)
 }
 
 fn overlay_options(
@@ -891,13 +921,16 @@ fn user_outside(
     let stage = outside.join("stage");
     std::fs::create_dir_all(&stage).map_err(SandboxError::io("creating the layer's stage"))?;
     let empty = stage.join("empty");
-    let mut dirs = vec![super::cstring(&empty)?];
-    let mut views = Vec::new();
-    let mut stage_mounts = Vec::new();
-    let mut leaves = 0usize;
+    // The rebuilt `/`, assembled in the stage (see [`RebuiltRoot`]): each view at its path
+    // under `root`.
+    let root = stage.join("root");
+    let at = |path: &Path| -> Result<CString> {
+        super::cstring(&root.join(path.strip_prefix("/").unwrap_or(path)))
+    };
+    let dirs = vec![super::cstring(&empty)?];
+    let mut ops = Vec::new();
     let mut masked = Vec::new();
     let mut mask_plans = Vec::new();
-    let mut files = Vec::new();
     // The unit's or read-only overlay's mask layer at `wN` in the stage.
     let mut mask_for = |path: &Path, masked: &mut Vec<PathBuf>| -> Result<Option<PathBuf>> {
         let at = stage.join(format!("w{}", mask_plans.len()));
@@ -913,8 +946,6 @@ fn user_outside(
                 let Some(unit) = recorded.get(&path) else {
                     continue;
                 };
-                let merged = stage_dir(outside, unit);
-                dirs.push(super::cstring(&merged)?);
                 let mask = mask_for(&path, &mut masked)?;
                 let made = unit_dirs(unit, &path, None)
                     .map_err(SandboxError::io("creating the layer's unit"));
@@ -922,50 +953,69 @@ fn user_outside(
                     overlay_options(mask.as_deref(), &path, &upper, &work, true)
                 });
                 match opts {
-                    Ok(opts) => {
-                        stage_mounts.push((opts, super::cstring(&merged)?));
-                        views.push(View::Layer { path, merged });
-                    }
+                    Ok(options) => ops.push(RootOp::Overlay {
+                        at: at(&path)?,
+                        options,
+                        read_only: false,
+                    }),
                     // Shown empty and read-only: never the host's directory as it is.
                     Err(e) => {
                         tracing::warn!("{} is not captured: {e}", path.display());
-                        views.push(View::Dir { path, mode: 0o555 });
+                        ops.push(RootOp::Dir {
+                            at: at(&path)?,
+                            mode: 0o555,
+                        });
                     }
                 }
             }
             Entry::ReadOnly(path) => {
-                let merged = stage.join(format!("r{leaves}"));
-                leaves += 1;
-                dirs.push(super::cstring(&merged)?);
                 let mask = mask_for(&path, &mut masked)?;
-                match read_only_options(mask.as_deref(), &path, &empty) {
-                    Ok(opts) => {
-                        stage_mounts.push((opts, super::cstring(&merged)?));
-                        views.push(View::Layer { path, merged });
-                    }
-                    Err(_) => views.push(View::Dir { path, mode: 0o555 }),
-                }
+                ops.push(match read_only_options(mask.as_deref(), &path, &empty) {
+                    Ok(options) => RootOp::Overlay {
+                        at: at(&path)?,
+                        options,
+                        read_only: true,
+                    },
+                    Err(_) => RootOp::Dir {
+                        at: at(&path)?,
+                        mode: 0o555,
+                    },
+                });
             }
-            Entry::Dir(path, mode) => views.push(View::Dir { path, mode }),
+            Entry::Dir(path, mode) => ops.push(RootOp::Dir {
+                at: at(&path)?,
+                mode,
+            }),
             Entry::File(path) => match masks.iter().find(|(p, _)| *p == path) {
                 // A file of a directory made anew (read-only): absent, or its copy.
                 Some((_, Masked::Hidden)) => masked.push(path),
                 Some((_, Masked::Copy(content))) => {
-                    let source = stage.join(format!("f{}", files.len()));
                     let mode = std::fs::metadata(&path)
                         .map(|m| m.permissions().mode() & 0o7777)
                         .unwrap_or(0o600);
-                    files.push((super::cstring(&source)?, content.clone(), mode));
-                    masked.push(path.clone());
-                    views.push(View::Staged { path, source });
+                    ops.push(RootOp::Copy {
+                        at: at(&path)?,
+                        content: content.clone(),
+                        mode,
+                    });
+                    masked.push(path);
                 }
-                None => views.push(View::ReadOnly(path)),
+                None => ops.push(RootOp::File {
+                    at: at(&path)?,
+                    source: super::cstring(&path)?,
+                }),
             },
-            Entry::Symlink(path, target) => views.push(View::Symlink { path, target }),
+            Entry::Symlink(path, target) => ops.push(RootOp::Symlink {
+                at: at(&path)?,
+                target: super::cstring(&target)?,
+            }),
         }
     }
     Ok(Outside {
-        views,
+        views: vec![View::Layer {
+            path: PathBuf::from("/"),
+            merged: root.clone(),
+        }],
         ro_root: false,
         rebuilt: true,
         stage: Some(UserStage {
@@ -974,12 +1024,14 @@ fn user_outside(
             holder: super::sized::root_of(outside).and_then(|_| super::sized::holder()),
             stage: super::cstring(&stage)?,
             dirs,
-            mounts: stage_mounts,
             tmpfs: Vec::new(),
             devpts: None,
             sockets: Vec::new(),
             masks: mask_plans,
-            files,
+            root: Some(RebuiltRoot {
+                at: super::cstring(&root)?,
+                ops,
+            }),
         }),
         root_units: Vec::new(),
         masked,
@@ -1126,12 +1178,11 @@ impl UserStage {
             holder: None,
             stage: super::cstring(at)?,
             dirs: Vec::new(),
-            mounts: Vec::new(),
             tmpfs: Vec::new(),
             devpts: None,
             sockets: Vec::new(),
             masks: Vec::new(),
-            files: Vec::new(),
+            root: None,
         })
     }
 
@@ -1172,8 +1223,8 @@ impl UserStage {
     }
 
     /// In the pre-exec hook (async-signal-safe): a user namespace mapping our ids to
-    /// themselves and a mount namespace, the units' overlays mounted there (a unit that
-    /// fails is bound read-only instead). bwrap then starts inside and binds them.
+    /// themselves and a mount namespace, the rebuilt `/` assembled there with the units'
+    /// overlays in it (see [`RebuiltRoot`]). bwrap then starts inside and binds it.
     pub(crate) fn enter(&self) -> io::Result<()> {
         // SAFETY: plain system calls on data built before the fork.
         unsafe {
@@ -1234,11 +1285,6 @@ impl UserStage {
                     return Err(io::Error::last_os_error());
                 }
             }
-            for (path, content, mode) in &self.files {
-                if !write_file(path, content, *mode, None) {
-                    return Err(io::Error::last_os_error());
-                }
-            }
             for sock in &self.sockets {
                 let fd = libc::open(
                     sock.target.as_ptr(),
@@ -1252,33 +1298,148 @@ impl UserStage {
                 // One swapped since the check is not bound: its file stays empty.
                 sock.bind(None);
             }
-            for (opts, target) in &self.mounts {
-                // A failing overlay (a directory gone since it was planned, a mount made
-                // below it meanwhile, a file system overlayfs refuses) shows an empty
-                // read-only directory: never the host's directory bound as it is, where
-                // its sockets would be reachable, nor the stage directory itself, which
-                // is the host's for real.
-                if libc::mount(
-                    c"overlay".as_ptr(),
-                    target.as_ptr(),
-                    c"overlay".as_ptr(),
-                    0,
-                    opts.as_ptr().cast(),
-                ) != 0
-                    && libc::mount(
-                        c"shade-empty".as_ptr(),
-                        target.as_ptr(),
-                        c"tmpfs".as_ptr(),
-                        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
-                        c"size=4k,mode=0555".as_ptr().cast(),
+            if let Some(root) = &self.root {
+                root.build()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RebuiltRoot {
+    /// In the pre-exec hook, in the stage's namespaces (async-signal-safe): the root's
+    /// tmpfs and every path on it.
+    unsafe fn build(&self) -> io::Result<()> {
+        let flags = libc::MS_NOSUID | libc::MS_NODEV;
+        if libc::mkdir(self.at.as_ptr(), 0o700) != 0
+            || libc::mount(
+                c"shade-root".as_ptr(),
+                self.at.as_ptr(),
+                c"tmpfs".as_ptr(),
+                flags,
+                // Directories, symlinks, empty mount points and the masks' copies (at most
+                // 256 KiB each, see masks.rs); read-only once bwrap has made its mounts.
+                c"size=64m,mode=0755".as_ptr().cast(),
+            ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        for op in &self.ops {
+            match op {
+                RootOp::Dir { at, .. } => {
+                    if libc::mkdir(at.as_ptr(), 0o700) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                RootOp::Overlay {
+                    at,
+                    options,
+                    read_only,
+                } => {
+                    if libc::mkdir(at.as_ptr(), 0o755) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    let ro = if *read_only { libc::MS_RDONLY } else { 0 };
+                    // A failing overlay (a directory gone since it was planned, a mount
+                    // made below it meanwhile, a file system overlayfs refuses) shows an
+                    // empty read-only directory: never the host's directory bound as it
+                    // is, where its sockets would be reachable.
+                    if libc::mount(
+                        c"overlay".as_ptr(),
+                        at.as_ptr(),
+                        c"overlay".as_ptr(),
+                        flags | ro,
+                        options.as_ptr().cast(),
                     ) != 0
-                {
+                        && libc::mount(
+                            c"shade-empty".as_ptr(),
+                            at.as_ptr(),
+                            c"tmpfs".as_ptr(),
+                            flags | libc::MS_RDONLY,
+                            c"size=4k,mode=0555".as_ptr().cast(),
+                        ) != 0
+                    {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                RootOp::File { at, source } => {
+                    let fd = libc::open(
+                        at.as_ptr(),
+                        libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC,
+                        0o400,
+                    );
+                    if fd < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    libc::close(fd);
+                    // One gone or no longer a regular file (a socket, a FIFO, a symlink
+                    // put there since it was planned) is left out, as a file that went
+                    // away would be.
+                    if !bind_file_read_only(source, at) {
+                        libc::unlink(at.as_ptr());
+                    }
+                }
+                RootOp::Copy { at, content, mode } => {
+                    if !write_file(at, content, *mode, None) {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                RootOp::Symlink { at, target } => {
+                    if libc::symlink(target.as_ptr(), at.as_ptr()) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+            }
+        }
+        // The directories' modes last, deepest first (a 0555 one would refuse its entries
+        // to whoever makes them without the capability: bwrap's own mount points).
+        for op in self.ops.iter().rev() {
+            if let RootOp::Dir { at, mode } = op {
+                if libc::chmod(at.as_ptr(), *mode) != 0 {
                     return Err(io::Error::last_os_error());
                 }
             }
         }
         Ok(())
     }
+}
+
+/// The regular file at `source` (its last component not followed) bound at `target`,
+/// read-only, nosuid and nodev; whether it was. Async-signal-safe.
+unsafe fn bind_file_read_only(source: &std::ffi::CStr, target: &std::ffi::CStr) -> bool {
+    let tree = libc::syscall(
+        libc::SYS_open_tree,
+        libc::AT_FDCWD,
+        source.as_ptr(),
+        (libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC) as libc::c_uint
+            | libc::AT_SYMLINK_NOFOLLOW as libc::c_uint,
+    ) as libc::c_int;
+    if tree < 0 {
+        return false;
+    }
+    let mut st: libc::stat = std::mem::zeroed();
+    let mut attr: libc::mount_attr = std::mem::zeroed();
+    attr.attr_set = libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+    let ok = libc::fstat(tree, &mut st) == 0
+        && st.st_mode & libc::S_IFMT == libc::S_IFREG
+        && libc::syscall(
+            libc::SYS_mount_setattr,
+            tree,
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH as libc::c_uint,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        ) == 0
+        && libc::syscall(
+            libc::SYS_move_mount,
+            tree,
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH as libc::c_uint,
+        ) == 0;
+    libc::close(tree);
+    ok
 }
 
 /// As root, a command's stage: a mount namespace of its own made in the pre-exec hook,
