@@ -597,9 +597,11 @@ fn a_command_leaves_the_users_terminal_as_it_found_it() {
         &cmd,
         "stty -echo\n\
          python3 -c '\n\
-import errno, fcntl, struct\n\
+import errno, fcntl, struct, termios\n\
 try:\n    fcntl.ioctl(0, 0x5423, struct.pack(\"i\", 27))\n    print(\"SETD allowed\")\n\
-except OSError as e:\n    print(\"SETD\", errno.errorcode[e.errno])\n'\n",
+except OSError as e:\n    print(\"SETD\", errno.errorcode[e.errno])\n\
+termios.tcflow(0, termios.TCOOFF)\n\
+fcntl.ioctl(0, termios.TIOCEXCL)\n'\n",
     )
     .unwrap();
     let after = dir.join("after.sh");
@@ -609,8 +611,12 @@ except OSError as e:\n    print(\"SETD\", errno.errorcode[e.errno])\n'\n",
          python3 -c 'import fcntl, struct; print(\"LDISC\", struct.unpack(\"i\", fcntl.ioctl(0, 0x5424, bytes(4)))[0])'\n",
     )
     .unwrap();
+    // After the command: its output must reach the terminal (not suspended), and the
+    // plain user must be able to open it (not exclusive).
     let line = format!(
-        "{} run -- sh {} >{out} 2>&1; sh {} >>{out} 2>&1; echo FINISHED >>{out}; sleep 60",
+        "{} run -- sh {} >{out} 2>&1; sh {} >>{out} 2>&1; echo TERMINAL-WRITES; \
+         setpriv --reuid=shadetest --regid=shadetest --clear-groups sh -c ': </dev/tty' \
+         && echo OPEN-OK >>{out}; echo FINISHED >>{out}; sleep 60",
         shade_bin(),
         cmd.display(),
         after.display(),
@@ -621,6 +627,7 @@ except OSError as e:\n    print(\"SETD\", errno.errorcode[e.errno])\n'\n",
     wait_until("the command and the check to finish", 60, || {
         std::fs::read_to_string(&out).is_ok_and(|s| s.contains("FINISHED"))
     });
+    tty.wait_text("TERMINAL-WRITES", 30);
     drop(tty);
     let got = std::fs::read_to_string(&out).unwrap();
     assert!(got.contains("SETD EPERM"), "the line discipline: {got}");
@@ -628,6 +635,10 @@ except OSError as e:\n    print(\"SETD\", errno.errorcode[e.errno])\n'\n",
     assert!(
         got.contains("LDISC 0"),
         "the terminal's line discipline: {got}"
+    );
+    assert!(
+        got.contains("OPEN-OK"),
+        "the terminal was left exclusive: {got}"
     );
     common::assert_no_shade_mounts(&fx.state);
 }

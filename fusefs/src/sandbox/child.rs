@@ -520,18 +520,25 @@ pub(crate) fn restore_tty(handed: Option<&Handed>) {
     let Some(handed) = handed else { return };
     // SAFETY: getpgrp(2) cannot fail.
     set_foreground(unsafe { libc::getpgrp() });
-    if let Some(modes) = &handed.modes {
-        // SAFETY: as in set_foreground; tcsetattr(3) reads the saved struct. We are the
-        // foreground group again, so no SIGTTOU; blocked anyway in case we are not.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            let mut old: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGTTOU);
-            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
-            libc::tcsetattr(0, libc::TCSADRAIN, modes);
-            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    // SAFETY: as in set_foreground; tcsetattr(3) reads the saved struct, the ioctls take
+    // no argument, and a failure changes nothing. We are the foreground group again, so
+    // no SIGTTOU; blocked anyway in case we are not.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTTOU);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        // What else a command may leave set that outlives it (red team round 10): output
+        // suspended (`tcflow(TCOOFF)`: the user's shell hangs writing its prompt, and ^Q
+        // does not undo it) and exclusive mode (TIOCEXCL: every later open of the terminal
+        // fails with EBUSY but for root). Output first: nothing below waits for it.
+        libc::tcflow(0, libc::TCOON);
+        libc::ioctl(0, libc::TIOCNXCL);
+        if let Some(modes) = &handed.modes {
+            libc::tcsetattr(0, libc::TCSANOW, modes);
         }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
     }
 }
 
