@@ -1404,7 +1404,8 @@ mod tests {
             Change::new(ChangeKind::Deleted, PathBuf::from(".local"), None, true),
             ch(ChangeKind::Deleted, ".config/shade/AGENTS.md"),
         ]);
-        assert_eq!(held, vec![0, 1, 2, 3, 7, 8]);
+        // `.notes` too: everything under the home's hidden entries is held.
+        assert_eq!(held, vec![0, 1, 2, 3, 5, 7, 8]);
         // Not in a home: the same names are the project's.
         assert!(t
             .held(vec![

@@ -37,6 +37,28 @@ fn both(path: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// Where the symlinks among `home`'s hidden entries, and among the entries of its
+/// `.config` and `.local/share`, lead (resolved; those that resolve).
+fn linked_dotfiles(home: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for (dir, hidden_only) in [
+        (home.to_path_buf(), true),
+        (home.join(".config"), false),
+        (home.join(".local/share"), false),
+    ] {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten().take(4096) {
+            let hidden = e.file_name().as_encoded_bytes().first() == Some(&b'.');
+            if (hidden || !hidden_only) && e.file_type().is_ok_and(|t| t.is_symlink()) {
+                out.extend(std::fs::canonicalize(e.path()).ok());
+            }
+        }
+    }
+    out
+}
+
 fn env_path(name: &str) -> Option<PathBuf> {
     std::env::var_os(name)
         .filter(|v| !v.is_empty())
@@ -78,6 +100,12 @@ impl HostCode {
             if Path::new(d).starts_with(project) || *d == "/etc" {
                 whole.push(PathBuf::from(d));
             }
+        }
+        // Dotfiles kept elsewhere and linked in (GNU stow: `~/.bashrc ->
+        // dotfiles/bash/.bashrc`, `~/.config/fish -> ../dotfiles/fish`): what the link leads
+        // to is the start-up file, whatever its own name (red team round 10).
+        for home in &homes {
+            whole.extend(linked_dotfiles(home));
         }
         // A relative `XDG_CONFIG_HOME` (against the spec, yet read so) is relative to the
         // current directory, which is the project's.
@@ -122,6 +150,18 @@ impl HostCode {
                 let rel = Path::new(stands).join(rel);
                 let by_name = home.starts_with(&self.project);
                 if home_listed(&rel) || (by_name && home_path_runs_code(&rel)) {
+                    return true;
+                }
+                // With the home in the project, everything under its hidden entries: no list
+                // of the places programs run code from is complete (toolchains' `bin`,
+                // installers' `env` files a `.bashrc` sources, completions, `build.rs` of
+                // cargo's registry — red team round 10), and the home's dot-directories are
+                // the host's programs' own, not the project's work.
+                let hidden = rel
+                    .components()
+                    .next()
+                    .is_some_and(|c| c.as_os_str().as_encoded_bytes().first() == Some(&b'.'));
+                if by_name && hidden {
                     return true;
                 }
             }
@@ -175,13 +215,54 @@ mod tests {
         ] {
             assert!(named(&c, p), "{p}");
         }
-        for p in ["src/x.rs", "proj/src/main.rs", "notes.txt", ".notes"] {
+        // Everything under the home's hidden entries: no list of code places is whole.
+        for p in [".notes", ".cargo/registry/src/x/build.rs", ".ghcup/env"] {
+            assert!(named(&c, p), "{p}");
+        }
+        for p in [
+            "src/x.rs",
+            "proj/src/main.rs",
+            "notes.txt",
+            "proj/.env.example",
+        ] {
             assert!(!named(&c, p), "{p}");
         }
         // Made, moved or removed: a directory holding one.
         assert!(c.names(Path::new(".config"), true));
-        assert!(!c.names(Path::new(".config"), false));
+        assert!(c.names(Path::new(".config"), false));
         assert!(!c.names(Path::new("proj"), true));
+    }
+
+    /// Dotfiles kept in a directory of their own and linked in (GNU stow): what the links
+    /// lead to is held, under its own name (red team round 10, attack10/08).
+    #[test]
+    fn linked_dotfiles_are_held_where_they_lead() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().canonicalize().unwrap();
+        for d in ["dotfiles/bash", "dotfiles/fish", ".config"] {
+            std::fs::create_dir_all(home.join(d)).unwrap();
+        }
+        std::fs::write(home.join("dotfiles/bash/.bashrc"), "id\n").unwrap();
+        std::os::unix::fs::symlink("dotfiles/bash/.bashrc", home.join(".bashrc")).unwrap();
+        std::os::unix::fs::symlink("../dotfiles/fish", home.join(".config/fish")).unwrap();
+        let mut found = linked_dotfiles(&home);
+        found.sort();
+        assert_eq!(
+            found,
+            [
+                home.join("dotfiles/bash/.bashrc"),
+                home.join("dotfiles/fish")
+            ]
+        );
+        let c = HostCode {
+            project: home.clone(),
+            homes: vec![home.clone()],
+            whole: found,
+            ..HostCode::default()
+        };
+        assert!(named(&c, "dotfiles/bash/.bashrc"));
+        assert!(named(&c, "dotfiles/fish/config.fish"));
+        assert!(!named(&c, "dotfiles/README.md"));
     }
 
     #[test]
@@ -207,7 +288,8 @@ mod tests {
         assert!(named(&c, "cfg/fish/config.fish"));
         assert!(named(&c, "cfg/git/config"));
         assert!(named(&c, "cfg/foo/hooks/x"));
-        assert!(!named(&c, "cfg/foo/settings.json"));
+        // The XDG config directory in the project stands for the home's `.config`: whole.
+        assert!(named(&c, "cfg/foo/settings.json"));
         assert!(c.names(Path::new("cfg"), true));
         // A project inside the XDG config directory: its own scripts are not held.
         let c = code("/x/cfg/proj", &["/home/u"]);
