@@ -371,6 +371,9 @@ fn a_model_reply_cannot_set_the_title_or_the_clipboard() {
         "the clipboard got: {}",
         String::from_utf8_lossy(&buffers.stdout)
     );
+    // The turn's end first: keys typed before the prompt is back are not the prompt's
+    // (CI19 lost this Ctrl-D on a loaded machine).
+    wait_prompt(&tty);
     tty.keys(&["C-d"]);
     wait_until("the session to end", 60, || !tty.alive());
 }
