@@ -931,20 +931,7 @@ pub fn credential_paths(homes: &[PathBuf], project: Option<&Path>) -> Vec<PathBu
         candidates.extend(SYSTEM_CREDENTIALS.iter().map(PathBuf::from));
         candidates.extend(ssh_host_keys());
     }
-    if let Some(xdg) = std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
-        candidates.push(PathBuf::from(xdg).join("shade"));
-    }
-    for var in CREDENTIAL_VARS {
-        if let Some(v) = std::env::var_os(var).filter(|v| !v.is_empty()) {
-            candidates.push(PathBuf::from(v));
-        }
-    }
-    if let Some(kube) = std::env::var_os("KUBECONFIG") {
-        candidates.extend(std::env::split_paths(&kube));
-    }
-    if let Some(docker) = std::env::var_os("DOCKER_CONFIG").filter(|v| !v.is_empty()) {
-        candidates.push(PathBuf::from(docker).join("config.json"));
-    }
+    candidates.extend(environment_credentials());
     candidates.extend(agent_sockets());
     let mut real: Vec<PathBuf> = candidates
         .into_iter()
@@ -966,6 +953,28 @@ pub fn credential_paths(homes: &[PathBuf], project: Option<&Path>) -> Vec<PathBu
     outermost
 }
 
+/// The credential paths this process's environment names: shade's config under
+/// `$XDG_CONFIG_HOME`, the files of [`CREDENTIAL_VARS`], `$KUBECONFIG`'s and
+/// `$DOCKER_CONFIG`'s.
+fn environment_credentials() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Some(xdg) = std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
+        out.push(PathBuf::from(xdg).join("shade"));
+    }
+    for var in CREDENTIAL_VARS {
+        if let Some(v) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+            out.push(PathBuf::from(v));
+        }
+    }
+    if let Some(kube) = std::env::var_os("KUBECONFIG") {
+        out.extend(std::env::split_paths(&kube));
+    }
+    if let Some(docker) = std::env::var_os("DOCKER_CONFIG").filter(|v| !v.is_empty()) {
+        out.push(PathBuf::from(docker).join("config.json"));
+    }
+    out
+}
+
 /// The credential paths of `homes` and of this process's environment that lie inside
 /// `project` (canonical), resolved: the other half of [`credential_paths`], which leaves
 /// them out because the sandbox's masks cannot hide inside the branch. A home inside the
@@ -985,20 +994,7 @@ pub(crate) fn credential_paths_inside(homes: &[PathBuf], project: &Path) -> Vec<
             candidates.extend(HOME_CREDENTIALS.iter().map(|rel| real.join(rel)));
         }
     }
-    if let Some(xdg) = std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
-        candidates.push(PathBuf::from(xdg).join("shade"));
-    }
-    for var in CREDENTIAL_VARS {
-        if let Some(v) = std::env::var_os(var).filter(|v| !v.is_empty()) {
-            candidates.push(PathBuf::from(v));
-        }
-    }
-    if let Some(kube) = std::env::var_os("KUBECONFIG") {
-        candidates.extend(std::env::split_paths(&kube));
-    }
-    if let Some(docker) = std::env::var_os("DOCKER_CONFIG").filter(|v| !v.is_empty()) {
-        candidates.push(PathBuf::from(docker).join("config.json"));
-    }
+    candidates.extend(environment_credentials());
     // Those that exist, as named and as resolved: a symlinked `~/.ssh` inside the project
     // is hidden by its own name too, or the command could put a directory of its own there.
     let mut real: Vec<PathBuf> = candidates

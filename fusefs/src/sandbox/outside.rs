@@ -1422,14 +1422,26 @@ unsafe fn bind_file_read_only(source: &std::ffi::CStr, target: &std::ffi::CStr) 
     attr.attr_set = libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
     let ok = libc::fstat(tree, &mut st) == 0
         && st.st_mode & libc::S_IFMT == libc::S_IFREG
-        && libc::syscall(
-            libc::SYS_mount_setattr,
-            tree,
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH as libc::c_uint,
-            &attr as *const libc::mount_attr,
-            std::mem::size_of::<libc::mount_attr>(),
-        ) == 0
+        && set_attr_and_move(tree, &attr, target);
+    libc::close(tree);
+    ok
+}
+
+/// Gives the detached mount `tree` the attributes `attr` and moves it onto `target`
+/// (`mount_setattr`, `move_mount`). Raw system calls only: async-signal-safe.
+unsafe fn set_attr_and_move(
+    tree: libc::c_int,
+    attr: &libc::mount_attr,
+    target: &std::ffi::CStr,
+) -> bool {
+    libc::syscall(
+        libc::SYS_mount_setattr,
+        tree,
+        c"".as_ptr(),
+        libc::AT_EMPTY_PATH as libc::c_uint,
+        attr as *const libc::mount_attr,
+        std::mem::size_of::<libc::mount_attr>(),
+    ) == 0
         && libc::syscall(
             libc::SYS_move_mount,
             tree,
@@ -1437,9 +1449,7 @@ unsafe fn bind_file_read_only(source: &std::ffi::CStr, target: &std::ffi::CStr) 
             libc::AT_FDCWD,
             target.as_ptr(),
             libc::MOVE_MOUNT_F_EMPTY_PATH as libc::c_uint,
-        ) == 0;
-    libc::close(tree);
-    ok
+        ) == 0
 }
 
 /// As root, a command's stage: a mount namespace of its own made in the pre-exec hook,
@@ -1721,22 +1731,7 @@ unsafe fn idmapped_clone(
         attr.attr_set |= libc::MOUNT_ATTR_RDONLY;
     }
     attr.userns_fd = userns as u64;
-    let ok = libc::syscall(
-        libc::SYS_mount_setattr,
-        tree,
-        c"".as_ptr(),
-        libc::AT_EMPTY_PATH as libc::c_uint,
-        &attr as *const libc::mount_attr,
-        std::mem::size_of::<libc::mount_attr>(),
-    ) == 0
-        && libc::syscall(
-            libc::SYS_move_mount,
-            tree,
-            c"".as_ptr(),
-            libc::AT_FDCWD,
-            target.as_ptr(),
-            libc::MOVE_MOUNT_F_EMPTY_PATH as libc::c_uint,
-        ) == 0;
+    let ok = set_attr_and_move(tree, &attr, target);
     libc::close(tree);
     if ok {
         0
